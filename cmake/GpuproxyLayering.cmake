@@ -1,0 +1,46 @@
+# DESIGN §3 layering, checked at configure time: each folder's targets may link only the
+# gpuproxy targets listed here. A forbidden edge (say, the client stub linking the server) stops
+# the build with a message naming it.
+set(GPUPROXY_LAYER_protocol "")
+set(GPUPROXY_LAYER_ipc "gpuproxy_protocol")
+set(GPUPROXY_LAYER_scheduler "")
+set(GPUPROXY_LAYER_server "gpuproxy_protocol;gpuproxy_ipc;gpuproxy_scheduler")
+set(GPUPROXY_LAYER_client "gpuproxy_protocol;gpuproxy_ipc")
+
+set_property(GLOBAL PROPERTY GPUPROXY_LAYERED_TARGETS "")
+
+# Registers a target as belonging to a folder's layer.
+function(gpuproxy_layer target layer)
+  set_property(TARGET ${target} PROPERTY GPUPROXY_LAYER ${layer})
+  set_property(GLOBAL APPEND PROPERTY GPUPROXY_LAYERED_TARGETS ${target})
+endfunction()
+
+function(gpuproxy_check_layering)
+  get_property(targets GLOBAL PROPERTY GPUPROXY_LAYERED_TARGETS)
+  foreach(target IN LISTS targets)
+    get_target_property(layer ${target} GPUPROXY_LAYER)
+    set(allowed "${GPUPROXY_LAYER_${layer}}")
+    get_target_property(links ${target} LINK_LIBRARIES)
+    if(NOT links)
+      continue()
+    endif()
+    foreach(link IN LISTS links)
+      string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" link "${link}")
+      string(REGEX REPLACE "^gpuproxy::" "gpuproxy_" link "${link}")
+      if(NOT link MATCHES "^gpuproxy_")
+        continue()
+      endif()
+      if(link MATCHES "^gpuproxy_(warnings|cuda_headers)$")
+        continue()
+      endif()
+      get_property(link_layer TARGET ${link} PROPERTY GPUPROXY_LAYER)
+      if(link_layer STREQUAL layer)
+        continue()
+      endif()
+      if(NOT link IN_LIST allowed)
+        message(FATAL_ERROR "Layering violation (DESIGN §3): ${target} (${layer}/) links ${link}, "
+                            "but ${layer}/ may depend only on: ${allowed}")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()

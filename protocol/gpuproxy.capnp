@@ -1,0 +1,152 @@
+# gpuproxy control plane: what a client stub and gpuproxyctl say to gpuproxyd over a Unix socket.
+#
+# Conventions:
+# - Every CUDA-facing method answers with `result`, a CUresult. The daemon never turns a client's
+#   mistake into an RPC exception: exceptions mean the transport broke.
+# - Handles (contexts, streams, events, modules, functions) are opaque 64-bit values chosen by the
+#   daemon, scoped to one session, never reused within it, and never 0, 1 or 2 (the values CUDA
+#   reserves for the NULL, legacy and per-thread streams).
+# - Stream 0 means the legacy NULL stream of the context named in the same call.
+# - Device pointers are the daemon's real device addresses, so kernel arguments travel verbatim.
+
+@0xc6b9d05eac4d418b;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("gpuproxy::protocol");
+
+const protocolVersion :UInt32 = 1;
+
+# Largest `data` a single memcpy call carries; the stub splits larger copies.
+const maxTransferChunk :UInt64 = 4194304;
+
+struct Dim3 {
+  x @0 :UInt32;
+  y @1 :UInt32;
+  z @2 :UInt32;
+}
+
+struct DeviceAttribute {
+  attribute @0 :Int32;   # a CUdevice_attribute value
+  value @1 :Int32;
+}
+
+struct DeviceInfo {
+  index @0 :UInt32;
+  name @1 :Text;
+  uuid @2 :Data;                           # 16 bytes, as cuDeviceGetUuid returns it
+  totalMemory @3 :UInt64;
+  attributes @4 :List(DeviceAttribute);    # every attribute the device answers
+}
+
+struct KernelParameter {
+  offset @0 :UInt32;   # byte offset in the packed parameter buffer
+  size @1 :UInt32;     # bytes
+}
+
+struct KernelLayout {
+  parameters @0 :List(KernelParameter);
+  parameterBytes @1 :UInt32;        # size of the packed buffer cuLaunchKernel sends
+  maxThreadsPerBlock @2 :Int32;
+  sharedSizeBytes @3 :Int32;        # static shared memory
+  numRegs @4 :Int32;
+}
+
+# Bootstrap capability of the client socket. Who the client is comes from the socket (SO_PEERCRED),
+# never from anything it sends.
+interface Gateway {
+  attach @0 (protocolVersion :UInt32)
+      -> (result :Int32, session :Session, backend :Text, driverVersion :Int32,
+          devices :List(DeviceInfo));
+}
+
+# One attached client process. Everything created through it belongs to it and is freed when the
+# client disconnects, however that happens.
+interface Session {
+  # Contexts: each lives on one device; resources belong to the context that created them.
+  createContext @0 (device :UInt32, flags :UInt32) -> (result :Int32, context :UInt64);
+  destroyContext @1 (context :UInt64) -> (result :Int32);
+  retainPrimaryContext @2 (device :UInt32) -> (result :Int32, context :UInt64);
+  releasePrimaryContext @3 (device :UInt32) -> (result :Int32);
+  resetPrimaryContext @4 (device :UInt32) -> (result :Int32);
+  setPrimaryContextFlags @5 (device :UInt32, flags :UInt32) -> (result :Int32);
+  getPrimaryContextState @6 (device :UInt32) -> (result :Int32, flags :UInt32, active :Bool);
+  synchronizeContext @7 (context :UInt64) -> (result :Int32);
+
+  # Memory. Copies name the context and stream they are ordered on.
+  memAlloc @8 (context :UInt64, bytes :UInt64) -> (result :Int32, pointer :UInt64);
+  memFree @9 (pointer :UInt64) -> (result :Int32);
+  memGetInfo @10 (context :UInt64) -> (result :Int32, free :UInt64, total :UInt64);
+  memcpyHtoD @11 (context :UInt64, stream :UInt64, destination :UInt64, data :Data)
+      -> (result :Int32);
+  memcpyDtoH @12 (context :UInt64, stream :UInt64, source :UInt64, bytes :UInt64)
+      -> (result :Int32, data :Data);
+  memcpyDtoD @13 (context :UInt64, stream :UInt64, destination :UInt64, source :UInt64,
+                  bytes :UInt64) -> (result :Int32);
+  memset @14 (context :UInt64, stream :UInt64, destination :UInt64, value :UInt32,
+              elementSize :UInt8, count :UInt64) -> (result :Int32);
+
+  # Modules and kernels.
+  loadModule @15 (context :UInt64, image :Data) -> (result :Int32, module :UInt64);
+  unloadModule @16 (module :UInt64) -> (result :Int32);
+  getFunction @17 (module :UInt64, name :Text)
+      -> (result :Int32, function :UInt64, layout :KernelLayout);
+  launchKernel @18 (context :UInt64, function :UInt64, grid :Dim3, block :Dim3,
+                    sharedMemBytes :UInt32, stream :UInt64, parameters :Data) -> (result :Int32);
+
+  # Streams.
+  createStream @19 (context :UInt64, flags :UInt32, priority :Int32)
+      -> (result :Int32, stream :UInt64);
+  destroyStream @20 (stream :UInt64) -> (result :Int32);
+  synchronizeStream @21 (context :UInt64, stream :UInt64) -> (result :Int32);
+  queryStream @22 (context :UInt64, stream :UInt64) -> (result :Int32);
+  streamWaitEvent @23 (context :UInt64, stream :UInt64, event :UInt64, flags :UInt32)
+      -> (result :Int32);
+
+  # Events.
+  createEvent @24 (context :UInt64, flags :UInt32) -> (result :Int32, event :UInt64);
+  destroyEvent @25 (event :UInt64) -> (result :Int32);
+  recordEvent @26 (context :UInt64, event :UInt64, stream :UInt64) -> (result :Int32);
+  synchronizeEvent @27 (event :UInt64) -> (result :Int32);
+  queryEvent @28 (event :UInt64) -> (result :Int32);
+  eventElapsedTime @29 (start :UInt64, end :UInt64) -> (result :Int32, milliseconds :Float32);
+}
+
+# ---------------------------------------------------------------------------------------------
+# Admin plane: gpuproxyctl on the admin socket.
+
+struct DeviceStatus {
+  index @0 :UInt32;
+  name @1 :Text;
+  memoryTotal @2 :UInt64;
+  memoryUsed @3 :UInt64;       # the daemon's exact accounting: bytes allocated by clients
+  clients @4 :UInt32;
+  stickyError @5 :Int32;       # CUDA_SUCCESS unless a kernel poisoned the device's context
+  faultingClientPid @6 :UInt32;
+}
+
+struct ClientStatus {
+  pid @0 :UInt32;
+  uid @1 :UInt32;
+  gid @2 :UInt32;
+  command @3 :Text;             # /proc/PID/comm at attach
+  device @4 :Int32;             # first device the client used, -1 before it made a context
+  devices @5 :List(UInt32);     # every device the client has a context on
+  memoryUsed @6 :UInt64;
+  kernelsLaunched @7 :UInt64;
+  gpuTimeNs @8 :UInt64;         # measured GPU time of its completed kernels
+  connectedSeconds @9 :Float64;
+}
+
+struct DaemonStatus {
+  backend @0 :Text;             # "cuda" or "sim"
+  version @1 :Text;
+  pid @2 :UInt32;
+  uptimeSeconds @3 :Float64;
+  driverVersion @4 :Int32;
+  devices @5 :List(DeviceStatus);
+  clients @6 :List(ClientStatus);
+}
+
+interface Admin {
+  status @0 () -> (status :DaemonStatus);
+}

@@ -1,0 +1,174 @@
+#pragma once
+// The seam between gpuproxyd and a GPU. Two implementations: `cuda` (the real driver, loaded at
+// run time) and `sim` (a simulator for machines without a GPU). Everything the daemon does to a
+// GPU goes through these interfaces, so a GPU's whole state can later move into a worker process.
+//
+// Threading: a Device and every object it created are used by one owner thread at a time.
+// Callbacks run on a backend thread, must be quick, and must not call back into the backend.
+// Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
+// Module returns at once, and work already queued that uses it still completes (as in CUDA).
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gpuproxy::server::backend {
+
+// A CUresult and, when it is CUDA_SUCCESS, a value.
+template <typename T>
+class Result {
+public:
+  Result(T value) : code_(CUDA_SUCCESS), value_(std::move(value)) {}  // NOLINT: implicit on purpose
+  Result(CUresult error) : code_(error) {}                            // NOLINT: implicit on purpose
+
+  bool ok() const { return code_ == CUDA_SUCCESS; }
+  CUresult code() const { return code_; }
+  T& value() & { return value_; }
+  const T& value() const& { return value_; }
+  T&& value() && { return std::move(value_); }
+
+private:
+  CUresult code_;
+  T value_{};
+};
+
+struct DeviceProperties {
+  std::string name;
+  std::array<std::uint8_t, 16> uuid{};
+  std::uint64_t totalMemory = 0;
+  // Every attribute the device answers, as (CUdevice_attribute, value).
+  std::vector<std::pair<int, int>> attributes;
+};
+
+struct MemoryInfo {
+  std::uint64_t free = 0;
+  std::uint64_t total = 0;
+};
+
+struct KernelParameter {
+  std::uint32_t offset = 0;
+  std::uint32_t size = 0;
+};
+
+struct FunctionInfo {
+  std::vector<KernelParameter> parameters;
+  std::uint32_t parameterBytes = 0;  // size of the packed parameter buffer
+  int maxThreadsPerBlock = 1024;
+  int sharedSizeBytes = 0;
+  int numRegs = 0;
+};
+
+struct Dim3 {
+  unsigned x = 1;
+  unsigned y = 1;
+  unsigned z = 1;
+};
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  unsigned sharedMemBytes = 0;
+};
+
+// Called once when the work it follows has completed: status is CUDA_SUCCESS or the error that
+// work (or an earlier sticky fault) produced.
+using CompletionCallback = std::function<void(CUresult status)>;
+
+// Called once when a kernel has finished, with its measured GPU time.
+using KernelCallback = std::function<void(CUresult status, std::uint64_t gpuNanoseconds)>;
+
+class Function {
+public:
+  virtual ~Function() = default;
+  virtual const FunctionInfo& info() const = 0;
+};
+
+class Module {
+public:
+  virtual ~Module() = default;
+  // CUDA_ERROR_NOT_FOUND when the module has no kernel of that name. The Function is owned by the
+  // Module.
+  virtual Result<Function*> function(std::string_view name) = 0;
+};
+
+class Event {
+public:
+  virtual ~Event() = default;
+  // CUDA_SUCCESS when the last record has completed (or it was never recorded), CUDA_ERROR_NOT_READY
+  // while it is pending, or the context's sticky error.
+  virtual CUresult query() = 0;
+  // Runs `done` once the most recent record has completed (at once if there is none pending).
+  virtual void whenComplete(CompletionCallback done) = 0;
+  // Milliseconds from `start` to this event. CUDA_ERROR_NOT_READY if either is pending,
+  // CUDA_ERROR_INVALID_HANDLE if either was created with CU_EVENT_DISABLE_TIMING or never recorded.
+  virtual Result<float> elapsedSince(Event& start) = 0;
+};
+
+class Stream {
+public:
+  virtual ~Stream() = default;
+  // Asynchronous, ordered on this stream. Host pointers must stay valid until the work has
+  // completed (follow with addCallback to learn when). Errors returned here are launch-time errors;
+  // errors of the work itself arrive through callbacks, query() and the device's sticky error.
+  virtual CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
+                                    std::size_t bytes) = 0;
+  virtual CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) = 0;
+  virtual CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
+                                      std::size_t bytes) = 0;
+  // elementSize is 1, 2 or 4; value holds the element in its low bytes.
+  virtual CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
+                          std::size_t count) = 0;
+  // `parameters` is the packed buffer laid out as Function::info() says; it is copied.
+  // `done` may be empty.
+  virtual CUresult launch(Function& function, const LaunchConfig& config,
+                          std::span<const std::byte> parameters, KernelCallback done) = 0;
+  virtual CUresult record(Event& event) = 0;
+  // Later work on this stream waits for the event's most recent record (none: no wait).
+  virtual CUresult wait(Event& event) = 0;
+  // Runs `done` after all work queued so far on this stream has completed.
+  virtual CUresult addCallback(CompletionCallback done) = 0;
+  // CUDA_SUCCESS when idle, CUDA_ERROR_NOT_READY while work is pending, or the sticky error.
+  virtual CUresult query() = 0;
+};
+
+class Device {
+public:
+  virtual ~Device() = default;
+  virtual const DeviceProperties& properties() const = 0;
+
+  virtual Result<CUdeviceptr> allocate(std::size_t bytes) = 0;
+  virtual CUresult free(CUdeviceptr pointer) = 0;
+  virtual MemoryInfo memoryInfo() = 0;
+
+  // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`).
+  virtual Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) = 0;
+  virtual Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) = 0;
+  virtual Result<std::unique_ptr<Event>> createEvent(unsigned flags) = 0;
+
+  // CUDA_SUCCESS, or the sticky error (CUDA_ERROR_ILLEGAL_ADDRESS, ...) that poisoned this
+  // device's context. Once poisoned, work fails with this error until reset().
+  virtual CUresult stickyError() = 0;
+  // Recreates the device's context after a sticky fault. Every allocation, module, stream and event
+  // made before is invalid afterwards; the caller must have dropped them.
+  virtual CUresult reset() = 0;
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;  // "cuda" or "sim"
+  virtual int driverVersion() const = 0;      // as cuDriverGetVersion reports it
+  virtual int deviceCount() const = 0;
+  virtual Result<std::unique_ptr<Device>> openDevice(int index) = 0;
+};
+
+}  // namespace gpuproxy::server::backend

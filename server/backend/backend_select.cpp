@@ -1,0 +1,1 @@
+// placeholder: backend selection (auto|cuda|sim) lands with the daemon
