@@ -1,1 +1,49 @@
-// placeholder
+#include "protocol/cuda_result.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+namespace gpuproxy::protocol {
+namespace {
+
+struct ResultInfo {
+  CUresult result;
+  // Both point at string literals, so callers (cuGetErrorString) may hand out .data() as a
+  // NUL-terminated C string.
+  std::string_view name;
+  std::string_view description;
+};
+
+constexpr ResultInfo kResults[] = {
+#include "generated/cuda_result_table.inc"
+};
+
+static_assert(std::ranges::is_sorted(kResults, {}, &ResultInfo::result),
+              "gen.py emits the table sorted by value, for binary search");
+
+const ResultInfo* find(CUresult result) {
+  const auto* it = std::ranges::lower_bound(kResults, result, {}, &ResultInfo::result);
+  if (it == std::end(kResults) || it->result != result) return nullptr;
+  return it;
+}
+
+}  // namespace
+
+std::optional<std::string_view> cudaResultName(CUresult result) {
+  const ResultInfo* info = find(result);
+  if (info == nullptr) return std::nullopt;
+  return info->name;
+}
+
+std::optional<std::string_view> cudaResultDescription(CUresult result) {
+  const ResultInfo* info = find(result);
+  if (info == nullptr) return std::nullopt;
+  return info->description;
+}
+
+std::string_view cudaResultNameOr(CUresult result, std::string_view fallback) {
+  const ResultInfo* info = find(result);
+  return info != nullptr ? info->name : fallback;
+}
+
+}  // namespace gpuproxy::protocol

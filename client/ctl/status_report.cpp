@@ -1,0 +1,114 @@
+#include "client/ctl/status_report.hpp"
+
+#include "protocol/byte_size.hpp"
+#include "protocol/cuda_result.hpp"
+
+#include <cstdio>
+#include <string_view>
+#include <vector>
+
+namespace gpuproxy::client {
+
+nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
+  nlohmann::json out;
+  out["backend"] = status.getBackend().cStr();
+  out["version"] = status.getVersion().cStr();
+  out["pid"] = status.getPid();
+  out["uptime_seconds"] = status.getUptimeSeconds();
+  out["driver_version"] = status.getDriverVersion();
+  out["devices"] = nlohmann::json::array();
+  for (auto device : status.getDevices()) {
+    CUresult sticky = static_cast<CUresult>(device.getStickyError());
+    out["devices"].push_back({
+        {"index", device.getIndex()},
+        {"name", device.getName().cStr()},
+        {"memory_total", device.getMemoryTotal()},
+        {"memory_used", device.getMemoryUsed()},
+        {"clients", device.getClients()},
+        {"sticky_error", sticky == CUDA_SUCCESS
+                             ? nlohmann::json(nullptr)
+                             : nlohmann::json(std::string(
+                                   protocol::cudaResultNameOr(sticky, "unknown error")))},
+        {"faulting_client_pid", device.getFaultingClientPid()},
+    });
+  }
+  out["clients"] = nlohmann::json::array();
+  for (auto client : status.getClients()) {
+    std::vector<std::uint32_t> devices;
+    for (auto device : client.getDevices()) devices.push_back(device);
+    out["clients"].push_back({
+        {"pid", client.getPid()},
+        {"uid", client.getUid()},
+        {"gid", client.getGid()},
+        {"command", client.getCommand().cStr()},
+        {"device", client.getDevice() < 0 ? nlohmann::json(nullptr)
+                                          : nlohmann::json(client.getDevice())},
+        {"devices", devices},
+        {"memory_used", client.getMemoryUsed()},
+        {"kernels_launched", client.getKernelsLaunched()},
+        {"gpu_time_ns", client.getGpuTimeNs()},
+        {"connected_seconds", client.getConnectedSeconds()},
+    });
+  }
+  return out;
+}
+
+namespace {
+
+std::string format(const char* pattern, auto... values) {
+  char buffer[512];
+  std::snprintf(buffer, sizeof(buffer), pattern, values...);
+  return buffer;
+}
+
+std::string formatDuration(double seconds) {
+  if (seconds < 1e-3) return format("%.0f us", seconds * 1e6);
+  if (seconds < 1.0) return format("%.1f ms", seconds * 1e3);
+  if (seconds < 120.0) return format("%.1f s", seconds);
+  return format("%.0f min", seconds / 60.0);
+}
+
+}  // namespace
+
+std::string statusToTable(protocol::DaemonStatus::Reader status) {
+  std::string out;
+  out += format("gpuproxyd %s  backend: %s  driver: %d  pid: %u  up: %s\n",
+                status.getVersion().cStr(), status.getBackend().cStr(),
+                status.getDriverVersion(), status.getPid(),
+                formatDuration(status.getUptimeSeconds()).c_str());
+  out += "\n";
+  out += format("%-6s %-28s %-24s %-8s %s\n", "DEVICE", "NAME", "MEMORY USED / TOTAL", "CLIENTS",
+                "STATE");
+  for (auto device : status.getDevices()) {
+    std::string memory = protocol::formatByteSize(device.getMemoryUsed()) + " / " +
+                         protocol::formatByteSize(device.getMemoryTotal());
+    CUresult sticky = static_cast<CUresult>(device.getStickyError());
+    std::string state =
+        sticky == CUDA_SUCCESS
+            ? "ok"
+            : format("poisoned: %s by pid %u",
+                     std::string(protocol::cudaResultNameOr(sticky, "sticky error")).c_str(),
+                     device.getFaultingClientPid());
+    out += format("%-6u %-28s %-24s %-8u %s\n", device.getIndex(), device.getName().cStr(),
+                  memory.c_str(), device.getClients(), state.c_str());
+  }
+  out += "\n";
+  if (status.getClients().size() == 0) {
+    out += "no clients attached\n";
+    return out;
+  }
+  out += format("%-8s %-16s %-7s %-12s %-9s %-10s %s\n", "PID", "COMMAND", "DEVICE", "MEMORY",
+                "KERNELS", "GPU TIME", "CONNECTED");
+  for (auto client : status.getClients()) {
+    std::string device = client.getDevice() < 0 ? "-" : std::to_string(client.getDevice());
+    out += format("%-8u %-16s %-7s %-12s %-9llu %-10s %s\n", client.getPid(),
+                  client.getCommand().cStr(), device.c_str(),
+                  protocol::formatByteSize(client.getMemoryUsed()).c_str(),
+                  static_cast<unsigned long long>(client.getKernelsLaunched()),
+                  formatDuration(static_cast<double>(client.getGpuTimeNs()) / 1e9).c_str(),
+                  formatDuration(client.getConnectedSeconds()).c_str());
+  }
+  return out;
+}
+
+}  // namespace gpuproxy::client

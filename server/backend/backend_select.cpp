@@ -1,1 +1,27 @@
-// placeholder: backend selection (auto|cuda|sim) lands with the daemon
+#include "server/backend/backend_select.hpp"
+
+#include "server/backend/cuda/cuda_backend.hpp"
+#include "server/backend/sim/sim_backend.hpp"
+
+#include <utility>
+
+namespace gpuproxy::server::backend {
+
+BackendChoice selectBackend(const std::string& requested, int simDevices,
+                            std::uint64_t simMemoryBytes) {
+  auto simulator = [&]() {
+    sim::SimOptions options;
+    options.devices = simDevices;
+    options.memoryBytes = simMemoryBytes;
+    return sim::newSimBackend(options);
+  };
+  if (requested == "sim") return {simulator(), "sim backend requested"};
+
+  std::string whyNot;
+  auto cuda = cuda::newCudaBackend(whyNot);
+  if (cuda.ok()) return {std::move(cuda).value(), "a CUDA driver and GPU are present"};
+  if (requested == "cuda") return {nullptr, "cuda backend unavailable: " + whyNot};
+  return {simulator(), "no usable GPU (" + whyNot + "), using the simulator"};
+}
+
+}  // namespace gpuproxy::server::backend

@@ -1,0 +1,20 @@
+#pragma once
+// Turns the daemon's status into what gpuproxyctl prints: JSON for programs, a table for people.
+
+#include "gpuproxy/protocol/gpuproxy.capnp.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace gpuproxy::client {
+
+// Keys: backend, version, pid, uptime_seconds, driver_version,
+// devices[{index, name, memory_total, memory_used, clients, sticky_error, faulting_client_pid}],
+// clients[{pid, uid, gid, command, device, devices, memory_used, kernels_launched, gpu_time_ns,
+// connected_seconds}].
+nlohmann::json statusToJson(protocol::DaemonStatus::Reader status);
+
+std::string statusToTable(protocol::DaemonStatus::Reader status);
+
+}  // namespace gpuproxy::client

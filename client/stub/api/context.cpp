@@ -1,0 +1,356 @@
+// Contexts: the daemon owns them (and the primary contexts' reference counts); the stub keeps
+// CUDA's per-thread current-context stack and remembers which device each context is on.
+
+#include <cuda.h>
+
+#include "client/stub/api_support.hpp"
+#include "client/stub/export.hpp"
+
+using gpuproxy::protocol::Session;
+using gpuproxy::stub::ContextRecord;
+using gpuproxy::stub::contextStack;
+using gpuproxy::stub::currentContext;
+using gpuproxy::stub::guarded;
+using gpuproxy::stub::handleValue;
+using gpuproxy::stub::Runtime;
+using gpuproxy::stub::toHandle;
+using gpuproxy::stub::toResult;
+
+namespace {
+
+// What cuCtxGetApiVersion reports for every context: the driver API generation of the _v2 entry
+// points, which is what the real driver reports for contexts made through them.
+constexpr unsigned kContextApiVersion = 3020;
+
+struct ContextReply {
+  CUresult result;
+  std::uint64_t context;
+};
+
+CUresult createContext(const char* entryPoint, CUcontext* pctx, unsigned flags, CUdevice dev) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    ContextReply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.createContextRequest();
+      request.setDevice(static_cast<std::uint32_t>(dev));
+      request.setFlags(flags);
+      return request.send().then([](auto response) {
+        return ContextReply{toResult(response.getResult()), response.getContext()};
+      });
+    });
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    runtime.addContext(reply.context, ContextRecord{static_cast<std::uint32_t>(dev), flags, false,
+                                                    runtime.newGeneration()});
+    // A new context becomes current to the calling thread, as in CUDA.
+    contextStack().push_back(reply.context);
+    *pctx = toHandle<CUcontext>(reply.context);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult destroyContext(const char* entryPoint, CUcontext ctx) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t context = handleValue(ctx);
+    if (context == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult result = runtime.call([&](Session::Client& session) {
+      auto request = session.destroyContextRequest();
+      request.setContext(context);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    if (result != CUDA_SUCCESS) return result;
+    runtime.forgetContextResources(context, /*destroyed=*/true);
+    gpuproxy::stub::forgetPerThreadStream(context);
+    auto& stack = contextStack();
+    if (!stack.empty() && stack.back() == context) stack.pop_back();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult pushContext(const char* entryPoint, CUcontext ctx) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t context = handleValue(ctx);
+    if (context == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+    contextStack().push_back(context);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult popContext(const char* entryPoint, CUcontext* pctx) {
+  return guarded(entryPoint, [&](Runtime&) {
+    auto& stack = contextStack();
+    if (stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+    const std::uint64_t context = stack.back();
+    stack.pop_back();
+    if (pctx != nullptr) *pctx = toHandle<CUcontext>(context);
+    return CUDA_SUCCESS;
+  });
+}
+
+// The primary context of `device` lost its resources (reset, or released for the last time).
+void primaryContextWiped(Runtime& runtime, CUdevice dev) {
+  if (auto context = runtime.primaryContext(static_cast<std::uint32_t>(dev))) {
+    runtime.forgetContextResources(*context, /*destroyed=*/false);
+  }
+}
+
+struct PrimaryState {
+  CUresult result;
+  unsigned flags;
+  bool active;
+};
+
+PrimaryState primaryState(Runtime& runtime, CUdevice dev) {
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.getPrimaryContextStateRequest();
+    request.setDevice(static_cast<std::uint32_t>(dev));
+    return request.send().then([](auto response) {
+      return PrimaryState{toResult(response.getResult()), response.getFlags(),
+                          response.getActive()};
+    });
+  });
+}
+
+CUresult releasePrimary(const char* entryPoint, CUdevice dev) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult result = runtime.call([&](Session::Client& session) {
+      auto request = session.releasePrimaryContextRequest();
+      request.setDevice(static_cast<std::uint32_t>(dev));
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    if (result != CUDA_SUCCESS) return result;
+    // The last release destroys the primary context's resources; only the daemon keeps the count.
+    PrimaryState state = primaryState(runtime, dev);
+    if (state.result == CUDA_SUCCESS && !state.active) primaryContextWiped(runtime, dev);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult resetPrimary(const char* entryPoint, CUdevice dev) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult result = runtime.call([&](Session::Client& session) {
+      auto request = session.resetPrimaryContextRequest();
+      request.setDevice(static_cast<std::uint32_t>(dev));
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    if (result == CUDA_SUCCESS) primaryContextWiped(runtime, dev);
+    return result;
+  });
+}
+
+CUresult setPrimaryFlags(const char* entryPoint, CUdevice dev, unsigned flags) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.setPrimaryContextFlagsRequest();
+      request.setDevice(static_cast<std::uint32_t>(dev));
+      request.setFlags(flags);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+}  // namespace
+
+// ---- primary contexts ------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    ContextReply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.retainPrimaryContextRequest();
+      request.setDevice(static_cast<std::uint32_t>(dev));
+      return request.send().then([](auto response) {
+        return ContextReply{toResult(response.getResult()), response.getContext()};
+      });
+    });
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    // Retaining does not make the context current (cudart does that with cuCtxSetCurrent).
+    // A handle seen before keeps its generation: its resources are still alive.
+    if (!runtime.context(reply.context)) {
+      runtime.addContext(reply.context, ContextRecord{static_cast<std::uint32_t>(dev), 0, true,
+                                                      runtime.newGeneration()});
+    }
+    *pctx = toHandle<CUcontext>(reply.context);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return releasePrimary(__func__, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return releasePrimary(__func__, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return resetPrimary(__func__, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return resetPrimary(__func__, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  return setPrimaryFlags(__func__, dev, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+  return setPrimaryFlags(__func__, dev, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags,
+                                                    int* active) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    PrimaryState state = primaryState(runtime, dev);
+    if (state.result != CUDA_SUCCESS) return state.result;
+    *flags = state.flags;
+    *active = state.active ? 1 : 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- created contexts ------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return createContext(__func__, pctx, flags, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return createContext(__func__, pctx, flags, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray,
+                                        int numParams, unsigned int flags, CUdevice dev) {
+  if (numParams < 0 || (numParams > 0 && paramsArray == nullptr)) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  if (numParams > 0) {
+    GPUPROXY_STUB_LOG(kWarn, "cuCtxCreate_v3: execution affinity is not supported by gpuproxy");
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_NOT_SUPPORTED; });
+  }
+  return createContext(__func__, pctx, flags, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
+                                        unsigned int flags, CUdevice dev) {
+  if (ctxCreateParams != nullptr &&
+      (ctxCreateParams->numExecAffinityParams != 0 ||
+       ctxCreateParams->execAffinityParams != nullptr || ctxCreateParams->cigParams != nullptr)) {
+    GPUPROXY_STUB_LOG(kWarn,
+                      "cuCtxCreate_v4: execution affinity and CIG contexts are not supported by "
+                      "gpuproxy");
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_NOT_SUPPORTED; });
+  }
+  return createContext(__func__, pctx, flags, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
+  return destroyContext(__func__, ctx);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  return destroyContext(__func__, ctx);
+}
+
+// ---- the current-context stack ---------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  return guarded(__func__, [&](Runtime&) {
+    if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = toHandle<CUcontext>(currentContext());
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    auto& stack = contextStack();
+    const std::uint64_t context = handleValue(ctx);
+    if (context == 0) {
+      // NULL pops the stack (a no-op when it is empty), as CUDA documents.
+      if (!stack.empty()) stack.pop_back();
+      return CUDA_SUCCESS;
+    }
+    if (!runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (stack.empty()) {
+      stack.push_back(context);
+    } else {
+      stack.back() = context;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) {
+  return pushContext(__func__, ctx);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  return pushContext(__func__, ctx);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  return popContext(__func__, pctx);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  return popContext(__func__, pctx);
+}
+
+GPUPROXY_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<ContextRecord> record = runtime.context(currentContext());
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = static_cast<CUdevice>(record->device);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxSynchronize(void) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    const std::uint64_t context = currentContext();
+    if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.synchronizeContextRequest();
+      request.setContext(context);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t context = ctx != nullptr ? handleValue(ctx) : currentContext();
+    if (context == 0 || !runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+    *version = kContextApiVersion;
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<ContextRecord> record = runtime.context(currentContext());
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!record->primary) {
+      *flags = record->flags;
+      return CUDA_SUCCESS;
+    }
+    // A primary context's flags can change under it (cuDevicePrimaryCtxSetFlags from any thread);
+    // the daemon has the current value.
+    PrimaryState state = primaryState(runtime, static_cast<CUdevice>(record->device));
+    if (state.result != CUDA_SUCCESS) return state.result;
+    *flags = state.flags;
+    return CUDA_SUCCESS;
+  });
+}

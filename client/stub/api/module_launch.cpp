@@ -1,0 +1,321 @@
+// Modules, functions and kernel launches. Launch configurations are checked here, with the
+// device limits from attach and the layout from cuModuleGetFunction, so that the errors a real
+// launch reports synchronously stay synchronous (reference/remoting-tech.md §9.1).
+
+#include <cuda.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/stub/api_support.hpp"
+#include "client/stub/export.hpp"
+#include "client/stub/launch_params.hpp"
+#include "client/stub/module_image.hpp"
+
+using gpuproxy::protocol::Session;
+using gpuproxy::stub::currentContext;
+using gpuproxy::stub::describeModuleImage;
+using gpuproxy::stub::DeviceRecord;
+using gpuproxy::stub::guarded;
+using gpuproxy::stub::handleValue;
+using gpuproxy::stub::KernelRecord;
+using gpuproxy::stub::ModuleImage;
+using gpuproxy::stub::NullStream;
+using gpuproxy::stub::ParameterSlot;
+using gpuproxy::stub::resolveStream;
+using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StreamTarget;
+using gpuproxy::stub::toHandle;
+using gpuproxy::stub::toResult;
+
+namespace {
+
+// Sends an image to the daemon as a module of the current context.
+CUresult loadModule(Runtime& runtime, CUmodule* module, const void* image, std::size_t size) {
+  const std::uint64_t context = currentContext();
+  if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  struct Reply {
+    CUresult result;
+    std::uint64_t module;
+  };
+  Reply reply = runtime.call([&](Session::Client& session) {
+    auto request =
+        session.loadModuleRequest(capnp::MessageSize{size / sizeof(capnp::word) + 64, 0});
+    request.setContext(context);
+    request.setImage(kj::arrayPtr(static_cast<const kj::byte*>(image), size));
+    return request.send().then([](auto response) {
+      return Reply{toResult(response.getResult()), response.getModule()};
+    });
+  });
+  if (reply.result != CUDA_SUCCESS) return reply.result;
+  runtime.addModule(reply.module, context);
+  *module = toHandle<CUmodule>(reply.module);
+  return CUDA_SUCCESS;
+}
+
+CUresult loadModuleData(Runtime& runtime, CUmodule* module, const void* image) {
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  std::optional<ModuleImage> described = describeModuleImage(image);
+  if (!described) {
+    GPUPROXY_STUB_LOG(kWarn,
+                      "cuModuleLoadData: the image has a cubin or fatbin header that "
+                      "makes no sense");
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  return loadModule(runtime, module, described->data, described->size);
+}
+
+// The daemon does the JIT, so there is no log to give back; output options still get defined
+// values rather than whatever the application left in its buffers.
+void answerJitOutputOptions(unsigned numOptions, const CUjit_option* options, void** optionValues) {
+  for (unsigned i = 0; i < numOptions; ++i) {
+    switch (options[i]) {
+      case CU_JIT_WALL_TIME: {
+        const float zero = 0.0f;
+        std::memcpy(&optionValues[i], &zero, sizeof(zero));
+        break;
+      }
+      case CU_JIT_INFO_LOG_BUFFER:
+      case CU_JIT_ERROR_LOG_BUFFER:
+        // Its size comes in a separate option; any non-empty buffer has room for the NUL.
+        for (unsigned j = 0; j < numOptions; ++j) {
+          const CUjit_option sizeOption = options[i] == CU_JIT_INFO_LOG_BUFFER
+                                              ? CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES
+                                              : CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
+          if (options[j] == sizeOption && reinterpret_cast<std::uintptr_t>(optionValues[j]) > 0 &&
+              optionValues[i] != nullptr) {
+            static_cast<char*>(optionValues[i])[0] = '\0';
+          }
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  // Sizes last: the loop above reads them as the buffers' capacities.
+  for (unsigned i = 0; i < numOptions; ++i) {
+    if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
+        options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
+      optionValues[i] = nullptr;  // bytes of log written: none
+    }
+  }
+}
+
+// CUDA_SUCCESS when the configuration fits the device and the kernel.
+CUresult checkLaunchConfiguration(const DeviceRecord* device, const KernelRecord& kernel,
+                                  const unsigned grid[3], const unsigned block[3],
+                                  unsigned sharedMemBytes) {
+  for (int axis = 0; axis < 3; ++axis) {
+    if (grid[axis] == 0 || block[axis] == 0) return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::uint64_t threads = std::uint64_t{block[0]} * block[1] * block[2];
+  if (kernel.maxThreadsPerBlock > 0 &&
+      threads > static_cast<std::uint64_t>(kernel.maxThreadsPerBlock)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (device == nullptr) return CUDA_SUCCESS;
+  auto exceeds = [&](CUdevice_attribute limit, std::uint64_t value) {
+    std::optional<int> bound = device->attribute(limit);
+    return bound && *bound > 0 && value > static_cast<std::uint64_t>(*bound);
+  };
+  static constexpr CUdevice_attribute kGridLimits[3] = {CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
+                                                        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y,
+                                                        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z};
+  static constexpr CUdevice_attribute kBlockLimits[3] = {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X,
+                                                         CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y,
+                                                         CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z};
+  for (int axis = 0; axis < 3; ++axis) {
+    if (exceeds(kGridLimits[axis], grid[axis]) || exceeds(kBlockLimits[axis], block[axis])) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  if (exceeds(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, threads)) return CUDA_ERROR_INVALID_VALUE;
+  // Without cuFuncSetAttribute (not forwarded yet) a kernel gets the default per-block limit.
+  const std::uint64_t shared = std::uint64_t{sharedMemBytes} +
+                               static_cast<std::uint64_t>(std::max(kernel.sharedSizeBytes, 0));
+  if (exceeds(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, shared)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (kernel.numRegs > 0 && exceeds(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK,
+                                    threads * static_cast<std::uint64_t>(kernel.numRegs))) {
+    return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
+                      unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
+                      unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
+                      NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    std::shared_ptr<const KernelRecord> kernel = runtime.function(handleValue(f));
+    if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
+    if (kernelParams != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    const DeviceRecord* device = nullptr;
+    if (auto context = runtime.context(kernel->context)) {
+      device = runtime.device(static_cast<CUdevice>(context->device));
+    }
+    const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
+    const unsigned block[3] = {blockDimX, blockDimY, blockDimZ};
+    if (CUresult checked = checkLaunchConfiguration(device, *kernel, grid, block, sharedMemBytes);
+        checked != CUDA_SUCCESS) {
+      return checked;
+    }
+    std::vector<std::byte> parameters;
+    if (CUresult packed = gpuproxy::stub::packKernelParameters(
+            kernel->parameters, kernel->parameterBytes, kernelParams, extra, parameters);
+        packed != CUDA_SUCCESS) {
+      return packed;
+    }
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.launchKernelRequest();
+      request.setContext(target.context);
+      request.setFunction(handleValue(f));
+      auto gridDim = request.initGrid();
+      gridDim.setX(gridDimX);
+      gridDim.setY(gridDimY);
+      gridDim.setZ(gridDimZ);
+      auto blockDim = request.initBlock();
+      blockDim.setX(blockDimX);
+      blockDim.setY(blockDimY);
+      blockDim.setZ(blockDimZ);
+      request.setSharedMemBytes(sharedMemBytes);
+      request.setStream(target.stream);
+      request.setParameters(
+          kj::arrayPtr(reinterpret_cast<const kj::byte*>(parameters.data()), parameters.size()));
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* fname) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    std::ifstream file(fname, std::ios::binary);
+    if (!file) return CUDA_ERROR_FILE_NOT_FOUND;
+    std::vector<char> image((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+    if (file.bad()) return CUDA_ERROR_FILE_NOT_FOUND;
+    // A PTX file is text without the NUL that cuModuleLoadData's PTX images end with.
+    const bool binary = image.size() >= 4 && (std::memcmp(image.data(),
+                                                          "\x7f"
+                                                          "ELF",
+                                                          4) == 0 ||
+                                              (static_cast<unsigned char>(image[0]) == 0x50 &&
+                                               static_cast<unsigned char>(image[1]) == 0xED &&
+                                               static_cast<unsigned char>(image[2]) == 0x55 &&
+                                               static_cast<unsigned char>(image[3]) == 0xBA));
+    if (!binary && (image.empty() || image.back() != '\0')) image.push_back('\0');
+    return loadModule(runtime, module, image.data(), image.size());
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  return guarded(__func__,
+                 [&](Runtime& runtime) { return loadModuleData(runtime, module, image); });
+}
+
+GPUPROXY_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image,
+                                            unsigned int numOptions, CUjit_option* options,
+                                            void** optionValues) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (numOptions > 0) answerJitOutputOptions(numOptions, options, optionValues);
+    return loadModuleData(runtime, module, image);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t module = handleValue(hmod);
+    std::optional<std::uint64_t> context = runtime.moduleContext(module);
+    if (module == 0 || !context) return CUDA_ERROR_INVALID_HANDLE;
+    struct Reply {
+      CUresult result;
+      std::uint64_t function;
+      std::shared_ptr<KernelRecord> record;
+    };
+    Reply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.getFunctionRequest();
+      request.setModule(module);
+      request.setName(name);
+      return request.send().then([&](auto response) {
+        Reply answer{toResult(response.getResult()), response.getFunction(), nullptr};
+        if (answer.result != CUDA_SUCCESS) return answer;
+        auto layout = response.getLayout();
+        auto record = std::make_shared<KernelRecord>();
+        record->module = module;
+        record->context = *context;
+        for (auto parameter : layout.getParameters()) {
+          record->parameters.push_back(ParameterSlot{parameter.getOffset(), parameter.getSize()});
+        }
+        record->parameterBytes = layout.getParameterBytes();
+        record->maxThreadsPerBlock = layout.getMaxThreadsPerBlock();
+        record->sharedSizeBytes = layout.getSharedSizeBytes();
+        record->numRegs = layout.getNumRegs();
+        answer.record = std::move(record);
+        return answer;
+      });
+    });
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    if (!gpuproxy::stub::layoutIsConsistent(reply.record->parameters,
+                                            reply.record->parameterBytes)) {
+      GPUPROXY_STUB_LOG(kError,
+                        "cuModuleGetFunction(%s): gpuproxyd reported a parameter layout that "
+                        "does not fit its own buffer",
+                        name);
+      return CUDA_ERROR_UNKNOWN;
+    }
+    runtime.addFunction(reply.function, std::move(reply.record));
+    *hfunc = toHandle<CUfunction>(reply.function);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    const std::uint64_t module = handleValue(hmod);
+    if (module == 0) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult result = runtime.call([&](Session::Client& session) {
+      auto request = session.unloadModuleRequest();
+      request.setModule(module);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    if (result == CUDA_SUCCESS) runtime.forgetModule(module);
+    return result;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX,
+                                        unsigned int blockDimY, unsigned int blockDimZ,
+                                        unsigned int sharedMemBytes, CUstream hStream,
+                                        void** kernelParams, void** extra) {
+  return launchKernel(__func__, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                      sharedMemBytes, hStream, kernelParams, extra, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                             unsigned int gridDimY, unsigned int gridDimZ,
+                                             unsigned int blockDimX, unsigned int blockDimY,
+                                             unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                             CUstream hStream, void** kernelParams, void** extra) {
+  return launchKernel(__func__, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                      sharedMemBytes, hStream, kernelParams, extra, NullStream::kPerThread);
+}

@@ -1,0 +1,312 @@
+// Streams and events. CUstream and CUevent values are the daemon's handles; the stub remembers
+// which context each belongs to because the protocol orders work by (context, stream).
+
+#include <cuda.h>
+
+#include "client/stub/api_support.hpp"
+#include "client/stub/export.hpp"
+
+using gpuproxy::protocol::Session;
+using gpuproxy::stub::currentContext;
+using gpuproxy::stub::guarded;
+using gpuproxy::stub::handleValue;
+using gpuproxy::stub::NullStream;
+using gpuproxy::stub::resolveStream;
+using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StreamTarget;
+using gpuproxy::stub::toHandle;
+using gpuproxy::stub::toResult;
+
+namespace {
+
+struct HandleReply {
+  CUresult result;
+  std::uint64_t handle;
+};
+
+// The reserved stream values (NULL, legacy, per-thread) name no stream that can be destroyed.
+bool isReservedStream(std::uint64_t stream) {
+  return stream == 0 || stream == handleValue(CU_STREAM_LEGACY) ||
+         stream == handleValue(CU_STREAM_PER_THREAD);
+}
+
+CUresult createStream(const char* entryPoint, CUstream* phStream, unsigned flags, int priority) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (phStream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t context = currentContext();
+    if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    HandleReply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.createStreamRequest();
+      request.setContext(context);
+      request.setFlags(flags);
+      request.setPriority(priority);
+      return request.send().then([](auto response) {
+        return HandleReply{toResult(response.getResult()), response.getStream()};
+      });
+    });
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    runtime.addStream(reply.handle, context);
+    *phStream = toHandle<CUstream>(reply.handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult destroyStream(const char* entryPoint, CUstream hStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t stream = handleValue(hStream);
+    if (isReservedStream(stream) || !runtime.streamContext(stream)) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    CUresult result = runtime.call([&](Session::Client& session) {
+      auto request = session.destroyStreamRequest();
+      request.setStream(stream);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    if (result == CUDA_SUCCESS) runtime.forgetStream(stream);
+    return result;
+  });
+}
+
+CUresult synchronizeStream(const char* entryPoint, CUstream hStream, NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.synchronizeStreamRequest();
+      request.setContext(target.context);
+      request.setStream(target.stream);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+CUresult queryStream(const char* entryPoint, CUstream hStream, NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.queryStreamRequest();
+      request.setContext(target.context);
+      request.setStream(target.stream);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEvent, unsigned flags,
+                         NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t event = handleValue(hEvent);
+    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.streamWaitEventRequest();
+      request.setContext(target.context);
+      request.setStream(target.stream);
+      request.setEvent(event);
+      request.setFlags(flags);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
+                     NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t event = handleValue(hEvent);
+    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    return runtime.call([&](Session::Client& session) {
+      auto request = session.recordEventRequest();
+      request.setContext(target.context);
+      request.setEvent(event);
+      request.setStream(target.stream);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+  });
+}
+
+// An event call that names nothing but the event.
+template <typename MakeRequest>
+CUresult eventCall(const char* entryPoint, CUevent hEvent, MakeRequest&& makeRequest) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t event = handleValue(hEvent);
+    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
+    return runtime.call([&](Session::Client& session) {
+      return makeRequest(session, event).send().then([](auto response) {
+        return toResult(response.getResult());
+      });
+    });
+  });
+}
+
+CUresult destroyEvent(const char* entryPoint, CUevent hEvent) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const std::uint64_t event = handleValue(hEvent);
+    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult result = runtime.call([&](Session::Client& session) {
+      auto request = session.destroyEventRequest();
+      request.setEvent(event);
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    if (result == CUDA_SUCCESS) runtime.forgetEvent(event);
+    return result;
+  });
+}
+
+CUresult elapsedTime(const char* entryPoint, float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t start = handleValue(hStart);
+    const std::uint64_t end = handleValue(hEnd);
+    if (start == 0 || end == 0 || !runtime.eventContext(start) || !runtime.eventContext(end)) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    struct Reply {
+      CUresult result;
+      float milliseconds;
+    };
+    Reply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.eventElapsedTimeRequest();
+      request.setStart(start);
+      request.setEnd(end);
+      return request.send().then([](auto response) {
+        return Reply{toResult(response.getResult()), response.getMilliseconds()};
+      });
+    });
+    if (reply.result == CUDA_SUCCESS) *pMilliseconds = reply.milliseconds;
+    return reply.result;
+  });
+}
+
+}  // namespace
+
+// ---- streams ---------------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  return createStream(__func__, phStream, Flags, 0);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                                    int priority) {
+  return createStream(__func__, phStream, flags, priority);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamDestroy(CUstream hStream) {
+  return destroyStream(__func__, hStream);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+  return destroyStream(__func__, hStream);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
+  return synchronizeStream(__func__, hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
+  return synchronizeStream(__func__, hStream, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamQuery(CUstream hStream) {
+  return queryStream(__func__, hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) {
+  return queryStream(__func__, hStream, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  return streamWaitEvent(__func__, hStream, hEvent, Flags, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent,
+                                                unsigned int Flags) {
+  return streamWaitEvent(__func__, hStream, hEvent, Flags, NullStream::kPerThread);
+}
+
+// ---- events ----------------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (phEvent == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    constexpr unsigned kKnownFlags =
+        CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if ((Flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
+    // As in CUDA: an interprocess event must not record timing.
+    if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t context = currentContext();
+    if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    HandleReply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.createEventRequest();
+      request.setContext(context);
+      request.setFlags(Flags);
+      return request.send().then([](auto response) {
+        return HandleReply{toResult(response.getResult()), response.getEvent()};
+      });
+    });
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    runtime.addEvent(reply.handle, context);
+    *phEvent = toHandle<CUevent>(reply.handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+  return recordEvent(__func__, hEvent, hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+  return recordEvent(__func__, hEvent, hStream, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
+  return eventCall(__func__, hEvent, [](Session::Client& session, std::uint64_t event) {
+    auto request = session.synchronizeEventRequest();
+    request.setEvent(event);
+    return request;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuEventQuery(CUevent hEvent) {
+  return eventCall(__func__, hEvent, [](Session::Client& session, std::uint64_t event) {
+    auto request = session.queryEventRequest();
+    request.setEvent(event);
+    return request;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  return elapsedTime(__func__, pMilliseconds, hStart, hEnd);
+}
+
+GPUPROXY_EXPORT CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
+  return elapsedTime(__func__, pMilliseconds, hStart, hEnd);
+}
+
+GPUPROXY_EXPORT CUresult cuEventDestroy(CUevent hEvent) {
+  return destroyEvent(__func__, hEvent);
+}
+
+GPUPROXY_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
+  return destroyEvent(__func__, hEvent);
+}

@@ -1,0 +1,366 @@
+#include "client/stub/runtime.hpp"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "client/stub/log.hpp"
+#include "protocol/cuda_result.hpp"
+
+namespace gpuproxy::stub {
+
+namespace {
+
+constexpr const char* kDefaultSocket = "/run/gpuproxy/gpuproxy.sock";
+// A daemon that accepts the connection but never answers attach must not hang cuInit forever.
+constexpr kj::Duration kAttachTimeout = 30 * kj::SECONDS;
+// Room for the file descriptors the data plane will pass (memfd segments, doorbells).
+constexpr unsigned kMaxFdsPerMessage = 4;
+
+// constinit: no constructor runs when the library loads, and nothing is torn down at exit.
+constinit std::atomic<Runtime*> gInstance{nullptr};
+constinit std::atomic<bool> gForkedChild{false};
+constinit std::mutex gInitMutex;
+
+std::string socketPath() {
+  const char* path = std::getenv("GPUPROXY_SOCKET");
+  return path != nullptr && *path != '\0' ? path : kDefaultSocket;
+}
+
+// A connected Unix stream socket, or std::runtime_error with the reason in the kernel's words.
+int connectTo(const std::string& path) {
+  sockaddr_un address{};
+  if (path.size() >= sizeof(address.sun_path)) {
+    throw std::runtime_error("socket path is longer than " +
+                             std::to_string(sizeof(address.sun_path) - 1) + " bytes");
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  int status;
+  do {
+    status = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  } while (status != 0 && errno == EINTR);
+  if (status != 0) {
+    int error = errno;
+    ::close(fd);
+    throw std::runtime_error(std::strerror(error));
+  }
+  return fd;
+}
+
+// The loop thread keeps running code from this library until the process ends, so the library
+// must never be unmapped: an application (or a test) that dlopens the stub and later dlcloses it
+// would otherwise crash in the loop thread.
+void pinLibrary() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&pinLibrary), &info) != 0 && info.dli_fname != nullptr) {
+    // The handle is leaked on purpose: RTLD_NODELETE is what we want from it.
+    [[maybe_unused]] void* handle =
+        ::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  }
+}
+
+void onForkChild() {
+  gForkedChild.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
+Runtime* Runtime::instance() noexcept {
+  if (gForkedChild.load(std::memory_order_acquire)) return nullptr;
+  return gInstance.load(std::memory_order_acquire);
+}
+
+CUresult Runtime::initialize() {
+  if (gForkedChild.load(std::memory_order_acquire)) {
+    GPUPROXY_STUB_LOG(kError, "cuInit in a child forked after cuInit: CUDA cannot be used there");
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  if (Runtime* runtime = gInstance.load(std::memory_order_acquire)) {
+    return runtime->connectionLost() ? CUDA_ERROR_MPS_CONNECTION_FAILED : CUDA_SUCCESS;
+  }
+  std::lock_guard lock(gInitMutex);
+  if (Runtime* runtime = gInstance.load(std::memory_order_acquire)) {
+    return runtime->connectionLost() ? CUDA_ERROR_MPS_CONNECTION_FAILED : CUDA_SUCCESS;
+  }
+  std::unique_ptr<Runtime> runtime(new Runtime(socketPath()));
+  StartOutcome outcome = runtime->start();
+  if (outcome.result != CUDA_SUCCESS) {
+    if (outcome.unreachable) {
+      GPUPROXY_STUB_LOG(kError,
+                        "cannot reach gpuproxyd at %s: %s (set GPUPROXY_SOCKET to the daemon's "
+                        "client socket)",
+                        runtime->socketPath_.c_str(), outcome.reason.c_str());
+    } else {
+      GPUPROXY_STUB_LOG(kError, "gpuproxyd at %s refused to attach: %s",
+                        runtime->socketPath_.c_str(), outcome.reason.c_str());
+    }
+    return outcome.result;
+  }
+  GPUPROXY_STUB_LOG(kInfo, "attached to gpuproxyd at %s (backend %s, %zu device(s), driver %d)",
+                    runtime->socketPath_.c_str(), runtime->backend_.c_str(),
+                    runtime->devices_.size(), runtime->driverVersion_);
+  pinLibrary();
+  static std::once_flag atforkOnce;
+  std::call_once(atforkOnce, [] { ::pthread_atfork(nullptr, nullptr, &onForkChild); });
+  // Leaked on purpose: applications call cuMemFree and friends from static destructors and
+  // atexit handlers, in an order nobody controls, so the connection must outlive all of them.
+  // Tearing down the loop thread at exit could only turn those calls into errors or hangs; the
+  // kernel closes the socket when the process ends and the daemon then frees the session.
+  gInstance.store(runtime.release(), std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+Runtime::Runtime(std::string socketPath) : socketPath_(std::move(socketPath)) {}
+
+Runtime::~Runtime() {
+  // Only reached when start() failed, after the loop thread has exited.
+  if (loopThread_.joinable()) loopThread_.join();
+}
+
+Runtime::StartOutcome Runtime::start() {
+  std::promise<StartOutcome> ready;
+  std::future<StartOutcome> outcome = ready.get_future();
+  // The loop thread is ours, not the application's: it must not run the application's signal
+  // handlers, and in particular must see a write to a dead daemon fail with EPIPE instead of
+  // raising SIGPIPE. It inherits the signal mask of the thread that creates it.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  try {
+    loopThread_ = std::thread([this, &ready] { loopMain(ready); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  StartOutcome result = outcome.get();
+  if (result.result != CUDA_SUCCESS) loopThread_.join();
+  return result;
+}
+
+void Runtime::loopMain(std::promise<StartOutcome>& ready) {
+  bool reported = false;
+  auto report = [&](StartOutcome outcome) {
+    if (!reported) ready.set_value(std::move(outcome));
+    reported = true;
+  };
+  try {
+    // kj sets SIGPIPE to SIG_IGN process-wide when it creates an event port. The application's
+    // signal dispositions are not ours to change: put it back (this thread blocks SIGPIPE).
+    struct sigaction sigpipe {};
+    ::sigaction(SIGPIPE, nullptr, &sigpipe);
+    kj::AsyncIoContext io = kj::setupAsyncIo();
+    ::sigaction(SIGPIPE, &sigpipe, nullptr);
+
+    int fd;
+    try {
+      fd = connectTo(socketPath_);
+    } catch (const std::exception& error) {
+      report({CUDA_ERROR_NO_DEVICE, true, error.what()});
+      return;
+    }
+    kj::Own<kj::AsyncCapabilityStream> stream =
+        io.lowLevelProvider->wrapUnixSocketFd(fd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP |
+                                                      kj::LowLevelAsyncIoProvider::ALREADY_CLOEXEC);
+    capnp::TwoPartyClient client(*stream, kMaxFdsPerMessage);
+    auto gateway = client.bootstrap().castAs<protocol::Gateway>();
+    auto request = gateway.attachRequest();
+    request.setProtocolVersion(protocol::PROTOCOL_VERSION);
+    auto response =
+        io.provider->getTimer().timeoutAfter(kAttachTimeout, request.send()).wait(io.waitScope);
+
+    const auto result = static_cast<CUresult>(response.getResult());
+    if (result != CUDA_SUCCESS) {
+      report({result, false,
+              std::string(protocol::cudaResultNameOr(result, "unknown CUresult")) +
+                  " (protocol version " + std::to_string(protocol::PROTOCOL_VERSION) + ")"});
+      return;
+    }
+    driverVersion_ = response.getDriverVersion();
+    backend_ = response.getBackend().cStr();
+    for (auto device : response.getDevices()) {
+      DeviceRecord record;
+      record.name = device.getName().cStr();
+      auto uuid = device.getUuid();
+      std::memcpy(record.uuid.data(), uuid.begin(), std::min(uuid.size(), record.uuid.size()));
+      record.totalMemory = device.getTotalMemory();
+      for (auto attribute : device.getAttributes()) {
+        record.attributes[attribute.getAttribute()] = attribute.getValue();
+      }
+      devices_.push_back(std::move(record));
+    }
+    protocol::Session::Client session = response.getSession();
+    session_ = &session;
+    executor_ = kj::getCurrentThreadExecutor().addRef();
+
+    kj::Promise<void> watch =
+        client.onDisconnect()
+            .then([this]() { markLost("gpuproxyd closed the connection"); },
+                  [this](kj::Exception&& error) { markLost(error.getDescription().cStr()); })
+            .eagerlyEvaluate(nullptr);
+    report({CUDA_SUCCESS, false, {}});
+    // Serve executeSync calls until the process ends.
+    kj::NEVER_DONE.wait(io.waitScope);
+  } catch (const kj::Exception& error) {
+    if (reported) markLost(error.getDescription().cStr());
+    report({CUDA_ERROR_NO_DEVICE, true, error.getDescription().cStr()});
+  } catch (const std::exception& error) {
+    if (reported) markLost(error.what());
+    report({CUDA_ERROR_NO_DEVICE, true, error.what()});
+  }
+}
+
+void Runtime::markLost(const std::string& reason) noexcept {
+  if (lost_.exchange(true, std::memory_order_acq_rel)) return;
+  GPUPROXY_STUB_LOG(kError,
+                    "lost the connection to gpuproxyd at %s: %s; CUDA calls now fail with "
+                    "CUDA_ERROR_MPS_CONNECTION_FAILED",
+                    socketPath_.c_str(), reason.c_str());
+}
+
+CUresult Runtime::failed(const char* entryPoint, const kj::Exception& exception) noexcept {
+  try {
+    switch (exception.getType()) {
+      case kj::Exception::Type::UNIMPLEMENTED:
+        GPUPROXY_STUB_LOG(kWarn, "%s: gpuproxyd does not implement this call: %s", entryPoint,
+                          exception.getDescription().cStr());
+        return CUDA_ERROR_NOT_SUPPORTED;
+      case kj::Exception::Type::DISCONNECTED:
+        markLost(exception.getDescription().cStr());
+        return CUDA_ERROR_MPS_CONNECTION_FAILED;
+      default:
+        // The schema's convention: the daemon answers a client's mistakes with a CUresult, so an
+        // exception is a broken transport (or a daemon bug). Either way the call did not happen.
+        GPUPROXY_STUB_LOG(kError, "%s: call to gpuproxyd failed: %s", entryPoint,
+                          exception.getDescription().cStr());
+        return CUDA_ERROR_MPS_CONNECTION_FAILED;
+    }
+  } catch (...) {
+    return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+}
+
+// ---- handle tables -------------------------------------------------------------------------
+
+void Runtime::addContext(std::uint64_t context, ContextRecord record) {
+  std::lock_guard lock(tablesMutex_);
+  contexts_[context] = record;
+}
+
+std::optional<ContextRecord> Runtime::context(std::uint64_t context) const {
+  std::lock_guard lock(tablesMutex_);
+  auto found = contexts_.find(context);
+  if (found == contexts_.end()) return std::nullopt;
+  return found->second;
+}
+
+std::optional<std::uint64_t> Runtime::primaryContext(std::uint32_t device) const {
+  std::lock_guard lock(tablesMutex_);
+  for (const auto& [handle, record] : contexts_) {
+    if (record.primary && record.device == device) return handle;
+  }
+  return std::nullopt;
+}
+
+void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
+  std::lock_guard lock(tablesMutex_);
+  auto dropOwnedBy = [context](auto& table, auto ownerOf) {
+    for (auto it = table.begin(); it != table.end();) {
+      it = ownerOf(it->second) == context ? table.erase(it) : std::next(it);
+    }
+  };
+  auto plain = [](std::uint64_t owner) { return owner; };
+  dropOwnedBy(streams_, plain);
+  dropOwnedBy(events_, plain);
+  dropOwnedBy(modules_, plain);
+  dropOwnedBy(functions_,
+              [](const std::shared_ptr<const KernelRecord>& record) { return record->context; });
+  if (destroyed) {
+    contexts_.erase(context);
+  } else if (auto found = contexts_.find(context); found != contexts_.end()) {
+    found->second.generation = newGeneration();
+  }
+}
+
+void Runtime::addStream(std::uint64_t stream, std::uint64_t context) {
+  std::lock_guard lock(tablesMutex_);
+  streams_[stream] = context;
+}
+
+std::optional<std::uint64_t> Runtime::streamContext(std::uint64_t stream) const {
+  std::lock_guard lock(tablesMutex_);
+  auto found = streams_.find(stream);
+  if (found == streams_.end()) return std::nullopt;
+  return found->second;
+}
+
+void Runtime::forgetStream(std::uint64_t stream) {
+  std::lock_guard lock(tablesMutex_);
+  streams_.erase(stream);
+}
+
+void Runtime::addEvent(std::uint64_t event, std::uint64_t context) {
+  std::lock_guard lock(tablesMutex_);
+  events_[event] = context;
+}
+
+std::optional<std::uint64_t> Runtime::eventContext(std::uint64_t event) const {
+  std::lock_guard lock(tablesMutex_);
+  auto found = events_.find(event);
+  if (found == events_.end()) return std::nullopt;
+  return found->second;
+}
+
+void Runtime::forgetEvent(std::uint64_t event) {
+  std::lock_guard lock(tablesMutex_);
+  events_.erase(event);
+}
+
+void Runtime::addModule(std::uint64_t module, std::uint64_t context) {
+  std::lock_guard lock(tablesMutex_);
+  modules_[module] = context;
+}
+
+std::optional<std::uint64_t> Runtime::moduleContext(std::uint64_t module) const {
+  std::lock_guard lock(tablesMutex_);
+  auto found = modules_.find(module);
+  if (found == modules_.end()) return std::nullopt;
+  return found->second;
+}
+
+void Runtime::forgetModule(std::uint64_t module) {
+  std::lock_guard lock(tablesMutex_);
+  modules_.erase(module);
+  for (auto it = functions_.begin(); it != functions_.end();) {
+    it = it->second->module == module ? functions_.erase(it) : std::next(it);
+  }
+}
+
+void Runtime::addFunction(std::uint64_t function, std::shared_ptr<const KernelRecord> record) {
+  std::lock_guard lock(tablesMutex_);
+  functions_[function] = std::move(record);
+}
+
+std::shared_ptr<const KernelRecord> Runtime::function(std::uint64_t function) const {
+  std::lock_guard lock(tablesMutex_);
+  auto found = functions_.find(function);
+  if (found == functions_.end()) return nullptr;
+  return found->second;
+}
+
+}  // namespace gpuproxy::stub

@@ -1,0 +1,170 @@
+#pragma once
+// The stub's one process-wide connection to gpuproxyd (DESIGN §4).
+//
+// Threading: the Cap'n Proto client lives on a private kj event loop running on a thread the
+// runtime owns. Application threads never touch kj objects; they hand a function to that thread
+// with kj::Executor::executeSync and block until the promise it returns resolves, so any number
+// of application threads may call in at once, each with its own synchronous call.
+//
+// Lifetime: created by the first successful cuInit and never destroyed (see Runtime::initialize).
+
+#include <cuda.h>
+
+#include <kj/async.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "client/stub/launch_params.hpp"
+#include "gpuproxy/protocol/gpuproxy.capnp.h"
+
+namespace gpuproxy::stub {
+
+struct DeviceRecord {
+  std::string name;
+  std::array<std::uint8_t, 16> uuid{};
+  std::uint64_t totalMemory = 0;
+  std::unordered_map<int, int> attributes;  // every attribute the daemon reported
+
+  // nullopt for an attribute the daemon did not report.
+  std::optional<int> attribute(CUdevice_attribute which) const {
+    auto found = attributes.find(static_cast<int>(which));
+    if (found == attributes.end()) return std::nullopt;
+    return found->second;
+  }
+};
+
+struct ContextRecord {
+  std::uint32_t device = 0;
+  unsigned flags = 0;
+  bool primary = false;
+  // Changes whenever the daemon drops the context's resources (destroy, primary reset or final
+  // release), so that per-thread caches notice that their streams are gone.
+  std::uint64_t generation = 0;
+};
+
+// What cuLaunchKernel needs to know about a CUfunction without asking the daemon.
+struct KernelRecord {
+  std::uint64_t module = 0;
+  std::uint64_t context = 0;
+  std::vector<ParameterSlot> parameters;
+  std::uint32_t parameterBytes = 0;
+  int maxThreadsPerBlock = 0;
+  int sharedSizeBytes = 0;
+  int numRegs = 0;
+};
+
+class Runtime {
+public:
+  // cuInit's work: connect and attach on the first call, cheap afterwards.
+  static CUresult initialize();
+  // Null before a successful cuInit, and in a child forked from an attached process (its copy of
+  // the connection has no loop thread behind it).
+  static Runtime* instance() noexcept;
+
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  ~Runtime();
+
+  int driverVersion() const { return driverVersion_; }
+  const std::string& backend() const { return backend_; }
+  const std::vector<DeviceRecord>& devices() const { return devices_; }
+  // Null for an ordinal out of range.
+  const DeviceRecord* device(CUdevice ordinal) const {
+    if (ordinal < 0 || static_cast<std::size_t>(ordinal) >= devices_.size()) return nullptr;
+    return &devices_[static_cast<std::size_t>(ordinal)];
+  }
+
+  bool connectionLost() const noexcept { return lost_.load(std::memory_order_acquire); }
+
+  // What the application gets for an exception out of call(): the transport broke (the schema's
+  // convention), so CUDA_ERROR_MPS_CONNECTION_FAILED, or CUDA_ERROR_NOT_SUPPORTED for a method
+  // the daemon does not implement. Logs.
+  CUresult failed(const char* entryPoint, const kj::Exception& exception) noexcept;
+
+  // Runs func(session) on the loop thread and waits for the kj::Promise<T> (or T) it returns;
+  // exceptions come back as kj::Exception. `func` may capture the caller's locals by reference.
+  template <typename Func>
+  auto call(Func&& func) {
+    return executor_->executeSync([this, &func]() { return func(*session_); });
+  }
+
+  // Sends without waiting for the answer, for cleanup whose outcome nobody can observe (the
+  // per-thread stream of an exiting thread). Returns once the request is on its way.
+  template <typename Func>
+  void post(Func&& func) {
+    executor_->executeSync([this, &func]() {
+      kj::Promise<void> sent = func(*session_);
+      sent.detach([](kj::Exception&&) {});
+    });
+  }
+
+  // Handle tables. The daemon validates every handle too; the stub keeps these to answer locally
+  // (cuCtxGetDevice, launch checks) and to find the context a stream or event belongs to.
+  std::uint64_t newGeneration() noexcept { return nextGeneration_.fetch_add(1) + 1; }
+  void addContext(std::uint64_t context, ContextRecord record);
+  std::optional<ContextRecord> context(std::uint64_t context) const;
+  // The primary context of `device` this process has retained before, if any.
+  std::optional<std::uint64_t> primaryContext(std::uint32_t device) const;
+  // Drops the context's streams, events, modules and functions; `destroyed` also drops the
+  // context itself, otherwise it gets a new generation.
+  void forgetContextResources(std::uint64_t context, bool destroyed);
+
+  void addStream(std::uint64_t stream, std::uint64_t context);
+  std::optional<std::uint64_t> streamContext(std::uint64_t stream) const;
+  void forgetStream(std::uint64_t stream);
+
+  void addEvent(std::uint64_t event, std::uint64_t context);
+  std::optional<std::uint64_t> eventContext(std::uint64_t event) const;
+  void forgetEvent(std::uint64_t event);
+
+  void addModule(std::uint64_t module, std::uint64_t context);
+  std::optional<std::uint64_t> moduleContext(std::uint64_t module) const;
+  void forgetModule(std::uint64_t module);  // and its functions
+
+  void addFunction(std::uint64_t function, std::shared_ptr<const KernelRecord> record);
+  std::shared_ptr<const KernelRecord> function(std::uint64_t function) const;
+
+private:
+  struct StartOutcome {
+    CUresult result = CUDA_ERROR_NO_DEVICE;
+    bool unreachable = true;  // the daemon could not be reached (vs. it refused)
+    std::string reason;
+  };
+
+  explicit Runtime(std::string socketPath);
+  StartOutcome start();
+  void loopMain(std::promise<StartOutcome>& ready);
+  void markLost(const std::string& reason) noexcept;
+
+  const std::string socketPath_;
+  std::thread loopThread_;
+  // Set by the loop thread before it reports a successful start; constant afterwards.
+  kj::Own<const kj::Executor> executor_;
+  protocol::Session::Client* session_ = nullptr;  // lives on the loop thread's stack
+  int driverVersion_ = 0;
+  std::string backend_;
+  std::vector<DeviceRecord> devices_;
+
+  std::atomic<bool> lost_{false};
+  std::atomic<std::uint64_t> nextGeneration_{0};
+
+  mutable std::mutex tablesMutex_;
+  std::unordered_map<std::uint64_t, ContextRecord> contexts_;
+  std::unordered_map<std::uint64_t, std::uint64_t> streams_;  // stream -> context
+  std::unordered_map<std::uint64_t, std::uint64_t> events_;   // event -> context
+  std::unordered_map<std::uint64_t, std::uint64_t> modules_;  // module -> context
+  std::unordered_map<std::uint64_t, std::shared_ptr<const KernelRecord>> functions_;
+};
+
+}  // namespace gpuproxy::stub

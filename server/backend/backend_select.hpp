@@ -1,0 +1,21 @@
+#pragma once
+// Chooses the backend for --backend auto|cuda|sim and says why.
+
+#include "server/backend/backend.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace gpuproxy::server::backend {
+
+struct BackendChoice {
+  std::unique_ptr<Backend> backend;  // null when the requested backend cannot run
+  std::string reason;                // one line for the log: why this one, or why none
+};
+
+// `auto` takes `cuda` when a driver and at least one GPU are present, else `sim`.
+BackendChoice selectBackend(const std::string& requested, int simDevices,
+                            std::uint64_t simMemoryBytes);
+
+}  // namespace gpuproxy::server::backend

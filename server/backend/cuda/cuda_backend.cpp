@@ -1,0 +1,1059 @@
+#include "server/backend/cuda/cuda_backend.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "server/backend/cuda/completion_thread.hpp"
+#include "server/backend/cuda/driver_api.hpp"
+#include "server/backend/ptx/ptx_parser.hpp"
+
+namespace gpuproxy::server::cuda {
+namespace {
+
+using backend::CompletionCallback;
+using backend::DeviceProperties;
+using backend::FunctionInfo;
+using backend::KernelCallback;
+using backend::KernelParameter;
+using backend::LaunchConfig;
+using backend::MemoryInfo;
+using backend::Result;
+
+// How long destroying a Device waits for queued work that still owes a callback.
+constexpr std::chrono::seconds kShutdownGrace{10};
+// Notifier streams per device (see DeviceCore::pickNotifier).
+constexpr std::size_t kMaxNotifiers = 4;
+// Bounds the cuFuncGetParamInfo loop: the driver refuses kernels with more parameter space.
+constexpr std::size_t kMaxKernelParameters = ptx::kMaxParameterBytes;
+// Packed kernel parameters up to this size are staged on the stack.
+constexpr std::size_t kInlineParameterBytes = 4096;
+
+// Makes a context current on the calling thread for one call and restores the previous one, so
+// one owner thread can serve several devices.
+class ContextGuard {
+public:
+  ContextGuard(const DriverApi& api, CUcontext context)
+      : api_(api), status_(api.ctxPushCurrent(context)) {}
+  ~ContextGuard() {
+    if (status_ == CUDA_SUCCESS) {
+      CUcontext popped = nullptr;
+      api_.ctxPopCurrent(&popped);
+    }
+  }
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+  bool ok() const { return status_ == CUDA_SUCCESS; }
+  CUresult status() const { return status_; }
+
+private:
+  const DriverApi& api_;
+  CUresult status_;
+};
+
+// Two timing-enabled events recorded around a kernel. Pooled: creating events per launch would
+// cost more than the launch.
+struct TimingPair {
+  CUevent start = nullptr;
+  CUevent end = nullptr;
+  std::uint64_t generation = 0;  // of the context they belong to
+};
+
+// What a device's objects share: the driver, the primary context, the sticky error, the
+// completion thread, pooled timing events and the notifier streams. Streams, events and modules
+// hold it by shared_ptr so that one outliving its Device (a caller bug) cannot reach freed
+// memory. Work queued on the completion thread refers to it by plain pointer: the completion
+// thread is stopped before any member goes.
+class DeviceCore {
+public:
+  DeviceCore(std::shared_ptr<const DriverApi> api, int index, CUdevice device)
+      : api_(std::move(api)),
+        index_(index),
+        device_(device),
+        completion_("gpuproxy-cu" + std::to_string(index),
+                    [this] { probeFromCompletionThread(); }) {}
+
+  ~DeviceCore() {
+    // Queued work still completes (backend.hpp), and its callbacks must still run: wait for it.
+    // A poisoned context never calls its host functions; the completion thread's probe notices
+    // that and fails them, which ends this wait early.
+    if (retained_ && !completion_.waitUntilNothingExpected(kShutdownGrace)) {
+      spdlog::warn("cuda device {}: closing with GPU work still running after {} s", index_,
+                   kShutdownGrace.count());
+    }
+    completion_.stop();
+    if (!retained_) {
+      return;
+    }
+    {
+      ContextGuard guard(*api_, context_);
+      if (guard.ok() && sticky_.load() == CUDA_SUCCESS) {
+        for (const TimingPair& pair : timingPool_) {
+          api_->eventDestroy(pair.start);
+          api_->eventDestroy(pair.end);
+        }
+        for (Notifier& notifier : notifiers_) {
+          if (notifier.stream != nullptr) {
+            api_->streamDestroy(notifier.stream);
+          }
+        }
+      }
+    }
+    api_->primaryCtxRelease(device_);
+  }
+
+  DeviceCore(const DeviceCore&) = delete;
+  DeviceCore& operator=(const DeviceCore&) = delete;
+
+  CUresult open() {
+    CUresult result = api_->primaryCtxRetain(&context_, device_);
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    retained_ = true;
+    ContextGuard guard(*api_, context_);
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    if (result = createNotifier(0); result != CUDA_SUCCESS) {
+      return result;
+    }
+    return readProperties();
+  }
+
+  const DriverApi& api() const { return *api_; }
+  CUcontext context() const { return context_; }
+  int index() const { return index_; }
+  std::uint64_t generation() const { return generation_.load(); }
+  const DeviceProperties& properties() const { return properties_; }
+  CompletionThread& completion() { return completion_; }
+
+  // Remembers `result` if it poisoned the context, and then fails every callback still
+  // expected: their host functions will never run. Returns `result`.
+  CUresult note(CUresult result) {
+    if (!isStickyError(result)) {
+      return result;
+    }
+    CUresult none = CUDA_SUCCESS;
+    if (sticky_.compare_exchange_strong(none, result)) {
+      spdlog::error("cuda device {}: context poisoned by {}; every call fails until reset", index_,
+                    api_->describe(result));
+    }
+    completion_.failExpected(sticky_.load());
+    return result;
+  }
+
+  CUresult sticky() const { return sticky_.load(); }
+
+  // The status a callback reports: its own error, else the sticky one if the context is
+  // poisoned by now.
+  CUresult callbackStatus(CUresult status) const {
+    return status != CUDA_SUCCESS ? status : sticky_.load();
+  }
+
+  // Asks the driver whether the context is poisoned. Owner thread, context current.
+  CUresult probe() {
+    if (notifiers_[0].stream != nullptr) {
+      note(api_->streamQuery(notifiers_[0].stream));
+    }
+    return sticky_.load();
+  }
+
+  // --- Kernel timing. takeTimingPair: owner thread, context current.
+  std::optional<TimingPair> takeTimingPair() {
+    {
+      std::lock_guard lock(poolMutex_);
+      if (!timingPool_.empty()) {
+        TimingPair pair = timingPool_.back();
+        timingPool_.pop_back();
+        return pair;
+      }
+    }
+    TimingPair pair;
+    pair.generation = generation_.load();
+    if (api_->eventCreate(&pair.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+      return std::nullopt;
+    }
+    if (api_->eventCreate(&pair.end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+      api_->eventDestroy(pair.start);
+      return std::nullopt;
+    }
+    return pair;
+  }
+
+  void returnTimingPair(const TimingPair& pair) {
+    std::lock_guard lock(poolMutex_);
+    // Events of a context that was reset died with it.
+    if (pair.generation == generation_.load()) {
+      timingPool_.push_back(pair);
+    }
+  }
+
+  // Completion thread: the kernel's GPU time. The host function that released this item ran
+  // after `end` was recorded, so both events have completed.
+  Result<std::uint64_t> elapsedNanoseconds(const TimingPair& pair) {
+    std::shared_lock lock(contextMutex_);
+    if (pair.generation != generation_.load()) {
+      return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    ContextGuard guard(*api_, context_);
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    float milliseconds = 0;
+    if (const CUresult result = note(api_->eventElapsedTime(&milliseconds, pair.start, pair.end));
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    return static_cast<std::uint64_t>(std::llround(std::max(0.0f, milliseconds) * 1.0e6));
+  }
+
+  // --- Notifier streams, for Event::whenComplete. One stream would make a notification wait
+  // for every event queued on it before, however late those complete; so pick an idle one,
+  // creating up to kMaxNotifiers, else the least busy. Owner thread, context current.
+  Result<std::size_t> pickNotifier() {
+    std::size_t best = 0;
+    int bestPending = INT_MAX;
+    for (std::size_t i = 0; i < notifiers_.size(); ++i) {
+      if (notifiers_[i].stream == nullptr) {
+        if (createNotifier(i) == CUDA_SUCCESS) {
+          return i;
+        }
+        break;
+      }
+      const int pending = notifiers_[i].pending.load();
+      if (pending == 0) {
+        return i;
+      }
+      if (pending < bestPending) {
+        best = i;
+        bestPending = pending;
+      }
+    }
+    if (notifiers_[best].stream == nullptr) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    return best;
+  }
+  CUstream notifierStream(std::size_t index) const { return notifiers_[index].stream; }
+  void notifierBusy(std::size_t index) { notifiers_[index].pending.fetch_add(1); }
+  void notifierIdle(std::size_t index, std::uint64_t generation) {
+    if (generation == generation_.load()) {
+      notifiers_[index].pending.fetch_sub(1);
+    }
+  }
+
+  // Recreates the context (Device::reset). Owner thread.
+  CUresult reset() {
+    // Host functions still enqueued die with the context: their callbacks run now, and
+    // nothing of the completion thread touches the old context afterwards.
+    const CUresult sticky = sticky_.load();
+    completion_.failExpected(sticky != CUDA_SUCCESS ? sticky : CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    completion_.drain();
+
+    std::unique_lock exclusive(contextMutex_);
+    generation_.fetch_add(1);
+    {
+      std::lock_guard lock(poolMutex_);
+      timingPool_.clear();
+    }
+    for (Notifier& notifier : notifiers_) {
+      notifier.stream = nullptr;
+      notifier.pending.store(0);
+    }
+    if (retained_) {
+      retained_ = false;
+      if (const CUresult released = api_->primaryCtxRelease(device_); released != CUDA_SUCCESS) {
+        spdlog::warn("cuda device {}: cuDevicePrimaryCtxRelease: {}", index_,
+                     api_->describe(released));
+      }
+    }
+    if (const CUresult result = api_->primaryCtxReset(device_); result != CUDA_SUCCESS) {
+      spdlog::error("cuda device {}: cuDevicePrimaryCtxReset: {}", index_, api_->describe(result));
+      return result;
+    }
+    if (const CUresult result = api_->primaryCtxRetain(&context_, device_);
+        result != CUDA_SUCCESS) {
+      spdlog::error("cuda device {}: cuDevicePrimaryCtxRetain after reset: {}", index_,
+                    api_->describe(result));
+      return result;
+    }
+    retained_ = true;
+    sticky_.store(CUDA_SUCCESS);
+    ContextGuard guard(*api_, context_);
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    if (const CUresult result = createNotifier(0); result != CUDA_SUCCESS) {
+      return result;
+    }
+    spdlog::info("cuda device {}: context recreated", index_);
+    return CUDA_SUCCESS;
+  }
+
+  bool retained() const { return retained_; }
+
+private:
+  struct Notifier {
+    CUstream stream = nullptr;
+    std::atomic<int> pending{0};  // whenComplete items queued on it; completion thread lowers it
+  };
+
+  CUresult createNotifier(std::size_t index) {
+    // Non-blocking: it must never wait for, or hold up, the legacy NULL stream.
+    return api_->streamCreateWithPriority(&notifiers_[index].stream, CU_STREAM_NON_BLOCKING, 0);
+  }
+
+  void probeFromCompletionThread() {
+    std::shared_lock lock(contextMutex_);
+    if (!retained_) {
+      return;
+    }
+    ContextGuard guard(*api_, context_);
+    if (guard.ok()) {
+      probe();
+    }
+  }
+
+  CUresult readProperties() {
+    std::array<char, 256> name{};
+    if (const CUresult result =
+            api_->deviceGetName(name.data(), static_cast<int>(name.size()) - 1, device_);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    properties_.name = name.data();
+    CUuuid uuid{};
+    if (const CUresult result = api_->deviceGetUuid(&uuid, device_); result != CUDA_SUCCESS) {
+      return result;
+    }
+    std::memcpy(properties_.uuid.data(), uuid.bytes, properties_.uuid.size());
+    std::size_t total = 0;
+    if (const CUresult result = api_->deviceTotalMem(&total, device_); result != CUDA_SUCCESS) {
+      return result;
+    }
+    properties_.totalMemory = total;
+    // Every attribute this driver knows; it says CUDA_ERROR_INVALID_VALUE for the others (gaps
+    // in the enum, attributes newer than the driver).
+    for (int attribute = 1; attribute < CU_DEVICE_ATTRIBUTE_MAX; ++attribute) {
+      int value = 0;
+      if (api_->deviceGetAttribute(&value, static_cast<CUdevice_attribute>(attribute), device_) ==
+          CUDA_SUCCESS) {
+        properties_.attributes.emplace_back(attribute, value);
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+
+  std::shared_ptr<const DriverApi> api_;
+  const int index_;
+  const CUdevice device_;
+  CUcontext context_ = nullptr;
+  bool retained_ = false;
+  std::atomic<std::uint64_t> generation_{1};
+  std::atomic<CUresult> sticky_{CUDA_SUCCESS};
+  DeviceProperties properties_;
+
+  // Held shared by the completion thread while it uses the context, exclusively by reset().
+  std::shared_mutex contextMutex_;
+
+  std::mutex poolMutex_;
+  std::vector<TimingPair> timingPool_;
+
+  std::array<Notifier, kMaxNotifiers> notifiers_;
+
+  // Last: its thread starts in the constructor and may call back into the members above.
+  CompletionThread completion_;
+};
+
+// Every object made by a device checks this before using its handle: after reset() the handles
+// of the old context are dangling.
+class DeviceObject {
+protected:
+  explicit DeviceObject(std::shared_ptr<DeviceCore> core)
+      : core_(std::move(core)), generation_(core_->generation()) {}
+
+  bool current() const { return generation_ == core_->generation(); }
+
+  std::shared_ptr<DeviceCore> core_;
+  const std::uint64_t generation_;
+};
+
+class CudaFunction final : public backend::Function {
+public:
+  CudaFunction(CUfunction function, FunctionInfo info)
+      : function_(function), info_(std::move(info)) {}
+  const FunctionInfo& info() const override { return info_; }
+  CUfunction handle() const { return function_; }
+
+private:
+  CUfunction function_;
+  FunctionInfo info_;
+};
+
+class CudaModule final : public backend::Module, private DeviceObject {
+public:
+  CudaModule(std::shared_ptr<DeviceCore> core, CUmodule module,
+             std::optional<ptx::PtxModuleInfo> ptxLayouts)
+      : DeviceObject(std::move(core)), module_(module), ptxLayouts_(std::move(ptxLayouts)) {}
+
+  ~CudaModule() override {
+    if (!current()) {
+      return;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (guard.ok()) {
+      core_->note(core_->api().moduleUnload(module_));
+    }
+  }
+
+  Result<backend::Function*> function(std::string_view name) override {
+    if (auto found = functions_.find(std::string(name)); found != functions_.end()) {
+      return static_cast<backend::Function*>(found->second.get());
+    }
+    if (!current()) {
+      return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    // A NUL would end the name early and could find a different kernel.
+    if (name.empty() || name.find('\0') != std::string_view::npos) {
+      return CUDA_ERROR_NOT_FOUND;
+    }
+    const DriverApi& api = core_->api();
+    ContextGuard guard(api, core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    const std::string key(name);
+    CUfunction handle = nullptr;
+    if (const CUresult result = core_->note(api.moduleGetFunction(&handle, module_, key.c_str()));
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    FunctionInfo info;
+    if (const CUresult result = describe(handle, key, info); result != CUDA_SUCCESS) {
+      return result;
+    }
+    auto made = std::make_unique<CudaFunction>(handle, std::move(info));
+    backend::Function* function = made.get();
+    functions_.emplace(key, std::move(made));
+    return function;
+  }
+
+private:
+  CUresult describe(CUfunction handle, const std::string& name, FunctionInfo& info) {
+    const DriverApi& api = core_->api();
+    // With lazy loading (the CUDA 12 default) a function is not loaded until first use, and
+    // its parameter info can read as empty until it is.
+    if (api.funcLoad != nullptr) {
+      if (const CUresult result = core_->note(api.funcLoad(handle)); result != CUDA_SUCCESS) {
+        spdlog::warn("cuda device {}: cuFuncLoad({}): {}", core_->index(), name,
+                     api.describe(result));
+        return result;
+      }
+    }
+    if (api.funcGetParamInfo != nullptr) {
+      for (std::size_t i = 0;; ++i) {
+        if (i == kMaxKernelParameters) {
+          spdlog::error("cuda device {}: kernel {} reports over {} parameters", core_->index(),
+                        name, kMaxKernelParameters);
+          return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        std::size_t offset = 0;
+        std::size_t size = 0;
+        const CUresult result = api.funcGetParamInfo(handle, i, &offset, &size);
+        if (result == CUDA_ERROR_INVALID_VALUE) {
+          break;  // past the last parameter
+        }
+        if (result != CUDA_SUCCESS) {
+          return core_->note(result);
+        }
+        info.parameters.push_back(
+            KernelParameter{static_cast<std::uint32_t>(offset), static_cast<std::uint32_t>(size)});
+        info.parameterBytes =
+            std::max(info.parameterBytes, static_cast<std::uint32_t>(offset + size));
+      }
+    } else if (ptxLayouts_.has_value()) {
+      const auto& entries = ptxLayouts_->entries;
+      const auto entry = std::find_if(entries.begin(), entries.end(),
+                                      [&](const ptx::PtxEntry& e) { return e.name == name; });
+      if (entry == entries.end()) {
+        spdlog::error("cuda device {}: kernel {} is not among the PTX entries parsed",
+                      core_->index(), name);
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      for (const ptx::PtxParameter& parameter : entry->parameters) {
+        info.parameters.push_back(KernelParameter{parameter.offset, parameter.size});
+      }
+      info.parameterBytes = entry->parameterBytes;
+    } else {
+      spdlog::error(
+          "cuda device {}: cannot learn the parameters of kernel {}: the driver has no "
+          "cuFuncGetParamInfo (CUDA 12.4+) and the module is not PTX",
+          core_->index(), name);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+
+    const std::array<std::pair<CUfunction_attribute, int*>, 3> attributes{{
+        {CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &info.maxThreadsPerBlock},
+        {CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &info.sharedSizeBytes},
+        {CU_FUNC_ATTRIBUTE_NUM_REGS, &info.numRegs},
+    }};
+    for (const auto& [attribute, value] : attributes) {
+      if (const CUresult result = core_->note(api.funcGetAttribute(value, attribute, handle));
+          result != CUDA_SUCCESS) {
+        return result;
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+
+  CUmodule module_;
+  // Parameter layouts from the PTX parser, when the driver cannot tell them.
+  std::optional<ptx::PtxModuleInfo> ptxLayouts_;
+  std::unordered_map<std::string, std::unique_ptr<CudaFunction>> functions_;
+};
+
+class CudaEvent final : public backend::Event, private DeviceObject {
+public:
+  CudaEvent(std::shared_ptr<DeviceCore> core, CUevent event, unsigned flags)
+      : DeviceObject(std::move(core)), event_(event), flags_(flags) {}
+
+  ~CudaEvent() override {
+    // cuEventDestroy returns at once; a record still pending completes, and a notifier stream
+    // waiting on it still sees it complete.
+    if (!current()) {
+      return;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (guard.ok()) {
+      core_->api().eventDestroy(event_);
+    }
+  }
+
+  CUresult query() override {
+    if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
+      return sticky;
+    }
+    if (!current()) {
+      return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    if (!recorded_) {
+      return CUDA_SUCCESS;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    return core_->note(core_->api().eventQuery(event_));
+  }
+
+  void whenComplete(CompletionCallback done) override {
+    DeviceCore* core = core_.get();
+    CompletionThread& completion = core->completion();
+    auto finish = [core, done = std::move(done)](CUresult status) {
+      if (done) {
+        done(core->callbackStatus(status));
+      }
+    };
+    if (const CUresult sticky = core->sticky(); sticky != CUDA_SUCCESS) {
+      completion.post(std::move(finish), sticky);
+      return;
+    }
+    if (!current()) {
+      completion.post(std::move(finish), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+      return;
+    }
+    if (!recorded_) {
+      completion.post(std::move(finish), CUDA_SUCCESS);
+      return;
+    }
+    const DriverApi& api = core->api();
+    ContextGuard guard(api, core->context());
+    if (!guard.ok()) {
+      completion.post(std::move(finish), guard.status());
+      return;
+    }
+    // Already complete: no need to go through a stream.
+    if (const CUresult state = core->note(api.eventQuery(event_)); state != CUDA_ERROR_NOT_READY) {
+      completion.post(std::move(finish), state);
+      return;
+    }
+    const Result<std::size_t> picked = core->pickNotifier();
+    if (!picked.ok()) {
+      completion.post(std::move(finish), picked.code());
+      return;
+    }
+    const std::size_t index = picked.value();
+    const CUstream notifier = core->notifierStream(index);
+    if (const CUresult waited = core->note(api.streamWaitEvent(notifier, event_, 0));
+        waited != CUDA_SUCCESS) {
+      completion.post(std::move(finish), waited);
+      return;
+    }
+    core->notifierBusy(index);
+    void* token = completion.expect(
+        [core, index, generation = generation_, finish = std::move(finish)](CUresult status) {
+          core->notifierIdle(index, generation);
+          finish(status);
+        });
+    if (const CUresult launched =
+            core->note(api.launchHostFunc(notifier, &CompletionThread::hostFunction, token));
+        launched != CUDA_SUCCESS) {
+      if (CompletionThread::Work work = completion.cancel(token)) {
+        completion.post(std::move(work), launched);
+      }
+    }
+  }
+
+  Result<float> elapsedSince(backend::Event& start) override {
+    auto* begin = dynamic_cast<CudaEvent*>(&start);
+    if (begin == nullptr || !current() || !begin->current()) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (!recorded_ || !begin->recorded_ || ((flags_ | begin->flags_) & CU_EVENT_DISABLE_TIMING)) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
+      return sticky;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    float milliseconds = 0;
+    if (const CUresult result =
+            core_->note(core_->api().eventElapsedTime(&milliseconds, begin->event_, event_));
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    return milliseconds;
+  }
+
+  CUevent handle() const { return event_; }
+  bool belongsTo(const DeviceCore& core) const { return core_.get() == &core && current(); }
+  bool alive() const { return current(); }
+  bool recorded() const { return recorded_; }
+  void markRecorded() { recorded_ = true; }
+
+private:
+  CUevent event_;
+  const unsigned flags_;
+  bool recorded_ = false;
+};
+
+class CudaStream final : public backend::Stream, private DeviceObject {
+public:
+  CudaStream(std::shared_ptr<DeviceCore> core, CUstream stream)
+      : DeviceObject(std::move(core)), stream_(stream) {}
+
+  ~CudaStream() override {
+    // cuStreamDestroy returns at once; work already queued still runs, host functions included.
+    if (!current()) {
+      return;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (guard.ok()) {
+      core_->api().streamDestroy(stream_);
+    }
+  }
+
+  CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
+                            std::size_t bytes) override {
+    return submit([&](const DriverApi& api) {
+      return api.memcpyHtoDAsync(destination, source, bytes, stream_);
+    });
+  }
+
+  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) override {
+    return submit([&](const DriverApi& api) {
+      return api.memcpyDtoHAsync(destination, source, bytes, stream_);
+    });
+  }
+
+  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
+                              std::size_t bytes) override {
+    return submit([&](const DriverApi& api) {
+      return api.memcpyDtoDAsync(destination, source, bytes, stream_);
+    });
+  }
+
+  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
+                  std::size_t count) override {
+    return submit([&](const DriverApi& api) {
+      switch (elementSize) {
+        case 1:
+          return api.memsetD8Async(destination, static_cast<unsigned char>(value), count, stream_);
+        case 2:
+          return api.memsetD16Async(destination, static_cast<unsigned short>(value), count,
+                                    stream_);
+        case 4:
+          return api.memsetD32Async(destination, value, count, stream_);
+        default:
+          return CUDA_ERROR_INVALID_VALUE;
+      }
+    });
+  }
+
+  CUresult launch(backend::Function& function, const LaunchConfig& config,
+                  std::span<const std::byte> parameters, KernelCallback done) override {
+    auto* kernel = dynamic_cast<CudaFunction*>(&function);
+    if (kernel == nullptr) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    const std::size_t bytes = kernel->info().parameterBytes;
+    if (parameters.size() < bytes) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
+      return refused;
+    }
+    DeviceCore* core = core_.get();
+    const DriverApi& api = core->api();
+    ContextGuard guard(api, core->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+
+    // cuLaunchKernel copies the parameters before it returns; staging them in our own aligned
+    // buffer keeps the driver off unaligned or soon-reused caller memory.
+    alignas(16) std::array<std::byte, kInlineParameterBytes> inlineBuffer;
+    std::vector<std::max_align_t> heapBuffer;
+    void* buffer = inlineBuffer.data();
+    if (bytes > inlineBuffer.size()) {
+      heapBuffer.resize((bytes + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t));
+      buffer = heapBuffer.data();
+    }
+    if (bytes != 0) {
+      std::memcpy(buffer, parameters.data(), bytes);
+    }
+    std::size_t bufferSize = bytes;
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buffer, CU_LAUNCH_PARAM_BUFFER_SIZE,
+                     &bufferSize, CU_LAUNCH_PARAM_END};
+
+    // Timing only when someone listens: two event records per kernel are not free.
+    std::optional<TimingPair> timing;
+    if (done) {
+      timing = core->takeTimingPair();
+      if (timing && api.eventRecord(timing->start, stream_) != CUDA_SUCCESS) {
+        core->returnTimingPair(*timing);
+        timing.reset();
+      }
+    }
+    const CUresult launched = core->note(
+        api.launchKernel(kernel->handle(), config.grid.x, config.grid.y, config.grid.z,
+                         config.block.x, config.block.y, config.block.z, config.sharedMemBytes,
+                         stream_, nullptr, bytes != 0 ? extra : nullptr));
+    if (launched != CUDA_SUCCESS) {
+      if (timing) {
+        core->returnTimingPair(*timing);
+      }
+      return launched;
+    }
+    if (!done) {
+      return CUDA_SUCCESS;
+    }
+    if (timing && api.eventRecord(timing->end, stream_) != CUDA_SUCCESS) {
+      core->returnTimingPair(*timing);
+      timing.reset();
+    }
+
+    auto finish = [core, timing, done = std::move(done)](CUresult status) {
+      status = core->callbackStatus(status);
+      std::uint64_t nanoseconds = 0;
+      if (timing) {
+        if (status == CUDA_SUCCESS) {
+          Result<std::uint64_t> elapsed = core->elapsedNanoseconds(*timing);
+          if (elapsed.ok()) {
+            nanoseconds = elapsed.value();
+          } else if (isStickyError(elapsed.code())) {
+            status = elapsed.code();
+          }
+        }
+        core->returnTimingPair(*timing);
+      }
+      done(status, nanoseconds);
+    };
+    CompletionThread& completion = core->completion();
+    void* token = completion.expect(std::move(finish));
+    if (const CUresult queued =
+            core->note(api.launchHostFunc(stream_, &CompletionThread::hostFunction, token));
+        queued != CUDA_SUCCESS) {
+      // The kernel is queued, so this launch succeeded; its callback reports the error.
+      if (CompletionThread::Work work = completion.cancel(token)) {
+        completion.post(std::move(work), queued);
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+
+  CUresult record(backend::Event& event) override {
+    auto* target = dynamic_cast<CudaEvent*>(&event);
+    if (target == nullptr || !target->belongsTo(*core_)) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    const CUresult result =
+        submit([&](const DriverApi& api) { return api.eventRecord(target->handle(), stream_); });
+    if (result == CUDA_SUCCESS) {
+      target->markRecorded();
+    }
+    return result;
+  }
+
+  CUresult wait(backend::Event& event) override {
+    // Unlike a record, a wait may name an event of another device (CUDA allows it).
+    auto* target = dynamic_cast<CudaEvent*>(&event);
+    if (target == nullptr || !target->alive()) {
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (!target->recorded()) {
+      return refuse();  // nothing to wait for
+    }
+    return submit(
+        [&](const DriverApi& api) { return api.streamWaitEvent(stream_, target->handle(), 0); });
+  }
+
+  CUresult addCallback(CompletionCallback done) override {
+    if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
+      return refused;
+    }
+    DeviceCore* core = core_.get();
+    const DriverApi& api = core->api();
+    ContextGuard guard(api, core->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    CompletionThread& completion = core->completion();
+    void* token = completion.expect([core, done = std::move(done)](CUresult status) {
+      if (done) {
+        done(core->callbackStatus(status));
+      }
+    });
+    const CUresult queued =
+        core->note(api.launchHostFunc(stream_, &CompletionThread::hostFunction, token));
+    if (queued != CUDA_SUCCESS) {
+      completion.cancel(token);  // not queued: the caller hears it from our result instead
+    }
+    return queued;
+  }
+
+  CUresult query() override {
+    if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
+      return refused;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    return core_->note(core_->api().streamQuery(stream_));
+  }
+
+private:
+  // Why nothing may be queued now: the context is poisoned or this stream belongs to one that
+  // was reset.
+  CUresult refuse() const {
+    if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
+      return sticky;
+    }
+    return current() ? CUDA_SUCCESS : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  }
+
+  template <typename Call>
+  CUresult submit(Call&& call) {
+    if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
+      return refused;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    return core_->note(call(core_->api()));
+  }
+
+  CUstream stream_;
+};
+
+class CudaDevice final : public backend::Device {
+public:
+  explicit CudaDevice(std::shared_ptr<DeviceCore> core) : core_(std::move(core)) {}
+
+  const DeviceProperties& properties() const override { return core_->properties(); }
+
+  Result<CUdeviceptr> allocate(std::size_t bytes) override {
+    CUdeviceptr pointer = 0;
+    const CUresult result =
+        call([&](const DriverApi& api) { return api.memAlloc(&pointer, bytes); });
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    return pointer;
+  }
+
+  CUresult free(CUdeviceptr pointer) override {
+    return call([&](const DriverApi& api) { return api.memFree(pointer); });
+  }
+
+  MemoryInfo memoryInfo() override {
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (call([&](const DriverApi& api) { return api.memGetInfo(&free, &total); }) != CUDA_SUCCESS) {
+      return MemoryInfo{};
+    }
+    return MemoryInfo{free, total};
+  }
+
+  Result<std::unique_ptr<backend::Module>> loadModule(std::span<const std::byte> image) override {
+    if (image.empty()) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // cuModuleLoadData takes no size: PTX is read up to its NUL, which a client's image need not
+    // carry. Cubin and fatbin carry their sizes and ignore the extra byte.
+    std::vector<char> terminated(image.size() + 1, '\0');
+    std::memcpy(terminated.data(), image.data(), image.size());
+
+    std::optional<ptx::PtxModuleInfo> ptxLayouts;
+    if (core_->api().funcGetParamInfo == nullptr && ptx::looksLikePtx(image)) {
+      ptx::PtxParseResult parsed = ptx::parsePtx(image);
+      if (parsed.ok()) {
+        ptxLayouts = std::move(parsed.module);
+      } else {
+        spdlog::warn("cuda device {}: PTX parser: {}; its kernels cannot be launched",
+                     core_->index(), parsed.error);
+      }
+    }
+
+    CUmodule module = nullptr;
+    const CUresult result =
+        call([&](const DriverApi& api) { return api.moduleLoadData(&module, terminated.data()); });
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    return std::unique_ptr<backend::Module>(
+        std::make_unique<CudaModule>(core_, module, std::move(ptxLayouts)));
+  }
+
+  Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags, int priority) override {
+    CUstream stream = nullptr;
+    // Always non-blocking: a client's stream must never synchronise with the daemon context's
+    // legacy NULL stream; the daemon emulates each client's own NULL stream itself.
+    const CUresult result = call([&](const DriverApi& api) {
+      return api.streamCreateWithPriority(&stream, flags | CU_STREAM_NON_BLOCKING, priority);
+    });
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    return std::unique_ptr<backend::Stream>(std::make_unique<CudaStream>(core_, stream));
+  }
+
+  Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override {
+    CUevent event = nullptr;
+    const CUresult result =
+        call([&](const DriverApi& api) { return api.eventCreate(&event, flags); });
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    return std::unique_ptr<backend::Event>(std::make_unique<CudaEvent>(core_, event, flags));
+  }
+
+  CUresult stickyError() override {
+    if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS || !core_->retained()) {
+      return sticky;
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    return guard.ok() ? core_->probe() : core_->sticky();
+  }
+
+  CUresult reset() override { return core_->reset(); }
+
+private:
+  template <typename Call>
+  CUresult call(Call&& function) {
+    if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
+      return sticky;
+    }
+    if (!core_->retained()) {
+      return CUDA_ERROR_CONTEXT_IS_DESTROYED;  // a failed reset() left no context
+    }
+    ContextGuard guard(core_->api(), core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    return core_->note(function(core_->api()));
+  }
+
+  std::shared_ptr<DeviceCore> core_;
+};
+
+class CudaBackend final : public backend::Backend {
+public:
+  CudaBackend(std::shared_ptr<const DriverApi> api, int deviceCount)
+      : api_(std::move(api)), deviceCount_(deviceCount) {}
+
+  std::string_view name() const override { return "cuda"; }
+  int driverVersion() const override { return api_->driverVersion; }
+  int deviceCount() const override { return deviceCount_; }
+
+  Result<std::unique_ptr<backend::Device>> openDevice(int index) override {
+    if (index < 0 || index >= deviceCount_) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    CUdevice device = 0;
+    if (const CUresult result = api_->deviceGet(&device, index); result != CUDA_SUCCESS) {
+      return result;
+    }
+    auto core = std::make_shared<DeviceCore>(api_, index, device);
+    if (const CUresult result = core->open(); result != CUDA_SUCCESS) {
+      spdlog::error("cuda device {}: cannot open: {}", index, api_->describe(result));
+      return result;
+    }
+    const DeviceProperties& properties = core->properties();
+    spdlog::info("cuda device {}: {}, {} MiB, {} attributes, parameter layouts from {}", index,
+                 properties.name, properties.totalMemory >> 20, properties.attributes.size(),
+                 api_->funcGetParamInfo != nullptr ? "cuFuncGetParamInfo" : "the PTX parser");
+    return std::unique_ptr<backend::Device>(std::make_unique<CudaDevice>(std::move(core)));
+  }
+
+private:
+  std::shared_ptr<const DriverApi> api_;
+  int deviceCount_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<backend::Backend>> newCudaBackend(std::string& whyNot,
+                                                         const std::string& library) {
+  try {
+    std::shared_ptr<const DriverApi> api;
+    if (const CUresult result = loadDriver(library, api, whyNot); result != CUDA_SUCCESS) {
+      return result;
+    }
+    int count = 0;
+    if (const CUresult result = api->deviceGetCount(&count); result != CUDA_SUCCESS) {
+      whyNot = "cuDeviceGetCount failed: " + api->describe(result);
+      return result;
+    }
+    if (count <= 0) {
+      whyNot = "the CUDA driver (" + library + ") reports no devices";
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    spdlog::info("cuda: driver {}.{} from {}, {} device(s)", api->driverVersion / 1000,
+                 (api->driverVersion % 1000) / 10, library, count);
+    return std::unique_ptr<backend::Backend>(std::make_unique<CudaBackend>(std::move(api), count));
+  } catch (const std::exception& error) {
+    whyNot = std::string("cuda backend: ") + error.what();
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+}  // namespace gpuproxy::server::cuda

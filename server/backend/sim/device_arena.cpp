@@ -1,0 +1,133 @@
+#include "server/backend/sim/device_arena.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace gpuproxy::server::sim {
+namespace {
+
+std::uint64_t pageSize() {
+  static const std::uint64_t kPageSize = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  return kPageSize;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceArena> DeviceArena::create(CUdeviceptr base, std::uint64_t capacity) {
+  if (capacity == 0 || capacity % kAllocationAlignment != 0) return nullptr;
+  // MAP_NORESERVE: a 16 GiB device costs address space only; pages are backed when first written.
+  void* host = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (host == MAP_FAILED) return nullptr;
+  return std::unique_ptr<DeviceArena>(
+      new DeviceArena(base, static_cast<std::byte*>(host), capacity));
+}
+
+DeviceArena::DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity)
+    : base_(base), host_(host), capacity_(capacity) {
+  insertFreeLocked(0, capacity_);
+}
+
+DeviceArena::~DeviceArena() { munmap(host_, capacity_); }
+
+backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes > capacity_) return CUDA_ERROR_OUT_OF_MEMORY;
+  const std::uint64_t reserved =
+      (std::uint64_t{bytes} + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  std::lock_guard lock(mutex_);
+  const auto fit = freeBySize_.lower_bound({reserved, 0});
+  if (fit == freeBySize_.end()) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto [size, offset] = *fit;
+  eraseFreeLocked(freeByOffset_.find(offset));
+  if (size > reserved) insertFreeLocked(offset + reserved, size - reserved);
+  live_.emplace(offset, Allocation{bytes, reserved});
+  allocated_ += reserved;
+  return base_ + offset;
+}
+
+CUresult DeviceArena::free(CUdeviceptr pointer) {
+  if (pointer < base_ || pointer - base_ >= capacity_) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t offset = pointer - base_;
+  std::lock_guard lock(mutex_);
+  const auto found = live_.find(offset);
+  if (found == live_.end()) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t reserved = found->second.reserved;
+  live_.erase(found);
+  allocated_ -= reserved;
+
+  // Coalesce with the free neighbours on both sides.
+  std::uint64_t begin = offset;
+  std::uint64_t end = offset + reserved;
+  auto next = freeByOffset_.lower_bound(offset);
+  if (next != freeByOffset_.end() && next->first == end) {
+    end += next->second;
+    eraseFreeLocked(next);
+  }
+  auto after = freeByOffset_.lower_bound(offset);
+  if (after != freeByOffset_.begin()) {
+    auto previous = std::prev(after);
+    if (previous->first + previous->second == begin) {
+      begin = previous->first;
+      eraseFreeLocked(previous);
+    }
+  }
+  insertFreeLocked(begin, end - begin);
+
+  // Give back the pages the freed allocation touched that are now wholly free (a page shared with a
+  // live neighbour must keep its contents).
+  const std::uint64_t page = pageSize();
+  const std::uint64_t dropBegin = std::max((begin + page - 1) / page * page, offset / page * page);
+  const std::uint64_t dropEnd =
+      std::min(end / page * page, (offset + reserved + page - 1) / page * page);
+  dropPagesLocked(dropBegin, dropEnd);
+  return CUDA_SUCCESS;
+}
+
+std::uint64_t DeviceArena::allocatedBytes() const {
+  std::lock_guard lock(mutex_);
+  return allocated_;
+}
+
+void DeviceArena::releaseAll() {
+  std::lock_guard lock(mutex_);
+  live_.clear();
+  freeByOffset_.clear();
+  freeBySize_.clear();
+  allocated_ = 0;
+  insertFreeLocked(0, capacity_);
+  dropPagesLocked(0, capacity_ / pageSize() * pageSize());
+}
+
+void DeviceArena::insertFreeLocked(std::uint64_t offset, std::uint64_t size) {
+  freeByOffset_.emplace(offset, size);
+  freeBySize_.emplace(size, offset);
+}
+
+void DeviceArena::eraseFreeLocked(std::map<std::uint64_t, std::uint64_t>::iterator block) {
+  freeBySize_.erase({block->second, block->first});
+  freeByOffset_.erase(block);
+}
+
+void DeviceArena::dropPagesLocked(std::uint64_t begin, std::uint64_t end) {
+  if (begin >= end) return;
+  // MADV_DONTNEED on private anonymous memory frees the pages now; later reads see zeros.
+  madvise(host_ + begin, end - begin, MADV_DONTNEED);
+}
+
+std::byte* DeviceArena::Access::translate(CUdeviceptr address, std::size_t bytes) const {
+  const DeviceArena& arena = arena_;
+  if (address < arena.base_ || address - arena.base_ >= arena.capacity_) return nullptr;
+  const std::uint64_t offset = address - arena.base_;
+  auto holder = arena.live_.upper_bound(offset);
+  if (holder == arena.live_.begin()) return nullptr;
+  --holder;
+  const std::uint64_t start = holder->first;
+  const std::uint64_t limit = start + holder->second.requested;
+  if (offset >= limit || bytes > limit - offset) return nullptr;
+  return arena.host_ + offset;
+}
+
+}  // namespace gpuproxy::server::sim

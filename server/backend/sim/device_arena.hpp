@@ -1,0 +1,77 @@
+#pragma once
+// Device memory of one sim device: a reserved host mapping of the device's full capacity (no RAM
+// until touched), handed out at device-like addresses with cudaMalloc's 256-byte alignment.
+//
+// Threading: allocate/free/memoryInfo come from the device's owner thread, translation from the
+// engine thread. An Access holds the arena's lock, so memory cannot be freed (and its pages
+// dropped) while the engine reads or writes it.
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "server/backend/backend.hpp"
+
+namespace gpuproxy::server::sim {
+
+inline constexpr std::uint64_t kAllocationAlignment = 256;
+
+class DeviceArena final {
+public:
+  // Reserves `capacity` bytes (a multiple of kAllocationAlignment) whose device addresses start at
+  // `base`. Returns nullptr when the address space cannot be reserved.
+  static std::unique_ptr<DeviceArena> create(CUdeviceptr base, std::uint64_t capacity);
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+
+  // CUDA_ERROR_INVALID_VALUE for 0 bytes, CUDA_ERROR_OUT_OF_MEMORY when no free range fits.
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes);
+  // CUDA_ERROR_INVALID_VALUE unless `pointer` is the start of a live allocation.
+  CUresult free(CUdeviceptr pointer);
+  std::uint64_t allocatedBytes() const;
+  std::uint64_t capacity() const { return capacity_; }
+  // Frees every allocation and returns all pages to the system.
+  void releaseAll();
+
+  class Access {
+  public:
+    // Host address of [address, address + bytes) when it lies inside one live allocation.
+    std::byte* translate(CUdeviceptr address, std::size_t bytes) const;
+
+  private:
+    friend class DeviceArena;
+    explicit Access(const DeviceArena& arena) : arena_(arena), lock_(arena.mutex_) {}
+    const DeviceArena& arena_;
+    std::unique_lock<std::mutex> lock_;
+  };
+  Access access() const { return Access(*this); }
+
+private:
+  DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity);
+  void insertFreeLocked(std::uint64_t offset, std::uint64_t size);
+  void eraseFreeLocked(std::map<std::uint64_t, std::uint64_t>::iterator block);
+  void dropPagesLocked(std::uint64_t begin, std::uint64_t end);
+
+  struct Allocation {
+    std::uint64_t requested = 0;  // what the caller asked for: accesses beyond it fault
+    std::uint64_t reserved = 0;   // rounded up to kAllocationAlignment: what it costs
+  };
+
+  const CUdeviceptr base_;
+  std::byte* const host_;
+  const std::uint64_t capacity_;
+  mutable std::mutex mutex_;
+  std::map<std::uint64_t, Allocation> live_;                     // by offset
+  std::map<std::uint64_t, std::uint64_t> freeByOffset_;           // offset -> size
+  std::set<std::pair<std::uint64_t, std::uint64_t>> freeBySize_;  // (size, offset): best fit
+  std::uint64_t allocated_ = 0;
+};
+
+}  // namespace gpuproxy::server::sim

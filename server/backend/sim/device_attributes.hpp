@@ -1,0 +1,15 @@
+#pragma once
+// The attribute table a sim device answers cuDeviceGetAttribute from.
+
+#include <utility>
+#include <vector>
+
+namespace gpuproxy::server::sim {
+
+// Every CUdevice_attribute from 1 to CU_DEVICE_ATTRIBUTE_MAX - 1, as (attribute, value), modelled
+// on an H100 SXM5 (compute capability 9.0). Features the sim does not provide (textures, managed
+// memory, IPC, VMM, ...) answer 0 so that programs take their fallback paths instead of calling
+// entry points that would fail. `pciBusId` tells devices apart as real ones are.
+std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId);
+
+}  // namespace gpuproxy::server::sim

@@ -1,0 +1,23 @@
+#pragma once
+// gpuproxyd's command line.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+
+namespace gpuproxy::server {
+
+struct DaemonOptions {
+  std::string backend = "auto";  // auto | cuda | sim
+  std::string socketPath = "/run/gpuproxy/gpuproxy.sock";
+  std::string adminSocketPath = "/run/gpuproxy/admin.sock";
+  int simDevices = 1;
+  std::uint64_t simMemoryBytes = 16ull << 30;
+  std::string logLevel = "info";
+};
+
+// The parsed options, or the exit code to leave with (0 after --help, 2 after a usage error; the
+// message has been printed).
+std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv);
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,30 @@
+#pragma once
+// What operators see about one client (gpuproxyctl status). Kernel completions update it from a
+// backend thread, possibly after the session itself is gone, so it is shared (std::shared_ptr)
+// between the session and the callbacks of its in-flight kernels, and its counters are atomic.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace gpuproxy::server {
+
+struct ClientIdentity {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string command;  // /proc/PID/comm when it attached
+};
+
+struct ClientStats {
+  ClientIdentity identity;
+  std::chrono::steady_clock::time_point connectedAt = std::chrono::steady_clock::now();
+  std::atomic<std::uint64_t> memoryUsed{0};
+  std::atomic<std::uint64_t> kernelsLaunched{0};
+  std::atomic<std::uint64_t> gpuTimeNs{0};
+};
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,491 @@
+#include "server/gpu/gpu_client.hpp"
+
+#include "server/gpu/completion.hpp"
+#include "server/gpu/gpu_worker.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace gpuproxy::server {
+
+namespace {
+
+// A copy of a client's bytes kept alive until the backend has consumed them.
+struct StagedBytes {
+  std::vector<std::byte> bytes;
+};
+
+}  // namespace
+
+GpuClient::GpuClient(GpuWorker& worker, std::shared_ptr<ClientStats> stats)
+    : worker_(worker), stats_(std::move(stats)) {}
+
+GpuClient::~GpuClient() {
+  std::vector<Handle> contexts;
+  for (const auto& [handle, context] : contexts_) contexts.push_back(handle);
+  for (Handle handle : contexts) destroyContextNow(handle);
+  worker_.detach(*this);
+}
+
+std::uint32_t GpuClient::deviceIndex() const { return worker_.index(); }
+
+Handle GpuClient::newHandle(HandleKind kind) {
+  return makeHandle(kind, worker_.index(), nextSerial_++);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts
+
+backend::Result<Handle> GpuClient::createContext(unsigned flags) {
+  if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
+  auto nullStream = worker_.device().createStream(0, 0);
+  if (!nullStream.ok()) return nullStream.code();
+  Handle handle = newHandle(HandleKind::kContext);
+  Context& context = contexts_[handle];
+  context.flags = flags;
+  context.nullStream = std::move(nullStream).value();
+  return handle;
+}
+
+kj::Promise<CUresult> GpuClient::destroyContext(Handle context) {
+  auto found = contexts_.find(context);
+  if (found == contexts_.end() || found->second.primary) return CUDA_ERROR_INVALID_CONTEXT;
+  return drainStreams(context).then([this, context](CUresult status) {
+    // The context may have gone while we waited (a second destroy, or the session ended).
+    if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    destroyContextNow(context);
+    return isStickyError(status) ? status : CUDA_SUCCESS;
+  });
+}
+
+backend::Result<Handle> GpuClient::retainPrimaryContext() {
+  if (!primaryContext_) {
+    auto created = createContext(primaryFlags_);
+    if (!created.ok()) return created.code();
+    contexts_[created.value()].primary = true;
+    primaryContext_ = created.value();
+  }
+  ++primaryRefcount_;
+  return *primaryContext_;
+}
+
+kj::Promise<CUresult> GpuClient::releasePrimaryContext() {
+  if (!primaryContext_ || primaryRefcount_ == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--primaryRefcount_ > 0) return CUDA_SUCCESS;
+  return resetPrimaryContext();
+}
+
+kj::Promise<CUresult> GpuClient::resetPrimaryContext() {
+  if (!primaryContext_) return CUDA_SUCCESS;  // nothing to reset, as in CUDA
+  Handle context = *primaryContext_;
+  return drainStreams(context).then([this, context](CUresult) {
+    if (primaryContext_ == context) {
+      destroyContextNow(context);
+      primaryContext_.reset();
+      primaryRefcount_ = 0;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult GpuClient::setPrimaryContextFlags(unsigned flags) {
+  constexpr unsigned kSchedMask = CU_CTX_SCHED_MASK | CU_CTX_LMEM_RESIZE_TO_MAX |
+                                  CU_CTX_MAP_HOST | CU_CTX_COREDUMP_ENABLE |
+                                  CU_CTX_USER_COREDUMP_ENABLE | CU_CTX_SYNC_MEMOPS;
+  if ((flags & ~kSchedMask) != 0) return CUDA_ERROR_INVALID_VALUE;
+  primaryFlags_ = flags;
+  if (primaryContext_) contexts_[*primaryContext_].flags = flags;
+  return CUDA_SUCCESS;
+}
+
+PrimaryContextState GpuClient::primaryContextState() const {
+  return PrimaryContextState{primaryFlags_, primaryRefcount_ > 0};
+}
+
+kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return drainStreams(context);
+}
+
+void GpuClient::destroyContextNow(Handle context) {
+  // Functions and modules first (they reference nothing else), then events and streams, then the
+  // memory the work used.
+  std::erase_if(functions_, [&](const auto& entry) { return entry.second.context == context; });
+  std::erase_if(modules_, [&](const auto& entry) { return entry.second.context == context; });
+  std::erase_if(events_, [&](const auto& entry) { return entry.second.context == context; });
+  std::erase_if(streams_, [&](const auto& entry) { return entry.second.context == context; });
+  for (auto it = allocations_.begin(); it != allocations_.end();) {
+    if (it->second.context != context) {
+      ++it;
+      continue;
+    }
+    CUresult freed = worker_.free(it->first, it->second.bytes);
+    if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
+      spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), it->first,
+                    stats_->identity.pid, static_cast<int>(freed));
+    }
+    memoryUsed_ -= it->second.bytes;
+    stats_->memoryUsed -= it->second.bytes;
+    it = allocations_.erase(it);
+  }
+  contexts_.erase(context);
+  if (primaryContext_ == context) {
+    primaryContext_.reset();
+    primaryRefcount_ = 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams and the legacy NULL stream
+
+std::optional<GpuClient::Target> GpuClient::resolveStream(Handle context, Handle stream) {
+  if (stream == 0) {
+    auto found = contexts_.find(context);
+    if (found == contexts_.end()) return std::nullopt;
+    return Target{context, found->second.nullStream.get(), nullptr};
+  }
+  auto found = streams_.find(stream);
+  if (found == streams_.end()) return std::nullopt;
+  return Target{found->second.context, found->second.stream.get(), &found->second};
+}
+
+CUresult GpuClient::orderForLegacyStream(const Target& target) {
+  Context& context = contexts_.at(target.context);
+  backend::Device& device = worker_.device();
+  // An operation on stream `from` must wait for everything queued so far on `after`.
+  auto barrier = [&](backend::Stream& after, backend::Stream& from) -> CUresult {
+    auto event = device.createEvent(CU_EVENT_DISABLE_TIMING);
+    if (!event.ok()) return event.code();
+    if (CUresult rc = after.record(*event.value()); rc != CUDA_SUCCESS) return rc;
+    return from.wait(*event.value());
+  };
+  if (target.explicitStream == nullptr) {
+    // The NULL stream waits for all blocking streams of its context.
+    for (auto& [handle, stream] : streams_) {
+      if (stream.context != target.context || !stream.blocking) continue;
+      if (stream.work == stream.workSeenByNull) continue;
+      if (CUresult rc = barrier(*stream.stream, *context.nullStream); rc != CUDA_SUCCESS) {
+        return rc;
+      }
+      stream.workSeenByNull = stream.work;
+    }
+    ++context.nullStreamWork;
+    return CUDA_SUCCESS;
+  }
+  Stream& stream = *target.explicitStream;
+  if (stream.blocking && context.nullStreamWork != stream.nullWorkWaitedFor) {
+    if (CUresult rc = barrier(*context.nullStream, *stream.stream); rc != CUDA_SUCCESS) return rc;
+    stream.nullWorkWaitedFor = context.nullStreamWork;
+  }
+  ++stream.work;
+  return CUDA_SUCCESS;
+}
+
+std::vector<backend::Stream*> GpuClient::streamsOf(Handle context) {
+  std::vector<backend::Stream*> streams;
+  for (auto& [handle, state] : contexts_) {
+    if (context == 0 || handle == context) streams.push_back(state.nullStream.get());
+  }
+  for (auto& [handle, state] : streams_) {
+    if (context == 0 || state.context == context) streams.push_back(state.stream.get());
+  }
+  return streams;
+}
+
+kj::Promise<CUresult> GpuClient::drainStreams(Handle context) {
+  auto streams = streamsOf(context);
+  auto statuses = kj::heapArrayBuilder<kj::Promise<CUresult>>(streams.size());
+  for (backend::Stream* stream : streams) statuses.add(whenStreamDone(*stream));
+  return firstError(statuses.finish());
+}
+
+kj::Promise<void> GpuClient::drain() {
+  return drainStreams(0).then([](CUresult) {});
+}
+
+backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, int priority) {
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto created = worker_.device().createStream(flags, priority);
+  if (!created.ok()) return created.code();
+  Handle handle = newHandle(HandleKind::kStream);
+  Stream& stream = streams_[handle];
+  stream.context = context;
+  stream.blocking = (flags & CU_STREAM_NON_BLOCKING) == 0;
+  stream.stream = std::move(created).value();
+  // A new stream has seen everything before it: nothing to wait for yet.
+  stream.nullWorkWaitedFor = contexts_[context].nullStreamWork;
+  return handle;
+}
+
+CUresult GpuClient::destroyStream(Handle stream) {
+  if (streams_.erase(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+
+kj::Promise<CUresult> GpuClient::synchronizeStream(Handle context, Handle stream) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  // Synchronising the NULL stream also waits for the blocking streams it is ordered after.
+  if (target->explicitStream == nullptr) {
+    if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  }
+  return whenStreamDone(*target->stream);
+}
+
+CUresult GpuClient::queryStream(Handle context, Handle stream) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  return target->stream->query();
+}
+
+CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  auto found = events_.find(event);
+  if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  return target->stream->wait(*found->second.event);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  constexpr unsigned kKnownFlags = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                                   CU_EVENT_INTERPROCESS;
+  if ((flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
+  // Interprocess events need an exported handle; both ends would live in this daemon.
+  if ((flags & CU_EVENT_INTERPROCESS) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  auto created = worker_.device().createEvent(flags);
+  if (!created.ok()) return created.code();
+  Handle handle = newHandle(HandleKind::kEvent);
+  events_[handle] = Event{context, std::move(created).value()};
+  return handle;
+}
+
+CUresult GpuClient::destroyEvent(Handle event) {
+  if (events_.erase(event) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+
+CUresult GpuClient::recordEvent(Handle context, Handle event, Handle stream) {
+  auto found = events_.find(event);
+  if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream == 0) context = found->second.context;  // the event's own context's NULL stream
+  auto target = resolveStream(context, stream);
+  if (!target) return CUDA_ERROR_INVALID_HANDLE;
+  if (target->context != found->second.context) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  return target->stream->record(*found->second.event);
+}
+
+kj::Promise<CUresult> GpuClient::synchronizeEvent(Handle event) {
+  auto found = events_.find(event);
+  if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return whenEventDone(*found->second.event);
+}
+
+CUresult GpuClient::queryEvent(Handle event) {
+  auto found = events_.find(event);
+  if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return found->second.event->query();
+}
+
+backend::Result<float> GpuClient::eventElapsedTime(Handle start, Handle end) {
+  auto startEvent = events_.find(start);
+  auto endEvent = events_.find(end);
+  if (startEvent == events_.end() || endEvent == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  return endEvent->second.event->elapsedSince(*startEvent->second.event);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+bool GpuClient::ownsAllocation(CUdeviceptr pointer) const {
+  return allocations_.count(pointer) != 0;
+}
+
+bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
+  auto after = allocations_.upper_bound(pointer);
+  if (after == allocations_.begin()) return false;
+  auto allocation = std::prev(after);
+  std::uint64_t offset = pointer - allocation->first;
+  return offset < allocation->second.bytes && bytes <= allocation->second.bytes - offset;
+}
+
+backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t bytes) {
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  auto pointer = worker_.allocate(bytes);
+  if (!pointer.ok()) return pointer.code();
+  allocations_[pointer.value()] = Allocation{bytes, context};
+  memoryUsed_ += bytes;
+  stats_->memoryUsed += bytes;
+  return pointer.value();
+}
+
+kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
+  if (allocations_.count(pointer) == 0) return CUDA_ERROR_INVALID_VALUE;
+  // cuMemFree waits for the work this client queued before it, so nothing still in flight can
+  // touch memory that is handed to someone else.
+  return drainStreams(0).then([this, pointer](CUresult) {
+    auto found = allocations_.find(pointer);
+    if (found == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
+    std::uint64_t bytes = found->second.bytes;
+    CUresult freed = worker_.free(pointer, bytes);
+    allocations_.erase(found);
+    memoryUsed_ -= bytes;
+    stats_->memoryUsed -= bytes;
+    return freed;
+  });
+}
+
+backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
+  return worker_.memoryInfo();
+}
+
+CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
+                                     std::span<const std::byte> data) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  if (data.empty()) return CUDA_SUCCESS;
+  if (!rangeIsOwned(destination, data.size())) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  auto staged = std::make_shared<StagedBytes>();
+  staged->bytes.assign(data.begin(), data.end());
+  CUresult queued =
+      target->stream->copyHostToDevice(destination, staged->bytes.data(), staged->bytes.size());
+  if (queued != CUDA_SUCCESS) return queued;
+  // The staged copy lives until the backend has read it.
+  return target->stream->addCallback([staged](CUresult) {});
+}
+
+kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost(
+    Handle context, Handle stream, CUdeviceptr source, std::uint64_t bytes) {
+  using Bytes = backend::Result<std::vector<std::byte>>;
+  auto target = resolveStream(context, stream);
+  if (!target) {
+    return Bytes(stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
+  }
+  if (bytes == 0) return Bytes(std::vector<std::byte>{});
+  if (!rangeIsOwned(source, bytes)) return Bytes(CUDA_ERROR_INVALID_VALUE);
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return Bytes(rc);
+  // Shared with the backend callback: the copy may land after this client has gone.
+  auto landing = std::make_shared<StagedBytes>();
+  landing->bytes.resize(bytes);
+  CUresult queued = target->stream->copyDeviceToHost(landing->bytes.data(), source, bytes);
+  if (queued != CUDA_SUCCESS) return Bytes(queued);
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
+  auto fulfiller =
+      std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
+  CUresult callback = target->stream->addCallback(
+      [fulfiller, landing](CUresult status) { (*fulfiller)->fulfill(kj::mv(status)); });
+  if (callback != CUDA_SUCCESS) return Bytes(callback);
+  return paf.promise.then([landing](CUresult status) -> Bytes {
+    if (status != CUDA_SUCCESS) return status;
+    return std::move(landing->bytes);
+  });
+}
+
+CUresult GpuClient::copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,
+                                       CUdeviceptr source, std::uint64_t bytes) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  if (bytes == 0) return CUDA_SUCCESS;
+  if (!rangeIsOwned(destination, bytes) || !rangeIsOwned(source, bytes)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  return target->stream->copyDeviceToDevice(destination, source, bytes);
+}
+
+CUresult GpuClient::memset(Handle context, Handle stream, CUdeviceptr destination,
+                           std::uint32_t value, unsigned elementSize, std::uint64_t count) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  if (elementSize != 1 && elementSize != 2 && elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
+  if (count == 0) return CUDA_SUCCESS;
+  if (count > std::numeric_limits<std::uint64_t>::max() / elementSize) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // CUDA requires element-aligned destinations for 16- and 32-bit memsets.
+  if (destination % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!rangeIsOwned(destination, count * elementSize)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  return target->stream->memset(destination, value, elementSize, count);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules and kernels
+
+backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const std::byte> image) {
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  auto loaded = worker_.device().loadModule(image);
+  if (!loaded.ok()) return loaded.code();
+  Handle handle = newHandle(HandleKind::kModule);
+  Module& module = modules_[handle];
+  module.context = context;
+  module.module = std::move(loaded).value();
+  return handle;
+}
+
+CUresult GpuClient::unloadModule(Handle module) {
+  auto found = modules_.find(module);
+  if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  std::erase_if(functions_, [&](const auto& entry) { return entry.second.module == module; });
+  modules_.erase(found);
+  return CUDA_SUCCESS;
+}
+
+backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::string& name) {
+  auto found = modules_.find(module);
+  if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  Module& state = found->second;
+  if (auto known = state.functionsByName.find(name); known != state.functionsByName.end()) {
+    return FunctionHandle{known->second, &functions_.at(known->second).function->info()};
+  }
+  auto resolved = state.module->function(name);
+  if (!resolved.ok()) return resolved.code();
+  Handle handle = newHandle(HandleKind::kFunction);
+  functions_[handle] = Function{state.context, module, resolved.value()};
+  state.functionsByName[name] = handle;
+  return FunctionHandle{handle, &resolved.value()->info()};
+}
+
+CUresult GpuClient::launchKernel(Handle context, Handle function,
+                                 const backend::LaunchConfig& config, Handle stream,
+                                 std::span<const std::byte> parameters) {
+  auto found = functions_.find(function);
+  if (found == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  // A kernel runs in the context its module was loaded into.
+  if (target->context != found->second.context) return CUDA_ERROR_INVALID_HANDLE;
+  if (parameters.size() != found->second.function->info().parameterBytes) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  std::shared_ptr<ClientStats> stats = stats_;
+  GpuWorker* worker = &worker_;
+  pid_t pid = stats_->identity.pid;
+  CUresult launched = target->stream->launch(
+      *found->second.function, config, parameters,
+      [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
+        stats->gpuTimeNs += gpuNanoseconds;
+        worker->noteKernelStatus(status, pid);
+      });
+  if (launched == CUDA_SUCCESS) ++stats_->kernelsLaunched;
+  return launched;
+}
+
+}  // namespace gpuproxy::server

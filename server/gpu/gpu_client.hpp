@@ -1,0 +1,168 @@
+#pragma once
+// One client's state on one GPU: its contexts (each with its own legacy NULL stream), allocations,
+// modules, functions, streams and events, and every operation on them. Every handle and pointer a
+// client sends is checked against these tables, so a client can name only what it created.
+//
+// Destroying a GpuClient frees everything it holds at once; callers first wait for drain() so that
+// no queued work still uses that memory (the session does this on every way a client can end).
+
+#include "server/backend/backend.hpp"
+#include "server/gpu/client_stats.hpp"
+#include "server/gpu/handles.hpp"
+
+#include <kj/async.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gpuproxy::server {
+
+class GpuWorker;
+
+struct PrimaryContextState {
+  unsigned flags = 0;
+  bool active = false;
+};
+
+struct FunctionHandle {
+  Handle handle = 0;
+  const backend::FunctionInfo* info = nullptr;
+};
+
+class GpuClient {
+public:
+  GpuClient(GpuWorker& worker, std::shared_ptr<ClientStats> stats);
+  ~GpuClient();
+  GpuClient(const GpuClient&) = delete;
+  GpuClient& operator=(const GpuClient&) = delete;
+
+  std::uint32_t deviceIndex() const;
+
+  // Contexts.
+  backend::Result<Handle> createContext(unsigned flags);
+  kj::Promise<CUresult> destroyContext(Handle context);
+  backend::Result<Handle> retainPrimaryContext();
+  kj::Promise<CUresult> releasePrimaryContext();
+  kj::Promise<CUresult> resetPrimaryContext();
+  CUresult setPrimaryContextFlags(unsigned flags);
+  PrimaryContextState primaryContextState() const;
+  kj::Promise<CUresult> synchronizeContext(Handle context);
+
+  // Memory. Pointers must lie inside this client's own allocations on this GPU.
+  backend::Result<CUdeviceptr> allocate(Handle context, std::uint64_t bytes);
+  bool ownsAllocation(CUdeviceptr pointer) const;
+  kj::Promise<CUresult> free(CUdeviceptr pointer);
+  backend::Result<backend::MemoryInfo> memoryInfo(Handle context);
+  // Returns once the bytes are staged in the daemon and the copy is queued (CUDA's pageable
+  // host-to-device semantics).
+  CUresult copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
+                            std::span<const std::byte> data);
+  // Resolves once the bytes have arrived.
+  kj::Promise<backend::Result<std::vector<std::byte>>> copyDeviceToHost(Handle context,
+                                                                        Handle stream,
+                                                                        CUdeviceptr source,
+                                                                        std::uint64_t bytes);
+  CUresult copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,
+                              CUdeviceptr source, std::uint64_t bytes);
+  CUresult memset(Handle context, Handle stream, CUdeviceptr destination, std::uint32_t value,
+                  unsigned elementSize, std::uint64_t count);
+
+  // Modules and kernels.
+  backend::Result<Handle> loadModule(Handle context, std::span<const std::byte> image);
+  CUresult unloadModule(Handle module);
+  backend::Result<FunctionHandle> function(Handle module, const std::string& name);
+  CUresult launchKernel(Handle context, Handle function, const backend::LaunchConfig& config,
+                        Handle stream, std::span<const std::byte> parameters);
+
+  // Streams and events.
+  backend::Result<Handle> createStream(Handle context, unsigned flags, int priority);
+  CUresult destroyStream(Handle stream);
+  kj::Promise<CUresult> synchronizeStream(Handle context, Handle stream);
+  CUresult queryStream(Handle context, Handle stream);
+  CUresult streamWaitEvent(Handle context, Handle stream, Handle event);
+  backend::Result<Handle> createEvent(Handle context, unsigned flags);
+  CUresult destroyEvent(Handle event);
+  CUresult recordEvent(Handle context, Handle event, Handle stream);
+  kj::Promise<CUresult> synchronizeEvent(Handle event);
+  CUresult queryEvent(Handle event);
+  backend::Result<float> eventElapsedTime(Handle start, Handle end);
+  bool ownsEvent(Handle event) const { return events_.count(event) != 0; }
+
+  // Resolves when every piece of work this client queued on this GPU has completed.
+  kj::Promise<void> drain();
+
+  std::uint64_t memoryUsed() const { return memoryUsed_; }
+  bool hasContexts() const { return !contexts_.empty(); }
+
+private:
+  struct Context {
+    bool primary = false;
+    unsigned flags = 0;
+    std::unique_ptr<backend::Stream> nullStream;
+    std::uint64_t nullStreamWork = 0;  // operations queued on the NULL stream so far
+  };
+  struct Stream {
+    Handle context = 0;
+    bool blocking = true;  // synchronises with the context's legacy NULL stream
+    std::unique_ptr<backend::Stream> stream;
+    std::uint64_t work = 0;              // operations queued on this stream so far
+    std::uint64_t workSeenByNull = 0;    // ... of which the NULL stream has waited for
+    std::uint64_t nullWorkWaitedFor = 0; // NULL-stream operations this stream has waited for
+  };
+  struct Event {
+    Handle context = 0;
+    std::unique_ptr<backend::Event> event;
+  };
+  struct Module {
+    Handle context = 0;
+    std::unique_ptr<backend::Module> module;
+    std::map<std::string, Handle> functionsByName;
+  };
+  struct Function {
+    Handle context = 0;
+    Handle module = 0;
+    backend::Function* function = nullptr;
+  };
+  struct Allocation {
+    std::uint64_t bytes = 0;
+    Handle context = 0;
+  };
+  // Where an operation goes: a backend stream plus the legacy-stream bookkeeping to apply.
+  struct Target {
+    Handle context = 0;
+    backend::Stream* stream = nullptr;
+    Stream* explicitStream = nullptr;  // null for the NULL stream
+  };
+
+  Handle newHandle(HandleKind kind);
+  std::optional<Target> resolveStream(Handle context, Handle stream);
+  // Applies the legacy default-stream rules (within this client) before an operation on `target`.
+  CUresult orderForLegacyStream(const Target& target);
+  // The backend streams of `context` (every context when 0).
+  std::vector<backend::Stream*> streamsOf(Handle context);
+  kj::Promise<CUresult> drainStreams(Handle context);
+  bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
+  // Frees every resource of `context` and forgets it. Its work must have drained.
+  void destroyContextNow(Handle context);
+
+  GpuWorker& worker_;
+  std::shared_ptr<ClientStats> stats_;
+  std::uint64_t nextSerial_ = 1;
+  std::optional<Handle> primaryContext_;
+  unsigned primaryFlags_ = 0;
+  unsigned primaryRefcount_ = 0;
+  std::map<Handle, Context> contexts_;
+  std::map<Handle, Stream> streams_;
+  std::map<Handle, Event> events_;
+  std::map<Handle, Module> modules_;
+  std::map<Handle, Function> functions_;
+  std::map<CUdeviceptr, Allocation> allocations_;
+  std::uint64_t memoryUsed_ = 0;
+};
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,88 @@
+#include "server/gpu/gpu_worker.hpp"
+
+#include "protocol/cuda_result.hpp"
+#include "server/gpu/gpu_client.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <utility>
+
+namespace gpuproxy::server {
+
+bool isStickyError(CUresult result) {
+  switch (result) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+      return true;
+    default:
+      return false;
+  }
+}
+
+GpuWorker::GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device)
+    : index_(index), device_(std::move(device)) {}
+
+GpuWorker::~GpuWorker() {
+  // The device first: its threads may still run kernel callbacks that report to this worker.
+  device_.reset();
+}
+
+std::unique_ptr<GpuClient> GpuWorker::openClient(std::shared_ptr<ClientStats> stats) {
+  auto client = std::make_unique<GpuClient>(*this, std::move(stats));
+  clients_.insert(client.get());
+  return client;
+}
+
+void GpuWorker::detach(GpuClient& client) {
+  clients_.erase(&client);
+  recoverIfIdle();
+}
+
+backend::Result<CUdeviceptr> GpuWorker::allocate(std::size_t bytes) {
+  auto pointer = device_->allocate(bytes);
+  if (pointer.ok()) memoryUsed_ += bytes;
+  return pointer;
+}
+
+CUresult GpuWorker::free(CUdeviceptr pointer, std::size_t bytes) {
+  CUresult result = device_->free(pointer);
+  // Accounting follows what the client held, even when a poisoned context refuses the free: the
+  // memory comes back with the context reset.
+  memoryUsed_ -= bytes;
+  return result;
+}
+
+void GpuWorker::noteKernelStatus(CUresult status, pid_t pid) {
+  if (!isStickyError(status)) return;
+  bool expected = false;
+  if (!faultReported_.compare_exchange_strong(expected, true)) return;
+  faultingPid_ = pid;
+  spdlog::error(
+      "device {}: a kernel of pid {} failed with {}: the GPU context is poisoned for every client "
+      "on this device; it is recovered once they have all detached",
+      index_, pid, protocol::cudaResultNameOr(status, "a sticky error"));
+}
+
+void GpuWorker::recoverIfIdle() {
+  if (!clients_.empty()) return;
+  if (device_->stickyError() == CUDA_SUCCESS) return;
+  CUresult reset = device_->reset();
+  if (reset != CUDA_SUCCESS) {
+    spdlog::error("device {}: resetting the poisoned context failed ({})", index_,
+                  protocol::cudaResultNameOr(reset, "unknown error"));
+    return;
+  }
+  memoryUsed_ = 0;
+  faultingPid_ = 0;
+  faultReported_ = false;
+  spdlog::warn("device {}: context recovered after a sticky fault; serving new clients", index_);
+}
+
+}  // namespace gpuproxy::server

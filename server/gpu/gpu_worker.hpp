@@ -1,0 +1,66 @@
+#pragma once
+// Everything that belongs to one GPU: its backend device (and so its context), the daemon's exact
+// accounting of its memory, its clients, and what happens after a sticky fault. Nothing here is
+// global, so a GPU can later be moved into a supervised worker process of its own.
+
+#include "server/backend/backend.hpp"
+#include "server/gpu/client_stats.hpp"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+
+namespace gpuproxy::server {
+
+class GpuClient;
+
+class GpuWorker {
+public:
+  GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device);
+  ~GpuWorker();
+  GpuWorker(const GpuWorker&) = delete;
+  GpuWorker& operator=(const GpuWorker&) = delete;
+
+  std::uint32_t index() const { return index_; }
+  backend::Device& device() { return *device_; }
+  const backend::DeviceProperties& properties() const { return device_->properties(); }
+
+  // A client's state on this GPU. The worker keeps a borrowed reference for status until the
+  // GpuClient is destroyed.
+  std::unique_ptr<GpuClient> openClient(std::shared_ptr<ClientStats> stats);
+
+  // Device memory, charged to the daemon's accounting when it is handed out.
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes);
+  CUresult free(CUdeviceptr pointer, std::size_t bytes);
+  std::uint64_t memoryUsed() const { return memoryUsed_; }
+  backend::MemoryInfo memoryInfo() { return device_->memoryInfo(); }
+
+  std::size_t clientCount() const { return clients_.size(); }
+
+  // Sticky faults: the first kernel that completes with a sticky error names the faulting client.
+  // Called from backend threads.
+  void noteKernelStatus(CUresult status, pid_t pid);
+  CUresult stickyError() { return device_->stickyError(); }
+  pid_t faultingPid() const { return faultingPid_.load(); }
+
+private:
+  friend class GpuClient;
+  void detach(GpuClient& client);
+  void recoverIfIdle();
+
+  std::uint32_t index_;
+  std::unique_ptr<backend::Device> device_;
+  std::uint64_t memoryUsed_ = 0;
+  std::set<GpuClient*> clients_;
+  std::atomic<pid_t> faultingPid_{0};
+  std::atomic<bool> faultReported_{false};
+};
+
+// True for the errors after which a CUDA context is unusable (CUDA's "sticky" errors).
+bool isStickyError(CUresult result);
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,539 @@
+#include "server/session/client_session.hpp"
+
+#include "protocol/cuda_result.hpp"
+
+#include <capnp/message.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <span>
+#include <string>
+#include <utility>
+
+namespace gpuproxy::server {
+
+namespace {
+
+std::span<const std::byte> bytesOf(capnp::Data::Reader data) {
+  return {reinterpret_cast<const std::byte*>(data.begin()), data.size()};
+}
+
+backend::Dim3 dim3Of(protocol::Dim3::Reader dim) {
+  return backend::Dim3{dim.getX(), dim.getY(), dim.getZ()};
+}
+
+// Answers `results` with `promise`'s CUresult once it resolves.
+template <typename Context>
+kj::Promise<void> answerLater(Context context, kj::Promise<CUresult> promise) {
+  return promise.then(
+      [context](CUresult result) mutable { context.getResults().setResult(result); });
+}
+
+}  // namespace
+
+ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats)
+    : state_(state), stats_(std::move(stats)) {
+  state_.sessions.insert(this);
+}
+
+ClientSession::~ClientSession() {
+  state_.sessions.erase(this);
+  const ClientIdentity& who = stats_->identity;
+  spdlog::info("client pid {} ({}) detached; reclaiming what it held", who.pid, who.command);
+  for (auto& [device, client] : clients_) {
+    std::uint64_t held = client->memoryUsed();
+    pid_t pid = who.pid;
+    auto drained = client->drain();
+    state_.reaper->add(drained.then([client = std::move(client), held, pid, device]() mutable {
+      client.reset();
+      if (held > 0) {
+        spdlog::info("device {}: reclaimed {} bytes of pid {}", device, held, pid);
+      }
+    }));
+  }
+}
+
+GpuClient* ClientSession::clientForDevice(std::uint32_t device) {
+  if (device >= state_.gpus.size()) return nullptr;
+  auto found = clients_.find(device);
+  if (found != clients_.end()) return found->second.get();
+  auto client = state_.gpus[device]->openClient(stats_);
+  GpuClient* raw = client.get();
+  clients_.emplace(device, std::move(client));
+  return raw;
+}
+
+GpuClient* ClientSession::clientFor(std::uint64_t handle, HandleKind kind) {
+  auto device = deviceOf(handle, kind);
+  if (!device) return nullptr;
+  auto found = clients_.find(*device);
+  return found == clients_.end() ? nullptr : found->second.get();
+}
+
+GpuClient* ClientSession::clientOwning(CUdeviceptr pointer) {
+  for (auto& [device, client] : clients_) {
+    if (client->ownsAllocation(pointer)) return client.get();
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Contexts
+
+kj::Promise<void> ClientSession::createContext(CreateContextContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientForDevice(params.getDevice());
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_DEVICE);
+    return kj::READY_NOW;
+  }
+  auto created = client->createContext(params.getFlags());
+  results.setResult(created.code());
+  if (created.ok()) {
+    results.setContext(created.value());
+    if (std::find(devicesUsed_.begin(), devicesUsed_.end(), params.getDevice()) ==
+        devicesUsed_.end()) {
+      devicesUsed_.push_back(params.getDevice());
+    }
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::destroyContext(DestroyContextContext context) {
+  std::uint64_t handle = context.getParams().getContext();
+  GpuClient* client = clientFor(handle, HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->destroyContext(handle));
+}
+
+kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContext context) {
+  std::uint32_t device = context.getParams().getDevice();
+  auto results = context.getResults();
+  GpuClient* client = clientForDevice(device);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_DEVICE);
+    return kj::READY_NOW;
+  }
+  auto retained = client->retainPrimaryContext();
+  results.setResult(retained.code());
+  if (retained.ok()) {
+    results.setContext(retained.value());
+    if (std::find(devicesUsed_.begin(), devicesUsed_.end(), device) == devicesUsed_.end()) {
+      devicesUsed_.push_back(device);
+    }
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::releasePrimaryContext(ReleasePrimaryContextContext context) {
+  GpuClient* client = clientForDevice(context.getParams().getDevice());
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->releasePrimaryContext());
+}
+
+kj::Promise<void> ClientSession::resetPrimaryContext(ResetPrimaryContextContext context) {
+  GpuClient* client = clientForDevice(context.getParams().getDevice());
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->resetPrimaryContext());
+}
+
+kj::Promise<void> ClientSession::setPrimaryContextFlags(SetPrimaryContextFlagsContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientForDevice(params.getDevice());
+  context.getResults().setResult(client == nullptr
+                                     ? CUDA_ERROR_INVALID_DEVICE
+                                     : client->setPrimaryContextFlags(params.getFlags()));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateContext context) {
+  auto results = context.getResults();
+  GpuClient* client = clientForDevice(context.getParams().getDevice());
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_DEVICE);
+    return kj::READY_NOW;
+  }
+  PrimaryContextState primary = client->primaryContextState();
+  results.setResult(CUDA_SUCCESS);
+  results.setFlags(primary.flags);
+  results.setActive(primary.active);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::synchronizeContext(SynchronizeContextContext context) {
+  std::uint64_t handle = context.getParams().getContext();
+  GpuClient* client = clientFor(handle, HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->synchronizeContext(handle));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+kj::Promise<void> ClientSession::memAlloc(MemAllocContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  auto pointer = client->allocate(params.getContext(), params.getBytes());
+  results.setResult(pointer.code());
+  if (pointer.ok()) results.setPointer(pointer.value());
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::memFree(MemFreeContext context) {
+  GpuClient* client = clientOwning(context.getParams().getPointer());
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_VALUE);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->free(context.getParams().getPointer()));
+}
+
+kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
+  auto results = context.getResults();
+  std::uint64_t handle = context.getParams().getContext();
+  GpuClient* client = clientFor(handle, HandleKind::kContext);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  auto info = client->memoryInfo(handle);
+  results.setResult(info.code());
+  if (info.ok()) {
+    results.setFree(info.value().free);
+    results.setTotal(info.value().total);
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::memcpyHtoD(MemcpyHtoDContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  CUresult result = client == nullptr
+                        ? CUDA_ERROR_INVALID_CONTEXT
+                        : client->copyHostToDevice(params.getContext(), params.getStream(),
+                                                   params.getDestination(),
+                                                   bytesOf(params.getData()));
+  context.getResults().setResult(result);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::memcpyDtoH(MemcpyDtoHContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  if (params.getBytes() > protocol::MAX_TRANSFER_CHUNK) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_VALUE);
+    return kj::READY_NOW;
+  }
+  return client
+      ->copyDeviceToHost(params.getContext(), params.getStream(), params.getSource(),
+                         params.getBytes())
+      .then([context](backend::Result<std::vector<std::byte>> bytes) mutable {
+        auto results = context.getResults();
+        results.setResult(bytes.code());
+        if (bytes.ok()) {
+          const auto& data = bytes.value();
+          results.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(data.data()),
+                                       data.size()));
+        }
+      });
+}
+
+kj::Promise<void> ClientSession::memcpyDtoD(MemcpyDtoDContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  CUresult result =
+      client == nullptr
+          ? CUDA_ERROR_INVALID_CONTEXT
+          : client->copyDeviceToDevice(params.getContext(), params.getStream(),
+                                       params.getDestination(), params.getSource(),
+                                       params.getBytes());
+  context.getResults().setResult(result);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::memset(MemsetContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  CUresult result = client == nullptr ? CUDA_ERROR_INVALID_CONTEXT
+                                      : client->memset(params.getContext(), params.getStream(),
+                                                       params.getDestination(), params.getValue(),
+                                                       params.getElementSize(), params.getCount());
+  context.getResults().setResult(result);
+  return kj::READY_NOW;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules and kernels
+
+kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  auto module = client->loadModule(params.getContext(), bytesOf(params.getImage()));
+  results.setResult(module.code());
+  if (module.ok()) results.setModule(module.value());
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {
+  std::uint64_t handle = context.getParams().getModule();
+  GpuClient* client = clientFor(handle, HandleKind::kModule);
+  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
+                                                   : client->unloadModule(handle));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getModule(), HandleKind::kModule);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_HANDLE);
+    return kj::READY_NOW;
+  }
+  auto function = client->function(params.getModule(), std::string(params.getName().cStr()));
+  results.setResult(function.code());
+  if (!function.ok()) return kj::READY_NOW;
+  results.setFunction(function.value().handle);
+  const backend::FunctionInfo& info = *function.value().info;
+  auto layout = results.initLayout();
+  auto parameters = layout.initParameters(static_cast<unsigned>(info.parameters.size()));
+  for (unsigned i = 0; i < info.parameters.size(); ++i) {
+    parameters[i].setOffset(info.parameters[i].offset);
+    parameters[i].setSize(info.parameters[i].size);
+  }
+  layout.setParameterBytes(info.parameterBytes);
+  layout.setMaxThreadsPerBlock(info.maxThreadsPerBlock);
+  layout.setSharedSizeBytes(info.sharedSizeBytes);
+  layout.setNumRegs(info.numRegs);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::launchKernel(LaunchKernelContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  if (handleDevice(params.getFunction()) != client->deviceIndex()) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_HANDLE);
+    return kj::READY_NOW;
+  }
+  backend::LaunchConfig config{dim3Of(params.getGrid()), dim3Of(params.getBlock()),
+                               params.getSharedMemBytes()};
+  context.getResults().setResult(client->launchKernel(params.getContext(), params.getFunction(),
+                                                      config, params.getStream(),
+                                                      bytesOf(params.getParameters())));
+  return kj::READY_NOW;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams
+
+kj::Promise<void> ClientSession::createStream(CreateStreamContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  auto stream = client->createStream(params.getContext(), params.getFlags(), params.getPriority());
+  results.setResult(stream.code());
+  if (stream.ok()) results.setStream(stream.value());
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
+  std::uint64_t handle = context.getParams().getStream();
+  GpuClient* client = clientFor(handle, HandleKind::kStream);
+  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
+                                                   : client->destroyStream(handle));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::synchronizeStream(SynchronizeStreamContext context) {
+  auto params = context.getParams();
+  GpuClient* client = params.getStream() == 0
+                          ? clientFor(params.getContext(), HandleKind::kContext)
+                          : clientFor(params.getStream(), HandleKind::kStream);
+  if (client == nullptr) {
+    context.getResults().setResult(params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT
+                                                           : CUDA_ERROR_INVALID_HANDLE);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->synchronizeStream(params.getContext(), params.getStream()));
+}
+
+kj::Promise<void> ClientSession::queryStream(QueryStreamContext context) {
+  auto params = context.getParams();
+  GpuClient* client = params.getStream() == 0
+                          ? clientFor(params.getContext(), HandleKind::kContext)
+                          : clientFor(params.getStream(), HandleKind::kStream);
+  CUresult result = client == nullptr ? (params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT
+                                                                 : CUDA_ERROR_INVALID_HANDLE)
+                                      : client->queryStream(params.getContext(), params.getStream());
+  context.getResults().setResult(result);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::streamWaitEvent(StreamWaitEventContext context) {
+  auto params = context.getParams();
+  GpuClient* client = params.getStream() == 0
+                          ? clientFor(params.getContext(), HandleKind::kContext)
+                          : clientFor(params.getStream(), HandleKind::kStream);
+  CUresult result = CUDA_SUCCESS;
+  if (client == nullptr) {
+    result = params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  } else if (params.getFlags() != 0 && params.getFlags() != CU_EVENT_WAIT_DEFAULT) {
+    result = CUDA_ERROR_INVALID_VALUE;
+  } else if (!client->ownsEvent(params.getEvent())) {
+    // An event of this client on another GPU would need a cross-device wait, which the daemon
+    // does not do yet; anything else is simply not this client's event.
+    GpuClient* owner = clientFor(params.getEvent(), HandleKind::kEvent);
+    result = (owner != nullptr && owner->ownsEvent(params.getEvent()))
+                 ? CUDA_ERROR_NOT_SUPPORTED
+                 : CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    result = client->streamWaitEvent(params.getContext(), params.getStream(), params.getEvent());
+  }
+  context.getResults().setResult(result);
+  return kj::READY_NOW;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+kj::Promise<void> ClientSession::createEvent(CreateEventContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  auto event = client->createEvent(params.getContext(), params.getFlags());
+  results.setResult(event.code());
+  if (event.ok()) results.setEvent(event.value());
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::destroyEvent(DestroyEventContext context) {
+  std::uint64_t handle = context.getParams().getEvent();
+  GpuClient* client = clientFor(handle, HandleKind::kEvent);
+  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
+                                                   : client->destroyEvent(handle));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::recordEvent(RecordEventContext context) {
+  auto params = context.getParams();
+  GpuClient* client = clientFor(params.getEvent(), HandleKind::kEvent);
+  CUresult result =
+      client == nullptr
+          ? CUDA_ERROR_INVALID_HANDLE
+          : client->recordEvent(params.getContext(), params.getEvent(), params.getStream());
+  context.getResults().setResult(result);
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::synchronizeEvent(SynchronizeEventContext context) {
+  std::uint64_t handle = context.getParams().getEvent();
+  GpuClient* client = clientFor(handle, HandleKind::kEvent);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_HANDLE);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, client->synchronizeEvent(handle));
+}
+
+kj::Promise<void> ClientSession::queryEvent(QueryEventContext context) {
+  std::uint64_t handle = context.getParams().getEvent();
+  GpuClient* client = clientFor(handle, HandleKind::kEvent);
+  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
+                                                   : client->queryEvent(handle));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getStart(), HandleKind::kEvent);
+  if (client == nullptr || handleDevice(params.getEnd()) != client->deviceIndex()) {
+    results.setResult(CUDA_ERROR_INVALID_HANDLE);
+    return kj::READY_NOW;
+  }
+  auto elapsed = client->eventElapsedTime(params.getStart(), params.getEnd());
+  results.setResult(elapsed.code());
+  if (elapsed.ok()) results.setMilliseconds(elapsed.value());
+  return kj::READY_NOW;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gateway
+
+ClientGateway::ClientGateway(ServerState& state, ipc::PeerCredentials peer)
+    : state_(state), peer_(peer) {}
+
+kj::Promise<void> ClientGateway::attach(AttachContext context) {
+  auto results = context.getResults();
+  std::uint32_t version = context.getParams().getProtocolVersion();
+  if (version != protocol::PROTOCOL_VERSION) {
+    spdlog::warn("pid {} speaks protocol {}, this daemon speaks {}: refusing it", peer_.pid,
+                 version, protocol::PROTOCOL_VERSION);
+    results.setResult(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH);
+    return kj::READY_NOW;
+  }
+  auto stats = std::make_shared<ClientStats>();
+  stats->identity = ClientIdentity{peer_.pid, peer_.uid, peer_.gid, ipc::processName(peer_.pid)};
+  spdlog::info("client pid {} ({}, uid {}) attached", peer_.pid, stats->identity.command,
+               peer_.uid);
+  results.setResult(CUDA_SUCCESS);
+  results.setSession(kj::heap<ClientSession>(state_, std::move(stats)));
+  results.setBackend(state_.backendName);
+  results.setDriverVersion(state_.driverVersion);
+  auto devices = results.initDevices(static_cast<unsigned>(state_.gpus.size()));
+  for (unsigned i = 0; i < state_.gpus.size(); ++i) {
+    const backend::DeviceProperties& properties = state_.gpus[i]->properties();
+    auto device = devices[i];
+    device.setIndex(i);
+    device.setName(properties.name);
+    device.setUuid(kj::arrayPtr(properties.uuid.data(), properties.uuid.size()));
+    device.setTotalMemory(properties.totalMemory);
+    auto attributes = device.initAttributes(static_cast<unsigned>(properties.attributes.size()));
+    for (unsigned a = 0; a < properties.attributes.size(); ++a) {
+      attributes[a].setAttribute(properties.attributes[a].first);
+      attributes[a].setValue(properties.attributes[a].second);
+    }
+  }
+  return kj::READY_NOW;
+}
+
+}  // namespace gpuproxy::server

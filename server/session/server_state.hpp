@@ -1,0 +1,32 @@
+#pragma once
+// What the control plane shares between connections: the GPUs, the live sessions (for status),
+// and the reaper that finishes off sessions whose clients are gone. Owned by the Daemon; used only
+// on the control-plane event loop thread.
+
+#include "server/gpu/client_stats.hpp"
+#include "server/gpu/gpu_worker.hpp"
+
+#include <kj/async.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace gpuproxy::server {
+
+class ClientSession;
+
+struct ServerState {
+  std::string backendName;
+  int driverVersion = 0;
+  std::chrono::steady_clock::time_point startedAt = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<GpuWorker>> gpus;
+  std::set<ClientSession*> sessions;  // borrowed: each session removes itself when destroyed
+  // Runs each ended session's drain-then-free; outlives every session.
+  kj::TaskSet* reaper = nullptr;
+};
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,70 @@
+// gpuproxyd as an operator starts and stops it.
+#include "tests/support/process.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+namespace gpuproxy::testing {
+namespace {
+
+TEST(Daemon, SigintStopsItCleanly) {
+  Daemon daemon;
+  std::string socket = daemon.socketPath();
+  ::kill(daemon.pid(), SIGINT);
+  ExitStatus status = daemon.stop();
+  EXPECT_TRUE(status.exitedWith(0)) << daemon.log();
+  EXPECT_NE(::access(socket.c_str(), F_OK), 0);
+  EXPECT_NE(daemon.log().find("shutting down"), std::string::npos) << daemon.log();
+}
+
+TEST(Daemon, SaysWhichBackendItChoseAndWhy) {
+  TempDir directory;
+  Child daemon({daemonBinary(), "--backend", "auto", "--socket", directory.file("g.sock"),
+                "--admin-socket", directory.file("a.sock")});
+  ASSERT_TRUE(eventually([&] {
+    return daemon.errors().find("serving clients") != std::string::npos || !daemon.running();
+  }));
+  // This machine may or may not have a GPU: either way the log names the choice and the reason.
+  std::string log = daemon.errors();
+  bool namedChoice = log.find("backend sim: no usable GPU") != std::string::npos ||
+                     log.find("backend cuda: a CUDA driver and GPU are present") !=
+                         std::string::npos;
+  EXPECT_TRUE(namedChoice) << log;
+  daemon.signal(SIGTERM);
+  EXPECT_TRUE(daemon.wait().exitedWith(0)) << daemon.errors();
+}
+
+TEST(Daemon, RefusesToStartWhenTheSocketIsTaken) {
+  Daemon first;
+  TempDir directory;
+  RunResult second = run({daemonBinary(), "--backend", "sim", "--socket", first.socketPath(),
+                          "--admin-socket", directory.file("a.sock")},
+                         {}, std::chrono::seconds(30));
+  EXPECT_EQ(second.status.code, 1) << second.errors;
+  EXPECT_NE(second.errors.find("already listening"), std::string::npos) << second.errors;
+  // The first daemon is unaffected.
+  EXPECT_TRUE(first.runClient("vector_add", {"--elements", "1024"}).status.exitedWith(0));
+}
+
+TEST(Daemon, RejectsBadSizesWithAUsageError) {
+  RunResult result = run({daemonBinary(), "--sim-memory", "lots"});
+  EXPECT_EQ(result.status.code, 2);
+  EXPECT_NE(result.errors.find("--sim-memory"), std::string::npos) << result.errors;
+}
+
+TEST(Daemon, ReportsSimulatedMemoryExactly) {
+  Daemon::Options options;
+  options.simMemory = "2GiB";
+  options.simDevices = 3;
+  Daemon daemon(options);
+  auto status = daemon.status();
+  ASSERT_EQ(status["devices"].size(), 3u);
+  for (const auto& device : status["devices"]) {
+    EXPECT_EQ(device["memory_total"], 2ull << 30);
+    EXPECT_EQ(device["memory_used"], 0);
+  }
+}
+
+}  // namespace
+}  // namespace gpuproxy::testing

@@ -1,0 +1,135 @@
+// Client mistakes get the error the real driver gives, and the daemon keeps serving.
+#include "tests/support/process.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace gpuproxy::testing {
+namespace {
+
+// error_probe prints "<check> <CUresult name>" per line.
+std::map<std::string, std::string> answers(const RunResult& result) {
+  std::map<std::string, std::string> out;
+  std::istringstream lines(result.output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto space = line.rfind(' ');
+    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return out;
+}
+
+class ErrorPaths : public ::testing::Test {
+protected:
+  std::map<std::string, std::string> probe(const std::string& scenario,
+                                           std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), scenario);
+    RunResult result = daemon_.runClient("error_probe", extra);
+    EXPECT_TRUE(result.status.exitedWith(0)) << result.output << result.errors;
+    return answers(result);
+  }
+  void expectDaemonStillServes() {
+    RunResult result = daemon_.runClient("vector_add", {"--elements", "1024"});
+    EXPECT_TRUE(result.status.exitedWith(0)) << result.errors << daemon_.log();
+  }
+  Daemon daemon_;
+};
+
+TEST(ErrorPathsWithoutDaemon, InitSaysNoDeviceAndNamesTheSocket) {
+  TempDir directory;
+  std::string socket = directory.file("nobody-home.sock");
+  RunResult result = run({programBinary("error_probe"), "init"},
+                         {{"LD_LIBRARY_PATH", stubDirectory()}, {"GPUPROXY_SOCKET", socket}});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.errors;
+  auto got = answers(result);
+  EXPECT_EQ(got["cuInit"], "CUDA_ERROR_NO_DEVICE");
+  EXPECT_EQ(got["cuDeviceGet"], "CUDA_ERROR_NOT_INITIALIZED");
+  EXPECT_NE(result.errors.find(socket), std::string::npos) << result.errors;
+}
+
+TEST_F(ErrorPaths, BadHandlesAreInvalidHandle) {
+  auto got = probe("bad-handle");
+  EXPECT_EQ(got["cuStreamSynchronize"], "CUDA_ERROR_INVALID_HANDLE");
+  EXPECT_EQ(got["cuModuleGetFunction"], "CUDA_ERROR_INVALID_HANDLE");
+  EXPECT_EQ(got["cuEventQuery"], "CUDA_ERROR_INVALID_HANDLE");
+  EXPECT_EQ(got["cuStreamDestroy"], "CUDA_ERROR_INVALID_HANDLE");
+  EXPECT_EQ(got["cuEventCreate"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuStreamQuery(event)"], "CUDA_ERROR_INVALID_HANDLE");
+  expectDaemonStillServes();
+}
+
+TEST_F(ErrorPaths, CopiesPastTheEndOfAnAllocationAreInvalidValue) {
+  auto got = probe("copy-past-end");
+  EXPECT_EQ(got["cuMemAlloc"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuMemcpyHtoD"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemcpyDtoH"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemsetD32"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemcpyHtoD(in bounds)"], "CUDA_SUCCESS");
+  expectDaemonStillServes();
+}
+
+TEST_F(ErrorPaths, FreedMemoryIsInvalidValue) {
+  auto got = probe("freed-memory");
+  EXPECT_EQ(got["cuMemFree"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuMemFree(again)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemcpyHtoD(freed)"], "CUDA_ERROR_INVALID_VALUE");
+}
+
+TEST_F(ErrorPaths, UnknownKernelsAreNotFound) {
+  auto got = probe("unknown-kernel");
+  EXPECT_EQ(got["cuModuleLoadData"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuModuleGetFunction"], "CUDA_ERROR_NOT_FOUND");
+  EXPECT_EQ(got["cuModuleLoadData(mystery)"], "CUDA_ERROR_NOT_FOUND");
+  EXPECT_EQ(got["cuModuleLoadData(garbage)"], "CUDA_ERROR_INVALID_IMAGE");
+  EXPECT_NE(daemon_.log().find("mystery_kernel"), std::string::npos) << daemon_.log();
+  expectDaemonStillServes();
+}
+
+TEST_F(ErrorPaths, UnsupportedEntryPointsSaySo) {
+  auto got = probe("unsupported");
+  EXPECT_EQ(got["cuGraphCreate"], "CUDA_ERROR_NOT_SUPPORTED");
+  EXPECT_EQ(got["cuGetProcAddress"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuGraphCreate(proc address)"], "CUDA_ERROR_NOT_SUPPORTED");
+}
+
+TEST_F(ErrorPaths, NullPointersAndBadArgumentsAreRejected) {
+  auto got = probe("null-pointers");
+  EXPECT_EQ(got["cuMemAlloc(null)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuDeviceGetCount(null)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemAlloc(0 bytes)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuDeviceGet(99)"], "CUDA_ERROR_INVALID_DEVICE");
+}
+
+TEST_F(ErrorPaths, AnotherClientsMemoryIsUnreachable) {
+  auto owner = daemon_.startClient("error_probe", {"alloc-and-hold", "4096"});
+  std::string pointer;
+  ASSERT_TRUE(eventually([&] {
+    auto line = answers(RunResult{{}, owner->output(), {}});
+    pointer = line["pointer"];
+    return !pointer.empty();
+  })) << owner->errors();
+  auto got = probe("foreign-pointer", {pointer});
+  EXPECT_EQ(got["cuMemcpyDtoH(foreign)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemcpyHtoD(foreign)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemsetD8(foreign)"], "CUDA_ERROR_INVALID_VALUE");
+  EXPECT_EQ(got["cuMemFree(foreign)"], "CUDA_ERROR_INVALID_VALUE");
+  // The owner's memory is untouched and still accounted to it.
+  auto status = daemon_.status();
+  EXPECT_EQ(status["devices"][0]["memory_used"], 4096);
+}
+
+TEST_F(ErrorPaths, AStickyFaultIsReportedNamesTheClientAndTheGpuRecovers) {
+  auto got = probe("trap");
+  EXPECT_EQ(got["cuLaunchKernel"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuCtxSynchronize"], "CUDA_ERROR_ILLEGAL_ADDRESS");
+  EXPECT_EQ(got["cuMemAlloc(after fault)"], "CUDA_ERROR_ILLEGAL_ADDRESS");
+  EXPECT_NE(daemon_.log().find("poisoned"), std::string::npos) << daemon_.log();
+  // Once the faulting client is gone the context is recreated and new clients run.
+  EXPECT_TRUE(eventually([&] { return daemon_.status()["devices"][0]["sticky_error"].is_null(); }))
+      << daemon_.status().dump(2);
+  expectDaemonStillServes();
+}
+
+}  // namespace
+}  // namespace gpuproxy::testing

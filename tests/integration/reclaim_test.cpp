@@ -1,0 +1,62 @@
+// However a client ends, everything it held on the GPU comes back.
+#include "tests/support/process.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+namespace gpuproxy::testing {
+namespace {
+
+std::uint64_t deviceMemoryUsed(const Daemon& daemon, int device = 0) {
+  return daemon.status()["devices"][device]["memory_used"].get<std::uint64_t>();
+}
+
+TEST(Reclaim, ClientThatExitsWithoutFreeingGetsItsMemoryReclaimed) {
+  Daemon daemon;
+  const std::uint64_t before = deviceMemoryUsed(daemon);
+  RunResult result = daemon.runClient("vector_add", {"--elements", "262144", "--no-free"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.errors;
+  EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == before; }))
+      << daemon.status().dump(2);
+}
+
+TEST(Reclaim, ClientKilledWithSigkillGetsItsMemoryReclaimed) {
+  Daemon daemon;
+  // A survivor whose memory must stay exactly where it is.
+  auto survivor = daemon.startClient("error_probe", {"alloc-and-hold", "1048576"});
+  ASSERT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 1048576; }));
+
+  auto victim = daemon.startClient("error_probe", {"alloc-and-hold", "268435456"});
+  ASSERT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 1048576 + 268435456; }))
+      << daemon.status().dump(2);
+  victim->signal(SIGKILL);
+  EXPECT_EQ(victim->wait().signal, SIGKILL);
+
+  EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 1048576; }))
+      << daemon.status().dump(2);
+  auto status = daemon.status();
+  ASSERT_EQ(status["clients"].size(), 1u);
+  EXPECT_EQ(status["clients"][0]["pid"], survivor->pid());
+  EXPECT_EQ(status["clients"][0]["memory_used"], 1048576);
+
+  // The daemon goes on serving everyone.
+  RunResult next = daemon.runClient("vector_add", {"--elements", "4096"});
+  EXPECT_TRUE(next.status.exitedWith(0)) << next.errors;
+}
+
+TEST(Reclaim, ADaemonShutdownRemovesItsSockets) {
+  auto daemon = std::make_unique<Daemon>();
+  std::string socket = daemon->socketPath();
+  std::string admin = daemon->adminSocketPath();
+  auto client = daemon->startClient("error_probe", {"alloc-and-hold", "4096"});
+  ASSERT_TRUE(eventually([&] { return daemon->status()["clients"].size() == 1; }));
+  ExitStatus status = daemon->stop();
+  EXPECT_TRUE(status.exitedWith(0)) << daemon->log();
+  EXPECT_NE(::access(socket.c_str(), F_OK), 0);
+  EXPECT_NE(::access(admin.c_str(), F_OK), 0);
+  client->signal(SIGKILL);
+}
+
+}  // namespace
+}  // namespace gpuproxy::testing

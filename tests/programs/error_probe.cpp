@@ -1,0 +1,165 @@
+// A driver-API program that makes deliberate mistakes and prints what the driver answered, one
+// line per check: "<check> <CUresult name>". Tests compare against what the real driver returns.
+//
+//   error_probe SCENARIO [ARG]
+//
+// Scenarios: init, bad-handle, copy-past-end, freed-memory, unknown-kernel, unsupported,
+// null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES.
+#include <cuda.h>
+
+#include "test_kernels_ptx.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const char* nameOf(CUresult result) {
+  const char* name = nullptr;
+  if (cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return "UNKNOWN";
+  return name;
+}
+
+void report(const char* check, CUresult result) {
+  std::printf("%s %s\n", check, nameOf(result));
+  std::fflush(stdout);
+}
+
+// Everything but `init` starts from a current primary context on device 0.
+bool setUp() {
+  CUresult result = cuInit(0);
+  if (result != CUDA_SUCCESS) {
+    report("setup", result);
+    return false;
+  }
+  CUdevice device;
+  CUcontext context;
+  if ((result = cuDeviceGet(&device, 0)) != CUDA_SUCCESS ||
+      (result = cuDevicePrimaryCtxRetain(&context, device)) != CUDA_SUCCESS ||
+      (result = cuCtxSetCurrent(context)) != CUDA_SUCCESS) {
+    report("setup", result);
+    return false;
+  }
+  return true;
+}
+
+// A well-formed PTX module whose kernel has no implementation anywhere but here.
+constexpr const char kMysteryPtx[] = R"PTX(
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry mystery_kernel(
+	.param .u64 mystery_kernel_param_0
+)
+{
+	ret;
+}
+)PTX";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: error_probe SCENARIO [ARG]\n");
+    return 2;
+  }
+  std::string scenario = argv[1];
+
+  if (scenario == "init") {
+    report("cuInit", cuInit(0));
+    CUdevice device;
+    report("cuDeviceGet", cuDeviceGet(&device, 0));
+    return 0;
+  }
+  if (!setUp()) return 1;
+
+  if (scenario == "bad-handle") {
+    report("cuStreamSynchronize", cuStreamSynchronize(reinterpret_cast<CUstream>(0xdeadbeef)));
+    CUfunction function;
+    report("cuModuleGetFunction",
+           cuModuleGetFunction(&function, reinterpret_cast<CUmodule>(0x1234), "vector_add"));
+    report("cuEventQuery", cuEventQuery(reinterpret_cast<CUevent>(0x5678)));
+    report("cuStreamDestroy", cuStreamDestroy(reinterpret_cast<CUstream>(0x9abc)));
+    CUevent event;
+    report("cuEventCreate", cuEventCreate(&event, CU_EVENT_DEFAULT));
+    // An event handle passed as a stream is still not a stream.
+    report("cuStreamQuery(event)", cuStreamQuery(reinterpret_cast<CUstream>(event)));
+  } else if (scenario == "copy-past-end") {
+    CUdeviceptr pointer;
+    report("cuMemAlloc", cuMemAlloc(&pointer, 1024));
+    std::vector<char> host(4096, 7);
+    report("cuMemcpyHtoD", cuMemcpyHtoD(pointer + 512, host.data(), 1024));
+    report("cuMemcpyDtoH", cuMemcpyDtoH(host.data(), pointer, 2048));
+    report("cuMemsetD32", cuMemsetD32(pointer, 0, 257));
+    report("cuMemcpyHtoD(in bounds)", cuMemcpyHtoD(pointer, host.data(), 1024));
+  } else if (scenario == "freed-memory") {
+    CUdeviceptr pointer;
+    report("cuMemAlloc", cuMemAlloc(&pointer, 4096));
+    report("cuMemFree", cuMemFree(pointer));
+    report("cuMemFree(again)", cuMemFree(pointer));
+    char byte = 1;
+    report("cuMemcpyHtoD(freed)", cuMemcpyHtoD(pointer, &byte, 1));
+  } else if (scenario == "unknown-kernel") {
+    CUmodule module;
+    report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+    CUfunction function;
+    report("cuModuleGetFunction", cuModuleGetFunction(&function, module, "no_such_kernel"));
+    CUmodule mystery;
+    report("cuModuleLoadData(mystery)", cuModuleLoadData(&mystery, kMysteryPtx));
+    const char garbage[] = "this is not a module";
+    report("cuModuleLoadData(garbage)", cuModuleLoadData(&mystery, garbage));
+  } else if (scenario == "unsupported") {
+    CUgraph graph;
+    report("cuGraphCreate", cuGraphCreate(&graph, 0));
+    void* function = nullptr;
+    CUdriverProcAddressQueryResult status;
+    report("cuGetProcAddress",
+           cuGetProcAddress("cuGraphCreate", &function, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
+                            &status));
+    using GraphCreate = CUresult (*)(CUgraph*, unsigned int);
+    if (function != nullptr) {
+      report("cuGraphCreate(proc address)", reinterpret_cast<GraphCreate>(function)(&graph, 0));
+    }
+  } else if (scenario == "null-pointers") {
+    report("cuMemAlloc(null)", cuMemAlloc(nullptr, 16));
+    report("cuDeviceGetCount(null)", cuDeviceGetCount(nullptr));
+    CUdeviceptr pointer;
+    report("cuMemAlloc(0 bytes)", cuMemAlloc(&pointer, 0));
+    CUdevice device;
+    report("cuDeviceGet(99)", cuDeviceGet(&device, 99));
+  } else if (scenario == "trap") {
+    CUmodule module;
+    CUfunction trap;
+    report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+    report("cuModuleGetFunction", cuModuleGetFunction(&trap, module, "trap"));
+    report("cuLaunchKernel", cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+    report("cuCtxSynchronize", cuCtxSynchronize());
+    CUdeviceptr pointer;
+    report("cuMemAlloc(after fault)", cuMemAlloc(&pointer, 16));
+  } else if (scenario == "foreign-pointer" && argc > 2) {
+    CUdeviceptr foreign = std::strtoull(argv[2], nullptr, 0);
+    std::vector<char> host(64);
+    report("cuMemcpyDtoH(foreign)", cuMemcpyDtoH(host.data(), foreign, host.size()));
+    report("cuMemcpyHtoD(foreign)", cuMemcpyHtoD(foreign, host.data(), host.size()));
+    report("cuMemsetD8(foreign)", cuMemsetD8(foreign, 0, host.size()));
+    report("cuMemFree(foreign)", cuMemFree(foreign));
+  } else if (scenario == "alloc-and-hold" && argc > 2) {
+    CUdeviceptr pointer;
+    report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));
+    std::vector<unsigned char> pattern(64, 0xab);
+    report("cuMemcpyHtoD", cuMemcpyHtoD(pointer, pattern.data(), pattern.size()));
+    std::printf("pointer 0x%llx\n", static_cast<unsigned long long>(pointer));
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(600));
+  } else {
+    std::fprintf(stderr, "error_probe: unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,33 @@
+// Kernels used by the tests, built to PTX (compute_75) at build time. The sim backend runs each of
+// them as a CPU twin (server/backend/sim/twins.cpp) that must behave identically: same parameters,
+// same thread coverage, same faults. Change both together.
+
+// c[i] = a[i] + b[i] for every i < n covered by a thread (x dimension only; no grid-stride loop,
+// so a launch with too few threads leaves the tail untouched).
+extern "C" __global__ void vector_add(const float* a, const float* b, float* c, int n) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+
+// p[i] = value for every i < n covered by a thread (same coverage rule as vector_add).
+extern "C" __global__ void fill_u32(unsigned* p, unsigned value, unsigned long long n) {
+  const unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = value;
+}
+
+__device__ __forceinline__ unsigned long long globalTimer() {
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+// Occupies the GPU for at least ns nanoseconds of wall-clock time.
+extern "C" __global__ void spin(unsigned long long ns) {
+  const unsigned long long start = globalTimer();
+  while (globalTimer() - start < ns) {
+  }
+}
+
+// Faults with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), as the sim's twin does. A store to an
+// unmapped address rather than the `trap` instruction, which a GPU reports as a different error.
+extern "C" __global__ void trap() { *reinterpret_cast<volatile int*>(8) = 1; }

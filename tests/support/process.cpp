@@ -1,0 +1,200 @@
+#include "tests/support/process.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace gpuproxy::testing {
+
+std::string buildDir() {
+  const char* dir = std::getenv("GPUPROXY_BUILD_DIR");
+  if (dir == nullptr) throw std::runtime_error("GPUPROXY_BUILD_DIR is not set (run under ctest)");
+  return dir;
+}
+
+std::string daemonBinary() { return buildDir() + "/bin/gpuproxyd"; }
+std::string ctlBinary() { return buildDir() + "/bin/gpuproxyctl"; }
+std::string stubDirectory() { return buildDir() + "/lib/gpuproxy"; }
+std::string programBinary(const std::string& name) {
+  return buildDir() + "/tests/programs/" + name;
+}
+
+TempDir::TempDir() {
+  char pattern[] = "/tmp/gpx-XXXXXX";
+  if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ExitStatus decode(int status) {
+  ExitStatus result;
+  if (WIFEXITED(status)) result.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+  return result;
+}
+
+}  // namespace
+
+Child::Child(std::vector<std::string> argv, std::map<std::string, std::string> environment) {
+  std::string out = files_.file("stdout");
+  std::string err = files_.file("stderr");
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    int outFd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int errFd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(outFd, STDOUT_FILENO);
+    ::dup2(errFd, STDERR_FILENO);
+    for (const auto& [name, value] : environment) ::setenv(name.c_str(), value.c_str(), 1);
+    std::vector<char*> args;
+    for (auto& arg : argv) args.push_back(arg.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s failed\n", args[0]);
+    ::_exit(127);
+  }
+}
+
+Child::~Child() {
+  if (!status_) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+}
+
+void Child::signal(int signal) {
+  if (!status_) ::kill(pid_, signal);
+}
+
+bool Child::running() {
+  if (status_) return false;
+  int status = 0;
+  pid_t done = ::waitpid(pid_, &status, WNOHANG);
+  if (done == pid_) {
+    status_ = decode(status);
+    return false;
+  }
+  return true;
+}
+
+ExitStatus Child::wait(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (running()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+      status_ = decode(status);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return *status_;
+}
+
+std::string Child::output() const { return readFile(files_.file("stdout")); }
+std::string Child::errors() const { return readFile(files_.file("stderr")); }
+
+RunResult run(std::vector<std::string> argv, std::map<std::string, std::string> environment,
+              std::chrono::milliseconds timeout) {
+  Child child(std::move(argv), std::move(environment));
+  ExitStatus status = child.wait(timeout);
+  return RunResult{status, child.output(), child.errors()};
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return condition();
+}
+
+Daemon::Daemon() : Daemon(Options{}) {}
+
+Daemon::Daemon(Options options)
+    : socket_(directory_.file("gpuproxy.sock")), adminSocket_(directory_.file("admin.sock")) {
+  std::vector<std::string> argv{daemonBinary(),
+                                "--backend",
+                                "sim",
+                                "--socket",
+                                socket_,
+                                "--admin-socket",
+                                adminSocket_,
+                                "--sim-devices",
+                                std::to_string(options.simDevices),
+                                "--sim-memory",
+                                options.simMemory,
+                                "--log-level",
+                                "debug"};
+  for (auto& argument : options.extraArguments) argv.push_back(argument);
+  process_ = std::make_unique<Child>(std::move(argv));
+  bool ready = eventually([&] {
+    if (!process_->running()) return true;
+    return run({ctlBinary(), "--admin-socket", adminSocket_, "status", "--json"}, {},
+               std::chrono::seconds(10))
+        .status.exitedWith(0);
+  });
+  if (!ready || !process_->running()) {
+    throw std::runtime_error("gpuproxyd did not start:\n" + process_->errors());
+  }
+}
+
+Daemon::~Daemon() {
+  if (!stopped_) stop();
+}
+
+ExitStatus Daemon::stop() {
+  stopped_ = true;
+  process_->signal(SIGTERM);
+  return process_->wait(std::chrono::seconds(30));
+}
+
+std::map<std::string, std::string> Daemon::clientEnvironment() const {
+  return {{"LD_LIBRARY_PATH", stubDirectory()}, {"GPUPROXY_SOCKET", socket_}};
+}
+
+RunResult Daemon::runClient(const std::string& program, std::vector<std::string> arguments,
+                            std::chrono::milliseconds timeout) const {
+  arguments.insert(arguments.begin(), programBinary(program));
+  return run(std::move(arguments), clientEnvironment(), timeout);
+}
+
+std::unique_ptr<Child> Daemon::startClient(const std::string& program,
+                                           std::vector<std::string> arguments) const {
+  arguments.insert(arguments.begin(), programBinary(program));
+  return std::make_unique<Child>(std::move(arguments), clientEnvironment());
+}
+
+nlohmann::json Daemon::status() const {
+  RunResult result = run({ctlBinary(), "--admin-socket", adminSocket_, "status", "--json"});
+  if (!result.status.exitedWith(0)) {
+    throw std::runtime_error("gpuproxyctl status failed: " + result.errors);
+  }
+  return nlohmann::json::parse(result.output);
+}
+
+}  // namespace gpuproxy::testing

@@ -1,0 +1,789 @@
+// The sim backend through the backend interface, as the daemon uses it.
+
+#include "server/backend/sim/sim_backend.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gpuproxy::server::sim {
+namespace {
+
+using backend::Backend;
+using backend::Device;
+using backend::Event;
+using backend::Function;
+using backend::LaunchConfig;
+using backend::Module;
+using backend::Stream;
+
+constexpr std::uint64_t kGiB = 1ull << 30;
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+// The parameter lists nvcc emits for tests/programs/kernels/test_kernels.cu (bodies elided: the
+// sim runs twins). sim_kernels_test.cpp loads the real nvcc output.
+constexpr const char kTwinPtx[] = R"(
+.version 8.0
+.target sm_75
+.address_size 64
+.visible .entry vector_add(.param .u64 a, .param .u64 b, .param .u64 c, .param .u32 n) { ret; }
+.visible .entry fill_u32(.param .u64 p, .param .u32 value, .param .u64 n) { ret; }
+.visible .entry spin(.param .u64 ns) { ret; }
+.visible .entry trap() { ret; }
+)";
+
+std::span<const std::byte> bytesOf(std::string_view text) {
+  return {reinterpret_cast<const std::byte*>(text.data()), text.size()};
+}
+
+// Packs arguments at the offsets the function's layout gives.
+template <typename... Args>
+std::vector<std::byte> pack(const Function& function, Args... args) {
+  const backend::FunctionInfo& info = function.info();
+  std::vector<std::byte> buffer(info.parameterBytes);
+  std::size_t index = 0;
+  auto put = [&](const auto& value) {
+    EXPECT_LT(index, info.parameters.size());
+    if (index >= info.parameters.size()) return;
+    EXPECT_EQ(info.parameters[index].size, sizeof(value));
+    std::memcpy(buffer.data() + info.parameters[index].offset, &value, sizeof(value));
+    ++index;
+  };
+  (put(args), ...);
+  EXPECT_EQ(index, info.parameters.size());
+  return buffer;
+}
+
+LaunchConfig config(unsigned grid, unsigned block) {
+  LaunchConfig launch;
+  launch.grid.x = grid;
+  launch.block.x = block;
+  return launch;
+}
+
+// Waits for everything queued on `stream` so far; the status the callback saw.
+CUresult synchronize(Stream& stream) {
+  auto promise = std::make_shared<std::promise<CUresult>>();
+  std::future<CUresult> done = promise->get_future();
+  const CUresult queued = stream.addCallback([promise](CUresult status) { promise->set_value(status); });
+  if (queued != CUDA_SUCCESS) return queued;
+  return done.get();
+}
+
+// Holds the device's engine inside a host callback until released, so a test decides exactly what
+// is pending. (Real callbacks must be quick; this one blocks on purpose.)
+class EngineGate {
+public:
+  explicit EngineGate(Stream& stream) {
+    auto opened = opened_.get_future().share();
+    EXPECT_EQ(stream.addCallback([opened](CUresult) { opened.wait(); }), CUDA_SUCCESS);
+  }
+  ~EngineGate() { open(); }
+  void open() {
+    if (!isOpen_) opened_.set_value();
+    isOpen_ = true;
+  }
+
+private:
+  std::promise<void> opened_;
+  bool isOpen_ = false;
+};
+
+std::uint64_t residentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t size = 0;
+  std::uint64_t resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+class SimTest : public ::testing::Test {
+protected:
+  void SetUp() override { open({}); }
+
+  void open(SimOptions options) {
+    stream_.reset();
+    module_.reset();
+    device_.reset();
+    backend_ = newSimBackend(options);
+    auto device = backend_->openDevice(0);
+    ASSERT_TRUE(device.ok()) << device.code();
+    device_ = std::move(device).value();
+    auto stream = device_->createStream(0, 0);
+    ASSERT_TRUE(stream.ok());
+    stream_ = std::move(stream).value();
+    auto module = device_->loadModule(bytesOf(kTwinPtx));
+    ASSERT_TRUE(module.ok()) << module.code();
+    module_ = std::move(module).value();
+  }
+
+  Function& kernel(std::string_view name) {
+    auto function = module_->function(name);
+    EXPECT_TRUE(function.ok());
+    return *function.value();
+  }
+
+  CUdeviceptr allocate(std::size_t bytes) {
+    auto pointer = device_->allocate(bytes);
+    EXPECT_TRUE(pointer.ok()) << pointer.code();
+    return pointer.ok() ? pointer.value() : 0;
+  }
+
+  std::unique_ptr<Stream> newStream() {
+    auto stream = device_->createStream(CU_STREAM_NON_BLOCKING, 0);
+    EXPECT_TRUE(stream.ok());
+    return stream.ok() ? std::move(stream).value() : nullptr;
+  }
+
+  std::unique_ptr<Event> newEvent(unsigned flags = 0) {
+    auto event = device_->createEvent(flags);
+    EXPECT_TRUE(event.ok());
+    return event.ok() ? std::move(event).value() : nullptr;
+  }
+
+  CUresult launchSpin(Stream& stream, std::uint64_t ns, backend::KernelCallback done = {}) {
+    Function& spin = kernel("spin");
+    return stream.launch(spin, config(1, 1), pack(spin, ns), std::move(done));
+  }
+
+  CUresult launchTrap(Stream& stream, backend::KernelCallback done = {}) {
+    return stream.launch(kernel("trap"), config(1, 1), {}, std::move(done));
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Module> module_;
+  std::unique_ptr<Stream> stream_;
+};
+
+// ---- backend and device identity -----------------------------------------------------------
+
+TEST(SimBackend, SaysWhatItIs) {
+  auto backend = newSimBackend({.devices = 2, .memoryBytes = 4 * kGiB});
+  EXPECT_EQ(backend->name(), "sim");
+  EXPECT_EQ(backend->driverVersion(), CUDA_VERSION);
+  EXPECT_EQ(backend->deviceCount(), 2);
+  EXPECT_EQ(backend->openDevice(2).code(), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(backend->openDevice(-1).code(), CUDA_ERROR_INVALID_DEVICE);
+
+  auto first = backend->openDevice(0);
+  auto second = backend->openDevice(1);
+  ASSERT_TRUE(first.ok() && second.ok());
+  const backend::DeviceProperties& properties = first.value()->properties();
+  EXPECT_EQ(properties.name, "gpuproxy sim device 0");
+  EXPECT_EQ(second.value()->properties().name, "gpuproxy sim device 1");
+  EXPECT_EQ(properties.totalMemory, 4 * kGiB);
+  EXPECT_NE(properties.uuid, second.value()->properties().uuid);
+  // Stable: another backend instance reports the same UUID for the same index.
+  auto again = newSimBackend({})->openDevice(0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value()->properties().uuid, properties.uuid);
+}
+
+TEST(SimBackend, RejectsBadOptions) {
+  EXPECT_THROW(newSimBackend({.devices = -1}), std::invalid_argument);
+  EXPECT_THROW(newSimBackend({.devices = 1, .memoryBytes = 0}), std::invalid_argument);
+  EXPECT_THROW(newSimBackend({.devices = 1, .memoryBytes = 2ull << 40}), std::invalid_argument);
+  EXPECT_EQ(newSimBackend({.devices = 0})->deviceCount(), 0);
+}
+
+TEST(SimBackend, AnswersEveryAttributeLikeAnH100) {
+  auto device = newSimBackend({})->openDevice(0);
+  ASSERT_TRUE(device.ok());
+  std::map<int, int> attributes;
+  for (const auto& [attribute, value] : device.value()->properties().attributes) {
+    EXPECT_TRUE(attributes.emplace(attribute, value).second) << "duplicate " << attribute;
+  }
+  for (int attribute = 1; attribute < CU_DEVICE_ATTRIBUTE_MAX; ++attribute) {
+    EXPECT_TRUE(attributes.contains(attribute)) << "missing attribute " << attribute;
+  }
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR], 9);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR], 0);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], 132);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK], 1024);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z], 64);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X], 2147483647);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y], 65535);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_WARP_SIZE], 32);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK], 48 * 1024);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN], 227 * 1024);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK], 65536);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING], 1);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS], 1);
+  EXPECT_GT(attributes[CU_DEVICE_ATTRIBUTE_CLOCK_RATE], 0);
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+TEST_F(SimTest, AllocationsAreAlignedDistinctAndAccountedExactly) {
+  const backend::MemoryInfo before = device_->memoryInfo();
+  EXPECT_EQ(before.total, 16 * kGiB);
+  EXPECT_EQ(before.free, 16 * kGiB);
+  std::set<CUdeviceptr> seen;
+  std::uint64_t charged = 0;
+  for (std::size_t bytes : {1, 255, 256, 257, 1000, 4096, 12345}) {
+    const CUdeviceptr pointer = allocate(bytes);
+    EXPECT_NE(pointer, 0u);
+    EXPECT_EQ(pointer % 256, 0u) << bytes;
+    EXPECT_GE(pointer, kSimAddressBase);
+    EXPECT_LT(pointer, kSimAddressBase + kSimAddressStride);
+    EXPECT_TRUE(seen.insert(pointer).second);
+    charged += (bytes + 255) / 256 * 256;
+    EXPECT_EQ(device_->memoryInfo().free, 16 * kGiB - charged);
+  }
+  for (CUdeviceptr pointer : seen) EXPECT_EQ(device_->free(pointer), CUDA_SUCCESS);
+  EXPECT_EQ(device_->memoryInfo().free, 16 * kGiB);
+}
+
+TEST_F(SimTest, RejectsZeroBadFreesAndOverCapacity) {
+  EXPECT_EQ(device_->allocate(0).code(), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(device_->allocate(16 * kGiB + 1).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  const CUdeviceptr pointer = allocate(1024);
+  EXPECT_EQ(device_->free(pointer + 256), CUDA_ERROR_INVALID_VALUE);  // inside, not the start
+  EXPECT_EQ(device_->free(0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(device_->free(0x1234), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(device_->free(pointer), CUDA_SUCCESS);
+  EXPECT_EQ(device_->free(pointer), CUDA_ERROR_INVALID_VALUE);  // double free
+  // A bad free is a client mistake, not a GPU fault.
+  EXPECT_EQ(device_->stickyError(), CUDA_SUCCESS);
+}
+
+TEST_F(SimTest, FreeRangesCoalesce) {
+  open({.devices = 1, .memoryBytes = 1 * kMiB});
+  const std::size_t quarter = 256 * 1024;
+  CUdeviceptr blocks[4];
+  for (CUdeviceptr& block : blocks) block = allocate(quarter);
+  EXPECT_EQ(device_->memoryInfo().free, 0u);
+  EXPECT_EQ(device_->allocate(1).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  // Two adjacent quarters freed separately make room for one half.
+  ASSERT_EQ(device_->free(blocks[2]), CUDA_SUCCESS);
+  ASSERT_EQ(device_->free(blocks[1]), CUDA_SUCCESS);
+  auto half = device_->allocate(2 * quarter);
+  ASSERT_TRUE(half.ok());
+  EXPECT_EQ(half.value(), std::min(blocks[1], blocks[2]));
+  ASSERT_EQ(device_->free(half.value()), CUDA_SUCCESS);
+  ASSERT_EQ(device_->free(blocks[0]), CUDA_SUCCESS);
+  ASSERT_EQ(device_->free(blocks[3]), CUDA_SUCCESS);
+  auto whole = device_->allocate(1 * kMiB);
+  ASSERT_TRUE(whole.ok()) << "free ranges did not coalesce back into the whole device";
+  EXPECT_EQ(device_->memoryInfo().free, 0u);
+}
+
+TEST_F(SimTest, LargeAllocationsCostNoRamAndFreedPagesComeBack) {
+  const std::uint64_t before = residentBytes();
+  const CUdeviceptr big = allocate(8 * kGiB);
+  ASSERT_NE(big, 0u);
+  EXPECT_EQ(device_->memoryInfo().free, 8 * kGiB);
+  EXPECT_LT(residentBytes(), before + 64 * kMiB);
+
+  // Write 64 MiB into it: that much becomes resident, and freeing gives it back.
+  {
+    std::vector<std::uint8_t> host(64 * kMiB, 0x5a);
+    ASSERT_EQ(stream_->copyHostToDevice(big, host.data(), host.size()), CUDA_SUCCESS);
+    ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  }
+  const std::uint64_t written = residentBytes();
+  EXPECT_GE(written, before + 48 * kMiB);
+  ASSERT_EQ(device_->free(big), CUDA_SUCCESS);
+  EXPECT_LE(residentBytes(), written - 48 * kMiB);
+}
+
+TEST_F(SimTest, CopiesRoundTrip) {
+  constexpr std::size_t kBytes = 1 << 20;
+  std::vector<std::uint8_t> source(kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) source[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  const CUdeviceptr a = allocate(kBytes);
+  const CUdeviceptr b = allocate(kBytes);
+  std::vector<std::uint8_t> back(kBytes, 0);
+  ASSERT_EQ(stream_->copyHostToDevice(a, source.data(), kBytes), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->copyDeviceToDevice(b, a, kBytes), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->copyDeviceToHost(back.data(), b, kBytes), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(back, source);
+
+  // Interior ranges and overlapping device-to-device copies.
+  ASSERT_EQ(stream_->copyDeviceToDevice(b + 1, b, 1000), CUDA_SUCCESS);
+  std::vector<std::uint8_t> slice(1001);
+  ASSERT_EQ(stream_->copyDeviceToHost(slice.data(), b, slice.size()), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(slice[0], source[0]);
+  for (std::size_t i = 1; i < slice.size(); ++i) ASSERT_EQ(slice[i], source[i - 1]) << i;
+  EXPECT_EQ(stream_->copyHostToDevice(a, nullptr, 4), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(SimTest, MemsetWritesElementsOfEachWidth) {
+  const CUdeviceptr buffer = allocate(64);
+  std::vector<std::uint8_t> back(64);
+  ASSERT_EQ(stream_->memset(buffer, 0xab, 1, 64), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->memset(buffer + 8, 0xbeef, 2, 4), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->memset(buffer + 32, 0x01020304, 4, 2), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->copyDeviceToHost(back.data(), buffer, back.size()), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  std::vector<std::uint8_t> expected(64, 0xab);
+  for (int i = 0; i < 4; ++i) {
+    expected[8 + 2 * i] = 0xef;
+    expected[9 + 2 * i] = 0xbe;
+  }
+  for (int i = 0; i < 2; ++i) {
+    expected[32 + 4 * i] = 0x04;
+    expected[33 + 4 * i] = 0x03;
+    expected[34 + 4 * i] = 0x02;
+    expected[35 + 4 * i] = 0x01;
+  }
+  EXPECT_EQ(back, expected);
+  EXPECT_EQ(stream_->memset(buffer + 1, 0, 2, 1), CUDA_ERROR_INVALID_VALUE);  // misaligned
+  EXPECT_EQ(stream_->memset(buffer + 2, 0, 4, 1), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stream_->memset(buffer, 0, 3, 1), CUDA_ERROR_INVALID_VALUE);
+}
+
+// ---- streams, ordering, callbacks ------------------------------------------------------------
+
+TEST_F(SimTest, StreamsAreFifo) {
+  const CUdeviceptr value = allocate(4);
+  std::uint32_t seen = 0;
+  std::vector<int> order;
+  std::mutex mutex;
+  auto note = [&](int step) {
+    return [&, step](CUresult status) {
+      EXPECT_EQ(status, CUDA_SUCCESS);
+      std::lock_guard lock(mutex);
+      order.push_back(step);
+    };
+  };
+  ASSERT_EQ(launchSpin(*stream_, 20'000'000), CUDA_SUCCESS);  // later work must still wait
+  ASSERT_EQ(stream_->addCallback(note(1)), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->memset(value, 1, 4, 1), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->addCallback(note(2)), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->memset(value, 2, 4, 1), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->copyDeviceToHost(&seen, value, 4), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->addCallback(note(3)), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(seen, 2u);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+}
+
+TEST_F(SimTest, StreamsInterleaveInSubmissionOrder) {
+  auto other = newStream();
+  std::vector<std::string> order;
+  std::mutex mutex;
+  auto note = [&](std::string step) {
+    return [&, step](CUresult) {
+      std::lock_guard lock(mutex);
+      order.push_back(step);
+    };
+  };
+  {
+    EngineGate gate(*stream_);
+    ASSERT_EQ(stream_->addCallback(note("a1")), CUDA_SUCCESS);
+    ASSERT_EQ(other->addCallback(note("b1")), CUDA_SUCCESS);
+    // A long kernel on one stream is not preempted, and does not let the other stream's later
+    // work jump ahead of it either.
+    ASSERT_EQ(launchSpin(*stream_, 10'000'000, [&](CUresult, std::uint64_t) { note("spin")({}); }),
+              CUDA_SUCCESS);
+    ASSERT_EQ(other->addCallback(note("b2")), CUDA_SUCCESS);
+    ASSERT_EQ(stream_->addCallback(note("a2")), CUDA_SUCCESS);
+  }
+  ASSERT_EQ(synchronize(*other), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(order, (std::vector<std::string>{"a1", "b1", "spin", "b2", "a2"}));
+}
+
+TEST_F(SimTest, QueryReportsPendingWork) {
+  EXPECT_EQ(stream_->query(), CUDA_SUCCESS);
+  auto other = newStream();
+  {
+    EngineGate gate(*stream_);
+    ASSERT_EQ(other->addCallback([](CUresult) {}), CUDA_SUCCESS);
+    EXPECT_EQ(stream_->query(), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(other->query(), CUDA_ERROR_NOT_READY);
+  }
+  ASSERT_EQ(synchronize(*other), CUDA_SUCCESS);
+  EXPECT_EQ(stream_->query(), CUDA_SUCCESS);
+  EXPECT_EQ(other->query(), CUDA_SUCCESS);
+}
+
+TEST_F(SimTest, DestroyedStreamsAndEventsStillCompleteTheirWork) {
+  const CUdeviceptr value = allocate(4);
+  std::uint32_t seen = 0;
+  std::promise<CUresult> streamDone;
+  std::promise<CUresult> eventDone;
+  {
+    EngineGate gate(*stream_);
+    auto doomed = newStream();
+    auto event = newEvent();
+    ASSERT_EQ(doomed->memset(value, 77, 4, 1), CUDA_SUCCESS);
+    ASSERT_EQ(doomed->copyDeviceToHost(&seen, value, 4), CUDA_SUCCESS);
+    ASSERT_EQ(doomed->record(*event), CUDA_SUCCESS);
+    ASSERT_EQ(doomed->addCallback([&](CUresult status) { streamDone.set_value(status); }),
+              CUDA_SUCCESS);
+    event->whenComplete([&](CUresult status) { eventDone.set_value(status); });
+    // Launch from a module that goes away before the kernel runs.
+    module_.reset();
+  }
+  EXPECT_EQ(streamDone.get_future().get(), CUDA_SUCCESS);
+  EXPECT_EQ(eventDone.get_future().get(), CUDA_SUCCESS);
+  EXPECT_EQ(seen, 77u);
+}
+
+TEST_F(SimTest, LaunchesOutliveTheirModule) {
+  std::promise<CUresult> done;
+  {
+    EngineGate gate(*stream_);
+    Function& fill = kernel("fill_u32");
+    const CUdeviceptr buffer = allocate(16);
+    ASSERT_EQ(stream_->launch(fill, config(1, 4), pack(fill, buffer, 9u, 4ull),
+                              [&](CUresult status, std::uint64_t) { done.set_value(status); }),
+              CUDA_SUCCESS);
+    module_.reset();
+  }
+  EXPECT_EQ(done.get_future().get(), CUDA_SUCCESS);
+}
+
+// ---- events ------------------------------------------------------------------------------------
+
+TEST_F(SimTest, EventsQueryWaitAndTime) {
+  auto start = newEvent();
+  auto stop = newEvent();
+  EXPECT_EQ(stop->query(), CUDA_SUCCESS);  // never recorded
+  EXPECT_EQ(stop->elapsedSince(*start).code(), CUDA_ERROR_INVALID_HANDLE);
+
+  auto consumer = newStream();
+  const CUdeviceptr value = allocate(4);
+  std::uint32_t seen = 0;
+  std::promise<CUresult> completed;
+  {
+    EngineGate gate(*stream_);
+    ASSERT_EQ(stream_->record(*start), CUDA_SUCCESS);
+    ASSERT_EQ(launchSpin(*stream_, 20'000'000), CUDA_SUCCESS);
+    ASSERT_EQ(stream_->memset(value, 0x2a, 4, 1), CUDA_SUCCESS);
+    ASSERT_EQ(stream_->record(*stop), CUDA_SUCCESS);
+    stop->whenComplete([&](CUresult status) { completed.set_value(status); });
+    // The consumer stream reads only after the producer's record.
+    ASSERT_EQ(consumer->wait(*stop), CUDA_SUCCESS);
+    ASSERT_EQ(consumer->copyDeviceToHost(&seen, value, 4), CUDA_SUCCESS);
+    EXPECT_EQ(stop->query(), CUDA_ERROR_NOT_READY);
+    EXPECT_EQ(stop->elapsedSince(*start).code(), CUDA_ERROR_NOT_READY);
+  }
+  ASSERT_EQ(synchronize(*consumer), CUDA_SUCCESS);
+  EXPECT_EQ(seen, 0x2au);
+  EXPECT_EQ(completed.get_future().get(), CUDA_SUCCESS);
+  EXPECT_EQ(stop->query(), CUDA_SUCCESS);
+  auto elapsed = stop->elapsedSince(*start);
+  ASSERT_TRUE(elapsed.ok());
+  EXPECT_GE(elapsed.value(), 20.0f);
+
+  // whenComplete on a completed record runs at once.
+  bool ranAtOnce = false;
+  stop->whenComplete([&](CUresult status) { ranAtOnce = status == CUDA_SUCCESS; });
+  EXPECT_TRUE(ranAtOnce);
+}
+
+TEST_F(SimTest, EventsWithoutTimingOrRecordHaveNoElapsedTime) {
+  auto timed = newEvent();
+  auto untimed = newEvent(CU_EVENT_DISABLE_TIMING);
+  ASSERT_EQ(stream_->record(*timed), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->record(*untimed), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(untimed->elapsedSince(*timed).code(), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(timed->elapsedSince(*untimed).code(), CUDA_ERROR_INVALID_HANDLE);
+  auto never = newEvent();
+  EXPECT_EQ(timed->elapsedSince(*never).code(), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(device_->createEvent(0x80).code(), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(device_->createEvent(CU_EVENT_INTERPROCESS).code(), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(SimTest, WaitingOnAnUnrecordedEventDoesNotBlock) {
+  auto event = newEvent();
+  ASSERT_EQ(stream_->wait(*event), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
+
+TEST_F(SimTest, KernelTimeIsMeasuredOnTheEngine) {
+  std::promise<std::pair<CUresult, std::uint64_t>> done;
+  ASSERT_EQ(launchSpin(*stream_, 30'000'000,
+                       [&](CUresult status, std::uint64_t ns) { done.set_value({status, ns}); }),
+            CUDA_SUCCESS);
+  const auto [status, ns] = done.get_future().get();
+  EXPECT_EQ(status, CUDA_SUCCESS);
+  EXPECT_GE(ns, 30'000'000u);
+}
+
+TEST_F(SimTest, TwinsCoverOnlyLaunchedThreads) {
+  constexpr std::uint32_t kCount = 1000;
+  const CUdeviceptr a = allocate(kCount * 4);
+  const CUdeviceptr b = allocate(kCount * 4);
+  const CUdeviceptr c = allocate(kCount * 4);
+  std::vector<float> hostA(kCount);
+  std::vector<float> hostB(kCount);
+  for (std::uint32_t i = 0; i < kCount; ++i) {
+    hostA[i] = static_cast<float>(i);
+    hostB[i] = 0.5f * static_cast<float>(i);
+  }
+  ASSERT_EQ(stream_->copyHostToDevice(a, hostA.data(), kCount * 4), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->copyHostToDevice(b, hostB.data(), kCount * 4), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->memset(c, 0xdeadbeef, 4, kCount), CUDA_SUCCESS);
+  Function& add = kernel("vector_add");
+  // 2 blocks of 256 threads along x cover 512 elements; y and z repeat the same indices.
+  LaunchConfig launch = config(2, 256);
+  launch.grid.y = 3;
+  launch.block.z = 2;
+  ASSERT_EQ(stream_->launch(add, launch, pack(add, a, b, c, static_cast<std::int32_t>(kCount)), {}),
+            CUDA_SUCCESS);
+  std::vector<std::uint32_t> result(kCount);
+  ASSERT_EQ(stream_->copyDeviceToHost(result.data(), c, kCount * 4), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  for (std::uint32_t i = 0; i < kCount; ++i) {
+    if (i < 512) {
+      float value = 0;
+      std::memcpy(&value, &result[i], 4);
+      ASSERT_EQ(value, hostA[i] + hostB[i]) << i;
+    } else {
+      ASSERT_EQ(result[i], 0xdeadbeefu) << i;
+    }
+  }
+
+  Function& fill = kernel("fill_u32");
+  ASSERT_EQ(stream_->launch(fill, config(3, 100), pack(fill, c, 7u, 1000ull), {}), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->copyDeviceToHost(result.data(), c, kCount * 4), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  for (std::uint32_t i = 0; i < kCount; ++i) ASSERT_EQ(result[i] == 7u, i < 300) << i;
+}
+
+TEST_F(SimTest, LaunchConfigurationIsValidatedLikeTheDriver) {
+  Function& spin = kernel("spin");
+  const auto parameters = pack(spin, std::uint64_t{0});
+  auto launchWith = [&](backend::Dim3 grid, backend::Dim3 block, unsigned shared = 0) {
+    LaunchConfig launch;
+    launch.grid = grid;
+    launch.block = block;
+    launch.sharedMemBytes = shared;
+    return stream_->launch(spin, launch, parameters, {});
+  };
+  EXPECT_EQ(launchWith({1, 1, 1}, {1024, 1, 1}), CUDA_SUCCESS);
+  EXPECT_EQ(launchWith({1, 1, 1}, {32, 32, 1}), CUDA_SUCCESS);
+  EXPECT_EQ(launchWith({1, 1, 1}, {1, 1, 64}), CUDA_SUCCESS);
+  EXPECT_EQ(launchWith({2147483647, 65535, 65535}, {1, 1, 1}), CUDA_SUCCESS);
+  EXPECT_EQ(launchWith({1, 1, 1}, {1, 1, 1}, 48 * 1024), CUDA_SUCCESS);
+
+  EXPECT_EQ(launchWith({1, 1, 1}, {1025, 1, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({1, 1, 1}, {1024, 2, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({1, 1, 1}, {1, 1, 65}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({1, 1, 1}, {0, 1, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({0, 1, 1}, {1, 1, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({1, 65536, 1}, {1, 1, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({1, 1, 65536}, {1, 1, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({2147483648u, 1, 1}, {1, 1, 1}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launchWith({1, 1, 1}, {1, 1, 1}, 48 * 1024 + 1), CUDA_ERROR_INVALID_VALUE);
+  // The parameter buffer must be exactly the kernel's.
+  EXPECT_EQ(stream_->launch(spin, config(1, 1), std::vector<std::byte>(4), {}),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stream_->launch(spin, config(1, 1), std::vector<std::byte>(16), {}),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(device_->stickyError(), CUDA_SUCCESS);
+}
+
+// ---- modules ---------------------------------------------------------------------------------
+
+TEST_F(SimTest, ModuleLayoutComesFromThePtx) {
+  const backend::FunctionInfo& add = kernel("vector_add").info();
+  ASSERT_EQ(add.parameters.size(), 4u);
+  EXPECT_EQ(add.parameters[3].offset, 24u);
+  EXPECT_EQ(add.parameters[3].size, 4u);
+  EXPECT_EQ(add.parameterBytes, 28u);
+  const backend::FunctionInfo& fill = kernel("fill_u32").info();
+  ASSERT_EQ(fill.parameters.size(), 3u);
+  EXPECT_EQ(fill.parameters[2].offset, 16u);
+  EXPECT_EQ(fill.parameterBytes, 24u);
+  EXPECT_EQ(kernel("trap").info().parameterBytes, 0u);
+  EXPECT_EQ(add.maxThreadsPerBlock, 1024);
+  EXPECT_EQ(module_->function("nope").code(), CUDA_ERROR_NOT_FOUND);
+}
+
+TEST_F(SimTest, ModuleLoadErrors) {
+  const std::string header = ".version 8.0\n.target sm_75\n.address_size 64\n";
+  auto load = [&](const std::string& image) { return device_->loadModule(bytesOf(image)).code(); };
+  // A kernel the sim has no twin for.
+  EXPECT_EQ(load(header + ".visible .entry matmul(.param .u64 a) { ret; }"), CUDA_ERROR_NOT_FOUND);
+  // A twin's name with a different parameter list.
+  EXPECT_EQ(load(header + ".visible .entry spin(.param .u32 ns) { ret; }"),
+            CUDA_ERROR_INVALID_IMAGE);
+  EXPECT_EQ(load(header + ".visible .entry trap(.param .u32 x) { ret; }"),
+            CUDA_ERROR_INVALID_IMAGE);
+  // Malformed PTX, and bytes that are not PTX at all.
+  EXPECT_EQ(load(header + ".visible .entry spin(.param .u64 ns { ret; }"),
+            CUDA_ERROR_INVALID_IMAGE);
+  EXPECT_EQ(load("definitely not a module"), CUDA_ERROR_INVALID_IMAGE);
+  EXPECT_EQ(device_->loadModule({}).code(), CUDA_ERROR_INVALID_IMAGE);
+  // Binary images are real CUDA formats the sim cannot run.
+  EXPECT_EQ(load(std::string("\x7f" "ELF\x02\x01\x01\x33", 8)), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(load(std::string("\x50\xed\x55\xba\x01\x00\x10\x00", 8)), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(load(std::string("\xb1\x43\x62\x46\x01\x00\x10\x00", 8)), CUDA_ERROR_NOT_SUPPORTED);
+  // A module of device functions only has no kernels, which is fine.
+  auto empty = device_->loadModule(bytesOf(header + ".func helper() { ret; }"));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty.value()->function("spin").code(), CUDA_ERROR_NOT_FOUND);
+}
+
+// ---- sticky faults ---------------------------------------------------------------------------
+
+TEST_F(SimTest, TrapPoisonsTheDeviceUntilReset) {
+  const CUdeviceptr value = allocate(4);
+  ASSERT_EQ(stream_->memset(value, 5, 4, 1), CUDA_SUCCESS);
+  auto other = newStream();
+  auto event = newEvent();
+  std::promise<std::pair<CUresult, std::uint64_t>> trapDone;
+  std::promise<CUresult> laterDone;
+  std::uint32_t seen = 0xffffffffu;
+  {
+    EngineGate gate(*stream_);
+    ASSERT_EQ(launchTrap(*stream_, [&](CUresult status, std::uint64_t ns) {
+      trapDone.set_value({status, ns});
+    }), CUDA_SUCCESS);
+    // Queued before the fault, on another stream: completes with the fault and does nothing.
+    ASSERT_EQ(other->copyDeviceToHost(&seen, value, 4), CUDA_SUCCESS);
+    ASSERT_EQ(other->record(*event), CUDA_SUCCESS);
+    ASSERT_EQ(other->addCallback([&](CUresult status) { laterDone.set_value(status); }),
+              CUDA_SUCCESS);
+  }
+  EXPECT_EQ(trapDone.get_future().get().first, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(laterDone.get_future().get(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(seen, 0xffffffffu);
+
+  EXPECT_EQ(device_->stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(stream_->query(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(event->query(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(device_->allocate(16).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(device_->createStream(0, 0).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(device_->createEvent(0).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(device_->loadModule(bytesOf(kTwinPtx)).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(stream_->memset(value, 1, 4, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(launchSpin(*stream_, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+
+  // Recovery: the caller drops everything, then resets.
+  event.reset();
+  other.reset();
+  stream_.reset();
+  module_.reset();
+  ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+  EXPECT_EQ(device_->stickyError(), CUDA_SUCCESS);
+  EXPECT_EQ(device_->memoryInfo().free, device_->memoryInfo().total);
+  auto stream = device_->createStream(0, 0);
+  ASSERT_TRUE(stream.ok());
+  stream_ = std::move(stream).value();
+  auto module = device_->loadModule(bytesOf(kTwinPtx));
+  ASSERT_TRUE(module.ok());
+  module_ = std::move(module).value();
+  const CUdeviceptr fresh = allocate(16);
+  Function& fill = kernel("fill_u32");
+  ASSERT_EQ(stream_->launch(fill, config(1, 4), pack(fill, fresh, 3u, 4ull), {}), CUDA_SUCCESS);
+  std::uint32_t filled[4] = {};
+  ASSERT_EQ(stream_->copyDeviceToHost(filled, fresh, sizeof(filled)), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(filled[3], 3u);
+}
+
+TEST_F(SimTest, OutOfBoundsAccessIsAStickyFault) {
+  const CUdeviceptr buffer = allocate(1000);
+  std::vector<std::uint8_t> host(1001, 1);
+  // One byte past the end of the allocation faults, like a real out-of-bounds access.
+  ASSERT_EQ(stream_->copyHostToDevice(buffer, host.data(), 1001), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*stream_), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(device_->stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  stream_.reset();
+  module_.reset();
+  ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+}
+
+TEST_F(SimTest, KernelsFaultOnMemoryOutsideAllocations) {
+  const CUdeviceptr small = allocate(64 * 4);
+  const CUdeviceptr freed = allocate(64 * 4);
+  ASSERT_EQ(device_->free(freed), CUDA_SUCCESS);
+  Function& fill = kernel("fill_u32");
+  std::promise<CUresult> done;
+  // 65 elements into a 64-element buffer.
+  ASSERT_EQ(stream_->launch(fill, config(1, 128), pack(fill, small, 1u, 65ull),
+                            [&](CUresult status, std::uint64_t) { done.set_value(status); }),
+            CUDA_SUCCESS);
+  EXPECT_EQ(done.get_future().get(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  stream_.reset();
+  module_.reset();
+  ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+  open({});
+  Function& fillAgain = kernel("fill_u32");
+  ASSERT_EQ(stream_->launch(fillAgain, config(1, 64), pack(fillAgain, freed, 1u, 64ull), {}),
+            CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*stream_), CUDA_ERROR_ILLEGAL_ADDRESS);  // use after free
+}
+
+// ---- teardown --------------------------------------------------------------------------------
+
+TEST_F(SimTest, DestroyingTheDeviceAbandonsQueuedWorkAndCallsEveryCallback) {
+  std::promise<CUresult> spinDone;
+  std::promise<CUresult> callbackDone;
+  std::promise<CUresult> eventDone;
+  auto event = newEvent();
+  // An hour-long kernel: the destructor must interrupt it, or this test times out.
+  ASSERT_EQ(launchSpin(*stream_, 3600ull * 1'000'000'000,
+                       [&](CUresult status, std::uint64_t) { spinDone.set_value(status); }),
+            CUDA_SUCCESS);
+  ASSERT_EQ(stream_->record(*event), CUDA_SUCCESS);
+  event->whenComplete([&](CUresult status) { eventDone.set_value(status); });
+  ASSERT_EQ(stream_->addCallback([&](CUresult status) { callbackDone.set_value(status); }),
+            CUDA_SUCCESS);
+  event.reset();
+  stream_.reset();
+  module_.reset();
+  device_.reset();
+  EXPECT_NE(spinDone.get_future().get(), CUDA_SUCCESS);
+  EXPECT_NE(eventDone.get_future().get(), CUDA_SUCCESS);
+  EXPECT_NE(callbackDone.get_future().get(), CUDA_SUCCESS);
+}
+
+TEST_F(SimTest, ResetInterruptsRunningWork) {
+  std::promise<CUresult> spinDone;
+  ASSERT_EQ(launchSpin(*stream_, 3600ull * 1'000'000'000,
+                       [&](CUresult status, std::uint64_t) { spinDone.set_value(status); }),
+            CUDA_SUCCESS);
+  stream_.reset();
+  module_.reset();
+  ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+  EXPECT_EQ(spinDone.get_future().get(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  EXPECT_EQ(device_->stickyError(), CUDA_SUCCESS);
+}
+
+TEST(SimDevices, AreIndependent) {
+  auto backend = newSimBackend({.devices = 2, .memoryBytes = 1 * kGiB});
+  auto first = std::move(backend->openDevice(0)).value();
+  auto second = std::move(backend->openDevice(1)).value();
+  auto a = first->allocate(256);
+  auto b = second->allocate(256);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a.value(), kSimAddressBase);
+  EXPECT_EQ(b.value(), kSimAddressBase + kSimAddressStride);
+  EXPECT_EQ(second->free(a.value()), CUDA_ERROR_INVALID_VALUE);
+  auto event = std::move(first->createEvent(0)).value();
+  auto stream = std::move(second->createStream(0, 0)).value();
+  EXPECT_EQ(stream->record(*event), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(stream->wait(*event), CUDA_ERROR_INVALID_HANDLE);
+  // A fault on one device leaves the other alone.
+  auto module = std::move(second->loadModule(bytesOf(kTwinPtx))).value();
+  ASSERT_EQ(stream->launch(*module->function("trap").value(), config(1, 1), {}, {}), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*stream), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(second->stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(first->stickyError(), CUDA_SUCCESS);
+}
+
+}  // namespace
+}  // namespace gpuproxy::server::sim
