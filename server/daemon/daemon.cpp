@@ -110,8 +110,13 @@ int runDaemon(const DaemonOptions& options) {
   kj::UnixEventPort::captureSignal(SIGINT);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto choice =
-      backend::selectBackend(options.backend, options.simDevices, options.simMemoryBytes);
+  backend::BackendChoice choice;
+  try {
+    choice = backend::selectBackend(options.backend, options.simDevices, options.simMemoryBytes);
+  } catch (const std::exception& error) {
+    spdlog::critical("cannot start the {} backend: {}", options.backend, error.what());
+    return 1;
+  }
   if (!choice.backend) {
     spdlog::critical("{}", choice.reason);
     return 1;

@@ -53,6 +53,15 @@ TEST(Daemon, RejectsBadSizesWithAUsageError) {
   EXPECT_NE(result.errors.find("--sim-memory"), std::string::npos) << result.errors;
 }
 
+TEST(Daemon, ExplainsASimulatorItCannotBuild) {
+  TempDir directory;
+  RunResult result = run({daemonBinary(), "--backend", "sim", "--sim-memory", "4TiB", "--socket",
+                          directory.file("g.sock"), "--admin-socket", directory.file("a.sock")});
+  EXPECT_EQ(result.status.code, 1) << result.errors;
+  EXPECT_NE(result.errors.find("cannot start the sim backend"), std::string::npos)
+      << result.errors;
+}
+
 TEST(Daemon, ReportsSimulatedMemoryExactly) {
   Daemon::Options options;
   options.simMemory = "2GiB";

@@ -37,7 +37,11 @@ TEST(VectorAdd, TwoClientsAtOnceBothShowInStatus) {
     status = daemon.status();
     std::set<int> pids;
     for (const auto& client : status["clients"]) {
-      if (client["memory_used"].get<std::uint64_t>() > 0) pids.insert(client["pid"].get<int>());
+      // Past its first kernel: memory held, the launch counted and its GPU time measured.
+      if (client["memory_used"].get<std::uint64_t>() > 0 && client["kernels_launched"] == 1 &&
+          client["gpu_time_ns"].get<std::uint64_t>() > 0) {
+        pids.insert(client["pid"].get<int>());
+      }
     }
     return pids.count(first->pid()) == 1 && pids.count(second->pid()) == 1;
   });

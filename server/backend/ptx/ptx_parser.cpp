@@ -28,7 +28,9 @@ bool isWordChar(char c) {
          c == '$' || c == '%' || c == '.';
 }
 
-bool isSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool isSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 // Splits PTX into words (identifiers, directives, numbers), single punctuation characters and
 // string literals, dropping whitespace and comments.
@@ -136,11 +138,10 @@ bool isIdentifier(std::string_view text) {
 // Size in bytes of a PTX fundamental type usable as a kernel parameter, or 0.
 std::uint32_t typeSize(std::string_view type) {
   static constexpr std::pair<std::string_view, std::uint32_t> kTypes[] = {
-      {".b8", 1},  {".u8", 1},  {".s8", 1},  {".b16", 2},        {".u16", 2},
-      {".s16", 2}, {".f16", 2}, {".bf16", 2}, {".b32", 4},       {".u32", 4},
-      {".s32", 4}, {".f32", 4}, {".f16x2", 4}, {".bf16x2", 4},   {".b64", 8},
-      {".u64", 8}, {".s64", 8}, {".f64", 8},  {".b128", 16},     {".texref", 8},
-      {".samplerref", 8},       {".surfref", 8},
+      {".b8", 1},    {".u8", 1},     {".s8", 1},         {".b16", 2},     {".u16", 2}, {".s16", 2},
+      {".f16", 2},   {".bf16", 2},   {".b32", 4},        {".u32", 4},     {".s32", 4}, {".f32", 4},
+      {".f16x2", 4}, {".bf16x2", 4}, {".b64", 8},        {".u64", 8},     {".s64", 8}, {".f64", 8},
+      {".b128", 16}, {".texref", 8}, {".samplerref", 8}, {".surfref", 8},
   };
   for (const auto& [name, size] : kTypes) {
     if (name == type) return size;
@@ -370,8 +371,9 @@ private:
 std::string_view untilNul(std::span<const std::byte> image) {
   const char* begin = reinterpret_cast<const char*>(image.data());
   const void* nul = std::memchr(begin, 0, image.size());
-  const std::size_t length =
-      nul == nullptr ? image.size() : static_cast<std::size_t>(static_cast<const char*>(nul) - begin);
+  const std::size_t length = nul == nullptr
+                                 ? image.size()
+                                 : static_cast<std::size_t>(static_cast<const char*>(nul) - begin);
   return {begin, length};
 }
 

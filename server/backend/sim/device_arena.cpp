@@ -30,13 +30,15 @@ DeviceArena::DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capaci
   insertFreeLocked(0, capacity_);
 }
 
-DeviceArena::~DeviceArena() { munmap(host_, capacity_); }
+DeviceArena::~DeviceArena() {
+  munmap(host_, capacity_);
+}
 
 backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (bytes > capacity_) return CUDA_ERROR_OUT_OF_MEMORY;
-  const std::uint64_t reserved =
-      (std::uint64_t{bytes} + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  const std::uint64_t reserved = (std::uint64_t{bytes} + kAllocationAlignment - 1) /
+                                 kAllocationAlignment * kAllocationAlignment;
   std::lock_guard lock(mutex_);
   const auto fit = freeBySize_.lower_bound({reserved, 0});
   if (fit == freeBySize_.end()) return CUDA_ERROR_OUT_OF_MEMORY;

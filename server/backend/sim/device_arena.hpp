@@ -68,7 +68,7 @@ private:
   std::byte* const host_;
   const std::uint64_t capacity_;
   mutable std::mutex mutex_;
-  std::map<std::uint64_t, Allocation> live_;                     // by offset
+  std::map<std::uint64_t, Allocation> live_;                      // by offset
   std::map<std::uint64_t, std::uint64_t> freeByOffset_;           // offset -> size
   std::set<std::pair<std::uint64_t, std::uint64_t>> freeBySize_;  // (size, offset): best fit
   std::uint64_t allocated_ = 0;

@@ -328,9 +328,10 @@ private:
   }
 
   bool idleLocked() const {
-    return executing_ == nullptr &&
-           std::all_of(queues_.begin(), queues_.end(),
-                       [](const std::shared_ptr<StreamQueue>& queue) { return queue->ops.empty(); });
+    return executing_ == nullptr && std::all_of(queues_.begin(), queues_.end(),
+                                                [](const std::shared_ptr<StreamQueue>& queue) {
+                                                  return queue->ops.empty();
+                                                });
   }
 
   void pruneQueuesLocked() {
@@ -401,7 +402,10 @@ private:
     if (const auto* launch = std::get_if<LaunchOp>(&op.body)) {
       return "kernel '" + launch->function->name + "'";
     }
-    return "a copy or memset";
+    if (std::holds_alternative<HostToDevice>(op.body)) return "a host-to-device copy";
+    if (std::holds_alternative<DeviceToHost>(op.body)) return "a device-to-host copy";
+    if (std::holds_alternative<DeviceToDevice>(op.body)) return "a device-to-device copy";
+    return "a memset";
   }
 
   void complete(Op& op, const Outcome& outcome, std::vector<CompletionCallback>& waiters) {
@@ -467,7 +471,8 @@ private:
   CUresult execute(MemsetOp& memset, Outcome&) {
     if (memset.count == 0) return CUDA_SUCCESS;
     const DeviceArena::Access access = arena_->access();
-    std::byte* destination = access.translate(memset.destination, memset.count * memset.elementSize);
+    std::byte* destination =
+        access.translate(memset.destination, memset.count * memset.elementSize);
     if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (memset.elementSize == 1) {
       std::memset(destination, static_cast<int>(memset.value & 0xff), memset.count);
@@ -522,8 +527,8 @@ public:
   std::span<const std::byte> parameter(std::size_t index) const override {
     const std::vector<backend::KernelParameter>& layout = launch_.function->info.parameters;
     if (index >= layout.size()) return {};
-    return std::span<const std::byte>(launch_.parameters).subspan(layout[index].offset,
-                                                                  layout[index].size);
+    return std::span<const std::byte>(launch_.parameters)
+        .subspan(layout[index].offset, layout[index].size);
   }
 
   std::byte* translate(CUdeviceptr address, std::size_t bytes) override {
@@ -645,16 +650,15 @@ public:
     const FunctionInfo& info = simFunction->info();
     const backend::Dim3& block = config.block;
     const backend::Dim3& grid = config.grid;
-    if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 ||
-        grid.z == 0) {
+    if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (block.x > kMaxBlockDimX || block.y > kMaxBlockDimY || block.z > kMaxBlockDimZ) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     const std::uint64_t threads = std::uint64_t{block.x} * block.y * block.z;
-    const std::uint64_t maxThreads =
-        std::min<std::uint64_t>(kMaxThreadsPerBlock, static_cast<std::uint64_t>(info.maxThreadsPerBlock));
+    const std::uint64_t maxThreads = std::min<std::uint64_t>(
+        kMaxThreadsPerBlock, static_cast<std::uint64_t>(info.maxThreadsPerBlock));
     if (threads > maxThreads) return CUDA_ERROR_INVALID_VALUE;
     if (grid.x > kMaxGridDimX || grid.y > kMaxGridDimY || grid.z > kMaxGridDimZ) {
       return CUDA_ERROR_INVALID_VALUE;
@@ -664,10 +668,10 @@ public:
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (parameters.size() != info.parameterBytes) return CUDA_ERROR_INVALID_VALUE;
-    return core_->enqueue(*queue_, LaunchOp{simFunction->data(), config,
-                                            std::vector<std::byte>(parameters.begin(),
-                                                                   parameters.end()),
-                                            std::move(done)});
+    return core_->enqueue(
+        *queue_,
+        LaunchOp{simFunction->data(), config,
+                 std::vector<std::byte>(parameters.begin(), parameters.end()), std::move(done)});
   }
 
   CUresult record(Event& event) override {
@@ -696,8 +700,9 @@ private:
 
 bool startsWith(std::span<const std::byte> image, std::initializer_list<unsigned char> magic) {
   if (image.size() < magic.size()) return false;
-  return std::equal(magic.begin(), magic.end(), image.begin(),
-                    [](unsigned char a, std::byte b) { return a == static_cast<unsigned char>(b); });
+  return std::equal(magic.begin(), magic.end(), image.begin(), [](unsigned char a, std::byte b) {
+    return a == static_cast<unsigned char>(b);
+  });
 }
 
 std::string twinNames() {
@@ -768,9 +773,8 @@ public:
     for (const ptx::PtxEntry& entry : parsed.module.entries) {
       const Twin* twin = findTwin(entry.name);
       if (twin == nullptr) {
-        spdlog::warn(
-            "sim device {}: kernel '{}' has no CPU twin; the sim backend can run only: {}", index,
-            entry.name, twinNames());
+        spdlog::warn("sim device {}: kernel '{}' has no CPU twin; the sim backend can run only: {}",
+                     index, entry.name, twinNames());
         return CUDA_ERROR_NOT_FOUND;
       }
       bool matches = entry.parameters.size() == twin->parameterSizes.size();
@@ -809,7 +813,8 @@ public:
   }
 
   Result<std::unique_ptr<Event>> createEvent(unsigned flags) override {
-    constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    constexpr unsigned kKnown =
+        CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
     // As in CUDA: an interprocess event must not record timing.
     if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) {
@@ -839,7 +844,8 @@ public:
 
   Result<std::unique_ptr<Device>> openDevice(int index) override {
     if (index < 0 || index >= devices_) return CUDA_ERROR_INVALID_DEVICE;
-    const CUdeviceptr base = kSimAddressBase + static_cast<std::uint64_t>(index) * kSimAddressStride;
+    const CUdeviceptr base =
+        kSimAddressBase + static_cast<std::uint64_t>(index) * kSimAddressStride;
     std::unique_ptr<DeviceArena> arena = DeviceArena::create(base, memoryBytes_);
     if (!arena) {
       spdlog::error("sim device {}: cannot reserve {} bytes of address space for device memory",
@@ -863,7 +869,8 @@ std::unique_ptr<backend::Backend> newSimBackend(const SimOptions& options) {
                                 std::to_string(kMaxDevices));
   }
   if (options.memoryBytes < kAllocationAlignment || options.memoryBytes > kSimAddressStride) {
-    throw std::invalid_argument("sim backend: memory per device must be between 256 bytes and 1 TiB");
+    throw std::invalid_argument(
+        "sim backend: memory per device must be between 256 bytes and 1 TiB");
   }
   return std::make_unique<SimBackend>(options);
 }

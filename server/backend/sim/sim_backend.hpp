@@ -15,7 +15,7 @@
 namespace gpuproxy::server::sim {
 
 struct SimOptions {
-  int devices = 1;                           // 0..256
+  int devices = 1;                          // 0..256
   std::uint64_t memoryBytes = 16ull << 30;  // per device; 1 byte .. 1 TiB, rounded down to 256
 };
 

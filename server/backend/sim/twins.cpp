@@ -18,7 +18,8 @@ CUresult vectorAdd(KernelContext& context) {
   const auto c = context.parameterAs<CUdeviceptr>(2);
   const auto n = context.parameterAs<std::int32_t>(3);
   if (n <= 0) return CUDA_SUCCESS;
-  const std::uint64_t count = std::min<std::uint64_t>(static_cast<std::uint64_t>(n), threadsAlongX(context.config()));
+  const std::uint64_t count =
+      std::min<std::uint64_t>(static_cast<std::uint64_t>(n), threadsAlongX(context.config()));
   const std::size_t bytes = count * sizeof(float);
   std::byte* in0 = context.translate(a, bytes);
   std::byte* in1 = context.translate(b, bytes);

@@ -42,7 +42,7 @@ public:
 using TwinFunction = CUresult (*)(KernelContext& context);
 
 struct Twin {
-  std::string_view name;                       // the kernel's entry name in PTX
+  std::string_view name;                      // the kernel's entry name in PTX
   std::vector<std::uint32_t> parameterSizes;  // must match the PTX declaration
   bool touchesMemory = false;                 // needs device memory (held stable while it runs)
   TwinFunction run = nullptr;

@@ -11,7 +11,8 @@ extern "C" __global__ void vector_add(const float* a, const float* b, float* c, 
 
 // p[i] = value for every i < n covered by a thread (same coverage rule as vector_add).
 extern "C" __global__ void fill_u32(unsigned* p, unsigned value, unsigned long long n) {
-  const unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const unsigned long long i =
+      static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) p[i] = value;
 }
 
@@ -30,4 +31,6 @@ extern "C" __global__ void spin(unsigned long long ns) {
 
 // Faults with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), as the sim's twin does. A store to an
 // unmapped address rather than the `trap` instruction, which a GPU reports as a different error.
-extern "C" __global__ void trap() { *reinterpret_cast<volatile int*>(8) = 1; }
+extern "C" __global__ void trap() {
+  *reinterpret_cast<volatile int*>(8) = 1;
+}

@@ -54,9 +54,8 @@ protected:
   std::filesystem::path directory_;
 };
 
-void expectUninitialised(StubInitTest* test, DeviceGetCount deviceGetCount,
-                         CtxGetCurrent ctxGetCurrent, MemFree memFree) {
-  (void)test;
+void expectUninitialised(DeviceGetCount deviceGetCount, CtxGetCurrent ctxGetCurrent,
+                         MemFree memFree) {
   int count = -1;
   EXPECT_EQ(deviceGetCount(&count), CUDA_ERROR_NOT_INITIALIZED);
   CUcontext context = nullptr;
@@ -70,7 +69,7 @@ TEST_F(StubInitTest, UnreachableDaemon) {
   EXPECT_EQ(driverGetVersion_(&version), CUDA_SUCCESS);
   EXPECT_EQ(version, CUDA_VERSION);
   EXPECT_EQ(driverGetVersion_(nullptr), CUDA_ERROR_INVALID_VALUE);
-  expectUninitialised(this, deviceGetCount_, ctxGetCurrent_, memFree_);
+  expectUninitialised(deviceGetCount_, ctxGetCurrent_, memFree_);
   EXPECT_EQ(init_(1), CUDA_ERROR_INVALID_VALUE);
 
   // Nobody listens: NO_DEVICE, and the log names the socket.
@@ -82,7 +81,7 @@ TEST_F(StubInitTest, UnreachableDaemon) {
   const std::string log = testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("gpuproxy: cannot reach gpuproxyd at " + missing), std::string::npos) << log;
   EXPECT_NE(log.find("GPUPROXY_SOCKET"), std::string::npos) << log;
-  expectUninitialised(this, deviceGetCount_, ctxGetCurrent_, memFree_);
+  expectUninitialised(deviceGetCount_, ctxGetCurrent_, memFree_);
 
   // Something listens but hangs up without answering attach: still NO_DEVICE, no hang.
   const std::string rude = (directory_ / "rude.sock").string();
@@ -105,7 +104,7 @@ TEST_F(StubInitTest, UnreachableDaemon) {
       << rudeLog;
   hangUp.join();
   ::close(listener);
-  expectUninitialised(this, deviceGetCount_, ctxGetCurrent_, memFree_);
+  expectUninitialised(deviceGetCount_, ctxGetCurrent_, memFree_);
   ::unsetenv("GPUPROXY_SOCKET");
 }
 

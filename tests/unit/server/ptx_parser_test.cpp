@@ -63,7 +63,13 @@ TEST(PtxParser, ScalarsAreNaturallyAlignedWithPadding) {
 { ret; }
 )");
   expectLayout(entry,
-               {{0, 1, 1}, {8, 8, 8}, {16, 2, 2}, {20, 4, 4}, {24, 8, 8}, {32, 4, 4}, {36, 1, 1},
+               {{0, 1, 1},
+                {8, 8, 8},
+                {16, 2, 2},
+                {20, 4, 4},
+                {24, 8, 8},
+                {32, 4, 4},
+                {36, 1, 1},
                 {38, 2, 2}},
                40);
 }
@@ -158,27 +164,27 @@ TEST(PtxParser, StopsAtNul) {
 
 TEST(PtxParser, RejectsMalformedInput) {
   const char* const kBad[] = {
-      ".entry",                                          // no name
-      ".entry k(",                                       // unterminated list
-      ".entry k(.param .u64 a",                          // unterminated list
-      ".entry k(.param .u64 a) {",                       // unterminated body
-      ".entry k(.param .u64 a)",                         // no body
-      ".entry k(.param a) { }",                          // no type
-      ".entry k(.param .u64 .u32 a) { }",                // two types
-      ".entry k(.param .quux a) { }",                    // unknown type
-      ".entry k(.param .u64 a,) { }",                    // dangling comma
-      ".entry k(.param .u64 a .param .u64 b) { }",       // missing comma
-      ".entry k(.param .align 3 .b8 a[4]) { }",          // alignment not a power of two
-      ".entry k(.param .align 8 .b8 a[]) { }",           // no array length
-      ".entry k(.param .b8 a[0]) { }",                   // empty array
+      ".entry",                                            // no name
+      ".entry k(",                                         // unterminated list
+      ".entry k(.param .u64 a",                            // unterminated list
+      ".entry k(.param .u64 a) {",                         // unterminated body
+      ".entry k(.param .u64 a)",                           // no body
+      ".entry k(.param a) { }",                            // no type
+      ".entry k(.param .u64 .u32 a) { }",                  // two types
+      ".entry k(.param .quux a) { }",                      // unknown type
+      ".entry k(.param .u64 a,) { }",                      // dangling comma
+      ".entry k(.param .u64 a .param .u64 b) { }",         // missing comma
+      ".entry k(.param .align 3 .b8 a[4]) { }",            // alignment not a power of two
+      ".entry k(.param .align 8 .b8 a[]) { }",             // no array length
+      ".entry k(.param .b8 a[0]) { }",                     // empty array
       ".entry k(.param .b8 a[99999999999999999999]) { }",  // absurd length
-      ".entry k(.param .b8 a[40000]) { }",               // beyond the driver's parameter limit
-      ".entry k(.param .u64 a, .param .u64 a) { }",      // duplicate parameter
-      ".entry k() { } .entry k() { }",                   // duplicate entry
-      ".entry k() { } }",                                // unbalanced brace
+      ".entry k(.param .b8 a[40000]) { }",                 // beyond the driver's parameter limit
+      ".entry k(.param .u64 a, .param .u64 a) { }",        // duplicate parameter
+      ".entry k() { } .entry k() { }",                     // duplicate entry
+      ".entry k() { } }",                                  // unbalanced brace
       "/* unterminated comment .entry k() { }",
       ".file 1 \"unterminated string",
-      ".entry 9k() { }",                                 // not an identifier
+      ".entry 9k() { }",  // not an identifier
   };
   for (const char* bad : kBad) {
     const PtxParseResult result = parsePtx(std::string(kHeader) + bad);
@@ -189,8 +195,8 @@ TEST(PtxParser, RejectsMalformedInput) {
 
 TEST(PtxParser, GarbageNeverCrashes) {
   // Deterministic pseudo-random byte soup built from PTX fragments and raw bytes.
-  const char* const kFragments[] = {".entry", ".param", ".u64", ".align", "8",  "[", "]", "(",
-                                    ")",      ",",      "{",    "}",      "//", "/*", "*/", "\"",
+  const char* const kFragments[] = {".entry", ".param", ".u64", ".align", "8",    "[",   "]",  "(",
+                                    ")",      ",",      "{",    "}",      "//",   "/*",  "*/", "\"",
                                     "name",   ".b8",    ".ptr", "\n",     "\x01", "\xff"};
   std::uint64_t state = 0x9e3779b97f4a7c15ull;
   for (int round = 0; round < 2000; ++round) {
@@ -213,7 +219,9 @@ TEST(PtxParser, LooksLikePtx) {
   };
   EXPECT_TRUE(looksLikePtx(bytes(kHeader)));
   EXPECT_FALSE(looksLikePtx(bytes(".version 8.0\n")));
-  EXPECT_FALSE(looksLikePtx(bytes("\x7f" "ELF\x02\x01\x01")));
+  EXPECT_FALSE(
+      looksLikePtx(bytes("\x7f"
+                         "ELF\x02\x01\x01")));
   EXPECT_FALSE(looksLikePtx(bytes("")));
   // Text after a NUL is not part of the image.
   const std::string split = std::string(".version 8.0\n") + '\0' + ".target sm_90\n";

@@ -74,7 +74,8 @@ LaunchConfig config(unsigned grid, unsigned block) {
 CUresult synchronize(Stream& stream) {
   auto promise = std::make_shared<std::promise<CUresult>>();
   std::future<CUresult> done = promise->get_future();
-  const CUresult queued = stream.addCallback([promise](CUresult status) { promise->set_value(status); });
+  const CUresult queued =
+      stream.addCallback([promise](CUresult status) { promise->set_value(status); });
   if (queued != CUDA_SUCCESS) return queued;
   return done.get();
 }
@@ -512,7 +513,9 @@ TEST_F(SimTest, WaitingOnAnUnrecordedEventDoesNotBlock) {
 TEST_F(SimTest, KernelTimeIsMeasuredOnTheEngine) {
   std::promise<std::pair<CUresult, std::uint64_t>> done;
   ASSERT_EQ(launchSpin(*stream_, 30'000'000,
-                       [&](CUresult status, std::uint64_t ns) { done.set_value({status, ns}); }),
+                       [&](CUresult status, std::uint64_t ns) {
+                         done.set_value({status, ns});
+                       }),
             CUDA_SUCCESS);
   const auto [status, ns] = done.get_future().get();
   EXPECT_EQ(status, CUDA_SUCCESS);
@@ -627,7 +630,10 @@ TEST_F(SimTest, ModuleLoadErrors) {
   EXPECT_EQ(load("definitely not a module"), CUDA_ERROR_INVALID_IMAGE);
   EXPECT_EQ(device_->loadModule({}).code(), CUDA_ERROR_INVALID_IMAGE);
   // Binary images are real CUDA formats the sim cannot run.
-  EXPECT_EQ(load(std::string("\x7f" "ELF\x02\x01\x01\x33", 8)), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(load(std::string("\x7f"
+                             "ELF\x02\x01\x01\x33",
+                             8)),
+            CUDA_ERROR_NOT_SUPPORTED);
   EXPECT_EQ(load(std::string("\x50\xed\x55\xba\x01\x00\x10\x00", 8)), CUDA_ERROR_NOT_SUPPORTED);
   EXPECT_EQ(load(std::string("\xb1\x43\x62\x46\x01\x00\x10\x00", 8)), CUDA_ERROR_NOT_SUPPORTED);
   // A module of device functions only has no kernels, which is fine.
@@ -648,9 +654,11 @@ TEST_F(SimTest, TrapPoisonsTheDeviceUntilReset) {
   std::uint32_t seen = 0xffffffffu;
   {
     EngineGate gate(*stream_);
-    ASSERT_EQ(launchTrap(*stream_, [&](CUresult status, std::uint64_t ns) {
-      trapDone.set_value({status, ns});
-    }), CUDA_SUCCESS);
+    ASSERT_EQ(launchTrap(*stream_,
+                         [&](CUresult status, std::uint64_t ns) {
+                           trapDone.set_value({status, ns});
+                         }),
+              CUDA_SUCCESS);
     // Queued before the fault, on another stream: completes with the fault and does nothing.
     ASSERT_EQ(other->copyDeviceToHost(&seen, value, 4), CUDA_SUCCESS);
     ASSERT_EQ(other->record(*event), CUDA_SUCCESS);

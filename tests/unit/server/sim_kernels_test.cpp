@@ -48,7 +48,8 @@ std::vector<std::byte> pack(const Function& function, Args... args) {
 CUresult synchronize(backend::Stream& stream) {
   auto promise = std::make_shared<std::promise<CUresult>>();
   std::future<CUresult> done = promise->get_future();
-  const CUresult queued = stream.addCallback([promise](CUresult status) { promise->set_value(status); });
+  const CUresult queued =
+      stream.addCallback([promise](CUresult status) { promise->set_value(status); });
   return queued != CUDA_SUCCESS ? queued : done.get();
 }
 
@@ -94,10 +95,10 @@ TEST(SimKernels, RunsTheNvccPtx) {
 
   // fill_u32.
   Function& fill = *module->function("fill_u32").value();
-  ASSERT_EQ(stream->launch(fill, config(kCount / 512, 512),
-                           pack(fill, deviceC, 0xc0ffeeu, static_cast<unsigned long long>(kCount)),
-                           {}),
-            CUDA_SUCCESS);
+  ASSERT_EQ(
+      stream->launch(fill, config(kCount / 512, 512),
+                     pack(fill, deviceC, 0xc0ffeeu, static_cast<unsigned long long>(kCount)), {}),
+      CUDA_SUCCESS);
   std::vector<std::uint32_t> filled(kCount);
   ASSERT_EQ(stream->copyDeviceToHost(filled.data(), deviceC, kBytes), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream), CUDA_SUCCESS);
