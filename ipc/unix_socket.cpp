@@ -23,7 +23,9 @@ PeerCredentials peerCredentials(int socketFd) {
   return PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
 }
 
-std::size_t maxSocketPathLength() { return sizeof(sockaddr_un::sun_path) - 1; }
+std::size_t maxSocketPathLength() {
+  return sizeof(sockaddr_un::sun_path) - 1;
+}
 
 namespace {
 

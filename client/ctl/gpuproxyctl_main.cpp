@@ -2,8 +2,8 @@
 #include "client/ctl/status_report.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 
-#include <CLI/CLI.hpp>
 #include <capnp/ez-rpc.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <string>

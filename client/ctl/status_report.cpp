@@ -25,10 +25,10 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"memory_total", device.getMemoryTotal()},
         {"memory_used", device.getMemoryUsed()},
         {"clients", device.getClients()},
-        {"sticky_error", sticky == CUDA_SUCCESS
-                             ? nlohmann::json(nullptr)
-                             : nlohmann::json(std::string(
-                                   protocol::cudaResultNameOr(sticky, "unknown error")))},
+        {"sticky_error",
+         sticky == CUDA_SUCCESS
+             ? nlohmann::json(nullptr)
+             : nlohmann::json(std::string(protocol::cudaResultNameOr(sticky, "unknown error")))},
         {"faulting_client_pid", device.getFaultingClientPid()},
     });
   }
@@ -41,8 +41,8 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"uid", client.getUid()},
         {"gid", client.getGid()},
         {"command", client.getCommand().cStr()},
-        {"device", client.getDevice() < 0 ? nlohmann::json(nullptr)
-                                          : nlohmann::json(client.getDevice())},
+        {"device",
+         client.getDevice() < 0 ? nlohmann::json(nullptr) : nlohmann::json(client.getDevice())},
         {"devices", devices},
         {"memory_used", client.getMemoryUsed()},
         {"kernels_launched", client.getKernelsLaunched()},
@@ -73,9 +73,8 @@ std::string formatDuration(double seconds) {
 std::string statusToTable(protocol::DaemonStatus::Reader status) {
   std::string out;
   out += format("gpuproxyd %s  backend: %s  driver: %d  pid: %u  up: %s\n",
-                status.getVersion().cStr(), status.getBackend().cStr(),
-                status.getDriverVersion(), status.getPid(),
-                formatDuration(status.getUptimeSeconds()).c_str());
+                status.getVersion().cStr(), status.getBackend().cStr(), status.getDriverVersion(),
+                status.getPid(), formatDuration(status.getUptimeSeconds()).c_str());
   out += "\n";
   out += format("%-6s %-28s %-24s %-8s %s\n", "DEVICE", "NAME", "MEMORY USED / TOTAL", "CLIENTS",
                 "STATE");

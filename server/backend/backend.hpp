@@ -103,8 +103,8 @@ public:
 class Event {
 public:
   virtual ~Event() = default;
-  // CUDA_SUCCESS when the last record has completed (or it was never recorded), CUDA_ERROR_NOT_READY
-  // while it is pending, or the context's sticky error.
+  // CUDA_SUCCESS when the last record has completed (or it was never recorded),
+  // CUDA_ERROR_NOT_READY while it is pending, or the context's sticky error.
   virtual CUresult query() = 0;
   // Runs `done` once the most recent record has completed (at once if there is none pending).
   virtual void whenComplete(CompletionCallback done) = 0;

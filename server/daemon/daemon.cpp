@@ -63,20 +63,20 @@ private:
 template <typename MakeBootstrap>
 kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener, kj::TaskSet& connections,
                              MakeBootstrap& makeBootstrap) {
-  return listener.accept().then([&listener, &connections,
-                                 &makeBootstrap](kj::Own<kj::AsyncIoStream> stream) {
-    KJ_IF_MAYBE(fd, stream->getFd()) {
-      try {
-        ipc::PeerCredentials peer = ipc::peerCredentials(*fd);
-        auto connection = kj::heap<RpcConnection>(kj::mv(stream), makeBootstrap(peer));
-        auto disconnected = connection->network_.onDisconnect();
-        connections.add(disconnected.attach(kj::mv(connection)));
-      } catch (const std::exception& error) {
-        spdlog::warn("refusing a connection: {}", error.what());
-      }
-    }
-    return acceptLoop(listener, connections, makeBootstrap);
-  });
+  return listener.accept().then(
+      [&listener, &connections, &makeBootstrap](kj::Own<kj::AsyncIoStream> stream) {
+        KJ_IF_MAYBE (fd, stream->getFd()) {
+          try {
+            ipc::PeerCredentials peer = ipc::peerCredentials(*fd);
+            auto connection = kj::heap<RpcConnection>(kj::mv(stream), makeBootstrap(peer));
+            auto disconnected = connection->network_.onDisconnect();
+            connections.add(disconnected.attach(kj::mv(connection)));
+          } catch (const std::exception& error) {
+            spdlog::warn("refusing a connection: {}", error.what());
+          }
+        }
+        return acceptLoop(listener, connections, makeBootstrap);
+      });
 }
 
 spdlog::level::level_enum logLevelOf(const std::string& name) {
@@ -86,8 +86,8 @@ spdlog::level::level_enum logLevelOf(const std::string& name) {
 kj::Own<kj::ConnectionReceiver> listenOn(kj::AsyncIoContext& io, const std::string& path,
                                          mode_t mode) {
   ipc::prepareListeningPath(path);
-  auto address = io.provider->getNetwork().parseAddress(kj::str("unix:", path.c_str())).wait(
-      io.waitScope);
+  auto address =
+      io.provider->getNetwork().parseAddress(kj::str("unix:", path.c_str())).wait(io.waitScope);
   auto listener = address->listen();
   // The client socket is reachable by whoever can reach the path (access is granted by mounting
   // the directory into a pod); the admin socket only by its owner.
@@ -173,8 +173,7 @@ int runDaemon(const DaemonOptions& options) {
     spdlog::info("serving clients on {} and operators on {}", options.socketPath,
                  options.adminSocketPath);
 
-    auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(
-        io.unixEventPort.onSignal(SIGINT));
+    auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
     siginfo_t signal = stop.wait(io.waitScope);
     spdlog::info("signal {} received: shutting down", signal.si_signo);
     // Dropping the connections drops every session, which hands its GPU state to the reaper.

@@ -30,7 +30,9 @@ GpuClient::~GpuClient() {
   worker_.detach(*this);
 }
 
-std::uint32_t GpuClient::deviceIndex() const { return worker_.index(); }
+std::uint32_t GpuClient::deviceIndex() const {
+  return worker_.index();
+}
 
 Handle GpuClient::newHandle(HandleKind kind) {
   return makeHandle(kind, worker_.index(), nextSerial_++);
@@ -92,9 +94,9 @@ kj::Promise<CUresult> GpuClient::resetPrimaryContext() {
 }
 
 CUresult GpuClient::setPrimaryContextFlags(unsigned flags) {
-  constexpr unsigned kSchedMask = CU_CTX_SCHED_MASK | CU_CTX_LMEM_RESIZE_TO_MAX |
-                                  CU_CTX_MAP_HOST | CU_CTX_COREDUMP_ENABLE |
-                                  CU_CTX_USER_COREDUMP_ENABLE | CU_CTX_SYNC_MEMOPS;
+  constexpr unsigned kSchedMask = CU_CTX_SCHED_MASK | CU_CTX_LMEM_RESIZE_TO_MAX | CU_CTX_MAP_HOST |
+                                  CU_CTX_COREDUMP_ENABLE | CU_CTX_USER_COREDUMP_ENABLE |
+                                  CU_CTX_SYNC_MEMOPS;
   if ((flags & ~kSchedMask) != 0) return CUDA_ERROR_INVALID_VALUE;
   primaryFlags_ = flags;
   if (primaryContext_) contexts_[*primaryContext_].flags = flags;
@@ -258,8 +260,8 @@ CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event)
 
 backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  constexpr unsigned kKnownFlags = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
-                                   CU_EVENT_INTERPROCESS;
+  constexpr unsigned kKnownFlags =
+      CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if ((flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   // Interprocess events need an exported handle; both ends would live in this daemon.
   if ((flags & CU_EVENT_INTERPROCESS) != 0) return CUDA_ERROR_NOT_SUPPORTED;
@@ -478,12 +480,12 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
   std::shared_ptr<ClientStats> stats = stats_;
   GpuWorker* worker = &worker_;
   pid_t pid = stats_->identity.pid;
-  CUresult launched = target->stream->launch(
-      *found->second.function, config, parameters,
-      [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
-        stats->gpuTimeNs += gpuNanoseconds;
-        worker->noteKernelStatus(status, pid);
-      });
+  CUresult launched =
+      target->stream->launch(*found->second.function, config, parameters,
+                             [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
+                               stats->gpuTimeNs += gpuNanoseconds;
+                               worker->noteKernelStatus(status, pid);
+                             });
   if (launched == CUDA_SUCCESS) ++stats_->kernelsLaunched;
   return launched;
 }

@@ -110,9 +110,9 @@ private:
     Handle context = 0;
     bool blocking = true;  // synchronises with the context's legacy NULL stream
     std::unique_ptr<backend::Stream> stream;
-    std::uint64_t work = 0;              // operations queued on this stream so far
-    std::uint64_t workSeenByNull = 0;    // ... of which the NULL stream has waited for
-    std::uint64_t nullWorkWaitedFor = 0; // NULL-stream operations this stream has waited for
+    std::uint64_t work = 0;               // operations queued on this stream so far
+    std::uint64_t workSeenByNull = 0;     // ... of which the NULL stream has waited for
+    std::uint64_t nullWorkWaitedFor = 0;  // NULL-stream operations this stream has waited for
   };
   struct Event {
     Handle context = 0;

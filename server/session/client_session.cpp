@@ -226,11 +226,10 @@ kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
 kj::Promise<void> ClientSession::memcpyHtoD(MemcpyHtoDContext context) {
   auto params = context.getParams();
   GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  CUresult result = client == nullptr
-                        ? CUDA_ERROR_INVALID_CONTEXT
-                        : client->copyHostToDevice(params.getContext(), params.getStream(),
-                                                   params.getDestination(),
-                                                   bytesOf(params.getData()));
+  CUresult result = client == nullptr ? CUDA_ERROR_INVALID_CONTEXT
+                                      : client->copyHostToDevice(
+                                            params.getContext(), params.getStream(),
+                                            params.getDestination(), bytesOf(params.getData()));
   context.getResults().setResult(result);
   return kj::READY_NOW;
 }
@@ -254,8 +253,8 @@ kj::Promise<void> ClientSession::memcpyDtoH(MemcpyDtoHContext context) {
         results.setResult(bytes.code());
         if (bytes.ok()) {
           const auto& data = bytes.value();
-          results.setData(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(data.data()),
-                                       data.size()));
+          results.setData(
+              kj::arrayPtr(reinterpret_cast<const capnp::byte*>(data.data()), data.size()));
         }
       });
 }
@@ -263,12 +262,11 @@ kj::Promise<void> ClientSession::memcpyDtoH(MemcpyDtoHContext context) {
 kj::Promise<void> ClientSession::memcpyDtoD(MemcpyDtoDContext context) {
   auto params = context.getParams();
   GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  CUresult result =
-      client == nullptr
-          ? CUDA_ERROR_INVALID_CONTEXT
-          : client->copyDeviceToDevice(params.getContext(), params.getStream(),
-                                       params.getDestination(), params.getSource(),
-                                       params.getBytes());
+  CUresult result = client == nullptr
+                        ? CUDA_ERROR_INVALID_CONTEXT
+                        : client->copyDeviceToDevice(params.getContext(), params.getStream(),
+                                                     params.getDestination(), params.getSource(),
+                                                     params.getBytes());
   context.getResults().setResult(result);
   return kj::READY_NOW;
 }
@@ -381,9 +379,8 @@ kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
 
 kj::Promise<void> ClientSession::synchronizeStream(SynchronizeStreamContext context) {
   auto params = context.getParams();
-  GpuClient* client = params.getStream() == 0
-                          ? clientFor(params.getContext(), HandleKind::kContext)
-                          : clientFor(params.getStream(), HandleKind::kStream);
+  GpuClient* client = params.getStream() == 0 ? clientFor(params.getContext(), HandleKind::kContext)
+                                              : clientFor(params.getStream(), HandleKind::kStream);
   if (client == nullptr) {
     context.getResults().setResult(params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT
                                                            : CUDA_ERROR_INVALID_HANDLE);
@@ -394,21 +391,20 @@ kj::Promise<void> ClientSession::synchronizeStream(SynchronizeStreamContext cont
 
 kj::Promise<void> ClientSession::queryStream(QueryStreamContext context) {
   auto params = context.getParams();
-  GpuClient* client = params.getStream() == 0
-                          ? clientFor(params.getContext(), HandleKind::kContext)
-                          : clientFor(params.getStream(), HandleKind::kStream);
-  CUresult result = client == nullptr ? (params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT
-                                                                 : CUDA_ERROR_INVALID_HANDLE)
-                                      : client->queryStream(params.getContext(), params.getStream());
+  GpuClient* client = params.getStream() == 0 ? clientFor(params.getContext(), HandleKind::kContext)
+                                              : clientFor(params.getStream(), HandleKind::kStream);
+  CUresult result =
+      client == nullptr
+          ? (params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE)
+          : client->queryStream(params.getContext(), params.getStream());
   context.getResults().setResult(result);
   return kj::READY_NOW;
 }
 
 kj::Promise<void> ClientSession::streamWaitEvent(StreamWaitEventContext context) {
   auto params = context.getParams();
-  GpuClient* client = params.getStream() == 0
-                          ? clientFor(params.getContext(), HandleKind::kContext)
-                          : clientFor(params.getStream(), HandleKind::kStream);
+  GpuClient* client = params.getStream() == 0 ? clientFor(params.getContext(), HandleKind::kContext)
+                                              : clientFor(params.getStream(), HandleKind::kStream);
   CUresult result = CUDA_SUCCESS;
   if (client == nullptr) {
     result = params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
@@ -418,9 +414,8 @@ kj::Promise<void> ClientSession::streamWaitEvent(StreamWaitEventContext context)
     // An event of this client on another GPU would need a cross-device wait, which the daemon
     // does not do yet; anything else is simply not this client's event.
     GpuClient* owner = clientFor(params.getEvent(), HandleKind::kEvent);
-    result = (owner != nullptr && owner->ownsEvent(params.getEvent()))
-                 ? CUDA_ERROR_NOT_SUPPORTED
-                 : CUDA_ERROR_INVALID_HANDLE;
+    result = (owner != nullptr && owner->ownsEvent(params.getEvent())) ? CUDA_ERROR_NOT_SUPPORTED
+                                                                       : CUDA_ERROR_INVALID_HANDLE;
   } else {
     result = client->streamWaitEvent(params.getContext(), params.getStream(), params.getEvent());
   }
@@ -456,10 +451,9 @@ kj::Promise<void> ClientSession::destroyEvent(DestroyEventContext context) {
 kj::Promise<void> ClientSession::recordEvent(RecordEventContext context) {
   auto params = context.getParams();
   GpuClient* client = clientFor(params.getEvent(), HandleKind::kEvent);
-  CUresult result =
-      client == nullptr
-          ? CUDA_ERROR_INVALID_HANDLE
-          : client->recordEvent(params.getContext(), params.getEvent(), params.getStream());
+  CUresult result = client == nullptr ? CUDA_ERROR_INVALID_HANDLE
+                                      : client->recordEvent(params.getContext(), params.getEvent(),
+                                                            params.getStream());
   context.getResults().setResult(result);
   return kj::READY_NOW;
 }

@@ -27,9 +27,9 @@ TEST(Daemon, SaysWhichBackendItChoseAndWhy) {
   }));
   // This machine may or may not have a GPU: either way the log names the choice and the reason.
   std::string log = daemon.errors();
-  bool namedChoice = log.find("backend sim: no usable GPU") != std::string::npos ||
-                     log.find("backend cuda: a CUDA driver and GPU are present") !=
-                         std::string::npos;
+  bool namedChoice =
+      log.find("backend sim: no usable GPU") != std::string::npos ||
+      log.find("backend cuda: a CUDA driver and GPU are present") != std::string::npos;
   EXPECT_TRUE(namedChoice) << log;
   daemon.signal(SIGTERM);
   EXPECT_TRUE(daemon.wait().exitedWith(0)) << daemon.errors();
@@ -58,8 +58,7 @@ TEST(Daemon, ExplainsASimulatorItCannotBuild) {
   RunResult result = run({daemonBinary(), "--backend", "sim", "--sim-memory", "4TiB", "--socket",
                           directory.file("g.sock"), "--admin-socket", directory.file("a.sock")});
   EXPECT_EQ(result.status.code, 1) << result.errors;
-  EXPECT_NE(result.errors.find("cannot start the sim backend"), std::string::npos)
-      << result.errors;
+  EXPECT_NE(result.errors.find("cannot start the sim backend"), std::string::npos) << result.errors;
 }
 
 TEST(Daemon, ReportsSimulatedMemoryExactly) {

@@ -119,9 +119,8 @@ int main(int argc, char** argv) {
     report("cuGraphCreate", cuGraphCreate(&graph, 0));
     void* function = nullptr;
     CUdriverProcAddressQueryResult status;
-    report("cuGetProcAddress",
-           cuGetProcAddress("cuGraphCreate", &function, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
-                            &status));
+    report("cuGetProcAddress", cuGetProcAddress("cuGraphCreate", &function, CUDA_VERSION,
+                                                CU_GET_PROC_ADDRESS_DEFAULT, &status));
     using GraphCreate = CUresult (*)(CUgraph*, unsigned int);
     if (function != nullptr) {
       report("cuGraphCreate(proc address)", reinterpret_cast<GraphCreate>(function)(&graph, 0));

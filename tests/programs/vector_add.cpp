@@ -26,9 +26,9 @@ namespace {
   std::exit(1);
 }
 
-#define CHECK(call)                                  \
-  do {                                               \
-    CUresult result_ = (call);                       \
+#define CHECK(call)                                    \
+  do {                                                 \
+    CUresult result_ = (call);                         \
     if (result_ != CUDA_SUCCESS) fail(#call, result_); \
   } while (0)
 
@@ -43,11 +43,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoi(argv[++i]) : 0; };
-    if (arg == "--elements") elements = next();
-    else if (arg == "--device") device = next();
-    else if (arg == "--iterations") iterations = next();
-    else if (arg == "--hold-ms") holdMs = next();
-    else if (arg == "--no-free") freeAtEnd = false;
+    if (arg == "--elements")
+      elements = next();
+    else if (arg == "--device")
+      device = next();
+    else if (arg == "--iterations")
+      iterations = next();
+    else if (arg == "--hold-ms")
+      holdMs = next();
+    else if (arg == "--no-free")
+      freeAtEnd = false;
     else {
       std::fprintf(stderr, "vector_add: unknown argument %s\n", arg.c_str());
       return 2;

@@ -20,9 +20,15 @@ std::string buildDir() {
   return dir;
 }
 
-std::string daemonBinary() { return buildDir() + "/bin/gpuproxyd"; }
-std::string ctlBinary() { return buildDir() + "/bin/gpuproxyctl"; }
-std::string stubDirectory() { return buildDir() + "/lib/gpuproxy"; }
+std::string daemonBinary() {
+  return buildDir() + "/bin/gpuproxyd";
+}
+std::string ctlBinary() {
+  return buildDir() + "/bin/gpuproxyctl";
+}
+std::string stubDirectory() {
+  return buildDir() + "/lib/gpuproxy";
+}
 std::string programBinary(const std::string& name) {
   return buildDir() + "/tests/programs/" + name;
 }
@@ -114,8 +120,12 @@ ExitStatus Child::wait(std::chrono::milliseconds timeout) {
   return *status_;
 }
 
-std::string Child::output() const { return readFile(files_.file("stdout")); }
-std::string Child::errors() const { return readFile(files_.file("stderr")); }
+std::string Child::output() const {
+  return readFile(files_.file("stdout"));
+}
+std::string Child::errors() const {
+  return readFile(files_.file("stderr"));
+}
 
 RunResult run(std::vector<std::string> argv, std::map<std::string, std::string> environment,
               std::chrono::milliseconds timeout) {
@@ -137,19 +147,12 @@ Daemon::Daemon() : Daemon(Options{}) {}
 
 Daemon::Daemon(Options options)
     : socket_(directory_.file("gpuproxy.sock")), adminSocket_(directory_.file("admin.sock")) {
-  std::vector<std::string> argv{daemonBinary(),
-                                "--backend",
-                                "sim",
-                                "--socket",
-                                socket_,
-                                "--admin-socket",
-                                adminSocket_,
-                                "--sim-devices",
-                                std::to_string(options.simDevices),
-                                "--sim-memory",
-                                options.simMemory,
-                                "--log-level",
-                                "debug"};
+  std::vector<std::string> argv{
+      daemonBinary(), "--backend",       "sim",
+      "--socket",     socket_,           "--admin-socket",
+      adminSocket_,   "--sim-devices",   std::to_string(options.simDevices),
+      "--sim-memory", options.simMemory, "--log-level",
+      "debug"};
   for (auto& argument : options.extraArguments) argv.push_back(argument);
   process_ = std::make_unique<Child>(std::move(argv));
   bool ready = eventually([&] {

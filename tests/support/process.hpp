@@ -18,9 +18,9 @@ namespace gpuproxy::testing {
 
 // The build tree (from $GPUPROXY_BUILD_DIR, which ctest sets).
 std::string buildDir();
-std::string daemonBinary();      // build/bin/gpuproxyd
-std::string ctlBinary();         // build/bin/gpuproxyctl
-std::string stubDirectory();     // build/lib/gpuproxy (holds libcuda.so.1)
+std::string daemonBinary();                          // build/bin/gpuproxyd
+std::string ctlBinary();                             // build/bin/gpuproxyctl
+std::string stubDirectory();                         // build/lib/gpuproxy (holds libcuda.so.1)
 std::string programBinary(const std::string& name);  // build/tests/programs/NAME
 
 // A fresh directory under /tmp with a short name (Unix socket paths must stay under 108 bytes),
@@ -39,8 +39,8 @@ private:
 };
 
 struct ExitStatus {
-  int code = -1;    // exit code, or -1 when killed by a signal
-  int signal = 0;   // the signal that killed it, or 0
+  int code = -1;   // exit code, or -1 when killed by a signal
+  int signal = 0;  // the signal that killed it, or 0
   bool exitedWith(int expected) const { return signal == 0 && code == expected; }
 };
 

@@ -1,0 +1,209 @@
+// A client's state on one GPU, driven directly on the sim backend: handle checks, exact accounting,
+// per-context cleanup, and the waits CUDA promises (cuMemFree after queued work).
+#include "server/gpu/gpu_client.hpp"
+
+#include "server/backend/sim/sim_backend.hpp"
+#include "server/gpu/gpu_worker.hpp"
+#include "test_kernels_ptx.hpp"
+
+#include <gtest/gtest.h>
+#include <kj/async-io.h>
+
+#include <cstring>
+#include <vector>
+
+namespace gpuproxy::server {
+namespace {
+
+class GpuClientTest : public ::testing::Test {
+protected:
+  GpuClientTest()
+      : io_(std::make_unique<kj::AsyncIoContext>(kj::setupAsyncIo())),
+        backend_(sim::newSimBackend(sim::SimOptions{1, 1ull << 30})),
+        worker_(0, std::move(backend_->openDevice(0)).value()) {}
+
+  std::unique_ptr<GpuClient> newClient(pid_t pid = 1234) {
+    auto stats = std::make_shared<ClientStats>();
+    stats->identity.pid = pid;
+    stats_.push_back(stats);
+    return worker_.openClient(stats);
+  }
+
+  template <typename T>
+  T wait(kj::Promise<T> promise) {
+    return promise.wait(io_->waitScope);
+  }
+
+  Handle launchSpin(GpuClient& client, Handle context, Handle stream, std::uint64_t ns) {
+    auto module = client.loadModule(context, bytes(testing::kTestKernelsPtx));
+    EXPECT_TRUE(module.ok());
+    auto spin = client.function(module.value(), "spin");
+    EXPECT_TRUE(spin.ok());
+    EXPECT_EQ(client.launchKernel(context, spin.value().handle, {{1, 1, 1}, {1, 1, 1}, 0}, stream,
+                                  std::as_bytes(std::span(&ns, 1))),
+              CUDA_SUCCESS);
+    return module.value();
+  }
+
+  static std::span<const std::byte> bytes(const char* text) {
+    return {reinterpret_cast<const std::byte*>(text), std::strlen(text) + 1};
+  }
+
+  // Held by pointer: kj's destructors may throw, which a gtest fixture's destructor may not.
+  std::unique_ptr<kj::AsyncIoContext> io_;
+  std::unique_ptr<backend::Backend> backend_;
+  GpuWorker worker_;
+  std::vector<std::shared_ptr<ClientStats>> stats_;
+};
+
+TEST_F(GpuClientTest, AccountsEveryByteAndGivesItBackWhenTheContextGoes) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  ASSERT_TRUE(context.ok());
+  auto a = client->allocate(context.value(), 1000);
+  auto b = client->allocate(context.value(), 5000);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(worker_.memoryUsed(), 6000u);
+  EXPECT_EQ(stats_[0]->memoryUsed, 6000u);
+  EXPECT_EQ(wait(client->free(a.value())), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), 5000u);
+  EXPECT_EQ(wait(client->destroyContext(context.value())), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(stats_[0]->memoryUsed, 0u);
+  // Everything of the destroyed context is gone with it.
+  EXPECT_EQ(wait(client->free(b.value())), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(GpuClientTest, DestroyingTheClientFreesWhatItHeld) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  ASSERT_TRUE(client->allocate(context.value(), 1 << 20).ok());
+  ASSERT_TRUE(client->createStream(context.value(), 0, 0).ok());
+  EXPECT_EQ(worker_.clientCount(), 1u);
+  wait(client->drain());
+  client.reset();
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(worker_.clientCount(), 0u);
+}
+
+TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {
+  auto alice = newClient(1);
+  auto bob = newClient(2);
+  auto aliceContext = alice->createContext(0);
+  auto bobContext = bob->createContext(0);
+  auto aliceStream = alice->createStream(aliceContext.value(), 0, 0);
+  auto aliceEvent = alice->createEvent(aliceContext.value(), 0);
+  auto aliceMemory = alice->allocate(aliceContext.value(), 4096);
+  ASSERT_TRUE(aliceStream.ok() && aliceEvent.ok() && aliceMemory.ok());
+
+  // Bob cannot use Alice's stream, event or memory, even on the same GPU.
+  EXPECT_EQ(bob->queryStream(bobContext.value(), aliceStream.value()), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(bob->queryEvent(aliceEvent.value()), CUDA_ERROR_INVALID_HANDLE);
+  std::vector<std::byte> data(64);
+  EXPECT_EQ(bob->copyHostToDevice(bobContext.value(), 0, aliceMemory.value(), data),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(wait(bob->free(aliceMemory.value())), CUDA_ERROR_INVALID_VALUE);
+  // Alice cannot pass an event where a stream belongs.
+  EXPECT_EQ(alice->queryStream(aliceContext.value(), aliceEvent.value()),
+            CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(alice->destroyStream(aliceEvent.value()), CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_F(GpuClientTest, CopiesMustStayInsideOneOfTheClientsAllocations) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto pointer = client->allocate(context.value(), 1024);
+  std::vector<std::byte> data(1024, std::byte{7});
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, pointer.value(), data), CUDA_SUCCESS);
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, pointer.value() + 1, data),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, pointer.value() - 1, data),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(client->memset(context.value(), 0, pointer.value() + 2, 0, 4, 4),
+            CUDA_ERROR_INVALID_VALUE);  // misaligned 32-bit memset
+  auto back = wait(client->copyDeviceToHost(context.value(), 0, pointer.value(), 1024));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back.value(), data);
+}
+
+TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto stream = client->createStream(context.value(), CU_STREAM_NON_BLOCKING, 0);
+  auto pointer = client->allocate(context.value(), 4096);
+  launchSpin(*client, context.value(), stream.value(), 50'000'000);
+  EXPECT_EQ(client->queryStream(context.value(), stream.value()), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(wait(client->free(pointer.value())), CUDA_SUCCESS);
+  // By the time the memory could go to someone else, the kernel before it has finished.
+  EXPECT_EQ(client->queryStream(context.value(), stream.value()), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+}
+
+TEST_F(GpuClientTest, KernelTimeAndCountReachTheClientsStats) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  launchSpin(*client, context.value(), 0, 20'000'000);
+  EXPECT_EQ(wait(client->synchronizeContext(context.value())), CUDA_SUCCESS);
+  EXPECT_EQ(stats_[0]->kernelsLaunched, 1u);
+  EXPECT_GE(stats_[0]->gpuTimeNs, 20'000'000u);
+}
+
+TEST_F(GpuClientTest, EventsMeasureTheWorkBetweenThem) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto start = client->createEvent(context.value(), 0);
+  auto end = client->createEvent(context.value(), 0);
+  EXPECT_EQ(client->recordEvent(context.value(), start.value(), 0), CUDA_SUCCESS);
+  launchSpin(*client, context.value(), 0, 30'000'000);
+  EXPECT_EQ(client->recordEvent(context.value(), end.value(), 0), CUDA_SUCCESS);
+  EXPECT_EQ(wait(client->synchronizeEvent(end.value())), CUDA_SUCCESS);
+  auto elapsed = client->eventElapsedTime(start.value(), end.value());
+  ASSERT_TRUE(elapsed.ok());
+  EXPECT_GE(elapsed.value(), 30.0f);
+}
+
+TEST_F(GpuClientTest, PrimaryContextIsReferenceCounted) {
+  auto client = newClient();
+  auto first = client->retainPrimaryContext();
+  auto second = client->retainPrimaryContext();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first.value(), second.value());
+  ASSERT_TRUE(client->allocate(first.value(), 4096).ok());
+  EXPECT_TRUE(client->primaryContextState().active);
+  EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), 4096u);  // still retained once
+  EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_SUCCESS);
+  EXPECT_FALSE(client->primaryContextState().active);
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeave) {
+  auto victim = newClient(10);
+  auto culprit = newClient(20);
+  auto victimContext = victim->createContext(0);
+  auto culpritContext = culprit->createContext(0);
+  ASSERT_TRUE(victim->allocate(victimContext.value(), 4096).ok());
+  auto module = culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx));
+  auto trap = culprit->function(module.value(), "trap");
+  ASSERT_EQ(culprit->launchKernel(culpritContext.value(), trap.value().handle,
+                                  {{1, 1, 1}, {1, 1, 1}, 0}, 0, {}),
+            CUDA_SUCCESS);
+  EXPECT_EQ(wait(culprit->synchronizeContext(culpritContext.value())), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(worker_.faultingPid(), 20);
+  // The shared context is poisoned for the other client too.
+  EXPECT_EQ(victim->allocate(victimContext.value(), 16).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  wait(culprit->drain());
+  culprit.reset();
+  EXPECT_NE(worker_.stickyError(), CUDA_SUCCESS);  // the victim is still attached
+  wait(victim->drain());
+  victim.reset();
+  EXPECT_EQ(worker_.stickyError(), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  auto fresh = newClient(30);
+  auto freshContext = fresh->createContext(0);
+  EXPECT_TRUE(fresh->allocate(freshContext.value(), 16).ok());
+}
+
+}  // namespace
+}  // namespace gpuproxy::server
