@@ -92,6 +92,15 @@ CUresult Runtime::initialize() {
   if (Runtime* runtime = gInstance.load(std::memory_order_acquire)) {
     return runtime->connectionLost() ? CUDA_ERROR_MPS_CONNECTION_FAILED : CUDA_SUCCESS;
   }
+  // gpuproxyd marks its own environment: if the loader handed it this stub instead of NVIDIA's
+  // driver (an LD_LIBRARY_PATH meant for clients), the daemon must not become a client of itself
+  // or of another daemon.
+  if (const char* inside = std::getenv("GPUPROXY_INSIDE_DAEMON"); inside && *inside == '1') {
+    GPUPROXY_STUB_LOG(kError,
+                      "gpuproxyd loaded the gpuproxy stub instead of the NVIDIA driver's "
+                      "libcuda.so.1 (check LD_LIBRARY_PATH): refusing to proxy to another daemon");
+    return CUDA_ERROR_NO_DEVICE;
+  }
   std::lock_guard lock(gInitMutex);
   if (Runtime* runtime = gInstance.load(std::memory_order_acquire)) {
     return runtime->connectionLost() ? CUDA_ERROR_MPS_CONNECTION_FAILED : CUDA_SUCCESS;

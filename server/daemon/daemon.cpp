@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace gpuproxy::server {
@@ -110,6 +111,9 @@ int runDaemon(const DaemonOptions& options) {
   kj::UnixEventPort::captureSignal(SIGINT);
   std::signal(SIGPIPE, SIG_IGN);
 
+  // Tells a gpuproxy stub that the loader might hand us in place of the driver that it is inside
+  // the daemon (see client/stub/runtime.cpp).
+  ::setenv("GPUPROXY_INSIDE_DAEMON", "1", 1);
   backend::BackendChoice choice;
   try {
     choice = backend::selectBackend(options.backend, options.simDevices, options.simMemoryBytes);

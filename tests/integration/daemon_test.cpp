@@ -61,6 +61,19 @@ TEST(Daemon, ExplainsASimulatorItCannotBuild) {
   EXPECT_NE(result.errors.find("cannot start the sim backend"), std::string::npos) << result.errors;
 }
 
+TEST(Daemon, NeverMistakesTheStubForTheDriver) {
+  // An LD_LIBRARY_PATH meant for clients makes the loader find the stub's libcuda.so.1.
+  TempDir directory;
+  RunResult result = run({daemonBinary(), "--backend", "cuda", "--socket", directory.file("g.sock"),
+                          "--admin-socket", directory.file("a.sock")},
+                         {{"LD_LIBRARY_PATH", stubDirectory()}});
+  EXPECT_EQ(result.status.code, 1) << result.errors;
+  EXPECT_NE(result.errors.find("loaded the gpuproxy stub instead of the NVIDIA driver"),
+            std::string::npos)
+      << result.errors;
+  EXPECT_NE(result.errors.find("cuda backend unavailable"), std::string::npos) << result.errors;
+}
+
 TEST(Daemon, ReportsSimulatedMemoryExactly) {
   Daemon::Options options;
   options.simMemory = "2GiB";
