@@ -43,11 +43,12 @@ ClientSession::~ClientSession() {
   for (auto& [device, client] : clients_) {
     std::uint64_t held = client->memoryUsed();
     pid_t pid = who.pid;
+    std::uint32_t index = device;  // Clang 14 cannot capture structured bindings
     auto drained = client->drain();
-    state_.reaper->add(drained.then([client = std::move(client), held, pid, device]() mutable {
+    state_.reaper->add(drained.then([client = std::move(client), held, pid, index]() mutable {
       client.reset();
       if (held > 0) {
-        spdlog::info("device {}: reclaimed {} bytes of pid {}", device, held, pid);
+        spdlog::info("device {}: reclaimed {} bytes of pid {}", index, held, pid);
       }
     }));
   }
