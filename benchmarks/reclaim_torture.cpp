@@ -1,0 +1,460 @@
+// reclaim_torture (issue 4, the long version of tests/integration/torture_test.cpp): `churn`
+// clients allocate, copy and launch in loops through the stub while this program kills one of
+// them with SIGKILL at a random moment, over and over. After each kill it watches the daemon until
+// the device's memory_used is exactly the sum of the survivors' (in one status snapshot) and the
+// victim is gone, and records how long that took. At the end it kills everyone and reports what
+// the device still holds (bytes leaked: must be 0), the reclaim-time distribution, and whether the
+// daemon process ever changed.
+//
+//   reclaim_torture [--kills N] [--clients N] [--max-age-ms MS] [--seed S] [--hold-bytes SIZE]
+//                   [--timeout-ms MS] [--build-dir DIR] [--smoke]
+//
+// It starts its own gpuproxyd (sim backend) and clients from a build tree: --build-dir, else
+// $GPUPROXY_BUILD_DIR, else the tree this program was built in. Status comes over one persistent
+// admin connection (Cap'n Proto, as gpuproxyctl speaks it), polled every millisecond, so the
+// reclaim time is accurate to about one status round trip, which is reported alongside as the
+// measurement floor. Exit code 0 only when nothing leaked, every kill was reclaimed within
+// --timeout-ms, no survivor failed and the daemon was never replaced.
+#include "benchmarks/bench_support.hpp"
+#include "gpuproxy/protocol/gpuproxy.capnp.h"
+#include "tests/support/process.hpp"
+
+#include <capnp/ez-rpc.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace gpuproxy::bench;
+namespace testing = gpuproxy::testing;
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+constexpr const char* kProgram = "reclaim_torture";
+constexpr double kTargetMs = 100;  // the issue's target for one reclaim
+
+struct Options {
+  long kills = 1000;
+  long clients = 4;
+  long maxAgeMs = 2000;
+  long seed = 4;
+  std::uint64_t holdBytes = std::uint64_t{128} << 20;
+  long timeoutMs = 10000;
+  std::string buildDir;
+};
+
+void usage() {
+  std::printf(
+      "usage: reclaim_torture [--kills N] [--clients N] [--max-age-ms MS] [--seed S]\n"
+      "                       [--hold-bytes SIZE] [--timeout-ms MS] [--build-dir DIR] [--smoke]\n"
+      "  --kills       SIGKILLs to deliver (default 1000)\n"
+      "  --clients     churn clients running at any time (default 4)\n"
+      "  --max-age-ms  each victim dies at a random age up to this (default 2000)\n"
+      "  --seed        seeds the kill schedule and the clients (default 4)\n"
+      "  --hold-bytes  most memory each client keeps between operations (default 128MiB)\n"
+      "  --timeout-ms  a kill not reclaimed by then counts as a leak (default 10000)\n"
+      "  --build-dir   build tree holding bin/gpuproxyd, the stub and tests/programs/churn\n"
+      "                (default: $GPUPROXY_BUILD_DIR, else the tree this program is in)\n"
+      "  --smoke       5 kills, 2 clients: checks that it runs (numbers meaningless)\n");
+}
+
+Options parse(int argc, char** argv) {
+  Options options;
+  Args args(kProgram, argc, argv);
+  while (args.next()) {
+    if (args.is("--kills")) {
+      options.kills = args.integer(1);
+    } else if (args.is("--clients")) {
+      options.clients = args.integer(1);
+    } else if (args.is("--max-age-ms")) {
+      options.maxAgeMs = args.integer(0);
+    } else if (args.is("--seed")) {
+      options.seed = args.integer(0);
+    } else if (args.is("--hold-bytes")) {
+      options.holdBytes = args.bytes();
+    } else if (args.is("--timeout-ms")) {
+      options.timeoutMs = args.integer(1);
+    } else if (args.is("--build-dir")) {
+      options.buildDir = std::string(args.value());
+    } else if (args.is("--smoke")) {
+      options.kills = 5;
+      options.clients = 2;
+      options.maxAgeMs = 1000;
+    } else if (args.is("--help") || args.is("-h")) {
+      usage();
+      std::exit(0);
+    } else {
+      args.unknown();
+    }
+  }
+  return options;
+}
+
+bool isBuildTree(const std::filesystem::path& dir) {
+  std::error_code ignored;
+  return std::filesystem::exists(dir / "bin" / "gpuproxyd", ignored) &&
+         std::filesystem::exists(dir / "tests" / "programs" / "churn", ignored);
+}
+
+// The helpers in tests/support find every binary through $GPUPROXY_BUILD_DIR.
+std::string resolveBuildDir(const Options& options) {
+  std::string chosen = options.buildDir;
+  if (chosen.empty()) {
+    if (const char* env = std::getenv("GPUPROXY_BUILD_DIR")) chosen = env;
+  }
+  if (chosen.empty()) {
+    std::error_code error;
+    auto dir = std::filesystem::read_symlink("/proc/self/exe", error).parent_path();
+    for (; !error && dir.has_relative_path(); dir = dir.parent_path()) {
+      if (isBuildTree(dir)) {
+        chosen = dir.string();
+        break;
+      }
+    }
+  }
+  if (chosen.empty() || !isBuildTree(chosen)) {
+    failUsage(kProgram, "no build tree with bin/gpuproxyd and tests/programs/churn at '" + chosen +
+                            "' (pass --build-dir)");
+  }
+  chosen = std::filesystem::absolute(chosen).string();
+  ::setenv("GPUPROXY_BUILD_DIR", chosen.c_str(), 1);
+  return chosen;
+}
+
+struct Snapshot {
+  std::uint32_t daemonPid = 0;
+  std::string deviceName;
+  std::uint64_t deviceUsed = 0;
+  std::uint64_t clientsUsed = 0;
+  std::map<pid_t, std::uint64_t> clients;  // pid -> memory_used
+};
+
+// One admin connection for the whole run: a fresh gpuproxyctl per poll would cost a fork, an exec
+// and a connect each time, and make the measurement mostly that.
+class AdminConnection {
+public:
+  explicit AdminConnection(const std::string& socket)
+      : rpc_("unix:" + socket), admin_(rpc_.getMain<gpuproxy::protocol::Admin>()) {}
+
+  Snapshot snapshot() {
+    auto start = steady_clock::now();
+    auto response = admin_.statusRequest().send().wait(rpc_.getWaitScope());
+    roundTripsMs_.push_back(msSince(start));
+    auto status = response.getStatus();
+    Snapshot out;
+    out.daemonPid = status.getPid();
+    auto devices = status.getDevices();
+    if (devices.size() > 0) {
+      out.deviceName = devices[0].getName();
+      out.deviceUsed = devices[0].getMemoryUsed();
+    }
+    for (auto client : status.getClients()) {
+      out.clientsUsed += client.getMemoryUsed();
+      out.clients[static_cast<pid_t>(client.getPid())] = client.getMemoryUsed();
+    }
+    return out;
+  }
+  const std::vector<double>& roundTripsMs() const { return roundTripsMs_; }
+
+  static double msSince(steady_clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(steady_clock::now() - start).count();
+  }
+
+private:
+  capnp::EzRpcClient rpc_;
+  gpuproxy::protocol::Admin::Client admin_;
+  std::vector<double> roundTripsMs_;
+};
+
+class ChurnClient {
+public:
+  ChurnClient(const testing::Daemon& daemon, const testing::TempDir& directory, std::uint64_t seed,
+              std::uint64_t holdBytes)
+      : seed_(seed), phaseFile_(directory.file("phase-" + std::to_string(seed))) {
+    process_ = daemon.startClient("churn", {"--seed", std::to_string(seed), "--hold-bytes",
+                                            std::to_string(holdBytes), "--phase-file", phaseFile_});
+  }
+  ~ChurnClient() { std::filesystem::remove(phaseFile_); }
+  ChurnClient(const ChurnClient&) = delete;
+  ChurnClient& operator=(const ChurnClient&) = delete;
+
+  testing::Child& process() { return *process_; }
+  std::uint64_t seed() const { return seed_; }
+  steady_clock::time_point startedAt() const { return startedAt_; }
+  // What it was doing (see churn.cpp); read after it died, so final.
+  std::string phase() const {
+    std::ifstream in(phaseFile_);
+    std::string text;
+    std::getline(in, text, '\0');
+    return text.empty() ? "exec" : text;
+  }
+
+private:
+  std::uint64_t seed_;
+  std::string phaseFile_;
+  steady_clock::time_point startedAt_ = steady_clock::now();
+  std::unique_ptr<testing::Child> process_;
+};
+
+struct Kill {
+  double detachMs = 0;  // until the victim left the client list: the daemon noticed the death
+  double reclaimMs = 0;
+  bool reclaimed = false;
+  std::uint64_t victimHeld = 0;
+  std::string phase;
+};
+
+// Phases grouped the way the issue talks about them.
+std::string phaseGroup(const std::string& phase) {
+  if (phase.rfind("copy-", 0) == 0) return "mid-copy (" + phase + ")";
+  if (phase.rfind("launch-", 0) == 0 || phase == "sync" || phase == "ctx-sync") {
+    return "launch / sync (" + phase + ")";
+  }
+  return phase;
+}
+
+struct Failure {
+  std::string what;
+};
+
+class Torture {
+public:
+  explicit Torture(const Options& options)
+      : options_(options), random_(static_cast<std::uint64_t>(options.seed)) {}
+  int run();
+
+private:
+  std::unique_ptr<ChurnClient> startClient() {
+    return std::make_unique<ChurnClient>(*daemon_, phases_, nextSeed_++, options_.holdBytes);
+  }
+  Snapshot checkedSnapshot();
+  void killOne(long index);
+  void report(double totalSeconds, std::optional<std::uint64_t> leaked,
+              const std::string& deviceName);
+
+  Options options_;
+  std::mt19937_64 random_;
+  std::unique_ptr<testing::Daemon> daemon_;
+  std::unique_ptr<AdminConnection> admin_;
+  testing::TempDir phases_;
+  std::vector<std::unique_ptr<ChurnClient>> clients_;
+  std::uint64_t nextSeed_ = 0;
+  pid_t daemonPid_ = 0;
+  std::vector<Kill> kills_;
+  long daemonReplaced_ = 0;
+};
+
+Snapshot Torture::checkedSnapshot() {
+  Snapshot snapshot;
+  try {
+    snapshot = admin_->snapshot();
+  } catch (const kj::Exception& error) {
+    throw Failure{"the daemon stopped answering: " + std::string(error.getDescription().cStr()) +
+                  "\n" + daemon_->log()};
+  }
+  if (static_cast<pid_t>(snapshot.daemonPid) != daemonPid_) {
+    ++daemonReplaced_;
+    throw Failure{"the daemon's pid changed from " + std::to_string(daemonPid_) + " to " +
+                  std::to_string(snapshot.daemonPid)};
+  }
+  return snapshot;
+}
+
+void Torture::killOne(long index) {
+  auto& victim = clients_[random_() % clients_.size()];
+  auto age = milliseconds(static_cast<long>(random_() % (options_.maxAgeMs + 1)));
+  std::this_thread::sleep_until(victim->startedAt() + age);
+  // A client that ended by itself hit a CUDA error or a wrong result (perhaps because reclaiming
+  // someone else touched its memory): that fails the run, with its own words.
+  for (auto& client : clients_) {
+    if (!client->process().running()) {
+      throw Failure{"churn --seed " + std::to_string(client->seed()) + " stopped by itself:\n" +
+                    client->process().errors()};
+    }
+  }
+
+  Kill kill;
+  const pid_t pid = victim->process().pid();
+  Snapshot before = checkedSnapshot();
+  if (auto found = before.clients.find(pid); found != before.clients.end()) {
+    kill.victimHeld = found->second;
+  }
+  victim->process().signal(SIGKILL);
+  const auto killedAt = steady_clock::now();
+  const auto deadline = killedAt + milliseconds(options_.timeoutMs);
+  Snapshot seen;
+  bool detached = false;
+  do {
+    seen = checkedSnapshot();
+    if (!detached && seen.clients.count(pid) == 0) {
+      detached = true;
+      kill.detachMs = AdminConnection::msSince(killedAt);
+    }
+    if (detached && seen.deviceUsed == seen.clientsUsed) {
+      kill.reclaimed = true;
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(1));
+  } while (steady_clock::now() < deadline);
+  kill.reclaimMs = AdminConnection::msSince(killedAt);
+  if (!kill.reclaimed) {
+    std::fprintf(stderr,
+                 "%s: kill %ld (churn --seed %llu): not reclaimed after %ld ms: device holds %llu "
+                 "bytes, clients %llu\n",
+                 kProgram, index, static_cast<unsigned long long>(victim->seed()),
+                 options_.timeoutMs, static_cast<unsigned long long>(seen.deviceUsed),
+                 static_cast<unsigned long long>(seen.clientsUsed));
+  }
+  victim->process().wait();
+  kill.phase = victim->phase();
+  kills_.push_back(kill);
+  victim = startClient();
+}
+
+int Torture::run() {
+  const std::string buildDir = resolveBuildDir(options_);
+  nextSeed_ = static_cast<std::uint64_t>(options_.seed) * 1'000'000 + 1;
+  const auto start = steady_clock::now();
+  std::fprintf(stderr, "%s: build tree %s; %ld kills among %ld clients\n", kProgram,
+               buildDir.c_str(), options_.kills, options_.clients);
+  daemon_ = std::make_unique<testing::Daemon>();
+  daemonPid_ = daemon_->pid();
+  admin_ = std::make_unique<AdminConnection>(daemon_->adminSocketPath());
+  std::string deviceName = checkedSnapshot().deviceName;
+
+  int status = 0;
+  std::optional<std::uint64_t> leaked;  // unknown if the run stopped early
+  try {
+    for (long i = 0; i < options_.clients; ++i) clients_.push_back(startClient());
+    for (long i = 0; i < options_.kills; ++i) {
+      killOne(i);
+      if ((i + 1) % 100 == 0) {
+        std::fprintf(stderr, "%s: %ld/%ld kills, %.0f s\n", kProgram, i + 1, options_.kills,
+                     AdminConnection::msSince(start) / 1000);
+      }
+    }
+    // Everyone goes: what the device still holds then was leaked.
+    for (auto& client : clients_) client->process().signal(SIGKILL);
+    for (auto& client : clients_) client->process().wait();
+    clients_.clear();
+    Snapshot last;
+    auto deadline = steady_clock::now() + milliseconds(options_.timeoutMs);
+    do {
+      last = checkedSnapshot();
+      if (last.clients.empty() && last.deviceUsed == 0) break;
+      std::this_thread::sleep_for(milliseconds(1));
+    } while (steady_clock::now() < deadline);
+    leaked = last.deviceUsed;
+  } catch (const Failure& failure) {
+    std::fprintf(stderr, "%s: FAILED after %zu kills: %s\n", kProgram, kills_.size(),
+                 failure.what.c_str());
+    status = 1;
+  }
+  clients_.clear();
+  testing::ExitStatus stopped = daemon_->stop();
+  if (!stopped.exitedWith(0)) {
+    std::fprintf(stderr, "%s: gpuproxyd did not exit cleanly (code %d, signal %d)\n", kProgram,
+                 stopped.code, stopped.signal);
+    status = 1;
+  }
+  report(AdminConnection::msSince(start) / 1000, leaked, deviceName);
+  admin_.reset();
+  long unreclaimed =
+      std::count_if(kills_.begin(), kills_.end(), [](const Kill& kill) { return !kill.reclaimed; });
+  if (!leaked || *leaked != 0 || unreclaimed != 0 || daemonReplaced_ != 0) status = 1;
+  return status;
+}
+
+std::string formatMs(double ms) {
+  return format(ms < 10 ? "%.2f" : "%.1f", ms);
+}
+
+void Torture::report(double totalSeconds, std::optional<std::uint64_t> leaked,
+                     const std::string& deviceName) {
+  std::vector<double> times;
+  std::vector<double> detachTimes;
+  std::uint64_t held = 0;
+  long unreclaimed = 0;
+  long withinTarget = 0;
+  for (const Kill& kill : kills_) {
+    times.push_back(kill.reclaimMs);
+    detachTimes.push_back(kill.detachMs);
+    held += kill.victimHeld;
+    if (!kill.reclaimed) ++unreclaimed;
+    if (kill.reclaimed && kill.reclaimMs <= kTargetMs) ++withinTarget;
+  }
+  LatencySummary summary = summarize(times);
+  double maxMs = times.empty() ? 0 : *std::max_element(times.begin(), times.end());
+  LatencySummary detach = summarize(detachTimes);
+  LatencySummary poll = summarize(admin_ ? admin_->roundTripsMs() : std::vector<double>{});
+  double loads[3] = {0, 0, 0};
+  if (::getloadavg(loads, 3) != 3) loads[0] = loads[1] = loads[2] = -1;
+
+  std::printf("## reclaim_torture\n\n");
+  std::printf(
+      "SIGKILL at random moments among %ld `churn` clients (buffers 4 KiB .. 64 MiB, up "
+      "to %s kept each), device: %s; victims die at a random age up to %ld ms. Reclaim "
+      "time: from kill() returning to the first status snapshot in which the victim is "
+      "gone and device memory_used equals the survivors' sum. Load average at the end "
+      "(1/5/15 min): %.2f %.2f %.2f.\n\n",
+      options_.clients, formatSize(options_.holdBytes).c_str(), deviceName.c_str(),
+      options_.maxAgeMs, loads[0], loads[1], loads[2]);
+
+  Table table({"kills", "bytes leaked", "not reclaimed", "reclaim p50 ms", "p90 ms", "p99 ms",
+               "max ms", "within 100 ms", "daemon restarts", "run time s"});
+  table.add({std::to_string(kills_.size()), leaked ? std::to_string(*leaked) : "-",
+             std::to_string(unreclaimed), formatMs(summary.median), formatMs(summary.p90),
+             formatMs(summary.p99), formatMs(maxMs),
+             kills_.empty() ? "-"
+                            : formatPercent(static_cast<double>(withinTarget) /
+                                            static_cast<double>(kills_.size())),
+             std::to_string(daemonReplaced_), format("%.0f", totalSeconds)});
+  table.print();
+
+  std::printf(
+      "\nOf which until the victim left the client list (the daemon saw it die): p50 %s ms, "
+      "p99 %s ms. Measurement floor: one status round trip over the admin connection, p50 %s "
+      "ms, p99 %s ms (%zu polls). Victims held %s MiB on average when killed.\n\n",
+      formatMs(detach.median).c_str(), formatMs(detach.p99).c_str(), formatMs(poll.median).c_str(),
+      formatMs(poll.p99).c_str(), poll.samples,
+      format("%.1f", kills_.empty() ? 0.0
+                                    : static_cast<double>(held) / (1 << 20) /
+                                          static_cast<double>(kills_.size()))
+          .c_str());
+
+  std::map<std::string, std::vector<const Kill*>> byPhase;
+  for (const Kill& kill : kills_) byPhase[phaseGroup(kill.phase)].push_back(&kill);
+  Table phases({"victim was in", "kills", "detach p50 ms", "reclaim p50 ms", "p99 ms", "max ms"});
+  for (const auto& [phase, group] : byPhase) {
+    std::vector<double> reclaim, gone;
+    for (const Kill* kill : group) {
+      reclaim.push_back(kill->reclaimMs);
+      gone.push_back(kill->detachMs);
+    }
+    LatencySummary s = summarize(reclaim);
+    phases.add({phase, std::to_string(group.size()), formatMs(median(gone)), formatMs(s.median),
+                formatMs(s.p99), formatMs(*std::max_element(reclaim.begin(), reclaim.end()))});
+  }
+  phases.print();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options = parse(argc, argv);
+  return Torture(options).run();
+}

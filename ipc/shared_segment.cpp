@@ -1,0 +1,198 @@
+#include "ipc/shared_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
+#include <utility>
+
+namespace gpuproxy::ipc {
+
+namespace {
+
+[[noreturn]] void throwErrno(const std::string& what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+std::size_t roundUp(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+std::string hex(std::uintptr_t value) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  do {
+    out.insert(out.begin(), kDigits[value & 0xf]);
+    value >>= 4;
+  } while (value != 0);
+  return "0x" + out;
+}
+
+// Maps `bytes` at exactly `address` without replacing anything already there. Returns nullptr
+// with errno set on failure. Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and treat the address
+// as a hint, so a different result counts as "occupied" too.
+void* mapExactly(void* address, std::size_t bytes, int prot, int flags, int fd) {
+  void* result = ::mmap(address, bytes, prot, flags | MAP_FIXED_NOREPLACE, fd, 0);
+  if (result == MAP_FAILED) return nullptr;
+  if (result != address) {
+    ::munmap(result, bytes);
+    errno = EEXIST;
+    return nullptr;
+  }
+  return result;
+}
+
+}  // namespace
+
+std::size_t pageSize() {
+  static const std::size_t kPage = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return kPage;
+}
+
+// ---- AddressReservation ----
+
+AddressReservation AddressReservation::reserve(std::size_t bytes, std::uintptr_t hint) {
+  if (bytes == 0) throw std::system_error(EINVAL, std::generic_category(), "reserve 0 bytes");
+  const std::size_t length = roundUp(bytes, pageSize());
+  const std::size_t stride = roundUp(length, kAlignment);
+  std::uintptr_t candidate = roundUp(hint, kAlignment);
+  for (int attempt = 0; attempt < 64; ++attempt, candidate += stride) {
+    void* address = reinterpret_cast<void*>(candidate);
+    if (mapExactly(address, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1)) {
+      return AddressReservation(address, length);
+    }
+    if (errno != EEXIST) break;
+  }
+  throwErrno("no free " + std::to_string(length) + "-byte address range at or above " + hex(hint));
+}
+
+AddressReservation AddressReservation::reserveAt(void* address, std::size_t bytes) {
+  const std::size_t length = roundUp(bytes, pageSize());
+  if (mapExactly(address, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1) ==
+      nullptr) {
+    throwErrno("reserve " + std::to_string(length) + " bytes at " +
+               hex(reinterpret_cast<std::uintptr_t>(address)));
+  }
+  return AddressReservation(address, length);
+}
+
+AddressReservation::~AddressReservation() {
+  if (address_ != nullptr) ::munmap(address_, bytes_);
+}
+
+AddressReservation::AddressReservation(AddressReservation&& other) noexcept
+    : address_(std::exchange(other.address_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+AddressReservation& AddressReservation::operator=(AddressReservation&& other) noexcept {
+  if (this != &other) {
+    if (address_ != nullptr) ::munmap(address_, bytes_);
+    address_ = std::exchange(other.address_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void* AddressReservation::release() {
+  bytes_ = 0;
+  return std::exchange(address_, nullptr);
+}
+
+// ---- SharedSegment ----
+
+SharedSegment SharedSegment::create(const std::string& name, std::size_t bytes,
+                                    AddressReservation* placeInto) {
+  if (bytes == 0) throw std::system_error(EINVAL, std::generic_category(), "segment of 0 bytes");
+  const std::size_t length = roundUp(bytes, pageSize());
+  if (placeInto != nullptr && placeInto->size() != length) {
+    throw std::system_error(EINVAL, std::generic_category(),
+                            "segment '" + name + "' does not match its address reservation");
+  }
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throwErrno("memfd_create('" + name + "')");
+  if (::ftruncate(fd.get(), static_cast<off_t>(length)) != 0) {
+    throwErrno("ftruncate(memfd '" + name + "', " + std::to_string(length) + ")");
+  }
+  // Sealed before the descriptor leaves this process, so no other process ever sees it unsealed.
+  if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals) != 0) {
+    throwErrno("fcntl(F_ADD_SEALS) on memfd '" + name + "'");
+  }
+  void* data = nullptr;
+  if (placeInto != nullptr) {
+    // MAP_FIXED is right here, unlike anywhere else: the range is our own reservation, and
+    // replacing it atomically leaves no window in which another thread's mmap could land there.
+    data = ::mmap(placeInto->address(), length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                  fd.get(), 0);
+    if (data == MAP_FAILED) throwErrno("mmap(memfd '" + name + "') over its reservation");
+    placeInto->release();
+  } else {
+    data = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (data == MAP_FAILED) throwErrno("mmap(memfd '" + name + "')");
+  }
+  return SharedSegment(std::move(fd), static_cast<std::byte*>(data), length);
+}
+
+SharedSegment SharedSegment::map(UniqueFd fd, std::size_t expectedBytes, void* fixedAddress) {
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) throwErrno("fstat(shared segment)");
+  if (!S_ISREG(info.st_mode) || info.st_size < 0 ||
+      static_cast<std::size_t>(info.st_size) != expectedBytes) {
+    throw std::system_error(EINVAL, std::generic_category(),
+                            "shared segment has " + std::to_string(info.st_size) +
+                                " bytes, expected " + std::to_string(expectedBytes));
+  }
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) throwErrno("fcntl(F_GET_SEALS) on shared segment (not a memfd?)");
+  if ((seals & kRequiredSeals) != kRequiredSeals) {
+    throw std::system_error(
+        EPERM, std::generic_category(),
+        "shared segment is not sealed against resizing (seals " + std::to_string(seals) + ")");
+  }
+  void* data = nullptr;
+  if (fixedAddress != nullptr) {
+    if (reinterpret_cast<std::uintptr_t>(fixedAddress) % pageSize() != 0) {
+      throw std::system_error(EINVAL, std::generic_category(),
+                              "fixed address " +
+                                  hex(reinterpret_cast<std::uintptr_t>(fixedAddress)) +
+                                  " is not page-aligned");
+    }
+    data = mapExactly(fixedAddress, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get());
+    if (data == nullptr) {
+      throwErrno("mmap(shared segment) at " + hex(reinterpret_cast<std::uintptr_t>(fixedAddress)));
+    }
+  } else {
+    data = ::mmap(nullptr, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (data == MAP_FAILED) throwErrno("mmap(shared segment)");
+  }
+  return SharedSegment(std::move(fd), static_cast<std::byte*>(data), expectedBytes);
+}
+
+SharedSegment::~SharedSegment() {
+  unmap();
+}
+
+SharedSegment::SharedSegment(SharedSegment&& other) noexcept
+    : fd_(std::move(other.fd_)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+SharedSegment& SharedSegment::operator=(SharedSegment&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    fd_ = std::move(other.fd_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void SharedSegment::unmap() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+  data_ = nullptr;
+  bytes_ = 0;
+  fd_.reset();
+}
+
+}  // namespace gpuproxy::ipc

@@ -1,0 +1,113 @@
+#pragma once
+// Shared memory between the daemon and one client: an anonymous memfd that the daemon creates,
+// seals and passes over the Unix socket (SCM_RIGHTS). No name in /dev/shm, so it works when the
+// two processes live in different IPC (and mount) namespaces, and it disappears with its last
+// descriptor and mapping, whichever process dies first.
+
+#include <fcntl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "ipc/unique_fd.hpp"
+
+namespace gpuproxy::ipc {
+
+// A range of this process's address space held by an inaccessible (PROT_NONE) mapping, so that
+// nothing else lands there until a segment is mapped over it.
+//
+// Same-address mapping protocol (the pinned host heap must have one virtual address in both
+// processes, because the application hands those pointers to the daemon inside records and to
+// kernels as device-mapped host pointers):
+//   1. one side reserves a range here: `reserve(bytes)` finds a free one in its own process;
+//   2. it creates or maps the segment into the reservation (`SharedSegment::create(..., &r)`);
+//   3. it tells the other side the address over the control plane; the other side maps with
+//      `SharedSegment::map(fd, bytes, address)`, which uses MAP_FIXED_NOREPLACE and throws
+//      (EEXIST) rather than clobber its own mappings;
+//   4. on failure the first side retries with `reserve(bytes, failedAddress + bytes)`.
+// Either side may go first. The client's address space is the more crowded one (the application,
+// its libraries, the CUDA runtime's own reservations), so asking the client first succeeds more
+// often; the default hint sits far from both the heap and the mmap area of a typical process.
+class AddressReservation {
+public:
+  // Where `reserve` starts looking: 32 TiB, well above brk and below the top-down mmap area of a
+  // 47-bit address space.
+  static constexpr std::uintptr_t kDefaultHint = std::uintptr_t{1} << 45;
+  // Candidates are aligned to 2 MiB so that huge pages stay possible.
+  static constexpr std::size_t kAlignment = std::size_t{2} << 20;
+
+  // The first free kAlignment-aligned range of `bytes` at or above `hint` (at most 64 tries, each
+  // `bytes` rounded up to kAlignment further). Throws std::system_error when none is free.
+  static AddressReservation reserve(std::size_t bytes, std::uintptr_t hint = kDefaultHint);
+  // Exactly at `address` or throws std::system_error (EEXIST when something is already there).
+  static AddressReservation reserveAt(void* address, std::size_t bytes);
+
+  AddressReservation() = default;
+  ~AddressReservation();
+  AddressReservation(AddressReservation&& other) noexcept;
+  AddressReservation& operator=(AddressReservation&& other) noexcept;
+  AddressReservation(const AddressReservation&) = delete;
+  AddressReservation& operator=(const AddressReservation&) = delete;
+
+  void* address() const { return address_; }
+  std::size_t size() const { return bytes_; }
+  // Forgets the range without unmapping it (a segment has been mapped over it and owns it now).
+  void* release();
+
+private:
+  AddressReservation(void* address, std::size_t bytes) : address_(address), bytes_(bytes) {}
+  void* address_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// A mapped memfd segment. Owns the mapping and the descriptor; both go away on destruction.
+class SharedSegment {
+public:
+  // The seals every segment carries before anyone else sees it: nobody (in particular a client
+  // with the descriptor) can shrink it under the daemon's mapping, which would turn the daemon's
+  // next access into SIGBUS, nor grow it, nor change the seals.
+  static constexpr int kRequiredSeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
+
+  // Creates a zero-filled segment of `bytes` (rounded up to the page size), seals it and maps it
+  // read-write. `name` shows up in /proc/PID/maps and fd listings ("memfd:NAME"). With
+  // `placeInto`, the segment is mapped over that reservation (same size) and takes it over.
+  // Throws std::system_error naming the failing call.
+  static SharedSegment create(const std::string& name, std::size_t bytes,
+                              AddressReservation* placeInto = nullptr);
+
+  // Maps a segment received from the other side, taking ownership of `fd`. Before trusting it:
+  // the size must be exactly `expectedBytes` and kRequiredSeals must be set (which also proves it
+  // is a memfd: other files have no seals). With `fixedAddress`, maps exactly there or throws
+  // (EEXIST when the range is in use in this process). Throws std::system_error otherwise.
+  static SharedSegment map(UniqueFd fd, std::size_t expectedBytes, void* fixedAddress = nullptr);
+
+  SharedSegment() = default;
+  ~SharedSegment();
+  SharedSegment(SharedSegment&& other) noexcept;
+  SharedSegment& operator=(SharedSegment&& other) noexcept;
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return bytes_; }
+  std::span<std::byte> bytes() const { return {data_, bytes_}; }
+  // The descriptor to pass to the other side (borrowed; still owned by this segment).
+  int fd() const { return fd_.get(); }
+  bool valid() const { return data_ != nullptr; }
+
+private:
+  SharedSegment(UniqueFd fd, std::byte* data, std::size_t bytes)
+      : fd_(std::move(fd)), data_(data), bytes_(bytes) {}
+  void unmap();
+
+  UniqueFd fd_;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// The system page size (segment sizes and fixed addresses are multiples of it).
+std::size_t pageSize();
+
+}  // namespace gpuproxy::ipc

@@ -1,0 +1,183 @@
+#include "ipc/shared_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include <gtest/gtest.h>
+
+#include "ipc/fd_passing.hpp"
+#include "tests/unit/ipc/forked_child.hpp"
+
+namespace gpuproxy::ipc {
+namespace {
+
+using test::ForkedChild;
+
+struct SocketPair {
+  SocketPair() {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      throw std::system_error(errno, std::generic_category(), "socketpair");
+    }
+    daemon.reset(fds[0]);
+    client.reset(fds[1]);
+  }
+  UniqueFd daemon;
+  UniqueFd client;
+};
+
+// What the "daemon" tells the "client" beside the descriptor.
+struct Announcement {
+  std::uint64_t bytes;
+  std::uintptr_t address;
+};
+
+void announce(int socket, const SharedSegment& segment, void* address) {
+  const Announcement message{segment.size(), reinterpret_cast<std::uintptr_t>(address)};
+  const int fd = segment.fd();
+  sendWithFds(socket, std::as_bytes(std::span(&message, 1)), std::span(&fd, 1));
+}
+
+// The client half: receives the segment and maps it (at the announced address, if any).
+SharedSegment receiveSegment(int socket, bool atSameAddress) {
+  Announcement message{};
+  ReceivedMessage received =
+      receiveWithFds(socket, std::as_writable_bytes(std::span(&message, 1)), 1);
+  if (received.bytes != sizeof(message) || received.fds.size() != 1) {
+    throw std::runtime_error("bad announcement");
+  }
+  return SharedSegment::map(std::move(received.fds[0]), message.bytes,
+                            atSameAddress ? reinterpret_cast<void*>(message.address) : nullptr);
+}
+
+TEST(SharedSegment, ChildMapsSegmentReceivedOverSocketAndSeesWrites) {
+  SocketPair sockets;
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", 10000);
+  ASSERT_EQ(segment.size() % pageSize(), 0u);
+  ASSERT_GE(segment.size(), 10000u);
+  std::memcpy(segment.data(), "hello", 6);
+
+  ForkedChild child([&] {
+    SharedSegment mine = receiveSegment(sockets.client.get(), false);
+    if (std::memcmp(mine.data(), "hello", 6) != 0) return 1;
+    std::memcpy(mine.data() + 100, "world", 6);
+    return 0;
+  });
+  announce(sockets.daemon.get(), segment, nullptr);
+  ASSERT_EQ(child.wait(), 0);
+  EXPECT_STREQ(reinterpret_cast<const char*>(segment.data() + 100), "world");
+}
+
+TEST(SharedSegment, FixedAddressIsTheSameInBothProcesses) {
+  SocketPair sockets;
+  const std::size_t bytes = 4 * pageSize();
+  // The child is forked before the daemon side maps anything, so that its address space does not
+  // inherit the mapping: it has to map the segment at the address it is told.
+  ForkedChild child([&] {
+    Announcement message{};
+    ReceivedMessage received =
+        receiveWithFds(sockets.client.get(), std::as_writable_bytes(std::span(&message, 1)), 1);
+    if (received.fds.size() != 1) return 1;
+    void* address = reinterpret_cast<void*>(message.address);
+    if (::msync(address, pageSize(), MS_ASYNC) == 0 || errno != ENOMEM) return 2;  // not mapped yet
+    SharedSegment mine = SharedSegment::map(std::move(received.fds[0]), message.bytes, address);
+    if (mine.data() != address) return 3;
+    // A pointer stored in the segment by the other side means the same thing here.
+    const std::byte* pointer = *reinterpret_cast<std::byte**>(mine.data());
+    return std::memcmp(pointer, "pinned", 7) == 0 ? 0 : 4;
+  });
+
+  AddressReservation reservation = AddressReservation::reserve(bytes);
+  void* address = reservation.address();
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(address) % AddressReservation::kAlignment, 0u);
+  SharedSegment segment = SharedSegment::create("gpuproxy-heap", bytes, &reservation);
+  ASSERT_EQ(segment.data(), address);
+  EXPECT_EQ(reservation.address(), nullptr);  // taken over by the segment
+  auto** slot = reinterpret_cast<std::byte**>(segment.data());
+  *slot = segment.data() + 64;
+  std::memcpy(segment.data() + 64, "pinned", 7);
+
+  announce(sockets.daemon.get(), segment, address);
+  EXPECT_EQ(child.wait(), 0);
+}
+
+TEST(SharedSegment, FixedAddressInUseFailsWithoutClobberingIt) {
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", pageSize());
+  SharedSegment occupant = SharedSegment::create("occupant", pageSize());
+  std::memcpy(occupant.data(), "mine", 5);
+  UniqueFd copy(::fcntl(segment.fd(), F_DUPFD_CLOEXEC, 0));
+  try {
+    SharedSegment::map(std::move(copy), segment.size(), occupant.data());
+    FAIL() << "mapped over an existing mapping";
+  } catch (const std::system_error& error) {
+    EXPECT_EQ(error.code().value(), EEXIST) << error.what();
+  }
+  EXPECT_STREQ(reinterpret_cast<const char*>(occupant.data()), "mine");
+}
+
+TEST(SharedSegment, ReserveSkipsRangesAlreadyInUse) {
+  AddressReservation first = AddressReservation::reserve(pageSize());
+  AddressReservation second =
+      AddressReservation::reserve(pageSize(), reinterpret_cast<std::uintptr_t>(first.address()));
+  EXPECT_NE(first.address(), second.address());
+  EXPECT_THROW(AddressReservation::reserveAt(first.address(), pageSize()), std::system_error);
+}
+
+TEST(SharedSegment, SealedSegmentCannotBeResized) {
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", pageSize());
+  const int seals = ::fcntl(segment.fd(), F_GET_SEALS);
+  EXPECT_EQ(seals & SharedSegment::kRequiredSeals, SharedSegment::kRequiredSeals);
+  // What a hostile client would try with its copy of the descriptor.
+  EXPECT_NE(::ftruncate(segment.fd(), 0), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::ftruncate(segment.fd(), static_cast<off_t>(segment.size() * 2)), 0);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(::fcntl(segment.fd(), F_ADD_SEALS, F_SEAL_WRITE), 0);
+  EXPECT_EQ(errno, EPERM);
+  segment.data()[segment.size() - 1] = std::byte{1};  // still fully mapped and writable
+}
+
+TEST(SharedSegment, MapRejectsWrongSize) {
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", pageSize());
+  UniqueFd copy(::fcntl(segment.fd(), F_DUPFD_CLOEXEC, 0));
+  EXPECT_THROW(SharedSegment::map(std::move(copy), 2 * pageSize()), std::system_error);
+}
+
+TEST(SharedSegment, MapRejectsUnsealedMemfd) {
+  UniqueFd fd(::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(fd);
+  ASSERT_EQ(::ftruncate(fd.get(), static_cast<off_t>(pageSize())), 0);
+  try {
+    SharedSegment::map(std::move(fd), pageSize());
+    FAIL() << "accepted a segment the sender could still shrink";
+  } catch (const std::system_error& error) {
+    EXPECT_EQ(error.code().value(), EPERM) << error.what();
+  }
+}
+
+TEST(SharedSegment, MapRejectsNonMemfd) {
+  int pipeFds[2];
+  ASSERT_EQ(::pipe2(pipeFds, O_CLOEXEC), 0);
+  UniqueFd readEnd(pipeFds[0]);
+  UniqueFd writeEnd(pipeFds[1]);
+  EXPECT_THROW(SharedSegment::map(std::move(readEnd), 0), std::system_error);
+}
+
+TEST(SharedSegment, MoveTransfersOwnership) {
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", pageSize());
+  std::byte* data = segment.data();
+  SharedSegment moved = std::move(segment);
+  EXPECT_FALSE(segment.valid());  // NOLINT(bugprone-use-after-move): checking the moved-from state
+  EXPECT_EQ(moved.data(), data);
+  moved = SharedSegment();
+  EXPECT_FALSE(moved.valid());
+}
+
+}  // namespace
+}  // namespace gpuproxy::ipc
