@@ -135,6 +135,30 @@ struct ClientStatus {
   kernelsLaunched @7 :UInt64;
   gpuTimeNs @8 :UInt64;         # measured GPU time of its completed kernels
   connectedSeconds @9 :Float64;
+  tenant @10 :Text;             # the tenant of the socket it connected through
+  cgroup @11 :Text;             # its cgroup path (/proc/PID/cgroup) at attach
+  moduleBytes @12 :UInt64;      # device memory its loaded modules take (included in memoryUsed)
+}
+
+enum TenantClass {
+  bestEffort @0;
+  latencyCritical @1;
+}
+
+struct TenantStatus {
+  name @0 :Text;
+  socket @1 :Text;
+  hasMemoryLimit @2 :Bool;
+  memoryLimit @3 :UInt64;       # bytes per device (meaningful when hasMemoryLimit)
+  memoryUsed @4 :UInt64;        # bytes held now, summed over devices and clients
+  memoryUsedPerDevice @5 :List(UInt64);   # indexed by device
+  weight @6 :UInt32;
+  class @7 :TenantClass;
+  devices @8 :List(UInt32);     # devices its clients may use
+  clients @9 :UInt32;
+  kernelsLaunched @10 :UInt64;
+  gpuTimeNs @11 :UInt64;
+  oomCount @12 :UInt64;         # allocations refused because of its limit
 }
 
 struct DaemonStatus {
@@ -145,8 +169,25 @@ struct DaemonStatus {
   driverVersion @4 :Int32;
   devices @5 :List(DeviceStatus);
   clients @6 :List(ClientStatus);
+  tenants @7 :List(TenantStatus);
+}
+
+# A change to a live tenant. Only the fields marked `has...` change.
+struct TenantLimitsUpdate {
+  hasMemoryLimit @0 :Bool;
+  memoryLimit @1 :UInt64;       # bytes per device
+  clearMemoryLimit @2 :Bool;    # no limit at all
+  hasWeight @3 :Bool;
+  weight @4 :UInt32;
+  hasClass @5 :Bool;
+  class @6 :TenantClass;
 }
 
 interface Admin {
   status @0 () -> (status :DaemonStatus);
+  # Changes a tenant's limits now. Lowering the memory limit below what the tenant uses blocks its
+  # new allocations and frees nothing. `error` is empty on success, else says why nothing changed.
+  setTenantLimits @1 (tenant :Text, update :TenantLimitsUpdate) -> (error :Text);
+  # Ends a client's session the way a crash would: everything it held is reclaimed.
+  evict @2 (pid :UInt32) -> (error :Text, evicted :UInt32);
 }

@@ -32,6 +32,7 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"faulting_client_pid", device.getFaultingClientPid()},
     });
   }
+  out["tenants"] = tenantsToJson(status.getTenants());
   out["clients"] = nlohmann::json::array();
   for (auto client : status.getClients()) {
     std::vector<std::uint32_t> devices;
@@ -48,6 +49,37 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"kernels_launched", client.getKernelsLaunched()},
         {"gpu_time_ns", client.getGpuTimeNs()},
         {"connected_seconds", client.getConnectedSeconds()},
+        {"tenant", client.getTenant().cStr()},
+        {"cgroup", client.getCgroup().cStr()},
+        {"module_bytes", client.getModuleBytes()},
+    });
+  }
+  return out;
+}
+
+nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants) {
+  nlohmann::json out = nlohmann::json::array();
+  for (auto tenant : tenants) {
+    std::vector<std::uint64_t> perDevice;
+    for (auto used : tenant.getMemoryUsedPerDevice()) perDevice.push_back(used);
+    std::vector<std::uint32_t> devices;
+    for (auto device : tenant.getDevices()) devices.push_back(device);
+    out.push_back({
+        {"name", tenant.getName().cStr()},
+        {"socket", tenant.getSocket().cStr()},
+        {"memory_limit", tenant.getHasMemoryLimit() ? nlohmann::json(tenant.getMemoryLimit())
+                                                    : nlohmann::json(nullptr)},
+        {"memory_used", tenant.getMemoryUsed()},
+        {"memory_used_per_device", perDevice},
+        {"weight", tenant.getWeight()},
+        {"class", tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL
+                      ? "latency-critical"
+                      : "best-effort"},
+        {"devices", devices},
+        {"clients", tenant.getClients()},
+        {"kernels_launched", tenant.getKernelsLaunched()},
+        {"gpu_time_ns", tenant.getGpuTimeNs()},
+        {"oom_count", tenant.getOomCount()},
     });
   }
   return out;
@@ -69,6 +101,26 @@ std::string formatDuration(double seconds) {
 }
 
 }  // namespace
+
+std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants) {
+  std::string out = format("%-16s %-24s %-8s %-17s %-8s %-8s %-9s %s\n", "TENANT",
+                           "MEMORY USED / LIMIT", "WEIGHT", "CLASS", "CLIENTS", "OOMS",
+                           "KERNELS", "SOCKET");
+  for (auto tenant : tenants) {
+    std::string memory = protocol::formatByteSize(tenant.getMemoryUsed()) + " / " +
+                         (tenant.getHasMemoryLimit()
+                              ? protocol::formatByteSize(tenant.getMemoryLimit()) + "/dev"
+                              : std::string("none"));
+    out += format("%-16s %-24s %-8u %-17s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
+                  memory.c_str(), tenant.getWeight(),
+                  tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
+                                                                              : "best-effort",
+                  tenant.getClients(), static_cast<unsigned long long>(tenant.getOomCount()),
+                  static_cast<unsigned long long>(tenant.getKernelsLaunched()),
+                  tenant.getSocket().cStr());
+  }
+  return out;
+}
 
 std::string statusToTable(protocol::DaemonStatus::Reader status) {
   std::string out;
@@ -92,20 +144,23 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
                   memory.c_str(), device.getClients(), state.c_str());
   }
   out += "\n";
+  out += tenantsToTable(status.getTenants());
+  out += "\n";
   if (status.getClients().size() == 0) {
     out += "no clients attached\n";
     return out;
   }
-  out += format("%-8s %-16s %-7s %-12s %-9s %-10s %s\n", "PID", "COMMAND", "DEVICE", "MEMORY",
-                "KERNELS", "GPU TIME", "CONNECTED");
+  out += format("%-8s %-16s %-12s %-7s %-12s %-9s %-10s %-10s %s\n", "PID", "COMMAND", "TENANT",
+                "DEVICE", "MEMORY", "KERNELS", "GPU TIME", "CONNECTED", "CGROUP");
   for (auto client : status.getClients()) {
     std::string device = client.getDevice() < 0 ? "-" : std::to_string(client.getDevice());
-    out += format("%-8u %-16s %-7s %-12s %-9llu %-10s %s\n", client.getPid(),
-                  client.getCommand().cStr(), device.c_str(),
+    out += format("%-8u %-16s %-12s %-7s %-12s %-9llu %-10s %-10s %s\n", client.getPid(),
+                  client.getCommand().cStr(), client.getTenant().cStr(), device.c_str(),
                   protocol::formatByteSize(client.getMemoryUsed()).c_str(),
                   static_cast<unsigned long long>(client.getKernelsLaunched()),
                   formatDuration(static_cast<double>(client.getGpuTimeNs()) / 1e9).c_str(),
-                  formatDuration(client.getConnectedSeconds()).c_str());
+                  formatDuration(client.getConnectedSeconds()).c_str(),
+                  client.getCgroup().cStr());
   }
   return out;
 }

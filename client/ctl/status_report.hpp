@@ -17,4 +17,9 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status);
 
 std::string statusToTable(protocol::DaemonStatus::Reader status);
 
+// tenants[{name, socket, memory_limit (null = none), memory_used, memory_used_per_device, weight,
+// class, devices, clients, kernels_launched, gpu_time_ns, oom_count}]
+nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants);
+std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants);
+
 }  // namespace gpuproxy::client

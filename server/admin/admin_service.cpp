@@ -2,6 +2,7 @@
 
 #include "server/session/client_session.hpp"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -54,11 +55,88 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     client.setKernelsLaunched(stats.kernelsLaunched.load());
     client.setGpuTimeNs(stats.gpuTimeNs.load());
     client.setConnectedSeconds(secondsSince(stats.connectedAt));
+    client.setTenant(stats.tenant->name());
+    client.setCgroup(stats.identity.cgroup);
+    client.setModuleBytes(stats.moduleBytes.load());
+  }
+
+  auto tenants = status.initTenants(static_cast<unsigned>(state.tenants.size()));
+  unsigned t = 0;
+  for (const auto& [name, tenant] : state.tenants) {
+    auto out = tenants[t++];
+    const TenantLimits& limits = tenant->limits();
+    out.setName(name);
+    out.setSocket(tenant->socketPath());
+    out.setHasMemoryLimit(limits.memoryLimit.has_value());
+    out.setMemoryLimit(limits.memoryLimit.value_or(0));
+    out.setMemoryUsed(tenant->memoryUsed());
+    auto perDevice = out.initMemoryUsedPerDevice(static_cast<unsigned>(state.gpus.size()));
+    for (unsigned d = 0; d < state.gpus.size(); ++d) perDevice.set(d, tenant->memoryUsed(d));
+    out.setWeight(limits.weight);
+    out.setClass(limits.tenantClass == TenantClass::kLatencyCritical
+                     ? protocol::TenantClass::LATENCY_CRITICAL
+                     : protocol::TenantClass::BEST_EFFORT);
+    std::vector<std::uint32_t> devices;
+    for (std::uint32_t d = 0; d < state.gpus.size(); ++d) {
+      if (tenant->mayUseDevice(d)) devices.push_back(d);
+    }
+    auto deviceList = out.initDevices(static_cast<unsigned>(devices.size()));
+    for (unsigned d = 0; d < devices.size(); ++d) deviceList.set(d, devices[d]);
+    out.setClients(tenant->clients);
+    out.setKernelsLaunched(tenant->kernelsLaunched.load());
+    out.setGpuTimeNs(tenant->gpuTimeNs.load());
+    out.setOomCount(tenant->oomCount.load());
   }
 }
 
 kj::Promise<void> AdminService::status(StatusContext context) {
   fillDaemonStatus(state_, context.getResults().initStatus());
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) {
+  auto params = context.getParams();
+  std::string name = params.getTenant();
+  auto found = state_.tenants.find(name);
+  if (found == state_.tenants.end()) {
+    context.getResults().setError("no tenant named '" + name + "'");
+    return kj::READY_NOW;
+  }
+  auto update = params.getUpdate();
+  TenantLimits limits = found->second->limits();
+  if (update.getClearMemoryLimit()) {
+    limits.memoryLimit.reset();
+  } else if (update.getHasMemoryLimit()) {
+    limits.memoryLimit = update.getMemoryLimit();
+  }
+  if (update.getHasWeight()) {
+    if (update.getWeight() < 1 || update.getWeight() > 10000) {
+      context.getResults().setError("weight must be between 1 and 10000");
+      return kj::READY_NOW;
+    }
+    limits.weight = update.getWeight();
+  }
+  if (update.getHasClass()) {
+    limits.tenantClass = update.getClass() == protocol::TenantClass::LATENCY_CRITICAL
+                             ? TenantClass::kLatencyCritical
+                             : TenantClass::kBestEffort;
+  }
+  found->second->setLimits(limits);
+  spdlog::info("tenant '{}': memory limit {}, weight {}, class {} (set by an operator)", name,
+               limits.memoryLimit ? std::to_string(*limits.memoryLimit) + " bytes" : "none",
+               limits.weight, tenantClassName(limits.tenantClass));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> AdminService::evict(EvictContext context) {
+  auto pid = static_cast<pid_t>(context.getParams().getPid());
+  std::uint32_t ended = state_.connections.end(pid);
+  context.getResults().setEvicted(ended);
+  if (ended == 0) {
+    context.getResults().setError("no client with pid " + std::to_string(pid));
+  } else {
+    spdlog::info("evicting pid {} on an operator's request", pid);
+  }
   return kj::READY_NOW;
 }
 

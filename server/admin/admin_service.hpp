@@ -13,6 +13,8 @@ public:
 protected:
   // gpuproxy::protocol::Admin
   kj::Promise<void> status(StatusContext context) override;
+  kj::Promise<void> setTenantLimits(SetTenantLimitsContext context) override;
+  kj::Promise<void> evict(EvictContext context) override;
 
 private:
   ServerState& state_;

@@ -98,6 +98,9 @@ public:
   // CUDA_ERROR_NOT_FOUND when the module has no kernel of that name. The Function is owned by the
   // Module.
   virtual Result<Function*> function(std::string_view name) = 0;
+  // Device memory the loaded module takes (code, constants, globals): charged to the client's
+  // tenant like any allocation.
+  virtual std::uint64_t deviceBytes() const = 0;
 };
 
 class Event {

@@ -24,6 +24,12 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sim-memory", simMemory, "Memory of each simulated device, e.g. 16GiB")
       ->capture_default_str();
+  app.add_option("--config", options.configPath,
+                 "Tenants file (YAML); SIGHUP reloads it. Without it, every client of --socket is "
+                 "the unlimited tenant 'default'")
+      ->check(CLI::ExistingFile);
+  app.add_option("--metrics-address", options.metricsAddress,
+                 "Serve Prometheus metrics over HTTP at HOST:PORT, e.g. 127.0.0.1:9400");
   app.add_option("--log-level", options.logLevel, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();

@@ -14,6 +14,8 @@ struct DaemonOptions {
   int simDevices = 1;
   std::uint64_t simMemoryBytes = 16ull << 30;
   std::string logLevel = "info";
+  std::string configPath;      // tenants file; empty = only the default tenant
+  std::string metricsAddress;  // e.g. 127.0.0.1:9400; empty = no metrics endpoint
 };
 
 // The parsed options, or the exit code to leave with (0 after --help, 2 after a usage error; the

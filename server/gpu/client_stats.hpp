@@ -5,9 +5,12 @@
 
 #include <sys/types.h>
 
+#include "server/tenant/tenant.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace gpuproxy::server {
@@ -17,12 +20,16 @@ struct ClientIdentity {
   uid_t uid = 0;
   gid_t gid = 0;
   std::string command;  // /proc/PID/comm when it attached
+  std::string cgroup;   // /proc/PID/cgroup when it attached
 };
 
 struct ClientStats {
   ClientIdentity identity;
+  // The tenant of the socket the client came through; set once at attach, never by the client.
+  std::shared_ptr<Tenant> tenant;
   std::chrono::steady_clock::time_point connectedAt = std::chrono::steady_clock::now();
-  std::atomic<std::uint64_t> memoryUsed{0};
+  std::atomic<std::uint64_t> memoryUsed{0};   // allocations and modules
+  std::atomic<std::uint64_t> moduleBytes{0};  // of which modules
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
 };

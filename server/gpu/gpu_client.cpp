@@ -116,7 +116,14 @@ void GpuClient::destroyContextNow(Handle context) {
   // Functions and modules first (they reference nothing else), then events and streams, then the
   // memory the work used.
   std::erase_if(functions_, [&](const auto& entry) { return entry.second.context == context; });
-  std::erase_if(modules_, [&](const auto& entry) { return entry.second.context == context; });
+  for (auto it = modules_.begin(); it != modules_.end();) {
+    if (it->second.context == context) {
+      releaseModuleMemory(it->second);
+      it = modules_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   std::erase_if(events_, [&](const auto& entry) { return entry.second.context == context; });
   std::erase_if(streams_, [&](const auto& entry) { return entry.second.context == context; });
   for (auto it = allocations_.begin(); it != allocations_.end();) {
@@ -131,6 +138,7 @@ void GpuClient::destroyContextNow(Handle context) {
     }
     memoryUsed_ -= it->second.bytes;
     stats_->memoryUsed -= it->second.bytes;
+    stats_->tenant->credit(worker_.index(), it->second.bytes);
     it = allocations_.erase(it);
   }
   contexts_.erase(context);
@@ -325,8 +333,18 @@ bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
 backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t bytes) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  // The tenant's limit is checked before anything reaches the device.
+  Tenant& tenant = *stats_->tenant;
+  if (!tenant.tryCharge(worker_.index(), bytes)) {
+    spdlog::info("device {}: pid {} of tenant '{}' asked for {} bytes beyond its limit",
+                 worker_.index(), stats_->identity.pid, tenant.name(), bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   auto pointer = worker_.allocate(bytes);
-  if (!pointer.ok()) return pointer.code();
+  if (!pointer.ok()) {
+    tenant.credit(worker_.index(), bytes);
+    return pointer.code();
+  }
   allocations_[pointer.value()] = Allocation{bytes, context};
   memoryUsed_ += bytes;
   stats_->memoryUsed += bytes;
@@ -345,6 +363,7 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
     allocations_.erase(found);
     memoryUsed_ -= bytes;
     stats_->memoryUsed -= bytes;
+    stats_->tenant->credit(worker_.index(), bytes);
     return freed;
   });
 }
@@ -352,7 +371,11 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
 backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  return worker_.memoryInfo();
+  backend::MemoryInfo device = worker_.memoryInfo();
+  if (auto limited = stats_->tenant->memoryInfo(worker_.index(), device.free)) {
+    return backend::MemoryInfo{limited->first, limited->second};
+  }
+  return device;
 }
 
 CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
@@ -434,10 +457,19 @@ backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const st
   if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
   auto loaded = worker_.device().loadModule(image);
   if (!loaded.ok()) return loaded.code();
+  // Module memory counts against the tenant like an allocation; its size is only known once the
+  // module is loaded, so an over-limit module is unloaded again at once.
+  std::uint64_t bytes = loaded.value()->deviceBytes();
+  if (!stats_->tenant->tryCharge(worker_.index(), bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  worker_.chargeModule(bytes);
+  memoryUsed_ += bytes;
+  stats_->memoryUsed += bytes;
+  stats_->moduleBytes += bytes;
   Handle handle = newHandle(HandleKind::kModule);
   Module& module = modules_[handle];
   module.context = context;
   module.module = std::move(loaded).value();
+  module.deviceBytes = bytes;
   return handle;
 }
 
@@ -445,8 +477,17 @@ CUresult GpuClient::unloadModule(Handle module) {
   auto found = modules_.find(module);
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
   std::erase_if(functions_, [&](const auto& entry) { return entry.second.module == module; });
+  releaseModuleMemory(found->second);
   modules_.erase(found);
   return CUDA_SUCCESS;
+}
+
+void GpuClient::releaseModuleMemory(const Module& module) {
+  worker_.creditModule(module.deviceBytes);
+  memoryUsed_ -= module.deviceBytes;
+  stats_->memoryUsed -= module.deviceBytes;
+  stats_->moduleBytes -= module.deviceBytes;
+  stats_->tenant->credit(worker_.index(), module.deviceBytes);
 }
 
 backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::string& name) {
@@ -484,9 +525,13 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
       target->stream->launch(*found->second.function, config, parameters,
                              [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
                                stats->gpuTimeNs += gpuNanoseconds;
+        stats->tenant->gpuTimeNs += gpuNanoseconds;
                                worker->noteKernelStatus(status, pid);
                              });
-  if (launched == CUDA_SUCCESS) ++stats_->kernelsLaunched;
+  if (launched == CUDA_SUCCESS) {
+    ++stats_->kernelsLaunched;
+    ++stats_->tenant->kernelsLaunched;
+  }
   return launched;
 }
 

@@ -122,6 +122,7 @@ private:
     Handle context = 0;
     std::unique_ptr<backend::Module> module;
     std::map<std::string, Handle> functionsByName;
+    std::uint64_t deviceBytes = 0;  // charged to the tenant while loaded
   };
   struct Function {
     Handle context = 0;
@@ -147,6 +148,7 @@ private:
   std::vector<backend::Stream*> streamsOf(Handle context);
   kj::Promise<CUresult> drainStreams(Handle context);
   bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
+  void releaseModuleMemory(const Module& module);
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
 

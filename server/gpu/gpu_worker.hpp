@@ -37,6 +37,9 @@ public:
   backend::Result<CUdeviceptr> allocate(std::size_t bytes);
   CUresult free(CUdeviceptr pointer, std::size_t bytes);
   std::uint64_t memoryUsed() const { return memoryUsed_; }
+  // Modules take device memory the backend allocates itself; the accounting still covers it.
+  void chargeModule(std::uint64_t bytes) { memoryUsed_ += bytes; }
+  void creditModule(std::uint64_t bytes) { memoryUsed_ -= bytes; }
   backend::MemoryInfo memoryInfo() { return device_->memoryInfo(); }
 
   std::size_t clientCount() const { return clients_.size(); }

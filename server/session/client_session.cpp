@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <fstream>
 #include <span>
 #include <string>
 #include <utility>
@@ -31,13 +32,16 @@ kj::Promise<void> answerLater(Context context, kj::Promise<CUresult> promise) {
 
 }  // namespace
 
-ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats)
-    : state_(state), stats_(std::move(stats)) {
+ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
+                             std::vector<std::uint32_t> visibleDevices)
+    : state_(state), stats_(std::move(stats)), visibleDevices_(std::move(visibleDevices)) {
   state_.sessions.insert(this);
+  ++stats_->tenant->clients;
 }
 
 ClientSession::~ClientSession() {
   state_.sessions.erase(this);
+  --stats_->tenant->clients;
   const ClientIdentity& who = stats_->identity;
   spdlog::info("client pid {} ({}) detached; reclaiming what it held", who.pid, who.command);
   for (auto& [device, client] : clients_) {
@@ -54,7 +58,9 @@ ClientSession::~ClientSession() {
   }
 }
 
-GpuClient* ClientSession::clientForDevice(std::uint32_t device) {
+GpuClient* ClientSession::clientForDevice(std::uint32_t ordinal) {
+  if (ordinal >= visibleDevices_.size()) return nullptr;
+  std::uint32_t device = visibleDevices_[ordinal];
   if (device >= state_.gpus.size()) return nullptr;
   auto found = clients_.find(device);
   if (found != clients_.end()) return found->second.get();
@@ -93,12 +99,15 @@ kj::Promise<void> ClientSession::createContext(CreateContextContext context) {
   results.setResult(created.code());
   if (created.ok()) {
     results.setContext(created.value());
-    if (std::find(devicesUsed_.begin(), devicesUsed_.end(), params.getDevice()) ==
-        devicesUsed_.end()) {
-      devicesUsed_.push_back(params.getDevice());
-    }
+    noteDeviceUsed(client->deviceIndex());
   }
   return kj::READY_NOW;
+}
+
+void ClientSession::noteDeviceUsed(std::uint32_t device) {
+  if (std::find(devicesUsed_.begin(), devicesUsed_.end(), device) == devicesUsed_.end()) {
+    devicesUsed_.push_back(device);
+  }
 }
 
 kj::Promise<void> ClientSession::destroyContext(DestroyContextContext context) {
@@ -123,9 +132,7 @@ kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContex
   results.setResult(retained.code());
   if (retained.ok()) {
     results.setContext(retained.value());
-    if (std::find(devicesUsed_.begin(), devicesUsed_.end(), device) == devicesUsed_.end()) {
-      devicesUsed_.push_back(device);
-    }
+    noteDeviceUsed(client->deviceIndex());
   }
   return kj::READY_NOW;
 }
@@ -494,8 +501,31 @@ kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext contex
 // ---------------------------------------------------------------------------------------------
 // Gateway
 
-ClientGateway::ClientGateway(ServerState& state, ipc::PeerCredentials peer)
-    : state_(state), peer_(peer) {}
+ClientGateway::ClientGateway(ServerState& state, ipc::PeerCredentials peer,
+                             std::shared_ptr<Tenant> tenant)
+    : state_(state), peer_(peer), tenant_(std::move(tenant)) {}
+
+std::string cgroupOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+  std::string line;
+  std::string unified;
+  std::string legacy;
+  while (std::getline(in, line)) {
+    // hierarchy-ID:controllers:path
+    auto first = line.find(':');
+    auto second = first == std::string::npos ? first : line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    std::string path = line.substr(second + 1);
+    if (line.compare(0, second + 1, "0::") == 0) {
+      unified = path;
+    } else if (path.size() > legacy.size()) {
+      legacy = path;
+    }
+  }
+  if (!unified.empty() && unified != "/") return unified;
+  if (!legacy.empty()) return legacy;
+  return unified;
+}
 
 kj::Promise<void> ClientGateway::attach(AttachContext context) {
   auto results = context.getResults();
@@ -507,16 +537,22 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
     return kj::READY_NOW;
   }
   auto stats = std::make_shared<ClientStats>();
-  stats->identity = ClientIdentity{peer_.pid, peer_.uid, peer_.gid, ipc::processName(peer_.pid)};
-  spdlog::info("client pid {} ({}, uid {}) attached", peer_.pid, stats->identity.command,
-               peer_.uid);
+  stats->identity = ClientIdentity{peer_.pid, peer_.uid, peer_.gid, ipc::processName(peer_.pid),
+                                   cgroupOf(peer_.pid)};
+  stats->tenant = tenant_;
+  std::vector<std::uint32_t> visible;
+  for (std::uint32_t i = 0; i < state_.gpus.size(); ++i) {
+    if (tenant_->mayUseDevice(i)) visible.push_back(i);
+  }
+  spdlog::info("client pid {} ({}, uid {}, cgroup {}) attached as tenant '{}'", peer_.pid,
+               stats->identity.command, peer_.uid, stats->identity.cgroup, tenant_->name());
   results.setResult(CUDA_SUCCESS);
-  results.setSession(kj::heap<ClientSession>(state_, std::move(stats)));
+  results.setSession(kj::heap<ClientSession>(state_, std::move(stats), visible));
   results.setBackend(state_.backendName);
   results.setDriverVersion(state_.driverVersion);
-  auto devices = results.initDevices(static_cast<unsigned>(state_.gpus.size()));
-  for (unsigned i = 0; i < state_.gpus.size(); ++i) {
-    const backend::DeviceProperties& properties = state_.gpus[i]->properties();
+  auto devices = results.initDevices(static_cast<unsigned>(visible.size()));
+  for (unsigned i = 0; i < visible.size(); ++i) {
+    const backend::DeviceProperties& properties = state_.gpus[visible[i]]->properties();
     auto device = devices[i];
     device.setIndex(i);
     device.setName(properties.name);

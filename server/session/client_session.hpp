@@ -19,7 +19,10 @@ namespace gpuproxy::server {
 
 class ClientSession final : public protocol::Session::Server {
 public:
-  ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats);
+  // `visibleDevices` maps the client's device ordinals to the daemon's devices: a tenant limited
+  // to some devices sees only those, numbered from 0, as with CUDA_VISIBLE_DEVICES.
+  ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
+                std::vector<std::uint32_t> visibleDevices);
   ~ClientSession();
 
   const ClientStats& stats() const { return *stats_; }
@@ -60,8 +63,10 @@ protected:
   kj::Promise<void> eventElapsedTime(EventElapsedTimeContext context) override;
 
 private:
-  // The client's state on `device`, created on first use; null for a device that does not exist.
+  // The client's state on its device ordinal `device`, created on first use; null for a device
+  // it cannot see.
   GpuClient* clientForDevice(std::uint32_t device);
+  void noteDeviceUsed(std::uint32_t device);
   // The client's state on the device a handle of `kind` names; null when no such state exists.
   GpuClient* clientFor(std::uint64_t handle, HandleKind kind);
   // The GpuClient owning device pointer `pointer`, or null.
@@ -69,14 +74,15 @@ private:
 
   ServerState& state_;
   std::shared_ptr<ClientStats> stats_;
-  std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;
+  std::vector<std::uint32_t> visibleDevices_;
+  std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;  // by daemon device index
   std::vector<std::uint32_t> devicesUsed_;
 };
 
 // Bootstrap capability of one client connection: knows who is on the other end from the socket.
 class ClientGateway final : public protocol::Gateway::Server {
 public:
-  ClientGateway(ServerState& state, ipc::PeerCredentials peer);
+  ClientGateway(ServerState& state, ipc::PeerCredentials peer, std::shared_ptr<Tenant> tenant);
 
 protected:
   // gpuproxy::protocol::Gateway
@@ -85,6 +91,11 @@ protected:
 private:
   ServerState& state_;
   ipc::PeerCredentials peer_;
+  std::shared_ptr<Tenant> tenant_;
 };
+
+// The cgroup a process runs in, from /proc/PID/cgroup: the unified (v2) path when it says more
+// than "/", else the most specific v1 path. "" if the process is gone.
+std::string cgroupOf(pid_t pid);
 
 }  // namespace gpuproxy::server

@@ -5,11 +5,15 @@
 
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_worker.hpp"
+#include "server/session/connection_registry.hpp"
+#include "server/tenant/tenant.hpp"
 
 #include <kj/async.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -27,6 +31,10 @@ struct ServerState {
   std::set<ClientSession*> sessions;  // borrowed: each session removes itself when destroyed
   // Runs each ended session's drain-then-free; outlives every session.
   kj::TaskSet* reaper = nullptr;
+  // The configured tenants by name. A tenant dropped by a reload stays alive through the sessions
+  // that still hold it.
+  std::map<std::string, std::shared_ptr<Tenant>> tenants;
+  ConnectionRegistry connections;
 };
 
 }  // namespace gpuproxy::server

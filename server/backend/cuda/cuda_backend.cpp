@@ -406,8 +406,13 @@ private:
 class CudaModule final : public backend::Module, private DeviceObject {
 public:
   CudaModule(std::shared_ptr<DeviceCore> core, CUmodule module,
-             std::optional<ptx::PtxModuleInfo> ptxLayouts)
-      : DeviceObject(std::move(core)), module_(module), ptxLayouts_(std::move(ptxLayouts)) {}
+             std::optional<ptx::PtxModuleInfo> ptxLayouts, std::uint64_t deviceBytes)
+      : DeviceObject(std::move(core)),
+        module_(module),
+        ptxLayouts_(std::move(ptxLayouts)),
+        deviceBytes_(deviceBytes) {}
+
+  std::uint64_t deviceBytes() const override { return deviceBytes_; }
 
   ~CudaModule() override {
     if (!current()) {
@@ -522,6 +527,7 @@ private:
   CUmodule module_;
   // Parameter layouts from the PTX parser, when the driver cannot tell them.
   std::optional<ptx::PtxModuleInfo> ptxLayouts_;
+  std::uint64_t deviceBytes_;
   std::unordered_map<std::string, std::unique_ptr<CudaFunction>> functions_;
 };
 
@@ -934,13 +940,19 @@ public:
     }
 
     CUmodule module = nullptr;
+    // The driver does not say how much device memory a module takes; the drop in free memory
+    // across the load does. The daemon is the only allocator in its context and the owner thread
+    // makes one call at a time, so the difference belongs to this module.
+    const std::uint64_t freeBefore = memoryInfo().free;
     const CUresult result =
         call([&](const DriverApi& api) { return api.moduleLoadData(&module, terminated.data()); });
     if (result != CUDA_SUCCESS) {
       return result;
     }
+    const std::uint64_t freeAfter = memoryInfo().free;
+    const std::uint64_t deviceBytes = freeBefore > freeAfter ? freeBefore - freeAfter : 0;
     return std::unique_ptr<backend::Module>(
-        std::make_unique<CudaModule>(core_, module, std::move(ptxLayouts)));
+        std::make_unique<CudaModule>(core_, module, std::move(ptxLayouts), deviceBytes));
   }
 
   Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags, int priority) override {

@@ -570,8 +570,13 @@ private:
 
 class SimModule final : public Module {
 public:
-  explicit SimModule(std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions)
-      : functions_(std::move(functions)) {}
+  SimModule(std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions,
+            std::uint64_t imageBytes)
+      : functions_(std::move(functions)), imageBytes_(imageBytes) {}
+
+  // The sim holds no device memory for a module; it reports the image size as the stand-in for
+  // the code and data a GPU would load, so that module memory is accounted for like on a GPU.
+  std::uint64_t deviceBytes() const override { return imageBytes_; }
 
   Result<Function*> function(std::string_view name) override {
     const auto found = functions_.find(name);
@@ -581,6 +586,7 @@ public:
 
 private:
   std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions_;
+  std::uint64_t imageBytes_;
 };
 
 class SimEvent final : public Event {
@@ -800,7 +806,7 @@ public:
       data->info.numRegs = kRegistersPerThread;
       functions.emplace(entry.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
-    return std::unique_ptr<Module>(std::make_unique<SimModule>(std::move(functions)));
+    return std::unique_ptr<Module>(std::make_unique<SimModule>(std::move(functions), image.size()));
   }
 
   Result<std::unique_ptr<Stream>> createStream(unsigned flags, int /*priority*/) override {

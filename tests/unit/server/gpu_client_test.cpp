@@ -25,6 +25,7 @@ protected:
   std::unique_ptr<GpuClient> newClient(pid_t pid = 1234) {
     auto stats = std::make_shared<ClientStats>();
     stats->identity.pid = pid;
+    stats->tenant = tenant_;
     stats_.push_back(stats);
     return worker_.openClient(stats);
   }
@@ -54,6 +55,8 @@ protected:
   std::unique_ptr<backend::Backend> backend_;
   GpuWorker worker_;
   std::vector<std::shared_ptr<ClientStats>> stats_;
+  std::shared_ptr<Tenant> tenant_ =
+      std::make_shared<Tenant>(TenantDefinition{"test", "/unused", TenantLimits{}});
 };
 
 TEST_F(GpuClientTest, AccountsEveryByteAndGivesItBackWhenTheContextGoes) {
@@ -136,6 +139,56 @@ TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   EXPECT_EQ(wait(client->free(pointer.value())), CUDA_SUCCESS);
   // By the time the memory could go to someone else, the kernel before it has finished.
   EXPECT_EQ(client->queryStream(context.value(), stream.value()), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), stats_[0]->moduleBytes);  // only the module is left
+}
+
+TEST_F(GpuClientTest, TheTenantLimitRefusesAllocationsBeforeTheyReachTheDevice) {
+  TenantLimits limits;
+  limits.memoryLimit = 1 << 20;
+  tenant_->setLimits(limits);
+  auto first = newClient(1);
+  auto second = newClient(2);
+  auto firstContext = first->createContext(0);
+  auto secondContext = second->createContext(0);
+  // The limit is the tenant's, summed over its clients.
+  ASSERT_TRUE(first->allocate(firstContext.value(), 600 << 10).ok());
+  EXPECT_EQ(second->allocate(secondContext.value(), 600 << 10).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(tenant_->oomCount, 1u);
+  EXPECT_EQ(worker_.memoryUsed(), 600u << 10);  // nothing reached the device
+  auto fits = second->allocate(secondContext.value(), 400 << 10);
+  ASSERT_TRUE(fits.ok());
+  // cuMemGetInfo reports the tenant's view: (limit - used, limit).
+  auto info = second->memoryInfo(secondContext.value());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info.value().total, 1u << 20);
+  EXPECT_EQ(info.value().free, (1u << 20) - (1000u << 10));
+  // An absurd size is refused without overflow.
+  EXPECT_EQ(first->allocate(firstContext.value(), UINT64_MAX).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  // Lowering the limit below what is used frees nothing and blocks new allocations.
+  limits.memoryLimit = 512 << 10;
+  tenant_->setLimits(limits);
+  EXPECT_EQ(worker_.memoryUsed(), 1000u << 10);
+  EXPECT_EQ(first->allocate(firstContext.value(), 16).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(second->memoryInfo(secondContext.value()).value().free, 0u);
+  EXPECT_EQ(wait(second->free(fits.value())), CUDA_SUCCESS);
+  EXPECT_EQ(tenant_->memoryUsed(0), 600u << 10);
+}
+
+TEST_F(GpuClientTest, ModulesCountAgainstTheTenantLimit) {
+  TenantLimits limits;
+  limits.memoryLimit = 1024;  // smaller than the test kernels' image
+  tenant_->setLimits(limits);
+  auto client = newClient();
+  auto context = client->createContext(0);
+  EXPECT_EQ(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx)).code(),
+            CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  tenant_->setLimits(TenantLimits{});
+  auto module = client->loadModule(context.value(), bytes(testing::kTestKernelsPtx));
+  ASSERT_TRUE(module.ok());
+  EXPECT_GT(tenant_->memoryUsed(0), 1024u);
+  EXPECT_EQ(client->unloadModule(module.value()), CUDA_SUCCESS);
+  EXPECT_EQ(tenant_->memoryUsed(0), 0u);
   EXPECT_EQ(worker_.memoryUsed(), 0u);
 }
 

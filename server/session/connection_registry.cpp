@@ -1,0 +1,24 @@
+#include "server/session/connection_registry.hpp"
+
+namespace gpuproxy::server {
+
+ConnectionRegistry::Registration ConnectionRegistry::add(pid_t pid) {
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  std::uint64_t id = nextId_++;
+  entries_.emplace(id, Entry{pid, kj::mv(paf.fulfiller)});
+  return Registration{id, kj::mv(paf.promise)};
+}
+
+void ConnectionRegistry::forget(std::uint64_t id) { entries_.erase(id); }
+
+std::uint32_t ConnectionRegistry::end(pid_t pid) {
+  std::uint32_t ended = 0;
+  for (auto& [id, entry] : entries_) {
+    if (entry.pid != pid) continue;
+    entry.ender->fulfill();
+    ++ended;
+  }
+  return ended;
+}
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,59 @@
+#include "server/tenant/tenant.hpp"
+
+#include <algorithm>
+
+namespace gpuproxy::server {
+
+bool Tenant::mayUseDevice(std::uint32_t device) const {
+  const auto& devices = definition_.limits.devices;
+  return !devices || std::find(devices->begin(), devices->end(), device) != devices->end();
+}
+
+bool Tenant::tryCharge(std::uint32_t device, std::uint64_t bytes) {
+  std::uint64_t& used = memoryUsed_[device];
+  const auto& limit = definition_.limits.memoryLimit;
+  // Written to avoid overflow: a client controls `bytes`.
+  if (limit && (used > *limit || bytes > *limit - used)) {
+    ++oomCount;
+    return false;
+  }
+  used += bytes;
+  return true;
+}
+
+void Tenant::credit(std::uint32_t device, std::uint64_t bytes) {
+  std::uint64_t& used = memoryUsed_[device];
+  used = bytes > used ? 0 : used - bytes;
+}
+
+std::uint64_t Tenant::memoryUsed(std::uint32_t device) const {
+  auto found = memoryUsed_.find(device);
+  return found == memoryUsed_.end() ? 0 : found->second;
+}
+
+std::uint64_t Tenant::memoryUsed() const {
+  std::uint64_t total = 0;
+  for (const auto& [device, used] : memoryUsed_) total += used;
+  return total;
+}
+
+std::optional<std::pair<std::uint64_t, std::uint64_t>> Tenant::memoryInfo(
+    std::uint32_t device, std::uint64_t deviceFree) const {
+  const auto& limit = definition_.limits.memoryLimit;
+  if (!limit) return std::nullopt;
+  std::uint64_t used = memoryUsed(device);
+  std::uint64_t headroom = used >= *limit ? 0 : *limit - used;
+  return std::make_pair(std::min(headroom, deviceFree), *limit);
+}
+
+const char* tenantClassName(TenantClass tenantClass) {
+  return tenantClass == TenantClass::kLatencyCritical ? "latency-critical" : "best-effort";
+}
+
+std::optional<TenantClass> parseTenantClass(const std::string& text) {
+  if (text == "best-effort") return TenantClass::kBestEffort;
+  if (text == "latency-critical") return TenantClass::kLatencyCritical;
+  return std::nullopt;
+}
+
+}  // namespace gpuproxy::server

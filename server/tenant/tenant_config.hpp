@@ -1,0 +1,43 @@
+#pragma once
+// The tenants file (gpuproxyd --config FILE), YAML:
+//
+//   tenants:
+//     - name: team-a
+//       socket: /run/gpuproxy/tenants/team-a/gpuproxy.sock
+//       memory_limit: 4GiB        # per device; omitted = no limit
+//       weight: 2                 # best-effort share, default 1
+//       class: best-effort        # or latency-critical
+//       devices: [0]              # default: all
+//
+// A tenant named `default` may omit `socket`: it then serves the daemon's main --socket. Without
+// one, the main socket serves an implicit `default` tenant with no limit.
+
+#include "server/tenant/tenant.hpp"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gpuproxy::server {
+
+inline constexpr const char* kDefaultTenantName = "default";
+
+// Why a tenants file was refused, in one line an operator can act on.
+class TenantConfigError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TenantConfig {
+  std::vector<TenantDefinition> tenants;  // always includes the default tenant
+};
+
+// `mainSocket` is the daemon's --socket; `deviceCount` bounds `devices`. Throws TenantConfigError.
+TenantConfig parseTenantConfig(const std::string& yaml, const std::string& mainSocket,
+                               std::uint32_t deviceCount);
+TenantConfig loadTenantConfig(const std::string& path, const std::string& mainSocket,
+                              std::uint32_t deviceCount);
+// The configuration without a file: only the unlimited default tenant on the main socket.
+TenantConfig defaultTenantConfig(const std::string& mainSocket);
+
+}  // namespace gpuproxy::server
