@@ -3,8 +3,8 @@
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "protocol/byte_size.hpp"
 
-#include <CLI/CLI.hpp>
 #include <capnp/ez-rpc.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <functional>
@@ -32,7 +32,9 @@ int withAdmin(const std::string& adminSocket,
   }
 }
 
-void printJson(const nlohmann::json& json) { std::printf("%s\n", json.dump(2).c_str()); }
+void printJson(const nlohmann::json& json) {
+  std::printf("%s\n", json.dump(2).c_str());
+}
 
 // Reports the outcome of a command that changes something: `error` empty means it worked.
 int report(bool json, const std::string& error, nlohmann::json details, const std::string& done) {

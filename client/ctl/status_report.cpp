@@ -72,9 +72,8 @@ nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants
         {"memory_used", tenant.getMemoryUsed()},
         {"memory_used_per_device", perDevice},
         {"weight", tenant.getWeight()},
-        {"class", tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL
-                      ? "latency-critical"
-                      : "best-effort"},
+        {"class", tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
+                                                                               : "best-effort"},
         {"devices", devices},
         {"clients", tenant.getClients()},
         {"kernels_launched", tenant.getKernelsLaunched()},
@@ -103,18 +102,18 @@ std::string formatDuration(double seconds) {
 }  // namespace
 
 std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants) {
-  std::string out = format("%-16s %-24s %-8s %-17s %-8s %-8s %-9s %s\n", "TENANT",
-                           "MEMORY USED / LIMIT", "WEIGHT", "CLASS", "CLIENTS", "OOMS",
-                           "KERNELS", "SOCKET");
+  std::string out =
+      format("%-16s %-24s %-8s %-17s %-8s %-8s %-9s %s\n", "TENANT", "MEMORY USED / LIMIT",
+             "WEIGHT", "CLASS", "CLIENTS", "OOMS", "KERNELS", "SOCKET");
   for (auto tenant : tenants) {
-    std::string memory = protocol::formatByteSize(tenant.getMemoryUsed()) + " / " +
-                         (tenant.getHasMemoryLimit()
-                              ? protocol::formatByteSize(tenant.getMemoryLimit()) + "/dev"
-                              : std::string("none"));
+    std::string memory =
+        protocol::formatByteSize(tenant.getMemoryUsed()) + " / " +
+        (tenant.getHasMemoryLimit() ? protocol::formatByteSize(tenant.getMemoryLimit()) + "/dev"
+                                    : std::string("none"));
     out += format("%-16s %-24s %-8u %-17s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
                   memory.c_str(), tenant.getWeight(),
                   tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
-                                                                              : "best-effort",
+                                                                               : "best-effort",
                   tenant.getClients(), static_cast<unsigned long long>(tenant.getOomCount()),
                   static_cast<unsigned long long>(tenant.getKernelsLaunched()),
                   tenant.getSocket().cStr());
@@ -159,8 +158,7 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
                   protocol::formatByteSize(client.getMemoryUsed()).c_str(),
                   static_cast<unsigned long long>(client.getKernelsLaunched()),
                   formatDuration(static_cast<double>(client.getGpuTimeNs()) / 1e9).c_str(),
-                  formatDuration(client.getConnectedSeconds()).c_str(),
-                  client.getCgroup().cStr());
+                  formatDuration(client.getConnectedSeconds()).c_str(), client.getCgroup().cStr());
   }
   return out;
 }

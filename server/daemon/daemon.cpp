@@ -13,9 +13,9 @@
 #include <kj/async-unix.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -69,8 +69,8 @@ public:
       fd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     }
     if (fd_ >= 0) {
-      observer_ = kj::heap<kj::UnixEventPort::FdObserver>(port, fd_,
-                                                          kj::UnixEventPort::FdObserver::OBSERVE_READ);
+      observer_ = kj::heap<kj::UnixEventPort::FdObserver>(
+          port, fd_, kj::UnixEventPort::FdObserver::OBSERVE_READ);
     } else {
       spdlog::warn("no pidfd for pid {} ({}): its session ends only when its socket closes", pid,
                    std::strerror(errno));
@@ -174,11 +174,11 @@ public:
         Listener& listener = tenants_[definition.name];
         listener.path = definition.socketPath;
         listener.receiver = kj::mv(socket->second);
-        listener.loop = acceptLoop(*listener.receiver, tenant)
-                            .eagerlyEvaluate([path = definition.socketPath](kj::Exception&& e) {
-                              spdlog::error("listening on {} failed: {}", path,
-                                            e.getDescription().cStr());
-                            });
+        listener.loop =
+            acceptLoop(*listener.receiver, tenant)
+                .eagerlyEvaluate([path = definition.socketPath](kj::Exception&& e) {
+                  spdlog::error("listening on {} failed: {}", path, e.getDescription().cStr());
+                });
       }
     }
     for (auto it = state_.tenants.begin(); it != state_.tenants.end();) {
@@ -186,8 +186,8 @@ public:
         ++it;
         continue;
       }
-      spdlog::info("tenant '{}' removed; its {} client(s) keep running until they exit",
-                   it->first, it->second->clients);
+      spdlog::info("tenant '{}' removed; its {} client(s) keep running until they exit", it->first,
+                   it->second->clients);
       stop(it->first);
       it = state_.tenants.erase(it);
     }
@@ -218,7 +218,7 @@ private:
   }
 
   void serve(kj::Own<kj::AsyncIoStream> stream, const std::shared_ptr<Tenant>& tenant) {
-    KJ_IF_MAYBE(fd, stream->getFd()) {
+    KJ_IF_MAYBE (fd, stream->getFd()) {
       try {
         ipc::PeerCredentials peer = ipc::peerCredentials(*fd);
         auto process = kj::heap<PeerProcess>(io_.unixEventPort, *fd, peer.pid);
@@ -248,13 +248,13 @@ private:
 
 kj::Promise<void> acceptAdmins(kj::ConnectionReceiver& receiver, ServerState& state,
                                kj::TaskSet& connections) {
-  return receiver.accept().then([&receiver, &state,
-                                 &connections](kj::Own<kj::AsyncIoStream> stream) {
-    auto connection = kj::heap<RpcConnection>(kj::mv(stream), kj::heap<AdminService>(state));
-    auto disconnected = connection->network_.onDisconnect();
-    connections.add(disconnected.attach(kj::mv(connection)));
-    return acceptAdmins(receiver, state, connections);
-  });
+  return receiver.accept().then(
+      [&receiver, &state, &connections](kj::Own<kj::AsyncIoStream> stream) {
+        auto connection = kj::heap<RpcConnection>(kj::mv(stream), kj::heap<AdminService>(state));
+        auto disconnected = connection->network_.onDisconnect();
+        connections.add(disconnected.attach(kj::mv(connection)));
+        return acceptAdmins(receiver, state, connections);
+      });
 }
 
 TenantConfig readConfig(const DaemonOptions& options, std::uint32_t deviceCount) {
@@ -374,8 +374,7 @@ int runDaemon(const DaemonOptions& options) {
       spdlog::info("serving metrics on {}", metrics->url());
     }
 
-    auto stop =
-        io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
+    auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
     siginfo_t signal = stop.wait(io.waitScope);
     spdlog::info("signal {} received: shutting down", signal.si_signo);
     ::unlink(options.adminSocketPath.c_str());

@@ -525,7 +525,7 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
       target->stream->launch(*found->second.function, config, parameters,
                              [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
                                stats->gpuTimeNs += gpuNanoseconds;
-        stats->tenant->gpuTimeNs += gpuNanoseconds;
+                               stats->tenant->gpuTimeNs += gpuNanoseconds;
                                worker->noteKernelStatus(status, pid);
                              });
   if (launched == CUDA_SUCCESS) {

@@ -9,7 +9,9 @@ ConnectionRegistry::Registration ConnectionRegistry::add(pid_t pid) {
   return Registration{id, kj::mv(paf.promise)};
 }
 
-void ConnectionRegistry::forget(std::uint64_t id) { entries_.erase(id); }
+void ConnectionRegistry::forget(std::uint64_t id) {
+  entries_.erase(id);
+}
 
 std::uint32_t ConnectionRegistry::end(pid_t pid) {
   std::uint32_t ended = 0;

@@ -54,7 +54,7 @@ public:
   // What cuMemGetInfo reports for a limited tenant: (limit - used, limit), capped by what the
   // device really has free. nullopt for an unlimited tenant (the device's own figures apply).
   std::optional<std::pair<std::uint64_t, std::uint64_t>> memoryInfo(std::uint32_t device,
-                                                                   std::uint64_t deviceFree) const;
+                                                                    std::uint64_t deviceFree) const;
 
   std::uint32_t clients = 0;  // live sessions
   std::atomic<std::uint64_t> kernelsLaunched{0};

@@ -4,7 +4,8 @@
 //   error_probe SCENARIO [ARG]
 //
 // Scenarios: init, bad-handle, copy-past-end, freed-memory, unknown-kernel, unsupported,
-// null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES.
+// null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES, alloc BYTES, device-count,
+// fork-hold BYTES.
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -148,6 +151,30 @@ int main(int argc, char** argv) {
     report("cuMemcpyHtoD(foreign)", cuMemcpyHtoD(foreign, host.data(), host.size()));
     report("cuMemsetD8(foreign)", cuMemsetD8(foreign, 0, host.size()));
     report("cuMemFree(foreign)", cuMemFree(foreign));
+  } else if (scenario == "alloc" && argc > 2) {
+    CUdeviceptr pointer;
+    report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));
+    std::size_t free = 0;
+    std::size_t total = 0;
+    report("cuMemGetInfo", cuMemGetInfo(&free, &total));
+    std::printf("free %zu\ntotal %zu\n", free, total);
+  } else if (scenario == "device-count") {
+    int count = 0;
+    report("cuDeviceGetCount", cuDeviceGetCount(&count));
+    std::printf("count %d\n", count);
+  } else if (scenario == "fork-hold" && argc > 2) {
+    // The child inherits the connection to the daemon and outlives this process: the session
+    // must still end when this process does.
+    CUdeviceptr pointer;
+    report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));
+    pid_t child = ::fork();
+    if (child == 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(600));
+      ::_exit(0);
+    }
+    std::printf("child %d\n", static_cast<int>(child));
+    std::fflush(stdout);
+    ::_exit(0);
   } else if (scenario == "alloc-and-hold" && argc > 2) {
     CUdeviceptr pointer;
     report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));

@@ -192,6 +192,28 @@ std::unique_ptr<Child> Daemon::startClient(const std::string& program,
   return std::make_unique<Child>(std::move(arguments), clientEnvironment());
 }
 
+RunResult Daemon::runClientOn(const std::string& socket, const std::string& program,
+                              std::vector<std::string> arguments,
+                              std::map<std::string, std::string> environment) const {
+  arguments.insert(arguments.begin(), programBinary(program));
+  environment["LD_LIBRARY_PATH"] = stubDirectory();
+  environment["GPUPROXY_SOCKET"] = socket;
+  return run(std::move(arguments), std::move(environment));
+}
+
+std::unique_ptr<Child> Daemon::startClientOn(const std::string& socket, const std::string& program,
+                                             std::vector<std::string> arguments) const {
+  arguments.insert(arguments.begin(), programBinary(program));
+  return std::make_unique<Child>(
+      std::move(arguments), std::map<std::string, std::string>{{"LD_LIBRARY_PATH", stubDirectory()},
+                                                               {"GPUPROXY_SOCKET", socket}});
+}
+
+RunResult Daemon::ctl(std::vector<std::string> arguments) const {
+  arguments.insert(arguments.begin(), {ctlBinary(), "--admin-socket", adminSocket_});
+  return run(std::move(arguments));
+}
+
 nlohmann::json Daemon::status() const {
   RunResult result = run({ctlBinary(), "--admin-socket", adminSocket_, "status", "--json"});
   if (!result.status.exitedWith(0)) {

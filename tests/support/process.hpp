@@ -104,8 +104,17 @@ public:
                       std::chrono::milliseconds timeout = std::chrono::seconds(60)) const;
   std::unique_ptr<Child> startClient(const std::string& program,
                                      std::vector<std::string> arguments = {}) const;
+  // The same, through another of the daemon's sockets (a tenant's), with extra environment.
+  RunResult runClientOn(const std::string& socket, const std::string& program,
+                        std::vector<std::string> arguments,
+                        std::map<std::string, std::string> environment = {}) const;
+  std::unique_ptr<Child> startClientOn(const std::string& socket, const std::string& program,
+                                       std::vector<std::string> arguments) const;
   // `gpuproxyctl status --json`, parsed.
   nlohmann::json status() const;
+  // Any gpuproxyctl command against this daemon.
+  RunResult ctl(std::vector<std::string> arguments) const;
+  void signal(int signal) { process_->signal(signal); }
 
 private:
   TempDir directory_;

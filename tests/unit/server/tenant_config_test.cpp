@@ -1,0 +1,103 @@
+// The tenants file: what it accepts, and a one-line reason for everything it refuses.
+#include "server/tenant/tenant_config.hpp"
+
+#include <gtest/gtest.h>
+
+namespace gpuproxy::server {
+namespace {
+
+constexpr const char* kMain = "/run/gpuproxy/gpuproxy.sock";
+
+std::string refusal(const std::string& yaml) {
+  try {
+    parseTenantConfig(yaml, kMain, 2);
+  } catch (const TenantConfigError& error) {
+    return error.what();
+  }
+  return "accepted";
+}
+
+TEST(TenantConfig, ReadsEveryKeyAndAddsTheDefaultTenant) {
+  auto config = parseTenantConfig(R"(
+tenants:
+  - name: team-a
+    socket: /run/gpuproxy/tenants/team-a/gpuproxy.sock
+    memory_limit: 4GiB
+    weight: 2
+    class: latency-critical
+    devices: [1, 0, 1]
+)",
+                                  kMain, 2);
+  ASSERT_EQ(config.tenants.size(), 2u);
+  const TenantDefinition& a = config.tenants[0];
+  EXPECT_EQ(a.name, "team-a");
+  EXPECT_EQ(a.socketPath, "/run/gpuproxy/tenants/team-a/gpuproxy.sock");
+  EXPECT_EQ(a.limits.memoryLimit, 4ull << 30);
+  EXPECT_EQ(a.limits.weight, 2u);
+  EXPECT_EQ(a.limits.tenantClass, TenantClass::kLatencyCritical);
+  EXPECT_EQ(a.limits.devices, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_EQ(config.tenants[1].name, "default");
+  EXPECT_EQ(config.tenants[1].socketPath, kMain);
+  EXPECT_FALSE(config.tenants[1].limits.memoryLimit);
+}
+
+TEST(TenantConfig, ANamedDefaultTenantServesTheMainSocketWithItsOwnLimits) {
+  auto config =
+      parseTenantConfig("tenants:\n  - name: default\n    memory_limit: 1GiB\n", kMain, 1);
+  ASSERT_EQ(config.tenants.size(), 1u);
+  EXPECT_EQ(config.tenants[0].socketPath, kMain);
+  EXPECT_EQ(config.tenants[0].limits.memoryLimit, 1ull << 30);
+}
+
+TEST(TenantConfig, RefusesMistakesWithAReason) {
+  EXPECT_NE(refusal("tenants: [").find("not valid YAML"), std::string::npos);
+  EXPECT_NE(refusal("tennants: []").find("expected a top-level `tenants:`"), std::string::npos);
+  EXPECT_NE(refusal("tenants: []\nextra: 1").find("unknown top-level key `extra`"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - socket: /a\n").find("needs a `name`"), std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a b\n    socket: /a\n").find("names use"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n").find("`socket` is required"), std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: rel/path\n").find("absolute"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    memory_limit: lots\n")
+                .find("'lots' is not a size"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    weight: 0\n").find("`weight`"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    class: urgent\n").find("`class`"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    devices: [2]\n")
+                .find("device 2 does not exist"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    memory_limt: 1GiB\n")
+                .find("unknown key `memory_limt`"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n  - name: a\n    socket: /b\n")
+                .find("defined twice"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n  - name: b\n    socket: /a\n")
+                .find("given to two tenants"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    line: 3\n").find("line 2"),
+            std::string::npos);
+}
+
+TEST(Tenant, ChargesWithinTheLimitAndCountsRefusals) {
+  Tenant tenant(TenantDefinition{"t", "/s", TenantLimits{1000, 1, TenantClass::kBestEffort, {}}});
+  EXPECT_TRUE(tenant.tryCharge(0, 600));
+  EXPECT_FALSE(tenant.tryCharge(0, 401));
+  EXPECT_TRUE(tenant.tryCharge(1, 1000));  // per device
+  EXPECT_FALSE(tenant.tryCharge(0, UINT64_MAX));
+  EXPECT_EQ(tenant.oomCount, 2u);
+  EXPECT_EQ(tenant.memoryUsed(), 1600u);
+  auto info = tenant.memoryInfo(0, 250);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->first, 250u);  // capped by what the device really has free
+  EXPECT_EQ(info->second, 1000u);
+  tenant.credit(0, 600);
+  EXPECT_EQ(tenant.memoryUsed(0), 0u);
+}
+
+}  // namespace
+}  // namespace gpuproxy::server
