@@ -386,16 +386,27 @@ private:
         spdlog::error("sim device {}: {} faulted with {}; the device is poisoned until reset",
                       index_, describeOp(op), describe(outcome.status));
       }
-      executing_ = nullptr;
-      pruneQueuesLocked();
-      const bool idle = idleLocked();
+      // A host callback is part of its stream's work, as in CUDA: the stream is not idle until
+      // the callback has returned.
+      const bool hostCallback = std::holds_alternative<CallbackOp>(op.body);
+      if (!hostCallback) finishExecutingLocked();
+      const bool idle = !hostCallback && idleLocked();
       lock.unlock();
 
       // Callbacks run without the lock: they may query streams and events.
       if (idle) idleCv_.notify_all();
       complete(op, outcome, waiters);
       lock.lock();
+      if (hostCallback) {
+        finishExecutingLocked();
+        if (idleLocked()) idleCv_.notify_all();
+      }
     }
+  }
+
+  void finishExecutingLocked() {
+    executing_ = nullptr;
+    pruneQueuesLocked();
   }
 
   static std::string describeOp(const Op& op) {
