@@ -55,9 +55,9 @@ TEST(VectorAdd, TwoClientsAtOnceBothShowInStatus) {
                                        : 3ull * 131072 * sizeof(float);
     // Its three buffers, plus the module it loaded (the sim charges a module its image size).
     EXPECT_GT(client["module_bytes"].get<std::uint64_t>(), 0u);
-    EXPECT_EQ(client["memory_used"].get<std::uint64_t>() -
-                  client["module_bytes"].get<std::uint64_t>(),
-              expected);
+    EXPECT_EQ(
+        client["memory_used"].get<std::uint64_t>() - client["module_bytes"].get<std::uint64_t>(),
+        expected);
     EXPECT_EQ(client["device"], 0);
     EXPECT_EQ(client["kernels_launched"], 1);
     EXPECT_GT(client["gpu_time_ns"].get<std::uint64_t>(), 0u);
