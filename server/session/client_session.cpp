@@ -30,6 +30,26 @@ kj::Promise<void> answerLater(Context context, kj::Promise<CUresult> promise) {
       [context](CUresult result) mutable { context.getResults().setResult(result); });
 }
 
+// The shape of most calls: `client` is the caller's state on the GPU the call names, null when
+// there is none (answered with `missing`); otherwise `operation(*client)` gives the CUresult, now
+// (answerNow) or once the GPU work it waits for is done (answerWhenDone).
+template <typename Context, typename Operation>
+kj::Promise<void> answerNow(Context& context, GpuClient* client, CUresult missing,
+                            Operation&& operation) {
+  context.getResults().setResult(client == nullptr ? missing : operation(*client));
+  return kj::READY_NOW;
+}
+
+template <typename Context, typename Operation>
+kj::Promise<void> answerWhenDone(Context& context, GpuClient* client, CUresult missing,
+                                 Operation&& operation) {
+  if (client == nullptr) {
+    context.getResults().setResult(missing);
+    return kj::READY_NOW;
+  }
+  return answerLater(context, operation(*client));
+}
+
 }  // namespace
 
 ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
@@ -112,12 +132,9 @@ void ClientSession::noteDeviceUsed(std::uint32_t device) {
 
 kj::Promise<void> ClientSession::destroyContext(DestroyContextContext context) {
   std::uint64_t handle = context.getParams().getContext();
-  GpuClient* client = clientFor(handle, HandleKind::kContext);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->destroyContext(handle));
+  return answerWhenDone(context, clientFor(handle, HandleKind::kContext),
+                        CUDA_ERROR_INVALID_CONTEXT,
+                        [&](GpuClient& client) { return client.destroyContext(handle); });
 }
 
 kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContext context) {
@@ -138,30 +155,22 @@ kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContex
 }
 
 kj::Promise<void> ClientSession::releasePrimaryContext(ReleasePrimaryContextContext context) {
-  GpuClient* client = clientForDevice(context.getParams().getDevice());
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->releasePrimaryContext());
+  return answerWhenDone(context, clientForDevice(context.getParams().getDevice()),
+                        CUDA_ERROR_INVALID_DEVICE,
+                        [](GpuClient& client) { return client.releasePrimaryContext(); });
 }
 
 kj::Promise<void> ClientSession::resetPrimaryContext(ResetPrimaryContextContext context) {
-  GpuClient* client = clientForDevice(context.getParams().getDevice());
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->resetPrimaryContext());
+  return answerWhenDone(context, clientForDevice(context.getParams().getDevice()),
+                        CUDA_ERROR_INVALID_DEVICE,
+                        [](GpuClient& client) { return client.resetPrimaryContext(); });
 }
 
 kj::Promise<void> ClientSession::setPrimaryContextFlags(SetPrimaryContextFlagsContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientForDevice(params.getDevice());
-  context.getResults().setResult(client == nullptr
-                                     ? CUDA_ERROR_INVALID_DEVICE
-                                     : client->setPrimaryContextFlags(params.getFlags()));
-  return kj::READY_NOW;
+  return answerNow(
+      context, clientForDevice(params.getDevice()), CUDA_ERROR_INVALID_DEVICE,
+      [&](GpuClient& client) { return client.setPrimaryContextFlags(params.getFlags()); });
 }
 
 kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateContext context) {
@@ -180,12 +189,9 @@ kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateCo
 
 kj::Promise<void> ClientSession::synchronizeContext(SynchronizeContextContext context) {
   std::uint64_t handle = context.getParams().getContext();
-  GpuClient* client = clientFor(handle, HandleKind::kContext);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->synchronizeContext(handle));
+  return answerWhenDone(context, clientFor(handle, HandleKind::kContext),
+                        CUDA_ERROR_INVALID_CONTEXT,
+                        [&](GpuClient& client) { return client.synchronizeContext(handle); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -206,12 +212,9 @@ kj::Promise<void> ClientSession::memAlloc(MemAllocContext context) {
 }
 
 kj::Promise<void> ClientSession::memFree(MemFreeContext context) {
-  GpuClient* client = clientOwning(context.getParams().getPointer());
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_VALUE);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->free(context.getParams().getPointer()));
+  CUdeviceptr pointer = context.getParams().getPointer();
+  return answerWhenDone(context, clientOwning(pointer), CUDA_ERROR_INVALID_VALUE,
+                        [&](GpuClient& client) { return client.free(pointer); });
 }
 
 kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
@@ -233,13 +236,12 @@ kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
 
 kj::Promise<void> ClientSession::memcpyHtoD(MemcpyHtoDContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  CUresult result = client == nullptr ? CUDA_ERROR_INVALID_CONTEXT
-                                      : client->copyHostToDevice(
-                                            params.getContext(), params.getStream(),
-                                            params.getDestination(), bytesOf(params.getData()));
-  context.getResults().setResult(result);
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
+                   CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
+                     return client.copyHostToDevice(params.getContext(), params.getStream(),
+                                                    params.getDestination(),
+                                                    bytesOf(params.getData()));
+                   });
 }
 
 kj::Promise<void> ClientSession::memcpyDtoH(MemcpyDtoHContext context) {
@@ -269,25 +271,22 @@ kj::Promise<void> ClientSession::memcpyDtoH(MemcpyDtoHContext context) {
 
 kj::Promise<void> ClientSession::memcpyDtoD(MemcpyDtoDContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  CUresult result = client == nullptr
-                        ? CUDA_ERROR_INVALID_CONTEXT
-                        : client->copyDeviceToDevice(params.getContext(), params.getStream(),
-                                                     params.getDestination(), params.getSource(),
-                                                     params.getBytes());
-  context.getResults().setResult(result);
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
+                   CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
+                     return client.copyDeviceToDevice(params.getContext(), params.getStream(),
+                                                      params.getDestination(), params.getSource(),
+                                                      params.getBytes());
+                   });
 }
 
 kj::Promise<void> ClientSession::memset(MemsetContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  CUresult result = client == nullptr ? CUDA_ERROR_INVALID_CONTEXT
-                                      : client->memset(params.getContext(), params.getStream(),
-                                                       params.getDestination(), params.getValue(),
-                                                       params.getElementSize(), params.getCount());
-  context.getResults().setResult(result);
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
+                   CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
+                     return client.memset(params.getContext(), params.getStream(),
+                                          params.getDestination(), params.getValue(),
+                                          params.getElementSize(), params.getCount());
+                   });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -309,10 +308,8 @@ kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
 
 kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {
   std::uint64_t handle = context.getParams().getModule();
-  GpuClient* client = clientFor(handle, HandleKind::kModule);
-  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
-                                                   : client->unloadModule(handle));
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(handle, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
+                   [&](GpuClient& client) { return client.unloadModule(handle); });
 }
 
 kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
@@ -379,10 +376,8 @@ kj::Promise<void> ClientSession::createStream(CreateStreamContext context) {
 
 kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
   std::uint64_t handle = context.getParams().getStream();
-  GpuClient* client = clientFor(handle, HandleKind::kStream);
-  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
-                                                   : client->destroyStream(handle));
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(handle, HandleKind::kStream), CUDA_ERROR_INVALID_HANDLE,
+                   [&](GpuClient& client) { return client.destroyStream(handle); });
 }
 
 kj::Promise<void> ClientSession::synchronizeStream(SynchronizeStreamContext context) {
@@ -450,38 +445,29 @@ kj::Promise<void> ClientSession::createEvent(CreateEventContext context) {
 
 kj::Promise<void> ClientSession::destroyEvent(DestroyEventContext context) {
   std::uint64_t handle = context.getParams().getEvent();
-  GpuClient* client = clientFor(handle, HandleKind::kEvent);
-  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
-                                                   : client->destroyEvent(handle));
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
+                   [&](GpuClient& client) { return client.destroyEvent(handle); });
 }
 
 kj::Promise<void> ClientSession::recordEvent(RecordEventContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getEvent(), HandleKind::kEvent);
-  CUresult result = client == nullptr ? CUDA_ERROR_INVALID_HANDLE
-                                      : client->recordEvent(params.getContext(), params.getEvent(),
-                                                            params.getStream());
-  context.getResults().setResult(result);
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(params.getEvent(), HandleKind::kEvent),
+                   CUDA_ERROR_INVALID_HANDLE, [&](GpuClient& client) {
+                     return client.recordEvent(params.getContext(), params.getEvent(),
+                                               params.getStream());
+                   });
 }
 
 kj::Promise<void> ClientSession::synchronizeEvent(SynchronizeEventContext context) {
   std::uint64_t handle = context.getParams().getEvent();
-  GpuClient* client = clientFor(handle, HandleKind::kEvent);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_HANDLE);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->synchronizeEvent(handle));
+  return answerWhenDone(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
+                        [&](GpuClient& client) { return client.synchronizeEvent(handle); });
 }
 
 kj::Promise<void> ClientSession::queryEvent(QueryEventContext context) {
   std::uint64_t handle = context.getParams().getEvent();
-  GpuClient* client = clientFor(handle, HandleKind::kEvent);
-  context.getResults().setResult(client == nullptr ? CUDA_ERROR_INVALID_HANDLE
-                                                   : client->queryEvent(handle));
-  return kj::READY_NOW;
+  return answerNow(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
+                   [&](GpuClient& client) { return client.queryEvent(handle); });
 }
 
 kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext context) {
