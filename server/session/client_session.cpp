@@ -40,6 +40,22 @@ kj::Promise<void> answerNow(Context& context, GpuClient* client, CUresult missin
   return kj::READY_NOW;
 }
 
+// For calls that create something: `create(*client)` gives a backend::Result whose value, on
+// success, `store(results, value)` puts into the answer.
+template <typename Context, typename Create, typename Store>
+kj::Promise<void> answerCreated(Context& context, GpuClient* client, CUresult missing,
+                                Create&& create, Store&& store) {
+  auto results = context.getResults();
+  if (client == nullptr) {
+    results.setResult(missing);
+    return kj::READY_NOW;
+  }
+  auto created = create(*client);
+  results.setResult(created.code());
+  if (created.ok()) store(results, created.value());
+  return kj::READY_NOW;
+}
+
 template <typename Context, typename Operation>
 kj::Promise<void> answerWhenDone(Context& context, GpuClient* client, CUresult missing,
                                  Operation&& operation) {
@@ -199,16 +215,10 @@ kj::Promise<void> ClientSession::synchronizeContext(SynchronizeContextContext co
 
 kj::Promise<void> ClientSession::memAlloc(MemAllocContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  auto pointer = client->allocate(params.getContext(), params.getBytes());
-  results.setResult(pointer.code());
-  if (pointer.ok()) results.setPointer(pointer.value());
-  return kj::READY_NOW;
+  return answerCreated(
+      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [&](GpuClient& client) { return client.allocate(params.getContext(), params.getBytes()); },
+      [](auto& results, CUdeviceptr pointer) { results.setPointer(pointer); });
 }
 
 kj::Promise<void> ClientSession::memFree(MemFreeContext context) {
@@ -294,16 +304,12 @@ kj::Promise<void> ClientSession::memset(MemsetContext context) {
 
 kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  auto module = client->loadModule(params.getContext(), bytesOf(params.getImage()));
-  results.setResult(module.code());
-  if (module.ok()) results.setModule(module.value());
-  return kj::READY_NOW;
+  return answerCreated(
+      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [&](GpuClient& client) {
+        return client.loadModule(params.getContext(), bytesOf(params.getImage()));
+      },
+      [](auto& results, Handle module) { results.setModule(module); });
 }
 
 kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {
@@ -362,16 +368,12 @@ kj::Promise<void> ClientSession::launchKernel(LaunchKernelContext context) {
 
 kj::Promise<void> ClientSession::createStream(CreateStreamContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  auto stream = client->createStream(params.getContext(), params.getFlags(), params.getPriority());
-  results.setResult(stream.code());
-  if (stream.ok()) results.setStream(stream.value());
-  return kj::READY_NOW;
+  return answerCreated(
+      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [&](GpuClient& client) {
+        return client.createStream(params.getContext(), params.getFlags(), params.getPriority());
+      },
+      [](auto& results, Handle stream) { results.setStream(stream); });
 }
 
 kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
@@ -431,16 +433,10 @@ kj::Promise<void> ClientSession::streamWaitEvent(StreamWaitEventContext context)
 
 kj::Promise<void> ClientSession::createEvent(CreateEventContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  auto event = client->createEvent(params.getContext(), params.getFlags());
-  results.setResult(event.code());
-  if (event.ok()) results.setEvent(event.value());
-  return kj::READY_NOW;
+  return answerCreated(
+      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [&](GpuClient& client) { return client.createEvent(params.getContext(), params.getFlags()); },
+      [](auto& results, Handle event) { results.setEvent(event); });
 }
 
 kj::Promise<void> ClientSession::destroyEvent(DestroyEventContext context) {
