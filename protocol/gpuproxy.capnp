@@ -51,6 +51,10 @@ struct KernelLayout {
   numRegs @4 :Int32;
 }
 
+# A capability that carries one file descriptor and nothing else: the receiver takes the descriptor
+# with Capability::Client::getFd(). The connection must be a Unix socket that passes descriptors.
+interface SharedFile {}
+
 # Bootstrap capability of the client socket. Who the client is comes from the socket (SO_PEERCRED),
 # never from anything it sends.
 interface Gateway {
@@ -109,6 +113,14 @@ interface Session {
   synchronizeEvent @27 (event :UInt64) -> (result :Int32);
   queryEvent @28 (event :UInt64) -> (result :Int32);
   eventElapsedTime @29 (start :UInt64, end :UInt64) -> (result :Int32, milliseconds :Float32);
+
+  # The data plane (protocol/RING_FORMAT.md): a sealed memfd segment holding the command ring,
+  # the completion ring, the control words and the staging area, and the eventfd the client writes
+  # to wake the daemon. Once per session; a second call answers CUDA_ERROR_ALREADY_MAPPED.
+  # Before answering any other call the daemon executes every command the client published in its
+  # command ring, so a client's calls keep their order across both paths.
+  openDataPlane @30 () -> (result :Int32, segment :SharedFile, doorbell :SharedFile,
+                           segmentBytes :UInt64);
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -177,6 +177,16 @@ struct SynchronizeBody {
 static_assert(sizeof(SynchronizeBody) == 32);
 static_assert(offsetof(SynchronizeBody, kind) == 24);
 
+// At the start of the control region. The daemon increments `completionsPublished` after every
+// completion record it writes and wakes the client with FUTEX_WAKE when `completionWaiters` is
+// nonzero (the pair is ipc::CompletionWord).
+struct ControlBlock {
+  std::uint32_t completionsPublished;
+  std::uint32_t completionWaiters;
+  std::uint8_t reserved[56];
+};
+static_assert(sizeof(ControlBlock) == 64);
+
 struct CompletionHeader {
   std::uint16_t kind;
   std::uint16_t flags;  // none defined; must be zero
