@@ -3,6 +3,7 @@
 #include "ipc/unix_socket.hpp"
 #include "server/admin/admin_service.hpp"
 #include "server/backend/backend_select.hpp"
+#include "server/data_plane/data_plane.hpp"
 #include "server/metrics/metrics_server.hpp"
 #include "server/session/client_session.hpp"
 #include "server/session/server_state.hpp"
@@ -15,6 +16,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,11 +41,20 @@ constexpr auto kShutdownGrace = 5 * kj::SECONDS;
 // Linux >= 6.5 hands out a pidfd of the peer that connected (not yet in Debian 12's headers).
 constexpr int kSoPeerPidfd = 77;
 
+// Descriptors one message may carry: a session's data-plane segment and doorbell.
+constexpr unsigned kMaxFdsPerMessage = 4;
+
 // One accepted connection: its stream and the RPC system serving its bootstrap capability.
 struct RpcConnection {
   RpcConnection(kj::Own<kj::AsyncIoStream> stream, capnp::Capability::Client bootstrap)
       : stream_(kj::mv(stream)),
         network_(*stream_, capnp::rpc::twoparty::Side::SERVER, readerOptions()),
+        rpc_(capnp::makeRpcServer(network_, kj::mv(bootstrap))) {}
+  // A client connection, which passes file descriptors (the data-plane segment).
+  RpcConnection(kj::Own<kj::AsyncCapabilityStream> stream, capnp::Capability::Client bootstrap)
+      : capabilityStream_(kj::mv(stream)),
+        network_(*capabilityStream_, kMaxFdsPerMessage, capnp::rpc::twoparty::Side::SERVER,
+                 readerOptions()),
         rpc_(capnp::makeRpcServer(network_, kj::mv(bootstrap))) {}
 
   static capnp::ReaderOptions readerOptions() {
@@ -53,6 +64,7 @@ struct RpcConnection {
   }
 
   kj::Own<kj::AsyncIoStream> stream_;
+  kj::Own<kj::AsyncCapabilityStream> capabilityStream_;
   capnp::TwoPartyVatNetwork network_;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc_;
 };
@@ -222,10 +234,17 @@ private:
       try {
         ipc::PeerCredentials peer = ipc::peerCredentials(*fd);
         auto process = kj::heap<PeerProcess>(io_.unixEventPort, *fd, peer.pid);
-        auto connection =
-            kj::heap<RpcConnection>(kj::mv(stream), kj::heap<ClientGateway>(state_, peer, tenant));
+        // The same socket, re-wrapped so that Cap'n Proto can attach descriptors to messages.
+        const int duplicate = ::fcntl(*fd, F_DUPFD_CLOEXEC, 0);
+        if (duplicate < 0) throw std::runtime_error(std::string("dup: ") + std::strerror(errno));
+        auto socket = io_.lowLevelProvider->wrapUnixSocketFd(
+            duplicate, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP |
+                           kj::LowLevelAsyncIoProvider::ALREADY_CLOEXEC);
+        stream = nullptr;
         auto registration = state_.connections.add(peer.pid);
         std::uint64_t id = registration.id;
+        auto connection = kj::heap<RpcConnection>(
+            kj::mv(socket), kj::heap<ClientGateway>(state_, peer, tenant, id));
         ServerState& state = state_;
         // Whichever comes first ends the connection and with it the client's sessions: the
         // socket hanging up, the process exiting, or an operator's eviction.
@@ -337,6 +356,14 @@ int runDaemon(const DaemonOptions& options) {
 
   kj::TaskSet reaper(reaperErrors);
   state.reaper = &reaper;
+  DataPlane dataPlane(io.unixEventPort);
+  state.dataPlane = &dataPlane;
+  // The data plane keeps the event queue non-empty while it spins; look at sockets and signals
+  // every few turns anyway, so control calls are not starved by a busy client.
+  io.waitScope.setBusyPollInterval(4);
+  auto dataPlaneLoop = dataPlane.run().eagerlyEvaluate([](kj::Exception&& e) {
+    spdlog::critical("data-plane loop failed: {}", e.getDescription().cStr());
+  });
   int exitCode = 0;
   {
     kj::TaskSet connections(connectionErrors);
@@ -385,6 +412,7 @@ int runDaemon(const DaemonOptions& options) {
       .exclusiveJoin(io.provider->getTimer().afterDelay(kShutdownGrace))
       .wait(io.waitScope);
   state.reaper = nullptr;
+  state.dataPlane = nullptr;
   spdlog::info("stopped");
   return exitCode;
 }
