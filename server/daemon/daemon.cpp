@@ -70,39 +70,37 @@ struct RpcConnection {
 };
 
 // The process that opened a connection, pinned with a pidfd: readable once that process has
-// exited, whoever else still holds the socket (a child that inherited it, say).
+// exited, whoever else still holds the socket (a child that inherited it, say). Watched through
+// the data plane's poller (io_uring where available).
 class PeerProcess {
 public:
-  PeerProcess(kj::UnixEventPort& port, int socketFd, pid_t pid) {
+  PeerProcess(DataPlane& dataPlane, int socketFd, pid_t pid) : dataPlane_(dataPlane) {
     socklen_t length = sizeof(fd_);
     if (::getsockopt(socketFd, SOL_SOCKET, kSoPeerPidfd, &fd_, &length) != 0) {
       // Older kernels: open it by pid. The peer is connected to us right now, so its pid cannot
       // have been reused yet unless it already exited, which the pidfd then reports at once.
       fd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     }
-    if (fd_ >= 0) {
-      observer_ = kj::heap<kj::UnixEventPort::FdObserver>(
-          port, fd_, kj::UnixEventPort::FdObserver::OBSERVE_READ);
-    } else {
+    if (fd_ < 0) {
       spdlog::warn("no pidfd for pid {} ({}): its session ends only when its socket closes", pid,
                    std::strerror(errno));
     }
   }
   ~PeerProcess() {
-    observer_ = nullptr;
     if (fd_ >= 0) ::close(fd_);
   }
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
 
+  // The descriptor stays open until this object is destroyed, which must come after the promise.
   kj::Promise<void> exited() {
-    if (observer_.get() == nullptr) return kj::NEVER_DONE;
-    return observer_->whenBecomesReadable();
+    if (fd_ < 0) return kj::NEVER_DONE;
+    return dataPlane_.whenReadable(fd_);
   }
 
 private:
+  DataPlane& dataPlane_;
   int fd_ = -1;
-  kj::Own<kj::UnixEventPort::FdObserver> observer_;
 };
 
 class LoggingErrorHandler final : public kj::TaskSet::ErrorHandler {
@@ -233,7 +231,7 @@ private:
     KJ_IF_MAYBE (fd, stream->getFd()) {
       try {
         ipc::PeerCredentials peer = ipc::peerCredentials(*fd);
-        auto process = kj::heap<PeerProcess>(io_.unixEventPort, *fd, peer.pid);
+        auto process = kj::heap<PeerProcess>(*state_.dataPlane, *fd, peer.pid);
         // The same socket, re-wrapped so that Cap'n Proto can attach descriptors to messages.
         const int duplicate = ::fcntl(*fd, F_DUPFD_CLOEXEC, 0);
         if (duplicate < 0) throw std::runtime_error(std::string("dup: ") + std::strerror(errno));

@@ -26,7 +26,7 @@ void DataPlane::add(ClientChannel& channel) {
   tokens_.emplace(&channel, token);
   // A new client starts talking at once; do not make its first command wait for a doorbell.
   lastWork_ = std::chrono::steady_clock::now();
-  poller_->wake();
+  if (wakeLoop_) wakeLoop_->fulfill();
 }
 
 void DataPlane::remove(ClientChannel& channel) {
@@ -52,7 +52,48 @@ bool DataPlane::pumpAll() {
   return worked;
 }
 
+kj::Promise<void> DataPlane::whenReadable(int fd) {
+  const std::uint64_t token = nextToken_++;
+  poller_->add(fd, token);
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  fdWatches_.emplace(token, FdWatch{fd, kj::mv(paf.fulfiller)});
+  // Arm it now: a loop that keeps spinning would otherwise arm it only at its next sleep.
+  if (harvest() && wakeLoop_) wakeLoop_->fulfill();
+  return paf.promise.attach(kj::defer([this, token]() {
+    auto found = fdWatches_.find(token);
+    if (found == fdWatches_.end()) return;
+    poller_->remove(found->second.fd);
+    fdWatches_.erase(found);
+  }));
+}
+
+bool DataPlane::harvest() {
+  poller_->wait(ready_, std::chrono::nanoseconds(0));
+  bool doorbell = false;
+  for (std::uint64_t token : ready_) {
+    auto watch = fdWatches_.find(token);
+    if (watch == fdWatches_.end()) {
+      doorbell = true;
+      continue;
+    }
+    // One-shot: stop watching before anyone can close the descriptor.
+    poller_->remove(watch->second.fd);
+    auto fulfiller = kj::mv(watch->second.fulfiller);
+    fdWatches_.erase(watch);
+    fulfiller->fulfill();
+  }
+  return doorbell;
+}
+
+kj::Promise<void> DataPlane::watchPoller() {
+  return observer_.whenBecomesReadable().then([this]() {
+    if (harvest() && wakeLoop_) wakeLoop_->fulfill();
+    return watchPoller();
+  });
+}
+
 kj::Promise<void> DataPlane::run() {
+  pollerWatch_ = watchPoller().eagerlyEvaluate(nullptr);
   return spin();
 }
 
@@ -70,18 +111,18 @@ kj::Promise<void> DataPlane::sleep() {
   bool work = false;
   for (auto& [token, channel] : channels_) work = work || channel->hasWork();
   // Arms the doorbell polls (io_uring submits them here) and takes what is already readable.
-  poller_->wait(ready_, std::chrono::nanoseconds(0));
-  if (work || !ready_.empty()) {
-    for (auto& [token, channel] : channels_) channel->finishSleep();
-    lastWork_ = std::chrono::steady_clock::now();
-    return kj::evalLater([this]() { return spin(); });
-  }
-  return observer_.whenBecomesReadable().then([this]() {
-    poller_->wait(ready_, std::chrono::nanoseconds(0));
+  // After this, a doorbell makes the poller's descriptor readable and watchPoller wakes us.
+  if (harvest()) work = true;
+  auto wake = [this]() {
+    wakeLoop_ = nullptr;
     for (auto& [token, channel] : channels_) channel->finishSleep();
     lastWork_ = std::chrono::steady_clock::now();
     return spin();
-  });
+  };
+  if (work) return kj::evalLater(kj::mv(wake));
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  wakeLoop_ = kj::mv(paf.fulfiller);
+  return paf.promise.then(kj::mv(wake));
 }
 
 }  // namespace gpuproxy::server
