@@ -91,6 +91,8 @@ public:
 
   void wake() noexcept override { signalEventFd(wake_.get()); }
 
+  int readinessFd() const noexcept override { return epoll_.get(); }
+
   std::string_view backendName() const noexcept override { return "epoll"; }
 
 private:
@@ -214,6 +216,8 @@ public:
   }
 
   void wake() noexcept override { signalEventFd(wake_.get()); }
+
+  int readinessFd() const noexcept override { return ring_.ring_fd; }
 
   std::string_view backendName() const noexcept override { return "io_uring"; }
 

@@ -39,6 +39,12 @@ public:
   // std::system_error on failures that are bugs or broken environments (EBADF, ENOMEM).
   virtual void wait(std::vector<std::uint64_t>& ready, std::chrono::nanoseconds timeout) = 0;
 
+  // A descriptor that is readable whenever a wait() with zero timeout would report something, so
+  // that another event loop (the daemon's kj loop) can sleep on all of the poller's descriptors
+  // at once: arm with wait(ready, 0), sleep until this is readable, then harvest with
+  // wait(ready, 0). The epoll instance itself, or the io_uring's ring descriptor (readable while
+  // completions are queued). Borrowed; valid for the poller's lifetime.
+  virtual int readinessFd() const noexcept = 0;
   // Thread-safe and async-signal-safe: makes the current (or next) wait() return promptly.
   virtual void wake() noexcept = 0;
 

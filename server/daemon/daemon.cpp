@@ -3,6 +3,7 @@
 #include "ipc/unix_socket.hpp"
 #include "server/admin/admin_service.hpp"
 #include "server/backend/backend_select.hpp"
+#include "server/data_plane/data_plane.hpp"
 #include "server/metrics/metrics_server.hpp"
 #include "server/session/client_session.hpp"
 #include "server/session/server_state.hpp"
@@ -15,6 +16,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,11 +41,20 @@ constexpr auto kShutdownGrace = 5 * kj::SECONDS;
 // Linux >= 6.5 hands out a pidfd of the peer that connected (not yet in Debian 12's headers).
 constexpr int kSoPeerPidfd = 77;
 
+// Descriptors one message may carry: a session's data-plane segment and doorbell.
+constexpr unsigned kMaxFdsPerMessage = 4;
+
 // One accepted connection: its stream and the RPC system serving its bootstrap capability.
 struct RpcConnection {
   RpcConnection(kj::Own<kj::AsyncIoStream> stream, capnp::Capability::Client bootstrap)
       : stream_(kj::mv(stream)),
         network_(*stream_, capnp::rpc::twoparty::Side::SERVER, readerOptions()),
+        rpc_(capnp::makeRpcServer(network_, kj::mv(bootstrap))) {}
+  // A client connection, which passes file descriptors (the data-plane segment).
+  RpcConnection(kj::Own<kj::AsyncCapabilityStream> stream, capnp::Capability::Client bootstrap)
+      : capabilityStream_(kj::mv(stream)),
+        network_(*capabilityStream_, kMaxFdsPerMessage, capnp::rpc::twoparty::Side::SERVER,
+                 readerOptions()),
         rpc_(capnp::makeRpcServer(network_, kj::mv(bootstrap))) {}
 
   static capnp::ReaderOptions readerOptions() {
@@ -53,44 +64,43 @@ struct RpcConnection {
   }
 
   kj::Own<kj::AsyncIoStream> stream_;
+  kj::Own<kj::AsyncCapabilityStream> capabilityStream_;
   capnp::TwoPartyVatNetwork network_;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc_;
 };
 
 // The process that opened a connection, pinned with a pidfd: readable once that process has
-// exited, whoever else still holds the socket (a child that inherited it, say).
+// exited, whoever else still holds the socket (a child that inherited it, say). Watched through
+// the data plane's poller (io_uring where available).
 class PeerProcess {
 public:
-  PeerProcess(kj::UnixEventPort& port, int socketFd, pid_t pid) {
+  PeerProcess(DataPlane& dataPlane, int socketFd, pid_t pid) : dataPlane_(dataPlane) {
     socklen_t length = sizeof(fd_);
     if (::getsockopt(socketFd, SOL_SOCKET, kSoPeerPidfd, &fd_, &length) != 0) {
       // Older kernels: open it by pid. The peer is connected to us right now, so its pid cannot
       // have been reused yet unless it already exited, which the pidfd then reports at once.
       fd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     }
-    if (fd_ >= 0) {
-      observer_ = kj::heap<kj::UnixEventPort::FdObserver>(
-          port, fd_, kj::UnixEventPort::FdObserver::OBSERVE_READ);
-    } else {
+    if (fd_ < 0) {
       spdlog::warn("no pidfd for pid {} ({}): its session ends only when its socket closes", pid,
                    std::strerror(errno));
     }
   }
   ~PeerProcess() {
-    observer_ = nullptr;
     if (fd_ >= 0) ::close(fd_);
   }
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
 
+  // The descriptor stays open until this object is destroyed, which must come after the promise.
   kj::Promise<void> exited() {
-    if (observer_.get() == nullptr) return kj::NEVER_DONE;
-    return observer_->whenBecomesReadable();
+    if (fd_ < 0) return kj::NEVER_DONE;
+    return dataPlane_.whenReadable(fd_);
   }
 
 private:
+  DataPlane& dataPlane_;
   int fd_ = -1;
-  kj::Own<kj::UnixEventPort::FdObserver> observer_;
 };
 
 class LoggingErrorHandler final : public kj::TaskSet::ErrorHandler {
@@ -221,11 +231,18 @@ private:
     KJ_IF_MAYBE (fd, stream->getFd()) {
       try {
         ipc::PeerCredentials peer = ipc::peerCredentials(*fd);
-        auto process = kj::heap<PeerProcess>(io_.unixEventPort, *fd, peer.pid);
-        auto connection =
-            kj::heap<RpcConnection>(kj::mv(stream), kj::heap<ClientGateway>(state_, peer, tenant));
+        auto process = kj::heap<PeerProcess>(*state_.dataPlane, *fd, peer.pid);
+        // The same socket, re-wrapped so that Cap'n Proto can attach descriptors to messages.
+        const int duplicate = ::fcntl(*fd, F_DUPFD_CLOEXEC, 0);
+        if (duplicate < 0) throw std::runtime_error(std::string("dup: ") + std::strerror(errno));
+        auto socket = io_.lowLevelProvider->wrapUnixSocketFd(
+            duplicate, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP |
+                           kj::LowLevelAsyncIoProvider::ALREADY_CLOEXEC);
+        stream = nullptr;
         auto registration = state_.connections.add(peer.pid);
         std::uint64_t id = registration.id;
+        auto connection = kj::heap<RpcConnection>(
+            kj::mv(socket), kj::heap<ClientGateway>(state_, peer, tenant, id));
         ServerState& state = state_;
         // Whichever comes first ends the connection and with it the client's sessions: the
         // socket hanging up, the process exiting, or an operator's eviction.
@@ -337,6 +354,14 @@ int runDaemon(const DaemonOptions& options) {
 
   kj::TaskSet reaper(reaperErrors);
   state.reaper = &reaper;
+  DataPlane dataPlane(io.unixEventPort);
+  state.dataPlane = &dataPlane;
+  // The data plane keeps the event queue non-empty while it spins; look at sockets and signals
+  // every few turns anyway, so control calls are not starved by a busy client.
+  io.waitScope.setBusyPollInterval(4);
+  auto dataPlaneLoop = dataPlane.run().eagerlyEvaluate([](kj::Exception&& e) {
+    spdlog::critical("data-plane loop failed: {}", e.getDescription().cStr());
+  });
   int exitCode = 0;
   {
     kj::TaskSet connections(connectionErrors);
@@ -385,6 +410,7 @@ int runDaemon(const DaemonOptions& options) {
       .exclusiveJoin(io.provider->getTimer().afterDelay(kShutdownGrace))
       .wait(io.waitScope);
   state.reaper = nullptr;
+  state.dataPlane = nullptr;
   spdlog::info("stopped");
   return exitCode;
 }

@@ -1,5 +1,7 @@
 #include "server/session/client_session.hpp"
 
+#include "server/data_plane/data_plane.hpp"
+
 #include "protocol/cuda_result.hpp"
 
 #include <capnp/message.h>
@@ -69,13 +71,22 @@ kj::Promise<void> answerWhenDone(Context& context, GpuClient* client, CUresult m
 }  // namespace
 
 ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
-                             std::vector<std::uint32_t> visibleDevices)
-    : state_(state), stats_(std::move(stats)), visibleDevices_(std::move(visibleDevices)) {
+                             std::vector<std::uint32_t> visibleDevices,
+                             std::uint64_t connectionId)
+    : state_(state),
+      stats_(std::move(stats)),
+      visibleDevices_(std::move(visibleDevices)),
+      connectionId_(connectionId),
+      ringTasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {
   state_.sessions.insert(this);
   ++stats_->tenant->clients;
 }
 
-ClientSession::~ClientSession() {
+ClientSession::~ClientSession() noexcept {
+  // The ring first: nothing may execute a command of this client once teardown has begun.
+  if (channel_ && state_.dataPlane != nullptr) state_.dataPlane->remove(*channel_);
+  ringTasks_ = nullptr;
+  channel_.reset();
   state_.sessions.erase(this);
   --stats_->tenant->clients;
   const ClientIdentity& who = stats_->identity;
@@ -346,21 +357,21 @@ kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
 
 kj::Promise<void> ClientSession::launchKernel(LaunchKernelContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  if (handleDevice(params.getFunction()) != client->deviceIndex()) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_HANDLE);
-    return kj::READY_NOW;
-  }
   backend::LaunchConfig config{dim3Of(params.getGrid()), dim3Of(params.getBlock()),
                                params.getSharedMemBytes()};
-  context.getResults().setResult(client->launchKernel(params.getContext(), params.getFunction(),
-                                                      config, params.getStream(),
-                                                      bytesOf(params.getParameters())));
+  context.getResults().setResult(launchKernel(params.getContext(), params.getFunction(), config,
+                                              params.getStream(),
+                                              bytesOf(params.getParameters())));
   return kj::READY_NOW;
+}
+
+CUresult ClientSession::launchKernel(std::uint64_t context, std::uint64_t function,
+                                     const backend::LaunchConfig& config, std::uint64_t stream,
+                                     std::span<const std::byte> parameters) {
+  GpuClient* client = clientFor(context, HandleKind::kContext);
+  if (client == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (handleDevice(function) != client->deviceIndex()) return CUDA_ERROR_INVALID_HANDLE;
+  return client->launchKernel(context, function, config, stream, parameters);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -382,50 +393,52 @@ kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
                    [&](GpuClient& client) { return client.destroyStream(handle); });
 }
 
+GpuClient* ClientSession::clientForStream(std::uint64_t context, std::uint64_t stream,
+                                          CUresult& missing) {
+  missing = stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  return stream == 0 ? clientFor(context, HandleKind::kContext)
+                     : clientFor(stream, HandleKind::kStream);
+}
+
 kj::Promise<void> ClientSession::synchronizeStream(SynchronizeStreamContext context) {
   auto params = context.getParams();
-  GpuClient* client = params.getStream() == 0 ? clientFor(params.getContext(), HandleKind::kContext)
-                                              : clientFor(params.getStream(), HandleKind::kStream);
-  if (client == nullptr) {
-    context.getResults().setResult(params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT
-                                                           : CUDA_ERROR_INVALID_HANDLE);
-    return kj::READY_NOW;
-  }
-  return answerLater(context, client->synchronizeStream(params.getContext(), params.getStream()));
+  CUresult missing;
+  GpuClient* client = clientForStream(params.getContext(), params.getStream(), missing);
+  return answerWhenDone(context, client, missing, [&](GpuClient& found) {
+    return found.synchronizeStream(params.getContext(), params.getStream());
+  });
 }
 
 kj::Promise<void> ClientSession::queryStream(QueryStreamContext context) {
   auto params = context.getParams();
-  GpuClient* client = params.getStream() == 0 ? clientFor(params.getContext(), HandleKind::kContext)
-                                              : clientFor(params.getStream(), HandleKind::kStream);
-  CUresult result =
-      client == nullptr
-          ? (params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE)
-          : client->queryStream(params.getContext(), params.getStream());
-  context.getResults().setResult(result);
-  return kj::READY_NOW;
+  CUresult missing;
+  GpuClient* client = clientForStream(params.getContext(), params.getStream(), missing);
+  return answerNow(context, client, missing, [&](GpuClient& found) {
+    return found.queryStream(params.getContext(), params.getStream());
+  });
 }
 
 kj::Promise<void> ClientSession::streamWaitEvent(StreamWaitEventContext context) {
   auto params = context.getParams();
-  GpuClient* client = params.getStream() == 0 ? clientFor(params.getContext(), HandleKind::kContext)
-                                              : clientFor(params.getStream(), HandleKind::kStream);
-  CUresult result = CUDA_SUCCESS;
-  if (client == nullptr) {
-    result = params.getStream() == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  } else if (params.getFlags() != 0 && params.getFlags() != CU_EVENT_WAIT_DEFAULT) {
-    result = CUDA_ERROR_INVALID_VALUE;
-  } else if (!client->ownsEvent(params.getEvent())) {
+  context.getResults().setResult(streamWaitEvent(params.getContext(), params.getStream(),
+                                                 params.getEvent(), params.getFlags()));
+  return kj::READY_NOW;
+}
+
+CUresult ClientSession::streamWaitEvent(std::uint64_t context, std::uint64_t stream,
+                                        std::uint64_t event, std::uint32_t flags) {
+  CUresult missing;
+  GpuClient* client = clientForStream(context, stream, missing);
+  if (client == nullptr) return missing;
+  if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+  if (!client->ownsEvent(event)) {
     // An event of this client on another GPU would need a cross-device wait, which the daemon
     // does not do yet; anything else is simply not this client's event.
-    GpuClient* owner = clientFor(params.getEvent(), HandleKind::kEvent);
-    result = (owner != nullptr && owner->ownsEvent(params.getEvent())) ? CUDA_ERROR_NOT_SUPPORTED
-                                                                       : CUDA_ERROR_INVALID_HANDLE;
-  } else {
-    result = client->streamWaitEvent(params.getContext(), params.getStream(), params.getEvent());
+    GpuClient* owner = clientFor(event, HandleKind::kEvent);
+    return (owner != nullptr && owner->ownsEvent(event)) ? CUDA_ERROR_NOT_SUPPORTED
+                                                         : CUDA_ERROR_INVALID_HANDLE;
   }
-  context.getResults().setResult(result);
-  return kj::READY_NOW;
+  return client->streamWaitEvent(context, stream, event);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -484,8 +497,8 @@ kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext contex
 // Gateway
 
 ClientGateway::ClientGateway(ServerState& state, ipc::PeerCredentials peer,
-                             std::shared_ptr<Tenant> tenant)
-    : state_(state), peer_(peer), tenant_(std::move(tenant)) {}
+                             std::shared_ptr<Tenant> tenant, std::uint64_t connectionId)
+    : state_(state), peer_(peer), tenant_(std::move(tenant)), connectionId_(connectionId) {}
 
 std::string cgroupOf(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
@@ -529,7 +542,7 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
   spdlog::info("client pid {} ({}, uid {}, cgroup {}) attached as tenant '{}'", peer_.pid,
                stats->identity.command, peer_.uid, stats->identity.cgroup, tenant_->name());
   results.setResult(CUDA_SUCCESS);
-  results.setSession(kj::heap<ClientSession>(state_, std::move(stats), visible));
+  results.setSession(kj::heap<ClientSession>(state_, std::move(stats), visible, connectionId_));
   results.setBackend(state_.backendName);
   results.setDriverVersion(state_.driverVersion);
   auto devices = results.initDevices(static_cast<unsigned>(visible.size()));

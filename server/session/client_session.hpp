@@ -7,6 +7,7 @@
 
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "ipc/unix_socket.hpp"
+#include "server/data_plane/client_channel.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_client.hpp"
 #include "server/session/server_state.hpp"
@@ -17,17 +18,26 @@
 
 namespace gpuproxy::server {
 
-class ClientSession final : public protocol::Session::Server {
+class ClientSession final : public protocol::Session::Server,
+                            private CommandExecutor,
+                            private kj::TaskSet::ErrorHandler {
 public:
   // `visibleDevices` maps the client's device ordinals to the daemon's devices: a tenant limited
   // to some devices sees only those, numbered from 0, as with CUDA_VISIBLE_DEVICES.
+  // `connectionId` is the connection's entry in state.connections (0: none).
   ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
-                std::vector<std::uint32_t> visibleDevices);
-  ~ClientSession();
+                std::vector<std::uint32_t> visibleDevices, std::uint64_t connectionId = 0);
+  ~ClientSession() noexcept;
 
   const ClientStats& stats() const { return *stats_; }
   // Devices this client has made a context on, in the order it first did.
   const std::vector<std::uint32_t>& devices() const { return devicesUsed_; }
+
+  // capnp::Capability::Server: every control call first executes what the client already put in
+  // its command ring, so its calls keep the order it made them in.
+  DispatchCallResult dispatchCall(std::uint64_t interfaceId, std::uint16_t methodId,
+                                  capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context)
+      override;
 
 protected:
   // gpuproxy::protocol::Session
@@ -61,8 +71,24 @@ protected:
   kj::Promise<void> synchronizeEvent(SynchronizeEventContext context) override;
   kj::Promise<void> queryEvent(QueryEventContext context) override;
   kj::Promise<void> eventElapsedTime(EventElapsedTimeContext context) override;
+  kj::Promise<void> openDataPlane(OpenDataPlaneContext context) override;
 
 private:
+  // CommandExecutor (server/session/ring_commands.cpp)
+  void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) override;
+  // kj::TaskSet::ErrorHandler, for the ring commands that answer later
+  void taskFailed(kj::Exception&& exception) override;
+
+  // The checks and the work shared by a control call and its ring record.
+  CUresult launchKernel(std::uint64_t context, std::uint64_t function,
+                        const backend::LaunchConfig& config, std::uint64_t stream,
+                        std::span<const std::byte> parameters);
+  CUresult streamWaitEvent(std::uint64_t context, std::uint64_t stream, std::uint64_t event,
+                           std::uint32_t flags);
+  GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
+  // Ends this client's connection: it broke the ring format.
+  void evict(const std::string& reason);
+
   // The client's state on its device ordinal `device`, created on first use; null for a device
   // it cannot see.
   GpuClient* clientForDevice(std::uint32_t device);
@@ -75,14 +101,20 @@ private:
   ServerState& state_;
   std::shared_ptr<ClientStats> stats_;
   std::vector<std::uint32_t> visibleDevices_;
+  std::uint64_t connectionId_;
   std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;  // by daemon device index
   std::vector<std::uint32_t> devicesUsed_;
+  // The data plane, once the client asked for it. The tasks finish ring commands that answer
+  // later (synchronisations, device-to-host copies) and are dropped before the channel.
+  std::unique_ptr<ClientChannel> channel_;
+  kj::Own<kj::TaskSet> ringTasks_;
 };
 
 // Bootstrap capability of one client connection: knows who is on the other end from the socket.
 class ClientGateway final : public protocol::Gateway::Server {
 public:
-  ClientGateway(ServerState& state, ipc::PeerCredentials peer, std::shared_ptr<Tenant> tenant);
+  ClientGateway(ServerState& state, ipc::PeerCredentials peer, std::shared_ptr<Tenant> tenant,
+                std::uint64_t connectionId = 0);
 
 protected:
   // gpuproxy::protocol::Gateway
@@ -92,6 +124,7 @@ private:
   ServerState& state_;
   ipc::PeerCredentials peer_;
   std::shared_ptr<Tenant> tenant_;
+  std::uint64_t connectionId_;
 };
 
 // The cgroup a process runs in, from /proc/PID/cgroup: the unified (v2) path when it says more

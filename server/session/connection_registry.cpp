@@ -23,4 +23,9 @@ std::uint32_t ConnectionRegistry::end(pid_t pid) {
   return ended;
 }
 
+void ConnectionRegistry::endConnection(std::uint64_t id) {
+  auto found = entries_.find(id);
+  if (found != entries_.end()) found->second.ender->fulfill();
+}
+
 }  // namespace gpuproxy::server

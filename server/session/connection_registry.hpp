@@ -24,6 +24,8 @@ public:
   void forget(std::uint64_t id);
   // Asks every connection of `pid` to end; returns how many there were.
   std::uint32_t end(pid_t pid);
+  // Asks one connection to end (a client that broke the data-plane format).
+  void endConnection(std::uint64_t id);
 
 private:
   struct Entry {

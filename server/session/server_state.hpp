@@ -22,6 +22,7 @@
 namespace gpuproxy::server {
 
 class ClientSession;
+class DataPlane;
 
 struct ServerState {
   std::string backendName;
@@ -31,6 +32,8 @@ struct ServerState {
   std::set<ClientSession*> sessions;  // borrowed: each session removes itself when destroyed
   // Runs each ended session's drain-then-free; outlives every session.
   kj::TaskSet* reaper = nullptr;
+  // Serves every session's command ring; null in tests that run sessions without one.
+  DataPlane* dataPlane = nullptr;
   // The configured tenants by name. A tenant dropped by a reload stays alive through the sessions
   // that still hold it.
   std::map<std::string, std::shared_ptr<Tenant>> tenants;

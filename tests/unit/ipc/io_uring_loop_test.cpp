@@ -1,5 +1,6 @@
 #include "ipc/io_uring_loop.hpp"
 
+#include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,6 +69,22 @@ TEST_P(PollerTest, ReportsReadableDescriptorsByToken) {
   signal(a);
   signal(c);
   EXPECT_EQ(waitFor(1s), (std::vector<std::uint64_t>{1, 3}));
+}
+
+// The daemon sleeps on readinessFd() inside its own event loop; a doorbell must make it readable.
+TEST_P(PollerTest, ReadinessDescriptorBecomesReadableWhenSomethingIsReady) {
+  UniqueFd a = makeEventFd();
+  poller_->add(a.get(), 7);
+  EXPECT_TRUE(waitFor(0ns).empty());  // arms the watches
+  pollfd readiness{poller_->readinessFd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&readiness, 1, 0), 0);
+  std::thread later([&] {
+    std::this_thread::sleep_for(20ms);
+    signal(a);
+  });
+  EXPECT_EQ(::poll(&readiness, 1, 5000), 1);
+  later.join();
+  EXPECT_EQ(waitFor(0ns), (std::vector<std::uint64_t>{7}));
 }
 
 TEST_P(PollerTest, IsLevelTriggered) {

@@ -1,0 +1,113 @@
+#pragma once
+// One client's data plane (protocol/RING_FORMAT.md): the sealed memfd segment the daemon made for
+// it, the command ring it writes, the completion ring the daemon writes, the control words and the
+// staging area, plus the eventfd the client rings when the daemon sleeps.
+//
+// The channel moves bytes and knows nothing of CUDA: it copies each command out of the ring,
+// decodes and validates it, and hands the decoded command to its CommandExecutor (the session),
+// which checks handles and pointers against the client's own tables and acts. What the executor
+// answers goes back through post*(). Nothing here blocks on anything the client controls: a full
+// completion ring parks answers in the daemon's own queue, and while that queue is long the
+// channel stops taking commands, so a client that never reads its answers throttles itself only.
+
+#include "ipc/doorbell.hpp"
+#include "ipc/shared_segment.hpp"
+#include "ipc/spsc_ring.hpp"
+#include "ipc/unique_fd.hpp"
+#include "protocol/ring_format.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace gpuproxy::server {
+
+class ClientChannel;
+
+class CommandExecutor {
+public:
+  virtual ~CommandExecutor() = default;
+  // Acts on one validated command (a DecodeError included: the executor reports it to the client
+  // or ends the session). Runs on the daemon's event loop thread.
+  virtual void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) = 0;
+};
+
+struct ChannelSizes {
+  std::size_t commandRingCapacity = std::size_t{1} << 20;
+  std::size_t completionRingCapacity = std::size_t{1} << 16;
+  std::size_t stagingBytes = std::size_t{16} << 20;
+};
+
+class ClientChannel {
+public:
+  // Creates the segment (named `name` in /proc/PID/maps), lays it out and initialises both rings.
+  // Throws std::system_error when the kernel refuses the memfd or eventfd.
+  ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes = {});
+  ~ClientChannel();
+  ClientChannel(const ClientChannel&) = delete;
+  ClientChannel& operator=(const ClientChannel&) = delete;
+
+  // What the client is handed (borrowed; the channel keeps owning them).
+  int segmentFd() const { return segment_.fd(); }
+  int doorbellFd() const { return doorbell_.get(); }
+  std::uint64_t segmentBytes() const { return segment_.size(); }
+
+  // Executes up to `budget` commands that the client has published; returns how many. Stops early
+  // when the channel is broken or too many answers wait for room in the completion ring.
+  std::size_t pump(std::size_t budget);
+  // Executes every command published so far (the session calls this before each control call, so
+  // a client's calls keep their order across the two paths).
+  void pumpAll();
+  // Whether a command waits in the ring (or answers wait for room): the loop must not sleep.
+  bool hasWork();
+
+  // The doorbell handshake around the data-plane loop's sleep (ipc/doorbell.hpp).
+  void prepareToSleep() { waiter_->prepareToSleep(); }
+  void finishSleep() { waiter_->finishSleep(); }
+
+  // Answers to the client, in the order posted.
+  void postCompletion(std::uint64_t token, CUresult result);
+  void postAsyncError(const protocol::ring::AsyncError& error);
+  void postStagingRelease(std::uint64_t offset, std::uint64_t bytes);
+
+  // The bytes of a host location the decoder has already checked against the region sizes. The
+  // client may change them at any moment: copy them before relying on them.
+  std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location,
+                                 std::uint64_t bytes);
+
+  // A framing error: the client broke the format. The channel stops reading and keeps the reason.
+  void markBroken(std::string reason);
+  bool broken() const { return broken_.has_value(); }
+
+  std::uint64_t commandsExecuted() const { return commandsExecuted_; }
+
+private:
+  using Answer = std::variant<protocol::ring::Completion, protocol::ring::AsyncError,
+                              protocol::ring::StagingRelease>;
+  void post(Answer answer);
+  // Moves parked answers into the completion ring while there is room; wakes the client once.
+  void flushAnswers();
+
+  CommandExecutor& executor_;
+  ipc::SharedSegment segment_;
+  ipc::UniqueFd doorbell_;
+  protocol::ring::wire::SegmentHeader header_{};
+  protocol::ring::SegmentLimits limits_;
+  std::optional<ipc::RingReader> commands_;
+  std::optional<ipc::RingWriter> completions_;
+  std::optional<ipc::DoorbellWaiter> waiter_;
+  std::optional<ipc::CompletionPublisher> publisher_;
+  std::uint32_t published_ = 0;
+  std::deque<Answer> parked_;
+  std::vector<std::byte> record_;
+  std::optional<std::string> broken_;
+  std::uint64_t commandsExecuted_ = 0;
+};
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,265 @@
+// The data plane of one session: handing the client its segment, and acting on each command it
+// puts in its ring (protocol/RING_FORMAT.md). Every command goes through the same checks and the
+// same GpuClient operations as the control call that does the same thing; only the way the
+// answer travels differs: an asynchronous command that fails becomes an AsyncError the stub
+// reports at the next synchronising call, a waited-for command answers its completion token.
+
+#include "server/data_plane/data_plane.hpp"
+#include "server/session/client_session.hpp"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <type_traits>
+#include <unistd.h>
+
+namespace gpuproxy::server {
+
+namespace ring = protocol::ring;
+
+namespace {
+
+// A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
+// duplicate, so it may outlive the session while Cap'n Proto is still sending it.
+class SharedFileServer final : public protocol::SharedFile::Server {
+public:
+  explicit SharedFileServer(int fd) : fd_(::fcntl(fd, F_DUPFD_CLOEXEC, 0)) {
+    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "dup");
+  }
+  ~SharedFileServer() { ::close(fd_); }
+  SharedFileServer(const SharedFileServer&) = delete;
+  SharedFileServer& operator=(const SharedFileServer&) = delete;
+
+  kj::Maybe<int> getFd() override { return fd_; }
+
+private:
+  int fd_;
+};
+
+backend::LaunchConfig configOf(const ring::LaunchKernel& launch) {
+  return backend::LaunchConfig{backend::Dim3{launch.grid.x, launch.grid.y, launch.grid.z},
+                               backend::Dim3{launch.block.x, launch.block.y, launch.block.z},
+                               launch.sharedMemBytes};
+}
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+}  // namespace
+
+ClientSession::DispatchCallResult ClientSession::dispatchCall(
+    std::uint64_t interfaceId, std::uint16_t methodId,
+    capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
+  if (channel_) channel_->pumpAll();
+  return protocol::Session::Server::dispatchCall(interfaceId, methodId, context);
+}
+
+kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
+  auto results = context.getResults();
+  if (channel_) {
+    results.setResult(CUDA_ERROR_ALREADY_MAPPED);
+    return kj::READY_NOW;
+  }
+  if (state_.dataPlane == nullptr) {
+    results.setResult(CUDA_ERROR_NOT_SUPPORTED);
+    return kj::READY_NOW;
+  }
+  try {
+    auto channel = std::make_unique<ClientChannel>(
+        static_cast<CommandExecutor&>(*this),
+        "gpuproxy-client-" + std::to_string(stats_->identity.pid));
+    results.setSegment(kj::heap<SharedFileServer>(channel->segmentFd()));
+    results.setDoorbell(kj::heap<SharedFileServer>(channel->doorbellFd()));
+    results.setSegmentBytes(channel->segmentBytes());
+    state_.dataPlane->add(*channel);
+    channel_ = std::move(channel);
+    results.setResult(CUDA_SUCCESS);
+  } catch (const std::exception& error) {
+    spdlog::warn("pid {}: cannot set up its data plane: {}", stats_->identity.pid, error.what());
+    results.setResult(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return kj::READY_NOW;
+}
+
+void ClientSession::taskFailed(kj::Exception&& exception) {
+  spdlog::warn("pid {}: ring command failed: {}", stats_->identity.pid,
+               exception.getDescription().cStr());
+}
+
+void ClientSession::evict(const std::string& reason) {
+  spdlog::warn("pid {} ({}) broke the data-plane format ({}): disconnecting it",
+               stats_->identity.pid, stats_->identity.command, reason);
+  channel_->markBroken(reason);
+  state_.connections.endConnection(connectionId_);
+}
+
+void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& channel) {
+  // Reports the outcome of an asynchronous command: nothing on success, an AsyncError otherwise.
+  auto report = [&channel](CUresult result, const auto& command, ring::Opcode opcode) {
+    if (result == CUDA_SUCCESS) return;
+    channel.postAsyncError(ring::AsyncError{command.sequence, command.context, command.stream,
+                                            result, static_cast<std::uint16_t>(opcode)});
+  };
+  // Answers a waited-for command now (a token) or reports its failure (no token).
+  auto answer = [&](CUresult result, std::uint64_t token, const auto& command,
+                    ring::Opcode opcode) {
+    if (token != 0) {
+      channel.postCompletion(token, result);
+    } else {
+      report(result, command, opcode);
+    }
+  };
+  // Answers `token` once `promise` resolves.
+  auto answerLater = [&](kj::Promise<CUresult> promise, std::uint64_t token) {
+    ringTasks_->add(promise.then(
+        [&channel, token](CUresult result) { channel.postCompletion(token, result); }));
+  };
+
+  std::visit(
+      Overloaded{
+          [&](const ring::LaunchKernel& launch) {
+            std::span<const std::byte> parameters = launch.inlineParameters;
+            std::vector<std::byte> copied;
+            if (launch.parameterReference) {
+              auto bytes = channel.hostBytes(*launch.parameterReference, launch.parameterBytes);
+              copied.assign(bytes.begin(), bytes.end());
+              parameters = copied;
+              if (launch.parameterReference->region == ring::HostRegion::kStaging) {
+                channel.postStagingRelease(launch.parameterReference->offset,
+                                           launch.parameterBytes);
+              }
+            }
+            report(launchKernel(launch.context, launch.function, configOf(launch), launch.stream,
+                                parameters),
+                   launch, ring::Opcode::kLaunchKernel);
+          },
+          [&](const ring::CopyHostToDevice& copy) {
+            GpuClient* client = clientFor(copy.context, HandleKind::kContext);
+            CUresult result = CUDA_ERROR_INVALID_CONTEXT;
+            if (client != nullptr) {
+              // Copies the bytes out of the segment before it returns.
+              result = client->copyHostToDevice(copy.context, copy.stream, copy.destination,
+                                                channel.hostBytes(copy.source, copy.bytes));
+            }
+            if (copy.source.region == ring::HostRegion::kStaging) {
+              channel.postStagingRelease(copy.source.offset, copy.bytes);
+            }
+            answer(result, copy.completionToken, copy, ring::Opcode::kCopyHostToDevice);
+          },
+          [&](const ring::CopyDeviceToHost& copy) {
+            GpuClient* client = clientFor(copy.context, HandleKind::kContext);
+            if (client == nullptr) {
+              answer(CUDA_ERROR_INVALID_CONTEXT, copy.completionToken, copy,
+                     ring::Opcode::kCopyDeviceToHost);
+              return;
+            }
+            auto destination = channel.hostBytes(copy.destination, copy.bytes);
+            const std::uint64_t token = copy.completionToken;
+            ring::AsyncError failure{copy.sequence, copy.context, copy.stream,
+                                           CUDA_SUCCESS,
+                                           static_cast<std::uint16_t>(
+                                               ring::Opcode::kCopyDeviceToHost)};
+            ringTasks_->add(
+                client->copyDeviceToHost(copy.context, copy.stream, copy.source, copy.bytes)
+                    .then([&channel, destination, token,
+                           failure](backend::Result<std::vector<std::byte>> bytes) mutable {
+                      if (bytes.ok() && bytes.value().size() == destination.size()) {
+                        std::memcpy(destination.data(), bytes.value().data(), destination.size());
+                      }
+                      if (token != 0) {
+                        channel.postCompletion(token, bytes.code());
+                      } else if (!bytes.ok()) {
+                        failure.result = bytes.code();
+                        channel.postAsyncError(failure);
+                      }
+                    }));
+          },
+          [&](const ring::CopyDeviceToDevice& copy) {
+            GpuClient* client = clientFor(copy.context, HandleKind::kContext);
+            report(client == nullptr
+                       ? CUDA_ERROR_INVALID_CONTEXT
+                       : client->copyDeviceToDevice(copy.context, copy.stream, copy.destination,
+                                                    copy.source, copy.bytes),
+                   copy, ring::Opcode::kCopyDeviceToDevice);
+          },
+          [&](const ring::Memset& memset) {
+            GpuClient* client = clientFor(memset.context, HandleKind::kContext);
+            report(client == nullptr
+                       ? CUDA_ERROR_INVALID_CONTEXT
+                       : client->memset(memset.context, memset.stream, memset.destination,
+                                        memset.value, memset.elementSize, memset.count),
+                   memset, ring::Opcode::kMemset);
+          },
+          [&](const ring::EventRecord& record) {
+            GpuClient* client = clientFor(record.event, HandleKind::kEvent);
+            report(client == nullptr
+                       ? CUDA_ERROR_INVALID_HANDLE
+                       : client->recordEvent(record.context, record.event, record.stream),
+                   record, ring::Opcode::kEventRecord);
+          },
+          [&](const ring::StreamWaitEvent& wait) {
+            report(streamWaitEvent(wait.context, wait.stream, wait.event, wait.flags), wait,
+                   ring::Opcode::kStreamWaitEvent);
+          },
+          [&](const ring::Synchronize& sync) {
+            const std::uint64_t token = sync.completionToken;
+            switch (sync.kind) {
+              case ring::SynchronizeKind::kStream: {
+                CUresult missing;
+                GpuClient* client = clientForStream(sync.context, sync.handle, missing);
+                if (client == nullptr) {
+                  channel.postCompletion(token, missing);
+                } else if (sync.query) {
+                  channel.postCompletion(token, client->queryStream(sync.context, sync.handle));
+                } else {
+                  answerLater(client->synchronizeStream(sync.context, sync.handle), token);
+                }
+                return;
+              }
+              case ring::SynchronizeKind::kEvent: {
+                GpuClient* client = clientFor(sync.handle, HandleKind::kEvent);
+                if (client == nullptr) {
+                  channel.postCompletion(token, CUDA_ERROR_INVALID_HANDLE);
+                } else if (sync.query) {
+                  channel.postCompletion(token, client->queryEvent(sync.handle));
+                } else {
+                  answerLater(client->synchronizeEvent(sync.handle), token);
+                }
+                return;
+              }
+              case ring::SynchronizeKind::kContext: {
+                GpuClient* client = clientFor(sync.context, HandleKind::kContext);
+                if (client == nullptr) {
+                  channel.postCompletion(token, CUDA_ERROR_INVALID_CONTEXT);
+                } else if (sync.query) {
+                  channel.postCompletion(token, CUDA_ERROR_NOT_SUPPORTED);
+                } else {
+                  answerLater(client->synchronizeContext(sync.context), token);
+                }
+                return;
+              }
+            }
+            channel.postCompletion(token, CUDA_ERROR_INVALID_VALUE);
+          },
+          [&](const ring::DecodeError& error) {
+            if (error.disconnect) {
+              evict(std::string(ring::describe(error.failure)));
+            } else if (error.completionToken != 0) {
+              channel.postCompletion(error.completionToken, error.result);
+            } else {
+              channel.postAsyncError(ring::AsyncError{error.sequence, error.context, error.stream,
+                                                      error.result, error.opcode});
+            }
+          },
+      },
+      command);
+}
+
+}  // namespace gpuproxy::server
