@@ -165,5 +165,24 @@ TEST_F(StubRing, AClientKilledWhileLaunchingIsReclaimed) {
   EXPECT_TRUE(vectorAdd.status.exitedWith(0)) << vectorAdd.errors;
 }
 
+// The daemon dies while a client waits for its work: the wait ends with
+// CUDA_ERROR_MPS_CONNECTION_FAILED (no hang), and so does the next call.
+TEST(StubRingDaemonDeath, AWaitOnADeadDaemonFailsInsteadOfHanging) {
+  auto daemon = std::make_unique<Daemon>();
+  auto client = daemon->startClient("ring_probe", {"wait-on-dead-daemon"});
+  ASSERT_TRUE(eventually([&] { return client->output().find("waiting") != std::string::npos; }))
+      << client->errors();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  daemon->signal(SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  ExitStatus status = client->wait(std::chrono::seconds(20));
+  EXPECT_TRUE(status.exitedWith(0)) << client->output() << client->errors();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
+  auto got = answers(client->output());
+  EXPECT_EQ(got["cuStreamSynchronize"], "CUDA_ERROR_MPS_CONNECTION_FAILED") << client->output();
+  EXPECT_EQ(got["cuLaunchKernel(after)"], "CUDA_ERROR_MPS_CONNECTION_FAILED") << client->output();
+  daemon.reset();
+}
+
 }  // namespace
 }  // namespace gpuproxy::testing

@@ -10,6 +10,7 @@
 //   ring_probe staging BYTES
 //   ring_probe trap-async stream-sync|ctx-sync|stream-query
 //   ring_probe sync-errors
+//   ring_probe wait-on-dead-daemon
 //   ring_probe launch-forever BYTES
 #include <cuda.h>
 
@@ -409,6 +410,23 @@ int syncErrors() {
   return 0;
 }
 
+// Waits on work that takes far longer than the test: the daemon is killed meanwhile, and the
+// wait must end with an error instead of hanging.
+int waitOnDeadDaemon() {
+  Setup setup = setUp();
+  CUfunction spin = function(setup, "spin");
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  unsigned long long ns = 600ull * 1000 * 1000 * 1000;
+  void* params[] = {&ns};
+  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr));
+  std::printf("waiting\n");
+  std::fflush(stdout);
+  report("cuStreamSynchronize", cuStreamSynchronize(stream));
+  report("cuLaunchKernel(after)", cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr));
+  return 0;
+}
+
 // Holds memory and launches as fast as it can until killed.
 int launchForever(std::size_t bytes) {
   Setup setup = setUp();
@@ -448,6 +466,7 @@ int main(int argc, char** argv) {
   if (scenario == "staging") return staging(static_cast<std::size_t>(number(2, 48 << 20)));
   if (scenario == "trap-async" && argc > 2) return trapAsync(argv[2]);
   if (scenario == "sync-errors") return syncErrors();
+  if (scenario == "wait-on-dead-daemon") return waitOnDeadDaemon();
   if (scenario == "launch-forever") {
     return launchForever(static_cast<std::size_t>(number(2, 1 << 20)));
   }
