@@ -137,7 +137,8 @@ void DataPlane::drainLocked() {
                          static_cast<unsigned long long>(error.sequence),
                          static_cast<unsigned>(error.opcode),
                          static_cast<unsigned long long>(error.stream),
-                         std::string(protocol::cudaResultNameOr(error.result, "unknown CUresult")).c_str());
+                         std::string(protocol::cudaResultNameOr(error.result, "unknown CUresult"))
+                             .c_str());
                      latchedErrors_.try_emplace(error.context, error.result);
                    },
                    [&](const ring::StagingRelease& release) {

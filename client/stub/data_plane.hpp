@@ -114,7 +114,7 @@ public:
   // A D2H chunk's range, once its bytes are out.
   void releaseStaging(const StagingAllocator::Range& range);
 
-  // Records whose ring writes had to wait for space, and doorbell writes (for logs and tests).
+  // Times a record had to wait for room in the command ring (the daemon fell behind).
   std::uint64_t ringFullWaits() const { return ringFullWaits_.load(std::memory_order_relaxed); }
 
 private:
@@ -149,8 +149,8 @@ private:
   std::mutex completionMutex_;
   std::unique_ptr<ipc::RingReader> reader_;
   std::vector<std::byte> record_;
-  std::unordered_map<std::uint64_t, CUresult> results_;         // token -> result
-  std::unordered_map<std::uint64_t, CUresult> latchedErrors_;   // context -> first error
+  std::unordered_map<std::uint64_t, CUresult> results_;        // token -> result
+  std::unordered_map<std::uint64_t, CUresult> latchedErrors_;  // context -> first error
   StagingAllocator stagingAllocator_;
 };
 

@@ -350,9 +350,8 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
               [](const std::shared_ptr<const KernelRecord>& record) { return record->context; });
   {
     std::lock_guard allocationsLock(allocationsMutex_);
-    std::erase_if(allocations_, [context](const auto& entry) {
-      return entry.second.context == context;
-    });
+    std::erase_if(allocations_,
+                  [context](const auto& entry) { return entry.second.context == context; });
   }
   if (destroyed) {
     contexts_.erase(context);

@@ -104,9 +104,9 @@ TEST_F(StubRing, BadArgumentsFailAtTheCallAndLeaveNothingLatched) {
   EXPECT_EQ(got["cuStreamWaitEvent(bad event)"], "CUDA_ERROR_INVALID_HANDLE");
   EXPECT_EQ(got["cuStreamWaitEvent(bad flags)"], "CUDA_ERROR_INVALID_VALUE");
   EXPECT_EQ(got["cuEventSynchronize(bad event)"], "CUDA_ERROR_INVALID_HANDLE");
-  for (const char* check : {"launch(good)", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
-                            "cuStreamSynchronize", "cuStreamQuery", "cuCtxSynchronize",
-                            "cuMemcpyDtoH"}) {
+  for (const char* check :
+       {"launch(good)", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
+        "cuStreamSynchronize", "cuStreamQuery", "cuCtxSynchronize", "cuMemcpyDtoH"}) {
     EXPECT_EQ(got[check], "CUDA_SUCCESS") << check;
   }
 }

@@ -338,7 +338,8 @@ int trapAsync(const std::string& how) {
   CUfunction trap = function(setup, "trap");
   CUstream stream;
   CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-  report("cuLaunchKernel(trap)", cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
+  report("cuLaunchKernel(trap)",
+         cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
   if (how == "stream-sync") {
     report("cuStreamSynchronize", cuStreamSynchronize(stream));
   } else if (how == "ctx-sync") {
@@ -372,10 +373,10 @@ int syncErrors() {
   unsigned value = 1;
   unsigned long long count = 256;
   void* params[] = {&pointer, &value, &count};
-  report("launch(bad function)",
-         cuLaunchKernel(reinterpret_cast<CUfunction>(0x4321), 1, 1, 1, 1, 1, 1, 0, stream, params,
-                        nullptr));
-  report("launch(zero block)", cuLaunchKernel(fillU32, 1, 1, 1, 0, 1, 1, 0, stream, params, nullptr));
+  report("launch(bad function)", cuLaunchKernel(reinterpret_cast<CUfunction>(0x4321), 1, 1, 1, 1, 1,
+                                                1, 0, stream, params, nullptr));
+  report("launch(zero block)",
+         cuLaunchKernel(fillU32, 1, 1, 1, 0, 1, 1, 0, stream, params, nullptr));
   report("launch(too many threads)",
          cuLaunchKernel(fillU32, 1, 1, 1, 2048, 1, 1, 0, stream, params, nullptr));
   report("launch(bad stream)", cuLaunchKernel(fillU32, 1, 1, 1, 256, 1, 1, 0,
@@ -423,7 +424,8 @@ int waitOnDeadDaemon() {
   std::printf("waiting\n");
   std::fflush(stdout);
   report("cuStreamSynchronize", cuStreamSynchronize(stream));
-  report("cuLaunchKernel(after)", cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr));
+  report("cuLaunchKernel(after)",
+         cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr));
   return 0;
 }
 

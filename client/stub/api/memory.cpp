@@ -28,11 +28,11 @@
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::DataPlane;
-using gpuproxy::stub::StagingAllocator;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StagingAllocator;
 using gpuproxy::stub::StreamTarget;
 using gpuproxy::stub::toResult;
 
@@ -138,7 +138,8 @@ CUresult stagedHostToDevice(DataPlane& plane, const StreamTarget& target, CUdevi
   const std::uint64_t chunk = plane.chunkBytes();
   std::uint32_t index = 0;
   for (std::size_t position = 0; position < bytes; ++index) {
-    const std::size_t length = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
+    const std::size_t length =
+        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
     std::optional<StagingAllocator::Range> range = plane.allocateStaging(length, nullptr);
     if (!range) return CUDA_ERROR_MPS_CONNECTION_FAILED;
     std::memcpy(plane.staging().data() + range->offset, from + position, length);
@@ -195,7 +196,8 @@ CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* 
   const std::uint64_t chunk = plane.chunkBytes();
   std::uint32_t index = 0;
   for (std::size_t position = 0; position < bytes && failure == CUDA_SUCCESS; ++index) {
-    const std::size_t length = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
+    const std::size_t length =
+        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
     std::optional<StagingAllocator::Range> range = plane.allocateStaging(length, finishOldest);
     if (!range) {
       failure = CUDA_ERROR_MPS_CONNECTION_FAILED;
