@@ -88,6 +88,11 @@ TEST_F(StubRing, CopiesLargerThanTheStagingAreaArriveIntact) {
   EXPECT_NE(result.output.find("staging OK"), std::string::npos) << result.output;
 }
 
+TEST_F(StubRing, ThreadsCopyingAtOnceShareTheStagingArea) {
+  RunResult result = probe({"staging-threads", "4", std::to_string((10 << 20) + 12345)});
+  EXPECT_NE(result.output.find("staging-threads OK 4"), std::string::npos) << result.output;
+}
+
 TEST_F(StubRing, BadArgumentsFailAtTheCallAndLeaveNothingLatched) {
   auto got = answers(probe({"sync-errors"}).output);
   EXPECT_EQ(got["launch(bad function)"], "CUDA_ERROR_INVALID_HANDLE");

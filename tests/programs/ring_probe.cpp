@@ -8,6 +8,7 @@
 //   ring_probe many-launchers THREADS LAUNCHES
 //   ring_probe big-args
 //   ring_probe staging BYTES
+//   ring_probe staging-threads THREADS BYTES
 //   ring_probe trap-async stream-sync|ctx-sync|stream-query
 //   ring_probe sync-errors
 //   ring_probe wait-on-dead-daemon
@@ -331,6 +332,41 @@ int staging(std::size_t bytes) {
   return 0;
 }
 
+// Several threads copying at once, so that their chunks interleave in the staging area and come
+// back out of order.
+int stagingThreads(int threads, std::size_t bytes) {
+  Setup setup = setUp();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      CHECK(cuCtxSetCurrent(setup.context));
+      CUdeviceptr device;
+      CHECK(cuMemAlloc(&device, bytes));
+      CUstream stream;
+      CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+      std::vector<unsigned char> in(bytes);
+      std::vector<unsigned char> out(bytes);
+      for (int round = 0; round < 3; ++round) {
+        fillPattern(in, static_cast<std::uint64_t>(t * 10 + round));
+        if (round % 2 == 0) {
+          CHECK(cuMemcpyHtoD(device, in.data(), bytes));
+          CHECK(cuMemcpyDtoH(out.data(), device, bytes));
+        } else {
+          CHECK(cuMemcpyHtoDAsync(device, in.data(), bytes, stream));
+          CHECK(cuMemcpyDtoHAsync(out.data(), device, bytes, stream));
+          CHECK(cuStreamSynchronize(stream));
+        }
+        expectEqual(out, in, "staging-threads");
+      }
+      CHECK(cuStreamDestroy(stream));
+      CHECK(cuMemFree(device));
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  std::printf("staging-threads OK %d x %zu\n", threads, bytes);
+  return 0;
+}
+
 // A faulting kernel launched asynchronously: the launch succeeds, the fault shows at the next
 // call that synchronises.
 int trapAsync(const std::string& how) {
@@ -466,6 +502,10 @@ int main(int argc, char** argv) {
   }
   if (scenario == "big-args") return bigArgs();
   if (scenario == "staging") return staging(static_cast<std::size_t>(number(2, 48 << 20)));
+  if (scenario == "staging-threads") {
+    return stagingThreads(static_cast<int>(number(2, 4)),
+                          static_cast<std::size_t>(number(3, 10 << 20)));
+  }
   if (scenario == "trap-async" && argc > 2) return trapAsync(argv[2]);
   if (scenario == "sync-errors") return syncErrors();
   if (scenario == "wait-on-dead-daemon") return waitOnDeadDaemon();
