@@ -66,7 +66,8 @@ ClientChannel::~ClientChannel() = default;
 std::size_t ClientChannel::pump(std::size_t budget) {
   std::size_t executed = 0;
   if (!parked_.empty()) flushAnswers();
-  while (executed < budget && !broken_ && parked_.size() < kMaxParkedAnswers) {
+  while (executed < budget && !broken_ && parked_.size() < kMaxParkedAnswers &&
+         executor_.readyForCommands()) {
     ipc::RingStatus status = commands_->read(record_);
     if (status == ipc::RingStatus::kEmpty) break;
     if (status != ipc::RingStatus::kOk) {

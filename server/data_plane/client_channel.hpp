@@ -36,6 +36,9 @@ public:
   // Acts on one validated command (a DecodeError included: the executor reports it to the client
   // or ends the session). Runs on the daemon's event loop thread.
   virtual void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) = 0;
+  // False while the client has so much work queued that the channel should leave its further
+  // commands in the ring (backpressure: the client's ring fills and its writes wait).
+  virtual bool readyForCommands() const { return true; }
 };
 
 struct ChannelSizes {

@@ -391,7 +391,12 @@ CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr 
       target->stream->copyHostToDevice(destination, staged->bytes.data(), staged->bytes.size());
   if (queued != CUDA_SUCCESS) return queued;
   // The staged copy lives until the backend has read it.
-  return target->stream->addCallback([staged](CUresult) {});
+  ++stats_->operationsInFlight;
+  std::shared_ptr<ClientStats> stats = stats_;
+  CUresult callback =
+      target->stream->addCallback([staged, stats](CUresult) { --stats->operationsInFlight; });
+  if (callback != CUDA_SUCCESS) --stats_->operationsInFlight;
+  return callback;
 }
 
 kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost(
@@ -521,13 +526,16 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
   std::shared_ptr<ClientStats> stats = stats_;
   GpuWorker* worker = &worker_;
   pid_t pid = stats_->identity.pid;
+  ++stats_->operationsInFlight;
   CUresult launched =
       target->stream->launch(*found->second.function, config, parameters,
                              [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
                                stats->gpuTimeNs += gpuNanoseconds;
                                stats->tenant->gpuTimeNs += gpuNanoseconds;
+                               --stats->operationsInFlight;
                                worker->noteKernelStatus(status, pid);
                              });
+  if (launched != CUDA_SUCCESS) --stats_->operationsInFlight;
   if (launched == CUDA_SUCCESS) {
     ++stats_->kernelsLaunched;
     ++stats_->tenant->kernelsLaunched;

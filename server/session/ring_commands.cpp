@@ -22,6 +22,11 @@ namespace ring = protocol::ring;
 
 namespace {
 
+// Queued kernels and staged copies per client before its ring stops being read. Enough to keep a
+// GPU busy through any launch burst; small enough that staged bytes (a few MiB each at most)
+// cannot grow the daemon without bound.
+constexpr std::int64_t kMaxOperationsInFlight = 4096;
+
 // A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
 // duplicate, so it may outlive the session while Cap'n Proto is still sending it.
 class SharedFileServer final : public protocol::SharedFile::Server {
@@ -86,6 +91,10 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setResult(CUDA_ERROR_OUT_OF_MEMORY);
   }
   return kj::READY_NOW;
+}
+
+bool ClientSession::readyForCommands() const {
+  return stats_->operationsInFlight.load(std::memory_order_relaxed) < kMaxOperationsInFlight;
 }
 
 void ClientSession::taskFailed(kj::Exception&& exception) {
