@@ -169,26 +169,23 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
                      ring::Opcode::kCopyDeviceToHost);
               return;
             }
-            auto destination = channel.hostBytes(copy.destination, copy.bytes);
+            // Straight into the client's staging area: no copy in the daemon.
             const std::uint64_t token = copy.completionToken;
-            ring::AsyncError failure{copy.sequence, copy.context, copy.stream,
-                                           CUDA_SUCCESS,
-                                           static_cast<std::uint16_t>(
-                                               ring::Opcode::kCopyDeviceToHost)};
-            ringTasks_->add(
-                client->copyDeviceToHost(copy.context, copy.stream, copy.source, copy.bytes)
-                    .then([&channel, destination, token,
-                           failure](backend::Result<std::vector<std::byte>> bytes) mutable {
-                      if (bytes.ok() && bytes.value().size() == destination.size()) {
-                        std::memcpy(destination.data(), bytes.value().data(), destination.size());
-                      }
-                      if (token != 0) {
-                        channel.postCompletion(token, bytes.code());
-                      } else if (!bytes.ok()) {
-                        failure.result = bytes.code();
-                        channel.postAsyncError(failure);
-                      }
-                    }));
+            ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
+                                     static_cast<std::uint16_t>(ring::Opcode::kCopyDeviceToHost)};
+            ringTasks_->add(client
+                                ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
+                                                       channel.hostBytes(copy.destination,
+                                                                         copy.bytes),
+                                                       channel.segmentKeepAlive())
+                                .then([&channel, token, failure](CUresult result) mutable {
+                                  if (token != 0) {
+                                    channel.postCompletion(token, result);
+                                  } else if (result != CUDA_SUCCESS) {
+                                    failure.result = result;
+                                    channel.postAsyncError(failure);
+                                  }
+                                }));
           },
           [&](const ring::CopyDeviceToDevice& copy) {
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);
