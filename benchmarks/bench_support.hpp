@@ -20,6 +20,15 @@
 
 namespace gpuproxy::bench {
 
+// Which path the stub takes to the daemon in this process (GPUPROXY_TRANSPORT, read by the stub
+// at cuInit): the shared-memory rings, or Cap'n Proto for every call (the earlier path, kept as
+// a baseline).
+inline std::string stubTransport() {
+  const char* transport = std::getenv("GPUPROXY_TRANSPORT");
+  return transport != nullptr && std::string_view(transport) == "rpc" ? "Cap'n Proto"
+                                                                       : "shm ring";
+}
+
 inline std::int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())

@@ -131,8 +131,8 @@ int main(int argc, char** argv) {
   std::printf(
       "Synchronous cuMemcpyHtoD/cuMemcpyDtoH on the legacy stream; median GB/s (10^9 B/s) "
       "of copies repeated for >= %.2f s and >= %ld times per cell; %% is of memcpy of the "
-      "same size measured just before; stub device: %s.\n\n",
-      options.seconds, options.minReps, name.c_str());
+      "same size measured just before; stub device: %s; transport: %s.\n\n",
+      options.seconds, options.minReps, name.c_str(), stubTransport().c_str());
   Table table({"size", "memcpy GB/s", "H2D pageable", "D2H pageable", "H2D pinned", "D2H pinned"});
   auto cell = [](double rate, double baseline) {
     return format("%.2f", rate) + " (" + formatPercent(rate / baseline) + ")";

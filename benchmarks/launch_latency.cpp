@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
                formatNs(inprocSummary.p99), formatNs(inprocSummary.mean), "1.00x"});
   }
   if (stub) {
-    table.add({"stub -> gpuproxyd (Cap'n Proto)", std::to_string(stubSummary.samples),
+    table.add({"stub -> gpuproxyd (" + stubTransport() + ")", std::to_string(stubSummary.samples),
                formatNs(stubSummary.median), formatNs(stubSummary.p90), formatNs(stubSummary.p99),
                formatNs(stubSummary.mean),
                inproc ? formatRatio(stubSummary.median / inprocSummary.median) : "-"});

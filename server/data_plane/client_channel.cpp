@@ -40,10 +40,11 @@ ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
   if (!header) throw std::invalid_argument("data-plane segment sizes do not form a valid layout");
   header_ = *header;
   limits_ = ring::limitsOf(header_);
-  segment_ = ipc::SharedSegment::create(name, header_.segmentBytes);
-  std::memcpy(segment_.data(), &header_, sizeof(header_));
-  auto commandRegion = regionOf(segment_, header_.commandRings);
-  auto completionRegion = regionOf(segment_, header_.completionRing);
+  segment_ = std::make_shared<ipc::SharedSegment>(
+      ipc::SharedSegment::create(name, header_.segmentBytes));
+  std::memcpy(segment_->data(), &header_, sizeof(header_));
+  auto commandRegion = regionOf(*segment_, header_.commandRings);
+  auto completionRegion = regionOf(*segment_, header_.completionRing);
   ipc::initializeRing(commandRegion, ringCapacity(commandRegion.size()));
   ipc::initializeRing(completionRegion, ringCapacity(completionRegion.size()));
   commands_.emplace(commandRegion, ringCapacity(commandRegion.size()));
@@ -51,7 +52,7 @@ ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
   doorbell_ = ipc::makeEventFd();
   waiter_.emplace(commands_->consumerSleeping(), doorbell_.get());
   auto* control =
-      reinterpret_cast<ipc::CompletionWord*>(segment_.data() + header_.control.offset);
+      reinterpret_cast<ipc::CompletionWord*>(segment_->data() + header_.control.offset);
   static_assert(sizeof(ipc::CompletionWord) <= sizeof(ring::wire::ControlBlock));
   static_assert(offsetof(ipc::CompletionWord, value) ==
                 offsetof(ring::wire::ControlBlock, completionsPublished));
@@ -66,7 +67,8 @@ ClientChannel::~ClientChannel() = default;
 std::size_t ClientChannel::pump(std::size_t budget) {
   std::size_t executed = 0;
   if (!parked_.empty()) flushAnswers();
-  while (executed < budget && !broken_ && parked_.size() < kMaxParkedAnswers) {
+  while (executed < budget && !broken_ && parked_.size() < kMaxParkedAnswers &&
+         executor_.readyForCommands()) {
     ipc::RingStatus status = commands_->read(record_);
     if (status == ipc::RingStatus::kEmpty) break;
     if (status != ipc::RingStatus::kOk) {
@@ -111,7 +113,7 @@ std::span<std::byte> ClientChannel::hostBytes(const ring::HostLocation& location
   if (location.offset > region.bytes || bytes > region.bytes - location.offset) {
     throw std::logic_error("host range outside its region reached the executor");
   }
-  return {segment_.data() + region.offset + location.offset, bytes};
+  return {segment_->data() + region.offset + location.offset, bytes};
 }
 
 void ClientChannel::markBroken(std::string reason) {

@@ -36,6 +36,9 @@ public:
   // Acts on one validated command (a DecodeError included: the executor reports it to the client
   // or ends the session). Runs on the daemon's event loop thread.
   virtual void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) = 0;
+  // False while the client has so much work queued that the channel should leave its further
+  // commands in the ring (backpressure: the client's ring fills and its writes wait).
+  virtual bool readyForCommands() const { return true; }
 };
 
 struct ChannelSizes {
@@ -54,9 +57,12 @@ public:
   ClientChannel& operator=(const ClientChannel&) = delete;
 
   // What the client is handed (borrowed; the channel keeps owning them).
-  int segmentFd() const { return segment_.fd(); }
+  int segmentFd() const { return segment_->fd(); }
   int doorbellFd() const { return doorbell_.get(); }
-  std::uint64_t segmentBytes() const { return segment_.size(); }
+  std::uint64_t segmentBytes() const { return segment_->size(); }
+  // Keeps the segment mapped for as long as it is held: for GPU work that writes into it and may
+  // finish after the channel is gone.
+  std::shared_ptr<const void> segmentKeepAlive() const { return segment_; }
 
   // Executes up to `budget` commands that the client has published; returns how many. Stops early
   // when the channel is broken or too many answers wait for room in the completion ring.
@@ -95,7 +101,7 @@ private:
   void flushAnswers();
 
   CommandExecutor& executor_;
-  ipc::SharedSegment segment_;
+  std::shared_ptr<ipc::SharedSegment> segment_;
   ipc::UniqueFd doorbell_;
   protocol::ring::wire::SegmentHeader header_{};
   protocol::ring::SegmentLimits limits_;

@@ -32,6 +32,10 @@ struct ClientStats {
   std::atomic<std::uint64_t> moduleBytes{0};  // of which modules
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
+  // Kernels and host-to-device copies queued on the GPU and not finished: the data plane stops
+  // taking a client's commands while this is high, so queued work (and the daemon memory holding
+  // staged bytes) stays bounded whatever the client sends.
+  std::atomic<std::int64_t> operationsInFlight{0};
 };
 
 }  // namespace gpuproxy::server

@@ -391,34 +391,48 @@ CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr 
       target->stream->copyHostToDevice(destination, staged->bytes.data(), staged->bytes.size());
   if (queued != CUDA_SUCCESS) return queued;
   // The staged copy lives until the backend has read it.
-  return target->stream->addCallback([staged](CUresult) {});
+  ++stats_->operationsInFlight;
+  std::shared_ptr<ClientStats> stats = stats_;
+  CUresult callback =
+      target->stream->addCallback([staged, stats](CUresult) { --stats->operationsInFlight; });
+  if (callback != CUDA_SUCCESS) --stats_->operationsInFlight;
+  return callback;
 }
 
 kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost(
     Handle context, Handle stream, CUdeviceptr source, std::uint64_t bytes) {
   using Bytes = backend::Result<std::vector<std::byte>>;
-  auto target = resolveStream(context, stream);
-  if (!target) {
-    return Bytes(stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
-  }
-  if (bytes == 0) return Bytes(std::vector<std::byte>{});
-  if (!rangeIsOwned(source, bytes)) return Bytes(CUDA_ERROR_INVALID_VALUE);
-  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return Bytes(rc);
   // Shared with the backend callback: the copy may land after this client has gone.
   auto landing = std::make_shared<StagedBytes>();
   landing->bytes.resize(bytes);
-  CUresult queued = target->stream->copyDeviceToHost(landing->bytes.data(), source, bytes);
-  if (queued != CUDA_SUCCESS) return Bytes(queued);
+  return copyDeviceToHostInto(context, stream, source, landing->bytes, landing)
+      .then([landing](CUresult status) -> Bytes {
+        if (status != CUDA_SUCCESS) return status;
+        return std::move(landing->bytes);
+      });
+}
+
+kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle stream,
+                                                     CUdeviceptr source,
+                                                     std::span<std::byte> destination,
+                                                     std::shared_ptr<const void> keepAlive) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  if (destination.empty()) return CUDA_SUCCESS;
+  if (!rangeIsOwned(source, destination.size())) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  CUresult queued =
+      target->stream->copyDeviceToHost(destination.data(), source, destination.size());
+  if (queued != CUDA_SUCCESS) return queued;
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
   CUresult callback = target->stream->addCallback(
-      [fulfiller, landing](CUresult status) { (*fulfiller)->fulfill(kj::mv(status)); });
-  if (callback != CUDA_SUCCESS) return Bytes(callback);
-  return paf.promise.then([landing](CUresult status) -> Bytes {
-    if (status != CUDA_SUCCESS) return status;
-    return std::move(landing->bytes);
-  });
+      [fulfiller, keepAlive = std::move(keepAlive)](CUresult status) {
+        (*fulfiller)->fulfill(kj::mv(status));
+      });
+  if (callback != CUDA_SUCCESS) return callback;
+  return kj::mv(paf.promise);
 }
 
 CUresult GpuClient::copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,
@@ -521,13 +535,16 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
   std::shared_ptr<ClientStats> stats = stats_;
   GpuWorker* worker = &worker_;
   pid_t pid = stats_->identity.pid;
+  ++stats_->operationsInFlight;
   CUresult launched =
       target->stream->launch(*found->second.function, config, parameters,
                              [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
                                stats->gpuTimeNs += gpuNanoseconds;
                                stats->tenant->gpuTimeNs += gpuNanoseconds;
+                               --stats->operationsInFlight;
                                worker->noteKernelStatus(status, pid);
                              });
+  if (launched != CUDA_SUCCESS) --stats_->operationsInFlight;
   if (launched == CUDA_SUCCESS) {
     ++stats_->kernelsLaunched;
     ++stats_->tenant->kernelsLaunched;

@@ -67,6 +67,12 @@ public:
                                                                         Handle stream,
                                                                         CUdeviceptr source,
                                                                         std::uint64_t bytes);
+  // The same, straight into host memory the daemon does not own (a client's staging area):
+  // `keepAlive` keeps that memory mapped until the backend has written it, even if the client
+  // goes away first. Resolves once the bytes are there.
+  kj::Promise<CUresult> copyDeviceToHostInto(Handle context, Handle stream, CUdeviceptr source,
+                                             std::span<std::byte> destination,
+                                             std::shared_ptr<const void> keepAlive);
   CUresult copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,
                               CUdeviceptr source, std::uint64_t bytes);
   CUresult memset(Handle context, Handle stream, CUdeviceptr destination, std::uint32_t value,

@@ -76,6 +76,7 @@ protected:
 private:
   // CommandExecutor (server/session/ring_commands.cpp)
   void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) override;
+  bool readyForCommands() const override;
   // kj::TaskSet::ErrorHandler, for the ring commands that answer later
   void taskFailed(kj::Exception&& exception) override;
 

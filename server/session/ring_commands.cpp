@@ -22,6 +22,11 @@ namespace ring = protocol::ring;
 
 namespace {
 
+// Queued kernels and staged copies per client before its ring stops being read. Enough to keep a
+// GPU busy through any launch burst; small enough that staged bytes (a few MiB each at most)
+// cannot grow the daemon without bound.
+constexpr std::int64_t kMaxOperationsInFlight = 4096;
+
 // A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
 // duplicate, so it may outlive the session while Cap'n Proto is still sending it.
 class SharedFileServer final : public protocol::SharedFile::Server {
@@ -86,6 +91,10 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setResult(CUDA_ERROR_OUT_OF_MEMORY);
   }
   return kj::READY_NOW;
+}
+
+bool ClientSession::readyForCommands() const {
+  return stats_->operationsInFlight.load(std::memory_order_relaxed) < kMaxOperationsInFlight;
 }
 
 void ClientSession::taskFailed(kj::Exception&& exception) {
@@ -160,26 +169,23 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
                      ring::Opcode::kCopyDeviceToHost);
               return;
             }
-            auto destination = channel.hostBytes(copy.destination, copy.bytes);
+            // Straight into the client's staging area: no copy in the daemon.
             const std::uint64_t token = copy.completionToken;
-            ring::AsyncError failure{copy.sequence, copy.context, copy.stream,
-                                           CUDA_SUCCESS,
-                                           static_cast<std::uint16_t>(
-                                               ring::Opcode::kCopyDeviceToHost)};
-            ringTasks_->add(
-                client->copyDeviceToHost(copy.context, copy.stream, copy.source, copy.bytes)
-                    .then([&channel, destination, token,
-                           failure](backend::Result<std::vector<std::byte>> bytes) mutable {
-                      if (bytes.ok() && bytes.value().size() == destination.size()) {
-                        std::memcpy(destination.data(), bytes.value().data(), destination.size());
-                      }
-                      if (token != 0) {
-                        channel.postCompletion(token, bytes.code());
-                      } else if (!bytes.ok()) {
-                        failure.result = bytes.code();
-                        channel.postAsyncError(failure);
-                      }
-                    }));
+            ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
+                                     static_cast<std::uint16_t>(ring::Opcode::kCopyDeviceToHost)};
+            ringTasks_->add(client
+                                ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
+                                                       channel.hostBytes(copy.destination,
+                                                                         copy.bytes),
+                                                       channel.segmentKeepAlive())
+                                .then([&channel, token, failure](CUresult result) mutable {
+                                  if (token != 0) {
+                                    channel.postCompletion(token, result);
+                                  } else if (result != CUDA_SUCCESS) {
+                                    failure.result = result;
+                                    channel.postAsyncError(failure);
+                                  }
+                                }));
           },
           [&](const ring::CopyDeviceToDevice& copy) {
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);
