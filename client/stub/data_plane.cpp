@@ -1,5 +1,6 @@
 #include "client/stub/data_plane.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <stdexcept>
@@ -32,8 +33,9 @@ constexpr std::uint32_t kSpinIterations = 1000;
 // is noticed; a completion wakes the waiter at once.
 constexpr std::chrono::milliseconds kWaitSlice{100};
 constexpr std::chrono::milliseconds kStagingWaitSlice{1};
-// Pause between attempts while the command ring is full.
+// Pauses between attempts while the command ring is full.
 constexpr std::chrono::microseconds kFullRingPause{20};
+constexpr std::chrono::microseconds kFullRingPauseMax{1000};
 // A staged copy keeps several chunks in flight so that filling one overlaps moving another.
 constexpr std::uint64_t kChunksPerStagingArea = 4;
 constexpr std::uint64_t kPage = 4096;
@@ -169,8 +171,8 @@ bool DataPlane::waitForProgress(std::uint32_t seen, std::chrono::milliseconds sl
   return !lost_.load(std::memory_order_acquire) && !broken_.load(std::memory_order_acquire);
 }
 
-bool DataPlane::waitForRingSpace() {
-  ringFullWaits_.fetch_add(1, std::memory_order_relaxed);
+bool DataPlane::waitForRingSpace(std::uint32_t attempt) {
+  if (attempt == 0) ringFullWaits_.fetch_add(1, std::memory_order_relaxed);
   {
     // The daemon may be waiting for room in the completion ring before it moves on.
     std::lock_guard lock(completionMutex_);
@@ -179,7 +181,10 @@ bool DataPlane::waitForRingSpace() {
   if (lost_.load(std::memory_order_acquire) || broken_.load(std::memory_order_acquire)) {
     return false;
   }
-  std::this_thread::sleep_for(kFullRingPause);
+  // Nothing announces that the daemon has read commands, so this polls: every 20 µs at first,
+  // backing off to every millisecond.
+  const auto pause = attempt < 6 ? kFullRingPause * (1u << attempt) : kFullRingPauseMax;
+  std::this_thread::sleep_for(std::min(pause, kFullRingPauseMax));
   return true;
 }
 

@@ -55,7 +55,7 @@ public:
   template <typename Encode>
   CUresult submit(std::size_t maxBytes, Encode&& encode) {
     if (maxBytes > maxRecordBytes_) return CUDA_ERROR_INVALID_VALUE;
-    for (;;) {
+    for (std::uint32_t attempt = 0;; ++attempt) {
       {
         std::lock_guard lock(submitMutex_);
         if (broken_.load(std::memory_order_relaxed)) return CUDA_ERROR_MPS_CONNECTION_FAILED;
@@ -76,7 +76,7 @@ public:
       }
       // Full: the daemon is behind. Let it catch up without holding the lock, so that threads
       // waiting for completions are not held up by this one.
-      if (!waitForRingSpace()) return CUDA_ERROR_MPS_CONNECTION_FAILED;
+      if (!waitForRingSpace(attempt)) return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
   }
 
@@ -118,8 +118,10 @@ public:
   std::uint64_t ringFullWaits() const { return ringFullWaits_.load(std::memory_order_relaxed); }
 
 private:
-  // Drains completions and pauses briefly; false when the connection is gone.
-  bool waitForRingSpace();
+  // Drains completions and pauses, longer the more `attempt`s have found the ring full (the
+  // daemon leaves commands in the ring while the client has too much work queued, which lasts as
+  // long as that work runs); false when the connection is gone.
+  bool waitForRingSpace(std::uint32_t attempt);
   // Under completionMutex_: reads every completion record published so far.
   void drainLocked();
   // Blocks until the completion word moves past `seen` or a bounded time passes. False when the
