@@ -27,8 +27,9 @@ static_assert(alignof(ipc::CompletionWord) <= ring::kRegionAlignment);
 namespace {
 
 // About 20 µs of polling before a waiter sleeps: a short kernel or copy completes within it, and
-// a long one is not worth burning a core for (the daemon may need that core).
-constexpr std::uint32_t kSpinIterations = 1000;
+// a long one is not worth burning a core for (the daemon may need that core). Measured in time,
+// not iterations: a pause instruction takes from a few to over a hundred cycles by CPU model.
+constexpr std::chrono::microseconds kSpin{20};
 // Each sleep is bounded so that a daemon that died (its socket closing sets the runtime's flag)
 // is noticed; a completion wakes the waiter at once.
 constexpr std::chrono::milliseconds kWaitSlice{100};
@@ -167,7 +168,13 @@ bool DataPlane::waitForProgress(std::uint32_t seen, std::chrono::milliseconds sl
     return false;
   }
   ipc::CompletionWaiter waiter(*word_);
-  waiter.wait([seen](std::uint32_t value) { return value != seen; }, kSpinIterations, slice);
+  const auto spinUntil = std::chrono::steady_clock::now() + kSpin;
+  for (std::uint32_t i = 1;; ++i) {
+    if (waiter.load() != seen) return true;
+    ipc::cpuRelax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= spinUntil) break;
+  }
+  waiter.wait([seen](std::uint32_t value) { return value != seen; }, 0, slice);
   return !lost_.load(std::memory_order_acquire) && !broken_.load(std::memory_order_acquire);
 }
 
