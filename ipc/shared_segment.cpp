@@ -134,22 +134,52 @@ SharedSegment SharedSegment::create(const std::string& name, std::size_t bytes,
   return SharedSegment(std::move(fd), static_cast<std::byte*>(data), length);
 }
 
-SharedSegment SharedSegment::map(UniqueFd fd, std::size_t expectedBytes, void* fixedAddress) {
+namespace {
+
+// What map() checks before it trusts a received descriptor.
+void checkReceived(int fd, std::size_t expectedBytes) {
   struct stat info {};
-  if (::fstat(fd.get(), &info) != 0) throwErrno("fstat(shared segment)");
+  if (::fstat(fd, &info) != 0) throwErrno("fstat(shared segment)");
   if (!S_ISREG(info.st_mode) || info.st_size < 0 ||
       static_cast<std::size_t>(info.st_size) != expectedBytes) {
     throw std::system_error(EINVAL, std::generic_category(),
                             "shared segment has " + std::to_string(info.st_size) +
                                 " bytes, expected " + std::to_string(expectedBytes));
   }
-  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0) throwErrno("fcntl(F_GET_SEALS) on shared segment (not a memfd?)");
-  if ((seals & kRequiredSeals) != kRequiredSeals) {
+  if ((seals & SharedSegment::kRequiredSeals) != SharedSegment::kRequiredSeals) {
     throw std::system_error(
         EPERM, std::generic_category(),
         "shared segment is not sealed against resizing (seals " + std::to_string(seals) + ")");
   }
+}
+
+}  // namespace
+
+SharedSegment SharedSegment::map(UniqueFd fd, std::size_t expectedBytes,
+                                 AddressReservation& placeInto) {
+  checkReceived(fd.get(), expectedBytes);
+  if (placeInto.address() == nullptr || placeInto.size() < expectedBytes) {
+    throw std::system_error(EINVAL, std::generic_category(),
+                            "address reservation of " + std::to_string(placeInto.size()) +
+                                " bytes is too small for a " + std::to_string(expectedBytes) +
+                                "-byte segment");
+  }
+  auto* base = static_cast<std::byte*>(placeInto.address());
+  // MAP_FIXED over our own reservation, as in create().
+  void* data = ::mmap(base, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                      fd.get(), 0);
+  if (data == MAP_FAILED) throwErrno("mmap(shared segment) over its reservation");
+  const std::size_t mapped = roundUp(expectedBytes, pageSize());
+  const std::size_t reserved = placeInto.size();
+  placeInto.release();
+  if (reserved > mapped) ::munmap(base + mapped, reserved - mapped);
+  return SharedSegment(std::move(fd), static_cast<std::byte*>(data), expectedBytes);
+}
+
+SharedSegment SharedSegment::map(UniqueFd fd, std::size_t expectedBytes, void* fixedAddress) {
+  checkReceived(fd.get(), expectedBytes);
   void* data = nullptr;
   if (fixedAddress != nullptr) {
     if (reinterpret_cast<std::uintptr_t>(fixedAddress) % pageSize() != 0) {

@@ -82,6 +82,10 @@ public:
   // is a memfd: other files have no seals). With `fixedAddress`, maps exactly there or throws
   // (EEXIST when the range is in use in this process). Throws std::system_error otherwise.
   static SharedSegment map(UniqueFd fd, std::size_t expectedBytes, void* fixedAddress = nullptr);
+  // The same checks, then maps over the start of `placeInto` (at least `expectedBytes` long),
+  // which it takes over; the rest of the reservation, if any, is unmapped. Unlike `fixedAddress`,
+  // no other thread's mmap can land in the range between reserving and mapping.
+  static SharedSegment map(UniqueFd fd, std::size_t expectedBytes, AddressReservation& placeInto);
 
   SharedSegment() = default;
   ~SharedSegment();

@@ -115,12 +115,32 @@ interface Session {
   eventElapsedTime @29 (start :UInt64, end :UInt64) -> (result :Int32, milliseconds :Float32);
 
   # The data plane (protocol/RING_FORMAT.md): a sealed memfd segment holding the command ring,
-  # the completion ring, the control words and the staging area, and the eventfd the client writes
-  # to wake the daemon. Once per session; a second call answers CUDA_ERROR_ALREADY_MAPPED.
+  # the completion ring, the control words, the staging area and the pinned host heap, and the
+  # eventfd the client writes to wake the daemon. Once per session; a second call after a
+  # successful one answers CUDA_ERROR_ALREADY_MAPPED.
   # Before answering any other call the daemon executes every command the client published in its
   # command ring, so a client's calls keep their order across both paths.
-  openDataPlane @30 () -> (result :Int32, segment :SharedFile, doorbell :SharedFile,
-                           segmentBytes :UInt64);
+  #
+  # Pinned heap: with `address` 0 there is none, and the daemon maps the segment wherever it likes.
+  # Otherwise the client has reserved `reservedBytes` of its address space at `address` (page
+  # aligned) and asks for a heap of `pinnedHeapBytes` (the daemon may grant less, down to 0); the
+  # daemon maps the segment at exactly `address`, so that pointers into the heap are the same in
+  # both processes. Answers that create nothing and invite a retry:
+  # - CUDA_ERROR_INVALID_VALUE with `segmentBytes` set: the segment needs more than `reservedBytes`;
+  # - CUDA_ERROR_ALREADY_MAPPED with `segmentBytes` set: the range is taken in the daemon.
+  openDataPlane @30 (pinnedHeapBytes :UInt64, address :UInt64, reservedBytes :UInt64)
+      -> (result :Int32, segment :SharedFile, doorbell :SharedFile, segmentBytes :UInt64,
+          pinnedHeapBytes :UInt64);
+
+  # Pinned host memory (cuMemHostAlloc): `[offset, offset + bytes)` of the pinned heap region is
+  # now one allocation of the client's. The daemon checks the range (page aligned, inside the
+  # heap, overlapping no other: CUDA_ERROR_INVALID_VALUE, or CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+  # for an overlap), charges it to the tenant's pinned memory limit (CUDA_ERROR_OUT_OF_MEMORY, and
+  # nothing changes) and registers it with the GPUs as device-mapped host memory.
+  registerPinned @31 (offset :UInt64, bytes :UInt64) -> (result :Int32);
+  # cuMemFreeHost: the allocation that starts at `offset` is no longer pinned. Answers once the
+  # client's work queued before it has completed (it may use the memory), as cuMemFreeHost does.
+  unregisterPinned @32 (offset :UInt64) -> (result :Int32);
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -150,6 +170,7 @@ struct ClientStatus {
   tenant @10 :Text;             # the tenant of the socket it connected through
   cgroup @11 :Text;             # its cgroup path (/proc/PID/cgroup) at attach
   moduleBytes @12 :UInt64;      # device memory its loaded modules take (included in memoryUsed)
+  pinnedMemoryUsed @13 :UInt64; # pinned host memory it holds (cuMemHostAlloc)
 }
 
 enum TenantClass {
@@ -171,6 +192,9 @@ struct TenantStatus {
   kernelsLaunched @10 :UInt64;
   gpuTimeNs @11 :UInt64;
   oomCount @12 :UInt64;         # allocations refused because of its limit
+  pinnedMemoryUsed @13 :UInt64;       # pinned host memory its clients hold
+  hasPinnedMemoryLimit @14 :Bool;
+  pinnedMemoryLimit @15 :UInt64;      # bytes (meaningful when hasPinnedMemoryLimit)
 }
 
 struct DaemonStatus {
@@ -193,6 +217,9 @@ struct TenantLimitsUpdate {
   weight @4 :UInt32;
   hasClass @5 :Bool;
   class @6 :TenantClass;
+  hasPinnedMemoryLimit @7 :Bool;
+  pinnedMemoryLimit @8 :UInt64;       # bytes of pinned host memory
+  clearPinnedMemoryLimit @9 :Bool;    # no pinned memory limit at all
 }
 
 interface Admin {

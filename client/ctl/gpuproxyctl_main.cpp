@@ -70,8 +70,11 @@ int main(int argc, char** argv) {
   std::string memory;
   std::optional<std::uint32_t> weight;
   std::string tenantClass;
+  std::string pinnedMemory;
   setLimit->add_option("tenant", tenantName, "tenant name")->required();
   setLimit->add_option("--memory", memory, "memory limit per device, e.g. 8GiB, or 'none'");
+  setLimit->add_option("--pinned-memory", pinnedMemory,
+                       "pinned host memory limit, e.g. 1GiB, or 'none'");
   setLimit->add_option("--weight", weight, "best-effort share (1-10000)");
   setLimit->add_option("--class", tenantClass, "best-effort or latency-critical")
       ->check(CLI::IsMember({"best-effort", "latency-critical"}));
@@ -105,9 +108,19 @@ int main(int argc, char** argv) {
   }
 
   if (setLimit->parsed()) {
-    if (memory.empty() && !weight && tenantClass.empty()) {
-      std::fprintf(stderr, "gpuproxyctl: set-limit needs --memory, --weight or --class\n");
+    if (memory.empty() && pinnedMemory.empty() && !weight && tenantClass.empty()) {
+      std::fprintf(stderr,
+                   "gpuproxyctl: set-limit needs --memory, --pinned-memory, --weight or --class\n");
       return 2;
+    }
+    std::optional<std::uint64_t> pinnedBytes;
+    if (!pinnedMemory.empty() && pinnedMemory != "none") {
+      pinnedBytes = gpuproxy::protocol::parseByteSize(pinnedMemory);
+      if (!pinnedBytes) {
+        std::fprintf(stderr, "gpuproxyctl: --pinned-memory: '%s' is not a size (try 1GiB)\n",
+                     pinnedMemory.c_str());
+        return 2;
+      }
     }
     std::optional<std::uint64_t> bytes;
     if (!memory.empty() && memory != "none") {
@@ -126,6 +139,11 @@ int main(int argc, char** argv) {
       if (bytes) {
         update.setHasMemoryLimit(true);
         update.setMemoryLimit(*bytes);
+      }
+      if (pinnedMemory == "none") update.setClearPinnedMemoryLimit(true);
+      if (pinnedBytes) {
+        update.setHasPinnedMemoryLimit(true);
+        update.setPinnedMemoryLimit(*pinnedBytes);
       }
       if (weight) {
         update.setHasWeight(true);

@@ -52,6 +52,7 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"tenant", client.getTenant().cStr()},
         {"cgroup", client.getCgroup().cStr()},
         {"module_bytes", client.getModuleBytes()},
+        {"pinned_memory_used", client.getPinnedMemoryUsed()},
     });
   }
   return out;
@@ -79,6 +80,10 @@ nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants
         {"kernels_launched", tenant.getKernelsLaunched()},
         {"gpu_time_ns", tenant.getGpuTimeNs()},
         {"oom_count", tenant.getOomCount()},
+        {"pinned_memory_used", tenant.getPinnedMemoryUsed()},
+        {"pinned_memory_limit", tenant.getHasPinnedMemoryLimit()
+                                    ? nlohmann::json(tenant.getPinnedMemoryLimit())
+                                    : nlohmann::json(nullptr)},
     });
   }
   return out;
@@ -103,15 +108,19 @@ std::string formatDuration(double seconds) {
 
 std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants) {
   std::string out =
-      format("%-16s %-24s %-8s %-17s %-8s %-8s %-9s %s\n", "TENANT", "MEMORY USED / LIMIT",
-             "WEIGHT", "CLASS", "CLIENTS", "OOMS", "KERNELS", "SOCKET");
+      format("%-16s %-24s %-20s %-8s %-17s %-8s %-8s %-9s %s\n", "TENANT", "MEMORY USED / LIMIT",
+             "PINNED USED / LIMIT", "WEIGHT", "CLASS", "CLIENTS", "OOMS", "KERNELS", "SOCKET");
   for (auto tenant : tenants) {
     std::string memory =
         protocol::formatByteSize(tenant.getMemoryUsed()) + " / " +
         (tenant.getHasMemoryLimit() ? protocol::formatByteSize(tenant.getMemoryLimit()) + "/dev"
                                     : std::string("none"));
-    out += format("%-16s %-24s %-8u %-17s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
-                  memory.c_str(), tenant.getWeight(),
+    std::string pinned = protocol::formatByteSize(tenant.getPinnedMemoryUsed()) + " / " +
+                         (tenant.getHasPinnedMemoryLimit()
+                              ? protocol::formatByteSize(tenant.getPinnedMemoryLimit())
+                              : std::string("none"));
+    out += format("%-16s %-24s %-20s %-8u %-17s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
+                  memory.c_str(), pinned.c_str(), tenant.getWeight(),
                   tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
                                                                                : "best-effort",
                   tenant.getClients(), static_cast<unsigned long long>(tenant.getOomCount()),
@@ -149,13 +158,15 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
     out += "no clients attached\n";
     return out;
   }
-  out += format("%-8s %-16s %-12s %-7s %-12s %-9s %-10s %-10s %s\n", "PID", "COMMAND", "TENANT",
-                "DEVICE", "MEMORY", "KERNELS", "GPU TIME", "CONNECTED", "CGROUP");
+  out += format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-10s %-10s %s\n", "PID", "COMMAND",
+                "TENANT", "DEVICE", "MEMORY", "PINNED", "KERNELS", "GPU TIME", "CONNECTED",
+                "CGROUP");
   for (auto client : status.getClients()) {
     std::string device = client.getDevice() < 0 ? "-" : std::to_string(client.getDevice());
-    out += format("%-8u %-16s %-12s %-7s %-12s %-9llu %-10s %-10s %s\n", client.getPid(),
+    out += format("%-8u %-16s %-12s %-7s %-12s %-12s %-9llu %-10s %-10s %s\n", client.getPid(),
                   client.getCommand().cStr(), client.getTenant().cStr(), device.c_str(),
                   protocol::formatByteSize(client.getMemoryUsed()).c_str(),
+                  protocol::formatByteSize(client.getPinnedMemoryUsed()).c_str(),
                   static_cast<unsigned long long>(client.getKernelsLaunched()),
                   formatDuration(static_cast<double>(client.getGpuTimeNs()) / 1e9).c_str(),
                   formatDuration(client.getConnectedSeconds()).c_str(), client.getCgroup().cStr());

@@ -58,6 +58,7 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     client.setTenant(stats.tenant->name());
     client.setCgroup(stats.identity.cgroup);
     client.setModuleBytes(stats.moduleBytes.load());
+    client.setPinnedMemoryUsed(stats.pinnedMemoryUsed.load());
   }
 
   auto tenants = status.initTenants(static_cast<unsigned>(state.tenants.size()));
@@ -86,6 +87,9 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     out.setKernelsLaunched(tenant->kernelsLaunched.load());
     out.setGpuTimeNs(tenant->gpuTimeNs.load());
     out.setOomCount(tenant->oomCount.load());
+    out.setPinnedMemoryUsed(tenant->pinnedMemoryUsed());
+    out.setHasPinnedMemoryLimit(limits.pinnedMemoryLimit.has_value());
+    out.setPinnedMemoryLimit(limits.pinnedMemoryLimit.value_or(0));
   }
 }
 
@@ -109,6 +113,11 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
   } else if (update.getHasMemoryLimit()) {
     limits.memoryLimit = update.getMemoryLimit();
   }
+  if (update.getClearPinnedMemoryLimit()) {
+    limits.pinnedMemoryLimit.reset();
+  } else if (update.getHasPinnedMemoryLimit()) {
+    limits.pinnedMemoryLimit = update.getPinnedMemoryLimit();
+  }
   if (update.getHasWeight()) {
     if (update.getWeight() < 1 || update.getWeight() > 10000) {
       context.getResults().setError("weight must be between 1 and 10000");
@@ -122,9 +131,12 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
                              : TenantClass::kBestEffort;
   }
   found->second->setLimits(limits);
-  spdlog::info("tenant '{}': memory limit {}, weight {}, class {} (set by an operator)", name,
-               limits.memoryLimit ? std::to_string(*limits.memoryLimit) + " bytes" : "none",
-               limits.weight, tenantClassName(limits.tenantClass));
+  spdlog::info(
+      "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
+      "operator)",
+      name, limits.memoryLimit ? std::to_string(*limits.memoryLimit) + " bytes" : "none",
+      limits.pinnedMemoryLimit ? std::to_string(*limits.pinnedMemoryLimit) + " bytes" : "none",
+      limits.weight, tenantClassName(limits.tenantClass));
   return kj::READY_NOW;
 }
 

@@ -152,6 +152,15 @@ public:
   virtual CUresult free(CUdeviceptr pointer) = 0;
   virtual MemoryInfo memoryInfo() = 0;
 
+  // Host memory that this device's kernels and copies may use directly (pinned, device-mapped):
+  // `cuda` registers it with the driver (cuMemHostRegister, DEVICEMAP | PORTABLE), `sim` lets its
+  // kernels read and write it. Its device address is its host address (unified addressing). The
+  // memory must stay mapped until unregisterHostMemory, which the caller calls only once the work
+  // that may use it has completed. CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for a range that
+  // overlaps one registered before; CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED for an unknown start.
+  virtual CUresult registerHostMemory(void* host, std::size_t bytes) = 0;
+  virtual CUresult unregisterHostMemory(void* host) = 0;
+
   // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`).
   virtual Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) = 0;
   virtual Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) = 0;

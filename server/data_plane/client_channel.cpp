@@ -24,24 +24,32 @@ std::size_t ringCapacity(std::size_t regionBytes) {
   return regionBytes - sizeof(ipc::RingHeader);
 }
 
-}  // namespace
-
-ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
-                             ChannelSizes sizes)
-    : executor_(executor) {
+ring::wire::SegmentHeader planFor(const ChannelSizes& sizes) {
   ring::SegmentPlan plan;
   plan.commandRingCount = 1;
   plan.commandRingBytes = ipc::ringRegionBytes(sizes.commandRingCapacity);
   plan.completionRingBytes = ipc::ringRegionBytes(sizes.completionRingCapacity);
   plan.controlBytes = sizeof(ring::wire::ControlBlock);
   plan.stagingBytes = sizes.stagingBytes;
-  plan.pinnedHeapBytes = 0;
+  plan.pinnedHeapBytes = sizes.pinnedHeapBytes;
   auto header = ring::planSegment(plan);
   if (!header) throw std::invalid_argument("data-plane segment sizes do not form a valid layout");
-  header_ = *header;
+  return *header;
+}
+
+}  // namespace
+
+std::uint64_t ClientChannel::segmentBytesFor(const ChannelSizes& sizes) {
+  return planFor(sizes).segmentBytes;
+}
+
+ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
+                             ChannelSizes sizes, ipc::AddressReservation* placeInto)
+    : executor_(executor) {
+  header_ = planFor(sizes);
   limits_ = ring::limitsOf(header_);
   segment_ = std::make_shared<ipc::SharedSegment>(
-      ipc::SharedSegment::create(name, header_.segmentBytes));
+      ipc::SharedSegment::create(name, header_.segmentBytes, placeInto));
   std::memcpy(segment_->data(), &header_, sizeof(header_));
   auto commandRegion = regionOf(*segment_, header_.commandRings);
   auto completionRegion = regionOf(*segment_, header_.completionRing);

@@ -45,13 +45,20 @@ struct ChannelSizes {
   std::size_t commandRingCapacity = std::size_t{1} << 20;
   std::size_t completionRingCapacity = std::size_t{1} << 16;
   std::size_t stagingBytes = std::size_t{16} << 20;
+  std::size_t pinnedHeapBytes = 0;  // rounded up to a page
 };
 
 class ClientChannel {
 public:
   // Creates the segment (named `name` in /proc/PID/maps), lays it out and initialises both rings.
-  // Throws std::system_error when the kernel refuses the memfd or eventfd.
-  ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes = {});
+  // With `placeInto` (exactly segmentBytesFor(sizes) long) the segment is mapped there, at the
+  // address the client reserved for it too, so that pointers into its pinned heap are the same
+  // in both processes. Throws std::system_error when the kernel refuses the memfd or eventfd.
+  ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes = {},
+                ipc::AddressReservation* placeInto = nullptr);
+  // The size of the segment a channel with these sizes has; throws std::invalid_argument when
+  // they form no valid layout.
+  static std::uint64_t segmentBytesFor(const ChannelSizes& sizes);
   ~ClientChannel();
   ClientChannel(const ClientChannel&) = delete;
   ClientChannel& operator=(const ClientChannel&) = delete;
@@ -60,6 +67,10 @@ public:
   int segmentFd() const { return segment_->fd(); }
   int doorbellFd() const { return doorbell_.get(); }
   std::uint64_t segmentBytes() const { return segment_->size(); }
+  // The pinned heap region in the daemon's mapping (empty when there is none).
+  std::span<std::byte> pinnedHeap() const {
+    return {segment_->data() + header_.pinnedHeap.offset, header_.pinnedHeap.bytes};
+  }
   // Keeps the segment mapped for as long as it is held: for GPU work that writes into it and may
   // finish after the channel is gone.
   std::shared_ptr<const void> segmentKeepAlive() const { return segment_; }

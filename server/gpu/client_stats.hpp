@@ -30,6 +30,7 @@ struct ClientStats {
   std::chrono::steady_clock::time_point connectedAt = std::chrono::steady_clock::now();
   std::atomic<std::uint64_t> memoryUsed{0};   // allocations and modules
   std::atomic<std::uint64_t> moduleBytes{0};  // of which modules
+  std::atomic<std::uint64_t> pinnedMemoryUsed{0};  // pinned host memory (cuMemHostAlloc)
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
   // Kernels and host-to-device copies queued on the GPU and not finished: the data plane stops

@@ -399,6 +399,33 @@ CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr 
   return callback;
 }
 
+kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle stream,
+                                                     CUdeviceptr destination,
+                                                     std::span<const std::byte> source,
+                                                     std::shared_ptr<const void> keepAlive) {
+  auto target = resolveStream(context, stream);
+  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  if (source.empty()) return CUDA_SUCCESS;
+  if (!rangeIsOwned(destination, source.size())) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  CUresult queued = target->stream->copyHostToDevice(destination, source.data(), source.size());
+  if (queued != CUDA_SUCCESS) return queued;
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
+  auto fulfiller =
+      std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
+  ++stats_->operationsInFlight;
+  CUresult callback = target->stream->addCallback(
+      [fulfiller, keepAlive = std::move(keepAlive), stats = stats_](CUresult status) {
+        --stats->operationsInFlight;
+        (*fulfiller)->fulfill(kj::mv(status));
+      });
+  if (callback != CUDA_SUCCESS) {
+    --stats_->operationsInFlight;
+    return callback;
+  }
+  return kj::mv(paf.promise);
+}
+
 kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost(
     Handle context, Handle stream, CUdeviceptr source, std::uint64_t bytes) {
   using Bytes = backend::Result<std::vector<std::byte>>;

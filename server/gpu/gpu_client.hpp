@@ -62,6 +62,13 @@ public:
   // host-to-device semantics).
   CUresult copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
                             std::span<const std::byte> data);
+  // Straight from host memory the daemon does not own (a client's pinned heap), with no copy in
+  // the daemon: `keepAlive` keeps that memory mapped until the backend has read it. Resolves once
+  // the copy has completed.
+  kj::Promise<CUresult> copyHostToDeviceFrom(Handle context, Handle stream,
+                                             CUdeviceptr destination,
+                                             std::span<const std::byte> source,
+                                             std::shared_ptr<const void> keepAlive);
   // Resolves once the bytes have arrived.
   kj::Promise<backend::Result<std::vector<std::byte>>> copyDeviceToHost(Handle context,
                                                                         Handle stream,

@@ -175,6 +175,19 @@ void writeTenants(ExpositionWriter& out, capnp::List<protocol::TenantStatus>::Re
     if (!tenant.getHasMemoryLimit()) continue;
     out.sample({{"tenant", viewOf(tenant.getName())}}, formatUnsigned(tenant.getMemoryLimit()));
   }
+  out.family("gpuproxy_tenant_pinned_memory_used_bytes", "gauge",
+             "Pinned host memory (cuMemHostAlloc) the tenant's clients hold.");
+  for (auto tenant : tenants) {
+    out.sample({{"tenant", viewOf(tenant.getName())}},
+               formatUnsigned(tenant.getPinnedMemoryUsed()));
+  }
+  out.family("gpuproxy_tenant_pinned_memory_limit_bytes", "gauge",
+             "The tenant's pinned host memory limit; absent for a tenant without one.");
+  for (auto tenant : tenants) {
+    if (!tenant.getHasPinnedMemoryLimit()) continue;
+    out.sample({{"tenant", viewOf(tenant.getName())}},
+               formatUnsigned(tenant.getPinnedMemoryLimit()));
+  }
   out.family("gpuproxy_tenant_clients", "gauge", "Client processes attached through the tenant.");
   for (auto tenant : tenants) {
     out.sample({{"tenant", viewOf(tenant.getName())}}, formatUnsigned(tenant.getClients()));

@@ -5,6 +5,7 @@
 #include "protocol/cuda_result.hpp"
 
 #include <capnp/message.h>
+#include <kj/vector.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -83,10 +84,11 @@ ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> st
 }
 
 ClientSession::~ClientSession() noexcept {
+  *alive_ = false;
   // The ring first: nothing may execute a command of this client once teardown has begun.
   if (channel_ && state_.dataPlane != nullptr) state_.dataPlane->remove(*channel_);
   ringTasks_ = nullptr;
-  channel_.reset();
+  kj::Vector<kj::Promise<void>> drains;
   state_.sessions.erase(this);
   --stats_->tenant->clients;
   const ClientIdentity& who = stats_->identity;
@@ -95,14 +97,20 @@ ClientSession::~ClientSession() noexcept {
     std::uint64_t held = client->memoryUsed();
     pid_t pid = who.pid;
     std::uint32_t index = device;  // Clang 14 cannot capture structured bindings
-    auto drained = client->drain();
-    state_.reaper->add(drained.then([client = std::move(client), held, pid, index]() mutable {
-      client.reset();
-      if (held > 0) {
-        spdlog::info("device {}: reclaimed {} bytes of pid {}", index, held, pid);
-      }
-    }));
+    auto drained = client->drain().fork();
+    drains.add(drained.addBranch());
+    state_.reaper->add(
+        drained.addBranch().then([client = std::move(client), held, pid, index]() mutable {
+          client.reset();
+          if (held > 0) {
+            spdlog::info("device {}: reclaimed {} bytes of pid {}", index, held, pid);
+          }
+        }));
   }
+  // Pinned memory stays registered (and the segment mapped) until the work that may use it is
+  // over.
+  releasePinnedAtTeardown(kj::joinPromises(drains.releaseAsArray()));
+  channel_.reset();
 }
 
 GpuClient* ClientSession::clientForDevice(std::uint32_t ordinal) {

@@ -72,6 +72,8 @@ protected:
   kj::Promise<void> queryEvent(QueryEventContext context) override;
   kj::Promise<void> eventElapsedTime(EventElapsedTimeContext context) override;
   kj::Promise<void> openDataPlane(OpenDataPlaneContext context) override;
+  kj::Promise<void> registerPinned(RegisterPinnedContext context) override;
+  kj::Promise<void> unregisterPinned(UnregisterPinnedContext context) override;
 
 private:
   // CommandExecutor (server/session/ring_commands.cpp)
@@ -89,6 +91,11 @@ private:
   GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
   // Ends this client's connection: it broke the ring format.
   void evict(const std::string& reason);
+
+  // Pinned host memory (server/session/pinned_memory.cpp).
+  CUresult registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
+  // Unregisters what is left at teardown, once `drained` resolves.
+  void releasePinnedAtTeardown(kj::Promise<void> drained);
 
   // The client's state on its device ordinal `device`, created on first use; null for a device
   // it cannot see.
@@ -109,6 +116,13 @@ private:
   // later (synchronisations, device-to-host copies) and are dropped before the channel.
   std::unique_ptr<ClientChannel> channel_;
   kj::Own<kj::TaskSet> ringTasks_;
+  // Pinned allocations in the channel's pinned heap: offset -> bytes. Each is charged to the
+  // tenant and registered with every GPU until it is unregistered and the work before that has
+  // drained (retiring_ meanwhile), or the session ends.
+  std::map<std::uint64_t, std::uint64_t> pinned_;
+  std::map<std::uint64_t, std::uint64_t> retiring_;
+  // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 // Bootstrap capability of one client connection: knows who is on the other end from the socket.

@@ -10,8 +10,10 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <system_error>
 #include <type_traits>
 #include <unistd.h>
@@ -26,6 +28,11 @@ namespace {
 // GPU busy through any launch burst; small enough that staged bytes (a few MiB each at most)
 // cannot grow the daemon without bound.
 constexpr std::int64_t kMaxOperationsInFlight = 4096;
+
+// The largest pinned heap a client gets: address space and (once touched) memory of the daemon's
+// mapping too, so bounded whatever the client asks for. The tenant's pinned_memory_limit bounds
+// what it can actually pin.
+constexpr std::uint64_t kMaxPinnedHeapBytes = std::uint64_t{1} << 30;
 
 // A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
 // duplicate, so it may outlive the session while Cap'n Proto is still sending it.
@@ -67,6 +74,7 @@ ClientSession::DispatchCallResult ClientSession::dispatchCall(
 }
 
 kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
+  auto params = context.getParams();
   auto results = context.getResults();
   if (channel_) {
     results.setResult(CUDA_ERROR_ALREADY_MAPPED);
@@ -76,13 +84,38 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setResult(CUDA_ERROR_NOT_SUPPORTED);
     return kj::READY_NOW;
   }
+  ChannelSizes sizes;
+  std::optional<ipc::AddressReservation> reservation;
   try {
+    if (params.getAddress() != 0) {
+      const std::uint64_t page = ipc::pageSize();
+      sizes.pinnedHeapBytes =
+          (std::min(params.getPinnedHeapBytes(), kMaxPinnedHeapBytes) + page - 1) / page * page;
+      const std::uint64_t needed = ClientChannel::segmentBytesFor(sizes);
+      results.setSegmentBytes(needed);
+      if (params.getAddress() % page != 0 || needed > params.getReservedBytes()) {
+        results.setResult(CUDA_ERROR_INVALID_VALUE);
+        return kj::READY_NOW;
+      }
+      try {
+        reservation = ipc::AddressReservation::reserveAt(
+            reinterpret_cast<void*>(static_cast<std::uintptr_t>(params.getAddress())), needed);
+      } catch (const std::system_error& error) {
+        // Taken here (or not a usable address at all): the client tries another one.
+        spdlog::debug("pid {}: cannot map its data plane at {:#x}: {}", stats_->identity.pid,
+                      params.getAddress(), error.what());
+        results.setResult(CUDA_ERROR_ALREADY_MAPPED);
+        return kj::READY_NOW;
+      }
+    }
     auto channel = std::make_unique<ClientChannel>(
         static_cast<CommandExecutor&>(*this),
-        "gpuproxy-client-" + std::to_string(stats_->identity.pid));
+        "gpuproxy-client-" + std::to_string(stats_->identity.pid), sizes,
+        reservation ? &*reservation : nullptr);
     results.setSegment(kj::heap<SharedFileServer>(channel->segmentFd()));
     results.setDoorbell(kj::heap<SharedFileServer>(channel->doorbellFd()));
     results.setSegmentBytes(channel->segmentBytes());
+    results.setPinnedHeapBytes(channel->pinnedHeap().size());
     state_.dataPlane->add(*channel);
     channel_ = std::move(channel);
     results.setResult(CUDA_SUCCESS);
@@ -151,6 +184,28 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
           },
           [&](const ring::CopyHostToDevice& copy) {
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);
+            if (copy.source.region == ring::HostRegion::kPinnedHeap && client != nullptr) {
+              // DMA straight from the application's pinned buffer, which the segment's keep-alive
+              // keeps mapped until the copy is over; answered when it is.
+              const std::uint64_t token = copy.completionToken;
+              ring::AsyncError failure{
+                  copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
+                  static_cast<std::uint16_t>(ring::Opcode::kCopyHostToDevice)};
+              ringTasks_->add(
+                  client
+                      ->copyHostToDeviceFrom(copy.context, copy.stream, copy.destination,
+                                             channel.hostBytes(copy.source, copy.bytes),
+                                             channel.segmentKeepAlive())
+                      .then([&channel, token, failure](CUresult result) mutable {
+                        if (token != 0) {
+                          channel.postCompletion(token, result);
+                        } else if (result != CUDA_SUCCESS) {
+                          failure.result = result;
+                          channel.postAsyncError(failure);
+                        }
+                      }));
+              return;
+            }
             CUresult result = CUDA_ERROR_INVALID_CONTEXT;
             if (client != nullptr) {
               // Copies the bytes out of the segment before it returns.

@@ -26,6 +26,20 @@ void Tenant::credit(std::uint32_t device, std::uint64_t bytes) {
   used = bytes > used ? 0 : used - bytes;
 }
 
+bool Tenant::tryChargePinned(std::uint64_t bytes) {
+  const auto& limit = definition_.limits.pinnedMemoryLimit;
+  if (limit && (pinnedMemoryUsed_ > *limit || bytes > *limit - pinnedMemoryUsed_)) {
+    ++oomCount;
+    return false;
+  }
+  pinnedMemoryUsed_ += bytes;
+  return true;
+}
+
+void Tenant::creditPinned(std::uint64_t bytes) {
+  pinnedMemoryUsed_ = bytes > pinnedMemoryUsed_ ? 0 : pinnedMemoryUsed_ - bytes;
+}
+
 std::uint64_t Tenant::memoryUsed(std::uint32_t device) const {
   auto found = memoryUsed_.find(device);
   return found == memoryUsed_.end() ? 0 : found->second;

@@ -25,6 +25,7 @@ struct TenantLimits {
   std::uint32_t weight = 1;                  // best-effort share
   TenantClass tenantClass = TenantClass::kBestEffort;
   std::optional<std::vector<std::uint32_t>> devices;  // nullopt = every device
+  std::optional<std::uint64_t> pinnedMemoryLimit;      // pinned host bytes; nullopt = no limit
 };
 
 struct TenantDefinition {
@@ -56,6 +57,12 @@ public:
   std::optional<std::pair<std::uint64_t, std::uint64_t>> memoryInfo(std::uint32_t device,
                                                                     std::uint64_t deviceFree) const;
 
+  // Pinned host memory (cuMemHostAlloc), summed over all clients: charged if that stays within
+  // the pinned limit, otherwise counts an OOM and charges nothing.
+  bool tryChargePinned(std::uint64_t bytes);
+  void creditPinned(std::uint64_t bytes);
+  std::uint64_t pinnedMemoryUsed() const { return pinnedMemoryUsed_; }
+
   std::uint32_t clients = 0;  // live sessions
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
@@ -64,6 +71,7 @@ public:
 private:
   TenantDefinition definition_;
   std::map<std::uint32_t, std::uint64_t> memoryUsed_;
+  std::uint64_t pinnedMemoryUsed_ = 0;
 };
 
 const char* tenantClassName(TenantClass tenantClass);  // "best-effort" / "latency-critical"

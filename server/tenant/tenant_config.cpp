@@ -32,8 +32,8 @@ bool validName(const std::string& name) {
 TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSocket,
                              std::uint32_t deviceCount) {
   if (!node.IsMap()) refuse(describe("", node), "each tenant must be a mapping");
-  static const std::set<std::string> kKeys{"name",   "socket", "memory_limit",
-                                           "weight", "class",  "devices"};
+  static const std::set<std::string> kKeys{"name",   "socket", "memory_limit", "weight",
+                                           "class",  "devices", "pinned_memory_limit"};
   TenantDefinition tenant;
   if (!node["name"] || !node["name"].IsScalar()) {
     refuse(describe("", node), "a tenant needs a `name`");
@@ -63,6 +63,13 @@ TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSock
     auto bytes = protocol::parseByteSize(limit.as<std::string>());
     if (!bytes) refuse(where, "`memory_limit` '" + limit.as<std::string>() + "' is not a size");
     tenant.limits.memoryLimit = *bytes;
+  }
+  if (const auto limit = node["pinned_memory_limit"]) {
+    auto bytes = protocol::parseByteSize(limit.as<std::string>());
+    if (!bytes) {
+      refuse(where, "`pinned_memory_limit` '" + limit.as<std::string>() + "' is not a size");
+    }
+    tenant.limits.pinnedMemoryLimit = *bytes;
   }
   if (const auto weight = node["weight"]) {
     long value = 0;

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -890,9 +891,18 @@ private:
   CUstream stream_;
 };
 
+// Host memory registered with the driver. A PORTABLE registration serves every context of the
+// process, and registering a range twice fails, so the devices share one table: the first device
+// asked registers the range, the last one asked to let go unregisters it.
+struct HostRegistrations {
+  std::mutex mutex;
+  std::map<void*, int> users;  // start -> devices that registered it
+};
+
 class CudaDevice final : public backend::Device {
 public:
-  explicit CudaDevice(std::shared_ptr<DeviceCore> core) : core_(std::move(core)) {}
+  CudaDevice(std::shared_ptr<DeviceCore> core, std::shared_ptr<HostRegistrations> registrations)
+      : core_(std::move(core)), registrations_(std::move(registrations)) {}
 
   const DeviceProperties& properties() const override { return core_->properties(); }
 
@@ -908,6 +918,29 @@ public:
 
   CUresult free(CUdeviceptr pointer) override {
     return call([&](const DriverApi& api) { return api.memFree(pointer); });
+  }
+
+  CUresult registerHostMemory(void* host, std::size_t bytes) override {
+    std::lock_guard lock(registrations_->mutex);
+    if (auto found = registrations_->users.find(host); found != registrations_->users.end()) {
+      ++found->second;
+      return CUDA_SUCCESS;
+    }
+    const CUresult result = call([&](const DriverApi& api) {
+      return api.memHostRegister(host, bytes,
+                                 CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    });
+    if (result == CUDA_SUCCESS) registrations_->users.emplace(host, 1);
+    return result;
+  }
+
+  CUresult unregisterHostMemory(void* host) override {
+    std::lock_guard lock(registrations_->mutex);
+    auto found = registrations_->users.find(host);
+    if (found == registrations_->users.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (--found->second > 0) return CUDA_SUCCESS;
+    registrations_->users.erase(found);
+    return call([&](const DriverApi& api) { return api.memHostUnregister(host); });
   }
 
   MemoryInfo memoryInfo() override {
@@ -1005,6 +1038,7 @@ private:
   }
 
   std::shared_ptr<DeviceCore> core_;
+  std::shared_ptr<HostRegistrations> registrations_;
 };
 
 class CudaBackend final : public backend::Backend {
@@ -1033,12 +1067,14 @@ public:
     spdlog::info("cuda device {}: {}, {} MiB, {} attributes, parameter layouts from {}", index,
                  properties.name, properties.totalMemory >> 20, properties.attributes.size(),
                  api_->funcGetParamInfo != nullptr ? "cuFuncGetParamInfo" : "the PTX parser");
-    return std::unique_ptr<backend::Device>(std::make_unique<CudaDevice>(std::move(core)));
+    return std::unique_ptr<backend::Device>(
+        std::make_unique<CudaDevice>(std::move(core), registrations_));
   }
 
 private:
   std::shared_ptr<const DriverApi> api_;
   int deviceCount_;
+  std::shared_ptr<HostRegistrations> registrations_ = std::make_shared<HostRegistrations>();
 };
 
 }  // namespace

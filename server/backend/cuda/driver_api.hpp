@@ -36,6 +36,8 @@ namespace gpuproxy::server::cuda {
   X(memAlloc, cuMemAlloc, 3020)                                 \
   X(memFree, cuMemFree, 3020)                                   \
   X(memGetInfo, cuMemGetInfo, 3020)                             \
+  X(memHostRegister, cuMemHostRegister, 6050)                   \
+  X(memHostUnregister, cuMemHostUnregister, 4000)               \
   X(memcpyHtoDAsync, cuMemcpyHtoDAsync, 3020)                   \
   X(memcpyDtoHAsync, cuMemcpyDtoHAsync, 3020)                   \
   X(memcpyDtoDAsync, cuMemcpyDtoDAsync, 3020)                   \

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 
 namespace gpuproxy::server::sim {
 namespace {
@@ -119,9 +120,42 @@ void DeviceArena::dropPagesLocked(std::uint64_t begin, std::uint64_t end) {
   madvise(host_ + begin, end - begin, MADV_DONTNEED);
 }
 
+CUresult DeviceArena::registerHost(void* host, std::size_t bytes) {
+  const auto start = reinterpret_cast<std::uintptr_t>(host);
+  if (host == nullptr || bytes == 0 || start + bytes < start) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(mutex_);
+  auto next = hostRanges_.lower_bound(start);
+  if (next != hostRanges_.end() && next->first < start + bytes) {
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  if (next != hostRanges_.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second > start) {
+      return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+  }
+  hostRanges_.emplace(start, bytes);
+  return CUDA_SUCCESS;
+}
+
+CUresult DeviceArena::unregisterHost(void* host) {
+  std::lock_guard lock(mutex_);
+  return hostRanges_.erase(reinterpret_cast<std::uintptr_t>(host)) == 1
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
 std::byte* DeviceArena::Access::translate(CUdeviceptr address, std::size_t bytes) const {
   const DeviceArena& arena = arena_;
-  if (address < arena.base_ || address - arena.base_ >= arena.capacity_) return nullptr;
+  if (address < arena.base_ || address - arena.base_ >= arena.capacity_) {
+    // Not device memory: perhaps registered host memory, which kernels reach at its own address.
+    auto holder = arena.hostRanges_.upper_bound(address);
+    if (holder == arena.hostRanges_.begin()) return nullptr;
+    --holder;
+    const std::uint64_t offset = address - holder->first;
+    if (offset >= holder->second || bytes > holder->second - offset) return nullptr;
+    return reinterpret_cast<std::byte*>(address);
+  }
   const std::uint64_t offset = address - arena.base_;
   auto holder = arena.live_.upper_bound(offset);
   if (holder == arena.live_.begin()) return nullptr;

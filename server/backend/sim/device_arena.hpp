@@ -37,12 +37,18 @@ public:
   CUresult free(CUdeviceptr pointer);
   std::uint64_t allocatedBytes() const;
   std::uint64_t capacity() const { return capacity_; }
-  // Frees every allocation and returns all pages to the system.
+  // Frees every allocation and returns all pages to the system (registered host memory stays).
   void releaseAll();
+
+  // Host memory that kernels may use as device-mapped memory at its own address (pinned memory).
+  // Waits for any Access in progress, so once unregisterHost returns no kernel touches the range.
+  CUresult registerHost(void* host, std::size_t bytes);
+  CUresult unregisterHost(void* host);
 
   class Access {
   public:
-    // Host address of [address, address + bytes) when it lies inside one live allocation.
+    // Host address of [address, address + bytes) when it lies inside one live allocation or one
+    // registered host range; nullptr otherwise.
     std::byte* translate(CUdeviceptr address, std::size_t bytes) const;
 
   private:
@@ -72,6 +78,7 @@ private:
   std::map<std::uint64_t, std::uint64_t> freeByOffset_;           // offset -> size
   std::set<std::pair<std::uint64_t, std::uint64_t>> freeBySize_;  // (size, offset): best fit
   std::uint64_t allocated_ = 0;
+  std::map<std::uintptr_t, std::size_t> hostRanges_;  // registered host memory: start -> bytes
 };
 
 }  // namespace gpuproxy::server::sim

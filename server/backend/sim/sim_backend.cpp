@@ -761,6 +761,12 @@ public:
     return core_->arena().free(pointer);
   }
 
+  CUresult registerHostMemory(void* host, std::size_t bytes) override {
+    return core_->arena().registerHost(host, bytes);
+  }
+
+  CUresult unregisterHostMemory(void* host) override { return core_->arena().unregisterHost(host); }
+
   MemoryInfo memoryInfo() override {
     const std::uint64_t capacity = core_->arena().capacity();
     return MemoryInfo{capacity - core_->arena().allocatedBytes(), capacity};

@@ -26,6 +26,7 @@ tenants:
     weight: 2
     class: latency-critical
     devices: [1, 0, 1]
+    pinned_memory_limit: 512MiB
 )",
                                   kMain, 2);
   ASSERT_EQ(config.tenants.size(), 2u);
@@ -36,9 +37,11 @@ tenants:
   EXPECT_EQ(a.limits.weight, 2u);
   EXPECT_EQ(a.limits.tenantClass, TenantClass::kLatencyCritical);
   EXPECT_EQ(a.limits.devices, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_EQ(a.limits.pinnedMemoryLimit, 512ull << 20);
   EXPECT_EQ(config.tenants[1].name, "default");
   EXPECT_EQ(config.tenants[1].socketPath, kMain);
   EXPECT_FALSE(config.tenants[1].limits.memoryLimit);
+  EXPECT_FALSE(config.tenants[1].limits.pinnedMemoryLimit);
 }
 
 TEST(TenantConfig, ANamedDefaultTenantServesTheMainSocketWithItsOwnLimits) {
@@ -63,6 +66,9 @@ TEST(TenantConfig, RefusesMistakesWithAReason) {
   EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    memory_limit: lots\n")
                 .find("'lots' is not a size"),
             std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    pinned_memory_limit: x\n")
+                .find("`pinned_memory_limit` 'x' is not a size"),
+            std::string::npos);
   EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    weight: 0\n").find("`weight`"),
             std::string::npos);
   EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    class: urgent\n").find("`class`"),
@@ -84,7 +90,8 @@ TEST(TenantConfig, RefusesMistakesWithAReason) {
 }
 
 TEST(Tenant, ChargesWithinTheLimitAndCountsRefusals) {
-  Tenant tenant(TenantDefinition{"t", "/s", TenantLimits{1000, 1, TenantClass::kBestEffort, {}}});
+  Tenant tenant(
+      TenantDefinition{"t", "/s", TenantLimits{1000, 1, TenantClass::kBestEffort, {}, {}}});
   EXPECT_TRUE(tenant.tryCharge(0, 600));
   EXPECT_FALSE(tenant.tryCharge(0, 401));
   EXPECT_TRUE(tenant.tryCharge(1, 1000));  // per device
@@ -97,6 +104,23 @@ TEST(Tenant, ChargesWithinTheLimitAndCountsRefusals) {
   EXPECT_EQ(info->second, 1000u);
   tenant.credit(0, 600);
   EXPECT_EQ(tenant.memoryUsed(0), 0u);
+}
+
+TEST(Tenant, ChargesPinnedMemoryAgainstItsOwnLimit) {
+  TenantLimits limits;
+  limits.pinnedMemoryLimit = 8192;
+  Tenant tenant(TenantDefinition{"t", "/s", limits});
+  EXPECT_TRUE(tenant.tryChargePinned(4096));
+  EXPECT_FALSE(tenant.tryChargePinned(8192));
+  EXPECT_FALSE(tenant.tryChargePinned(UINT64_MAX));
+  EXPECT_TRUE(tenant.tryChargePinned(4096));
+  EXPECT_EQ(tenant.pinnedMemoryUsed(), 8192u);
+  EXPECT_EQ(tenant.oomCount, 2u);
+  EXPECT_EQ(tenant.memoryUsed(), 0u);  // device memory is a separate account
+  tenant.creditPinned(8192);
+  EXPECT_EQ(tenant.pinnedMemoryUsed(), 0u);
+  Tenant unlimited(TenantDefinition{"u", "/u", TenantLimits{}});
+  EXPECT_TRUE(unlimited.tryChargePinned(std::uint64_t{1} << 40));
 }
 
 }  // namespace
