@@ -95,14 +95,18 @@ DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
     chunkBytes_ = std::max(kPage, header.staging.bytes / kChunksPerStagingArea / kPage * kPage);
     chunkBytes_ = std::min(chunkBytes_, stagingAllocator_.largest());
   }
+  pinnedHeap_ = std::make_unique<PinnedHeap>(regionOf(segment_, header.pinnedHeap));
   maxRecordBytes_ = writer_->maxRecordBytes();
   ringer_ = std::make_unique<ipc::DoorbellRinger>(writer_->consumerSleeping(), doorbell_.get());
   record_.reserve(ring::kMaxCompletionRecordBytes);
   GPUPROXY_STUB_LOG(kInfo,
                     "data plane: %zu-byte command ring, %zu-byte completion ring, %llu bytes of "
-                    "staging",
+                    "staging, %llu bytes of pinned heap at %p",
                     writer_->capacity(), reader_->capacity(),
-                    static_cast<unsigned long long>(header.staging.bytes));
+                    static_cast<unsigned long long>(header.staging.bytes),
+                    static_cast<unsigned long long>(pinnedHeap_->usable() ? header.pinnedHeap.bytes
+                                                                          : 0),
+                    static_cast<void*>(segment_.data() + header.pinnedHeap.offset));
 }
 
 DataPlane::~DataPlane() = default;

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/stub/pinned_heap.hpp"
 #include "client/stub/staging_allocator.hpp"
 #include "ipc/doorbell.hpp"
 #include "ipc/shared_segment.hpp"
@@ -114,6 +115,13 @@ public:
   // A D2H chunk's range, once its bytes are out.
   void releaseStaging(const StagingAllocator::Range& range);
 
+  // ---- pinned host memory ----------------------------------------------------------------------
+
+  // The segment's pinned heap (protocol/RING_FORMAT.md): mapped at the same address in the
+  // daemon, so its pointers are the application's pinned buffers. Not usable() when the daemon
+  // granted none.
+  PinnedHeap& pinnedHeap() { return *pinnedHeap_; }
+
   // Times a record had to wait for room in the command ring (the daemon fell behind).
   std::uint64_t ringFullWaits() const { return ringFullWaits_.load(std::memory_order_relaxed); }
 
@@ -154,6 +162,7 @@ private:
   std::unordered_map<std::uint64_t, CUresult> results_;        // token -> result
   std::unordered_map<std::uint64_t, CUresult> latchedErrors_;  // context -> first error
   StagingAllocator stagingAllocator_;
+  std::unique_ptr<PinnedHeap> pinnedHeap_;
 };
 
 }  // namespace gpuproxy::stub

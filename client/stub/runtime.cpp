@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -21,6 +22,7 @@
 #include "client/stub/data_plane.hpp"
 #include "client/stub/log.hpp"
 #include "ipc/shared_segment.hpp"
+#include "protocol/byte_size.hpp"
 #include "protocol/cuda_result.hpp"
 
 namespace gpuproxy::stub {
@@ -32,6 +34,26 @@ constexpr const char* kDefaultSocket = "/run/gpuproxy/gpuproxy.sock";
 constexpr kj::Duration kAttachTimeout = 30 * kj::SECONDS;
 // Room for the file descriptors the data plane will pass (memfd segments, doorbells).
 constexpr unsigned kMaxFdsPerMessage = 4;
+
+// The pinned heap asked for when GPUPROXY_PINNED_HEAP does not say. Address space only: its pages
+// cost memory once the application touches them.
+constexpr std::uint64_t kDefaultPinnedHeapBytes = std::uint64_t{256} << 20;
+// Room reserved beyond the heap for the rest of the segment (rings, staging area); when the
+// daemon needs more it says how much and the stub reserves again.
+constexpr std::uint64_t kSegmentAllowance = std::uint64_t{64} << 20;
+// Addresses tried before giving up on a pinned heap.
+constexpr int kMappingAttempts = 4;
+
+// The pinned heap to ask the daemon for: GPUPROXY_PINNED_HEAP (a size such as 512MiB; 0 for
+// none), else the default. The daemon may grant less.
+std::uint64_t pinnedHeapRequest() {
+  const char* text = std::getenv("GPUPROXY_PINNED_HEAP");
+  if (text == nullptr || *text == '\0') return kDefaultPinnedHeapBytes;
+  if (auto bytes = protocol::parseByteSize(text)) return *bytes;
+  GPUPROXY_STUB_LOG(kWarn, "GPUPROXY_PINNED_HEAP=%s is not a size (try 512MiB); using %llu bytes",
+                    text, static_cast<unsigned long long>(kDefaultPinnedHeapBytes));
+  return kDefaultPinnedHeapBytes;
+}
 
 // constinit: no constructor runs when the library loads, and nothing is torn down at exit.
 constinit std::atomic<Runtime*> gInstance{nullptr};
@@ -252,12 +274,58 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
                       transport);
   }
   try {
-    auto response = session.openDataPlaneRequest().send().wait(waitScope);
-    const auto result = static_cast<CUresult>(response.getResult());
-    if (result != CUDA_SUCCESS) {
-      throw std::runtime_error("gpuproxyd answered " +
-                               std::string(protocol::cudaResultNameOr(result, "unknown CUresult")));
+    // The pinned heap needs the segment at one address in both processes: reserve room here,
+    // let the daemon map it at the same address, then map it over the reservation. A few tries
+    // at other addresses when the daemon has that one in use; then no pinned heap.
+    const std::uint64_t heapBytes = pinnedHeapRequest();
+    std::optional<ipc::AddressReservation> reservation;
+    std::optional<capnp::Response<protocol::Session::OpenDataPlaneResults>> answer;
+    std::uint64_t reserveBytes = heapBytes + kSegmentAllowance;
+    std::uintptr_t hint = ipc::AddressReservation::kDefaultHint;
+    for (int attempt = 0; heapBytes > 0 && attempt < kMappingAttempts && !answer; ++attempt) {
+      try {
+        reservation = ipc::AddressReservation::reserve(reserveBytes, hint);
+      } catch (const std::system_error& error) {
+        GPUPROXY_STUB_LOG(kWarn, "no room for a pinned heap in this process (%s)", error.what());
+        reservation.reset();
+        break;
+      }
+      auto request = session.openDataPlaneRequest();
+      request.setPinnedHeapBytes(heapBytes);
+      request.setAddress(reinterpret_cast<std::uintptr_t>(reservation->address()));
+      request.setReservedBytes(reservation->size());
+      auto response = request.send().wait(waitScope);
+      const auto result = static_cast<CUresult>(response.getResult());
+      if (result == CUDA_SUCCESS) {
+        answer = std::move(response);
+      } else if (result == CUDA_ERROR_INVALID_VALUE &&
+                 response.getSegmentBytes() > reservation->size()) {
+        reserveBytes = response.getSegmentBytes();  // the same place, bigger
+      } else if (result == CUDA_ERROR_ALREADY_MAPPED) {
+        hint = reinterpret_cast<std::uintptr_t>(reservation->address()) + reservation->size();
+      } else {
+        throw std::runtime_error(
+            "gpuproxyd answered " +
+            std::string(protocol::cudaResultNameOr(result, "unknown CUresult")));
+      }
     }
+    if (!answer) {
+      if (heapBytes > 0) {
+        GPUPROXY_STUB_LOG(kWarn,
+                          "no address for the pinned heap suits both this process and gpuproxyd; "
+                          "pinned memory stays local to this process");
+      }
+      reservation.reset();
+      auto response = session.openDataPlaneRequest().send().wait(waitScope);
+      const auto result = static_cast<CUresult>(response.getResult());
+      if (result != CUDA_SUCCESS) {
+        throw std::runtime_error(
+            "gpuproxyd answered " +
+            std::string(protocol::cudaResultNameOr(result, "unknown CUresult")));
+      }
+      answer = std::move(response);
+    }
+    auto& response = *answer;
     // The descriptor belongs to the capability (and goes when it does): keep a copy of our own.
     auto takeFd = [&](protocol::SharedFile::Client file, const char* what) {
       kj::Maybe<int> received = file.getFd().wait(waitScope);
@@ -271,7 +339,9 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
     ipc::UniqueFd segmentFd = takeFd(response.getSegment(), "segment");
     ipc::UniqueFd doorbellFd = takeFd(response.getDoorbell(), "doorbell");
     ipc::SharedSegment segment =
-        ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
+        reservation ? ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes(),
+                                              *reservation)
+                    : ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
     dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbellFd), lost_);
     GPUPROXY_STUB_LOG(kDebug, "asynchronous calls go through the shared-memory ring");
   } catch (const kj::Exception& error) {

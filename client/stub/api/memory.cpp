@@ -1,11 +1,18 @@
-// Device memory, copies and memsets, and page-locked host memory (local for now).
+// Device memory, copies and memsets, and page-locked host memory.
 //
-// With the shared-memory data plane, copies and memsets are records in the command ring; host
-// copies pass through the segment's staging area in pipelined chunks. Host → device returns once
-// every chunk is in the staging area (the application's buffer is free again then, as CUDA
+// With the shared-memory data plane, copies and memsets are records in the command ring. Pageable
+// host copies pass through the segment's staging area in pipelined chunks. Host → device returns
+// once every chunk is in the staging area (the application's buffer is free again then, as CUDA
 // promises for pageable memory); device → host returns once the bytes are in the application's
 // buffer. Without the data plane (GPUPROXY_TRANSPORT=rpc) each call waits for the daemon's answer:
 // completing an asynchronous call early is legal CUDA behaviour and keeps host buffers safe.
+//
+// Page-locked memory (cuMemAllocHost, cuMemHostAlloc) comes from the segment's pinned heap, which
+// the daemon maps at the same address and registers with the GPU, charged to the tenant. A copy
+// whose host range lies in one such allocation is one record naming the heap: the GPU reads or
+// writes the application's buffer directly, the Async variants return at once (as CUDA's do for
+// pinned memory) and the blocking ones wait for the copy. Without a pinned heap (no data plane, or
+// no address suits both processes) page-locked memory is ordinary memory of this process.
 
 #include <cuda.h>
 #include <sys/mman.h>
@@ -18,6 +25,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <unordered_map>
 
@@ -236,8 +244,39 @@ CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* 
   return plane.takeAsyncError(target.context);
 }
 
+// A copy between device memory and one pinned allocation: one record naming the pinned heap.
+// `blocking`: wait for the copy to complete (and report earlier asynchronous errors of the
+// context, as a synchronising call); otherwise return once the record is in the ring.
+template <typename Command, typename Encode>
+CUresult pinnedCopy(DataPlane& plane, const StreamTarget& target, Command& command, bool blocking,
+                    Encode&& encode) {
+  command.context = target.context;
+  command.stream = target.stream;
+  command.chunkIndex = 0;
+  command.lastChunk = true;
+  command.completionToken = blocking ? plane.newToken() : 0;
+  if (CUresult submitted = plane.submit(ring::encodedSize(command),
+                                        [&](std::uint64_t sequence, std::span<std::byte> out) {
+                                          command.sequence = sequence;
+                                          return encode(command, out);
+                                        });
+      submitted != CUDA_SUCCESS) {
+    return submitted;
+  }
+  if (!blocking) return CUDA_SUCCESS;
+  const CUresult result = plane.waitFor(command.completionToken);
+  if (result != CUDA_SUCCESS) return result;
+  return plane.takeAsyncError(target.context);
+}
+
+// The offset of a host range in the pinned heap when it lies inside one pinned allocation.
+std::optional<std::uint64_t> pinnedOffset(DataPlane* plane, const void* host, std::size_t bytes) {
+  if (plane == nullptr) return std::nullopt;
+  return plane->pinnedHeap().offsetInAllocation(host, bytes);
+}
+
 CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* srcHost,
-                    size_t byteCount, CUstream stream, NullStream nullStream) {
+                    size_t byteCount, CUstream stream, NullStream nullStream, bool blocking) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
@@ -246,6 +285,17 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
     }
     if (byteCount == 0) return CUDA_SUCCESS;
     if (srcHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (auto offset = pinnedOffset(runtime.dataPlane(), srcHost, byteCount)) {
+      if (!runtime.ownsRange(dstDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
+      ring::CopyHostToDevice command;
+      command.destination = dstDevice;
+      command.source = ring::HostLocation{ring::HostRegion::kPinnedHeap, *offset};
+      command.bytes = byteCount;
+      return pinnedCopy(*runtime.dataPlane(), target, command, blocking,
+                        [](const auto& record, std::span<std::byte> out) {
+                          return ring::encodeCopyHostToDevice(record, out);
+                        });
+    }
     if (DataPlane* plane = stagingPlane(runtime)) {
       if (!runtime.ownsRange(dstDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
       return stagedHostToDevice(*plane, target, dstDevice, srcHost, byteCount);
@@ -255,7 +305,7 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
 }
 
 CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice, size_t byteCount,
-                    CUstream stream, NullStream nullStream) {
+                    CUstream stream, NullStream nullStream, bool blocking) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
@@ -264,6 +314,17 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
     }
     if (byteCount == 0) return CUDA_SUCCESS;
     if (dstHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (auto offset = pinnedOffset(runtime.dataPlane(), dstHost, byteCount)) {
+      if (!runtime.ownsRange(srcDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
+      ring::CopyDeviceToHost command;
+      command.source = srcDevice;
+      command.destination = ring::HostLocation{ring::HostRegion::kPinnedHeap, *offset};
+      command.bytes = byteCount;
+      return pinnedCopy(*runtime.dataPlane(), target, command, blocking,
+                        [](const auto& record, std::span<std::byte> out) {
+                          return ring::encodeCopyDeviceToHost(record, out);
+                        });
+    }
     if (DataPlane* plane = stagingPlane(runtime)) {
       if (!runtime.ownsRange(srcDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
       return stagedDeviceToHost(*plane, target, dstHost, srcDevice, byteCount);
@@ -366,18 +427,56 @@ HostAllocations& hostAllocations() {
   return *allocations;
 }
 
+// The pinned heap, when this process has one.
+gpuproxy::stub::PinnedHeap* pinnedHeap(Runtime& runtime) {
+  DataPlane* plane = runtime.dataPlane();
+  return plane != nullptr && plane->pinnedHeap().usable() ? &plane->pinnedHeap() : nullptr;
+}
+
+// Pinned memory from the shared heap: allocated here, then registered with (and charged by) the
+// daemon. PORTABLE, DEVICEMAP and WRITECOMBINED need nothing more: every allocation is mapped for
+// every device, and write-combining is a CPU caching hint the daemon's mapping does not change.
+CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** pp,
+                     size_t bytesize) {
+  auto allocation = heap.allocate(bytesize);
+  if (!allocation) {
+    GPUPROXY_STUB_LOG(kWarn,
+                      "cuMemHostAlloc: %zu bytes do not fit in the pinned heap (%llu of %zu bytes "
+                      "in use); GPUPROXY_PINNED_HEAP sets its size",
+                      bytesize, static_cast<unsigned long long>(heap.bytesInUse()),
+                      heap.region().size());
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const CUresult result = runtime.call([&](Session::Client& session) {
+    auto request = session.registerPinnedRequest();
+    request.setOffset(allocation->offset);
+    request.setBytes(allocation->bytes);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+  if (result != CUDA_SUCCESS) {
+    heap.free(allocation->offset);
+    return result;
+  }
+  *pp = heap.region().data() + allocation->offset;
+  return CUDA_SUCCESS;
+}
+
 CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned flags) {
-  return guarded(entryPoint, [&](Runtime&) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
     constexpr unsigned kKnownFlags =
         CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
     if (pp == nullptr || bytesize == 0 || (flags & ~kKnownFlags) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (gpuproxy::stub::PinnedHeap* heap = pinnedHeap(runtime)) {
+      return pinnedAlloc(runtime, *heap, pp, bytesize);
+    }
     if ((flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0) {
       GPUPROXY_STUB_LOG(kWarn,
-                        "%s: CU_MEMHOSTALLOC_DEVICEMAP is not supported yet: device-mapped host "
-                        "memory needs gpuproxy's shared-memory heap, which is not built yet",
+                        "%s: CU_MEMHOSTALLOC_DEVICEMAP needs the shared pinned heap, which this "
+                        "process does not have (GPUPROXY_TRANSPORT=rpc, GPUPROXY_PINNED_HEAP=0, "
+                        "or no address suited both processes)",
                         entryPoint);
       return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -474,8 +573,22 @@ GPUPROXY_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int
 }
 
 GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
-  return guarded(__func__, [&](Runtime&) {
+  return guarded(__func__, [&](Runtime& runtime) {
     if (p == nullptr) return CUDA_SUCCESS;
+    if (gpuproxy::stub::PinnedHeap* heap = pinnedHeap(runtime)) {
+      if (auto allocation = heap->lookup(p)) {
+        // The daemon answers once the work queued before this call, which may use the memory,
+        // has completed; only then may the range be handed out again.
+        const CUresult result = runtime.call([&](Session::Client& session) {
+          auto request = session.unregisterPinnedRequest();
+          request.setOffset(allocation->offset);
+          return request.send().then([](auto response) { return toResult(response.getResult()); });
+        });
+        if (result != CUDA_SUCCESS) return result;
+        heap->free(allocation->offset);
+        return CUDA_SUCCESS;
+      }
+    }
     HostAllocations& allocations = hostAllocations();
     std::size_t length = 0;
     {
@@ -490,25 +603,46 @@ GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
   });
 }
 
+GPUPROXY_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p,
+                                                      unsigned int Flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pdptr == nullptr || p == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    // Unified addressing: a pinned buffer's device address is its host address, for any pointer
+    // inside the allocation.
+    gpuproxy::stub::PinnedHeap* heap = pinnedHeap(runtime);
+    if (heap == nullptr || !heap->offsetInAllocation(p, 1)) {
+      HostAllocations& allocations = hostAllocations();
+      std::lock_guard lock(allocations.mutex);
+      // Page-locked memory local to this process is not mapped for the device.
+      return allocations.sizes.count(p) != 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    }
+    *pdptr = reinterpret_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+  });
+}
+
 // ---- copies ----------------------------------------------------------------------------------
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
                                          size_t ByteCount) {
-  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, nullptr, NullStream::kLegacy);
+  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, nullptr, NullStream::kLegacy, true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost,
                                               size_t ByteCount) {
-  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, nullptr, NullStream::kPerThread);
+  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, nullptr, NullStream::kPerThread,
+                    true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
-  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kLegacy);
+  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kLegacy, true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice,
                                               size_t ByteCount) {
-  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kPerThread);
+  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kPerThread,
+                    true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
@@ -523,22 +657,24 @@ GPUPROXY_EXPORT CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
                                               size_t ByteCount, CUstream hStream) {
-  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, hStream, NullStream::kLegacy);
+  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, hStream, NullStream::kLegacy, false);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost,
                                                    size_t ByteCount, CUstream hStream) {
-  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, hStream, NullStream::kPerThread);
+  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, hStream, NullStream::kPerThread,
+                    false);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice,
                                               size_t ByteCount, CUstream hStream) {
-  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, hStream, NullStream::kLegacy);
+  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, hStream, NullStream::kLegacy, false);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice,
                                                    size_t ByteCount, CUstream hStream) {
-  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, hStream, NullStream::kPerThread);
+  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, hStream, NullStream::kPerThread,
+                    false);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,

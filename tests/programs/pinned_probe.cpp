@@ -1,0 +1,253 @@
+// A driver-API program for page-locked host memory (cuMemAllocHost, cuMemHostAlloc): copies from
+// and to it, blocking and asynchronous, kernels that read and write it through its device
+// pointer, and an allocation held until the process is killed. Runs natively or through the
+// stub; every scenario checks its own results and exits 1 with a message on stderr when one is
+// wrong. Lines "<check> <CUresult name>" report results for tests to compare.
+//
+//   pinned_probe copies BYTES    byte-exact H2D and D2H, blocking and on a stream, at offsets
+//   pinned_probe kernel COUNT    fill_u32 and vector_add on device-mapped pinned memory
+//   pinned_probe async           an async copy returns while the stream is busy; a blocking one
+//                                waits for it
+//   pinned_probe hold BYTES      cuMemHostAlloc, touch every page, then wait to be killed
+#include <cuda.h>
+#include <unistd.h>
+
+#include "test_kernels_ptx.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+const char* nameOf(CUresult result) {
+  const char* name = nullptr;
+  if (cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return "UNKNOWN";
+  return name;
+}
+
+void report(const char* check, CUresult result) {
+  std::printf("%s %s\n", check, nameOf(result));
+  std::fflush(stdout);
+}
+
+[[noreturn]] void die(const std::string& message) {
+  std::fprintf(stderr, "pinned_probe: %s\n", message.c_str());
+  std::exit(1);
+}
+
+#define CHECK(call)                                                                 \
+  do {                                                                              \
+    CUresult result_ = (call);                                                      \
+    if (result_ != CUDA_SUCCESS) die(std::string(#call " failed: ") + nameOf(result_)); \
+  } while (0)
+
+CUmodule setUp() {
+  CHECK(cuInit(0));
+  CUdevice device;
+  CHECK(cuDeviceGet(&device, 0));
+  CUcontext context;
+  CHECK(cuDevicePrimaryCtxRetain(&context, device));
+  CHECK(cuCtxSetCurrent(context));
+  CUmodule module;
+  CHECK(cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+  return module;
+}
+
+void fillPattern(unsigned char* bytes, std::size_t count, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t i = 0; i < count; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    bytes[i] = static_cast<unsigned char>(x >> 24);
+  }
+}
+
+void expectSame(const unsigned char* got, const unsigned char* want, std::size_t count,
+                const char* what) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (got[i] != want[i]) {
+      die(std::string(what) + ": byte " + std::to_string(i) + " is " + std::to_string(got[i]) +
+          ", expected " + std::to_string(want[i]));
+    }
+  }
+}
+
+double millisecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+int copies(std::size_t bytes) {
+  setUp();
+  unsigned char* source = nullptr;
+  unsigned char* landing = nullptr;
+  CHECK(cuMemAllocHost(reinterpret_cast<void**>(&source), bytes));
+  CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&landing), bytes,
+                       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_WRITECOMBINED));
+  CUdeviceptr device;
+  CHECK(cuMemAlloc(&device, bytes));
+
+  // Blocking both ways.
+  fillPattern(source, bytes, 1);
+  std::memset(landing, 0, bytes);
+  CHECK(cuMemcpyHtoD(device, source, bytes));
+  CHECK(cuMemcpyDtoH(landing, device, bytes));
+  expectSame(landing, source, bytes, "blocking");
+
+  // On a stream: nothing is read back before the stream is synchronised.
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  fillPattern(source, bytes, 2);
+  std::memset(landing, 0, bytes);
+  CHECK(cuMemcpyHtoDAsync(device, source, bytes, stream));
+  CHECK(cuMemcpyDtoHAsync(landing, device, bytes, stream));
+  CHECK(cuStreamSynchronize(stream));
+  expectSame(landing, source, bytes, "async");
+
+  // Ranges inside the allocations, at odd offsets.
+  const std::size_t part = bytes / 2 + 333;
+  fillPattern(source, bytes, 3);
+  std::memset(landing, 0, bytes);
+  CHECK(cuMemcpyHtoDAsync(device + 64, source + 12345 % (bytes - part), part, stream));
+  CHECK(cuMemcpyDtoHAsync(landing + 777 % (bytes - part), device + 64, part, stream));
+  CHECK(cuStreamSynchronize(stream));
+  expectSame(landing + 777 % (bytes - part), source + 12345 % (bytes - part), part, "offsets");
+
+  CHECK(cuStreamDestroy(stream));
+  CHECK(cuMemFree(device));
+  CHECK(cuMemFreeHost(source));
+  CHECK(cuMemFreeHost(landing));
+  std::printf("copies OK %zu\n", bytes);
+  return 0;
+}
+
+int kernel(unsigned long long count) {
+  CUmodule module = setUp();
+  CUfunction fillU32;
+  CUfunction vectorAdd;
+  CHECK(cuModuleGetFunction(&fillU32, module, "fill_u32"));
+  CHECK(cuModuleGetFunction(&vectorAdd, module, "vector_add"));
+  const std::size_t bytes = count * sizeof(float);
+  unsigned* words = nullptr;
+  float* a = nullptr;
+  float* b = nullptr;
+  CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&words), bytes, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&a), bytes, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostAlloc(reinterpret_cast<void**>(&b), bytes,
+                       CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  CUdeviceptr wordsOnDevice, aOnDevice, bOnDevice;
+  CHECK(cuMemHostGetDevicePointer(&wordsOnDevice, words, 0));
+  CHECK(cuMemHostGetDevicePointer(&aOnDevice, a, 0));
+  CHECK(cuMemHostGetDevicePointer(&bOnDevice, b, 0));
+  if (wordsOnDevice != reinterpret_cast<CUdeviceptr>(words)) {
+    die("the device pointer of pinned memory is not its host pointer");
+  }
+
+  // A kernel writes pinned memory; the host reads it once the stream is done.
+  std::memset(words, 0, bytes);
+  unsigned value = 0x5eed1234u;
+  const unsigned block = 128;
+  const auto grid = static_cast<unsigned>((count + block - 1) / block);
+  void* fillParams[] = {&wordsOnDevice, &value, &count};
+  CHECK(cuLaunchKernel(fillU32, grid, 1, 1, block, 1, 1, 0, nullptr, fillParams, nullptr));
+  CHECK(cuCtxSynchronize());
+  for (unsigned long long i = 0; i < count; ++i) {
+    if (words[i] != value) die("fill_u32 into pinned memory: word " + std::to_string(i));
+  }
+
+  // A kernel reads pinned memory and writes device memory, then pinned memory.
+  for (unsigned long long i = 0; i < count; ++i) {
+    a[i] = static_cast<float>(i);
+    b[i] = 0.5f * static_cast<float>(i);
+  }
+  CUdeviceptr sum;
+  CHECK(cuMemAlloc(&sum, bytes));
+  int n = static_cast<int>(count);
+  void* addParams[] = {&aOnDevice, &bOnDevice, &sum, &n};
+  CHECK(cuLaunchKernel(vectorAdd, grid, 1, 1, block, 1, 1, 0, nullptr, addParams, nullptr));
+  std::memset(words, 0, bytes);
+  CHECK(cuMemcpyDtoH(words, sum, bytes));
+  void* inPlaceParams[] = {&aOnDevice, &bOnDevice, &bOnDevice, &n};
+  CHECK(cuLaunchKernel(vectorAdd, grid, 1, 1, block, 1, 1, 0, nullptr, inPlaceParams, nullptr));
+  CHECK(cuCtxSynchronize());
+  for (unsigned long long i = 0; i < count; ++i) {
+    float got = 0;
+    std::memcpy(&got, &words[i], sizeof(got));
+    if (got != 1.5f * static_cast<float>(i)) die("vector_add from pinned memory: element " +
+                                                 std::to_string(i));
+    if (b[i] != 1.5f * static_cast<float>(i)) die("vector_add into pinned memory: element " +
+                                                  std::to_string(i));
+  }
+  CHECK(cuMemFree(sum));
+  CHECK(cuMemFreeHost(words));
+  CHECK(cuMemFreeHost(a));
+  CHECK(cuMemFreeHost(b));
+  std::printf("kernel OK %llu\n", count);
+  return 0;
+}
+
+// A spin kernel keeps the stream busy for 300 ms: an asynchronous copy from pinned memory queued
+// behind it returns at once, and a blocking copy on the legacy stream waits for it.
+int async() {
+  CUmodule module = setUp();
+  CUfunction spin;
+  CHECK(cuModuleGetFunction(&spin, module, "spin"));
+  constexpr std::size_t kBytes = 1 << 20;
+  unsigned char* host = nullptr;
+  CHECK(cuMemAllocHost(reinterpret_cast<void**>(&host), kBytes));
+  fillPattern(host, kBytes, 4);
+  CUdeviceptr device;
+  CHECK(cuMemAlloc(&device, kBytes));
+  unsigned long long ns = 300'000'000ull;
+  void* spinParams[] = {&ns};
+
+  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, spinParams, nullptr));
+  auto start = std::chrono::steady_clock::now();
+  CHECK(cuMemcpyHtoDAsync(device, host, kBytes, nullptr));
+  std::printf("async-copy-ms %.0f\n", millisecondsSince(start));
+
+  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, spinParams, nullptr));
+  unsigned char* back = nullptr;
+  CHECK(cuMemAllocHost(reinterpret_cast<void**>(&back), kBytes));
+  start = std::chrono::steady_clock::now();
+  CHECK(cuMemcpyDtoH(back, device, kBytes));
+  std::printf("blocking-copy-ms %.0f\n", millisecondsSince(start));
+  expectSame(back, host, kBytes, "async round trip");
+  CHECK(cuMemFreeHost(host));
+  CHECK(cuMemFreeHost(back));
+  CHECK(cuMemFree(device));
+  std::printf("async OK\n");
+  return 0;
+}
+
+int hold(std::size_t bytes) {
+  setUp();
+  void* memory = nullptr;
+  const CUresult result = cuMemHostAlloc(&memory, bytes, CU_MEMHOSTALLOC_DEVICEMAP);
+  report("cuMemHostAlloc", result);
+  if (result != CUDA_SUCCESS) return 0;
+  std::memset(memory, 0x5a, bytes);
+  std::printf("holding\n");
+  std::fflush(stdout);
+  for (;;) ::pause();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  auto number = [&](int index) {
+    if (argc <= index) die("scenario '" + scenario + "' needs more arguments");
+    return std::strtoull(argv[index], nullptr, 0);
+  };
+  if (scenario == "copies") return copies(number(2));
+  if (scenario == "kernel") return kernel(number(2));
+  if (scenario == "async") return async();
+  if (scenario == "hold") return hold(number(2));
+  die("usage: pinned_probe copies BYTES | kernel COUNT | async | hold BYTES");
+}
