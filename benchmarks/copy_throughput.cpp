@@ -100,6 +100,13 @@ double measureGbps(std::uint64_t bytes, const Options& options, const std::funct
 int main(int argc, char** argv) {
   Options options = parse(argc, argv);
 
+  const std::size_t capacity = options.maxSize;
+  // Through the stub, pinned buffers come from a shared heap sized at start-up: make it hold the
+  // largest buffer (and the allocator's bookkeeping), unless the caller chose a size.
+  if (std::getenv("GPUPROXY_PINNED_HEAP") == nullptr) {
+    const std::string heap = std::to_string(capacity + (std::size_t{16} << 20));
+    ::setenv("GPUPROXY_PINNED_HEAP", heap.c_str(), 0);
+  }
   CHECK(cuInit(0));
   CUdevice device;
   CHECK(cuDeviceGet(&device, 0));
@@ -108,7 +115,6 @@ int main(int argc, char** argv) {
   CHECK(cuDevicePrimaryCtxRetain(&context, device));
   CHECK(cuCtxSetCurrent(context));
 
-  const std::size_t capacity = options.maxSize;
   auto* pageableSource = static_cast<unsigned char*>(std::malloc(capacity));
   auto* pageableTarget = static_cast<unsigned char*>(std::malloc(capacity));
   if (pageableSource == nullptr || pageableTarget == nullptr) {
@@ -119,6 +125,12 @@ int main(int argc, char** argv) {
   void* pinnedRaw = nullptr;
   CHECK(cuMemAllocHost(&pinnedRaw, capacity));
   auto* pinned = static_cast<unsigned char*>(pinnedRaw);
+  // Pinned memory that is really pinned is mapped for the device (the stub's shared heap, or the
+  // driver's own); the stub's local fallback is not, and would measure the pageable path again.
+  CUdeviceptr pinnedOnDevice = 0;
+  const char* pinnedKind = cuMemHostGetDevicePointer(&pinnedOnDevice, pinned, 0) == CUDA_SUCCESS
+                               ? "device-mapped"
+                               : "NOT device-mapped (local fallback: the pageable path)";
   std::memset(pageableSource, 0x5a, capacity);
   std::memset(pageableTarget, 0, capacity);
   std::memset(pinned, 0xa5, capacity);
@@ -131,8 +143,8 @@ int main(int argc, char** argv) {
   std::printf(
       "Synchronous cuMemcpyHtoD/cuMemcpyDtoH on the legacy stream; median GB/s (10^9 B/s) "
       "of copies repeated for >= %.2f s and >= %ld times per cell; %% is of memcpy of the "
-      "same size measured just before; stub device: %s; transport: %s.\n\n",
-      options.seconds, options.minReps, name.c_str(), stubTransport().c_str());
+      "same size measured just before; stub device: %s; transport: %s; pinned memory: %s.\n\n",
+      options.seconds, options.minReps, name.c_str(), stubTransport().c_str(), pinnedKind);
   Table table({"size", "memcpy GB/s", "H2D pageable", "D2H pageable", "H2D pinned", "D2H pinned"});
   auto cell = [](double rate, double baseline) {
     return format("%.2f", rate) + " (" + formatPercent(rate / baseline) + ")";

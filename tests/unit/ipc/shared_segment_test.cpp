@@ -121,6 +121,26 @@ TEST(SharedSegment, FixedAddressInUseFailsWithoutClobberingIt) {
   EXPECT_STREQ(reinterpret_cast<const char*>(occupant.data()), "mine");
 }
 
+TEST(SharedSegment, MapOverAReservationTakesItOverAndFreesTheRest) {
+  SharedSegment created = SharedSegment::create("over-reservation", 4 * pageSize());
+  std::memcpy(created.data(), "same", 5);
+  AddressReservation reservation = AddressReservation::reserve(16 * pageSize());
+  auto* base = static_cast<std::byte*>(reservation.address());
+  SharedSegment mapped = SharedSegment::map(
+      UniqueFd(::fcntl(created.fd(), F_DUPFD_CLOEXEC, 0)), created.size(), reservation);
+  EXPECT_EQ(mapped.data(), base);
+  EXPECT_EQ(reservation.address(), nullptr);
+  EXPECT_STREQ(reinterpret_cast<const char*>(mapped.data()), "same");
+  // The tail of the reservation went back: the range is free for anyone again.
+  AddressReservation tail = AddressReservation::reserveAt(base + 4 * pageSize(), 12 * pageSize());
+  EXPECT_EQ(tail.address(), base + 4 * pageSize());
+
+  AddressReservation tooSmall = AddressReservation::reserve(pageSize());
+  EXPECT_THROW(SharedSegment::map(UniqueFd(::fcntl(created.fd(), F_DUPFD_CLOEXEC, 0)),
+                                  created.size(), tooSmall),
+               std::system_error);
+}
+
 TEST(SharedSegment, ReserveSkipsRangesAlreadyInUse) {
   AddressReservation first = AddressReservation::reserve(pageSize());
   AddressReservation second =

@@ -58,6 +58,9 @@ void fillExample(protocol::DaemonStatus::Builder status) {
   teamA.setKernelsLaunched(1234);
   teamA.setGpuTimeNs(1'500'000'000);
   teamA.setOomCount(3);
+  teamA.setPinnedMemoryUsed(64 * kMiB);
+  teamA.setHasPinnedMemoryLimit(true);
+  teamA.setPinnedMemoryLimit(256 * kMiB);
   auto serving = tenants[1];
   serving.setName("serving");
   serving.setHasMemoryLimit(false);
@@ -141,6 +144,10 @@ TEST(PrometheusText, TenantLines) {
            "gpuproxy_tenant_device_memory_used_bytes{tenant=\"serving\",device=\"0\"} 536870912",
            "# TYPE gpuproxy_tenant_memory_limit_bytes gauge",
            "gpuproxy_tenant_memory_limit_bytes{tenant=\"team-a\"} 4294967296",
+           "# TYPE gpuproxy_tenant_pinned_memory_used_bytes gauge",
+           "gpuproxy_tenant_pinned_memory_used_bytes{tenant=\"team-a\"} 67108864",
+           "gpuproxy_tenant_pinned_memory_used_bytes{tenant=\"serving\"} 0",
+           "gpuproxy_tenant_pinned_memory_limit_bytes{tenant=\"team-a\"} 268435456",
            "gpuproxy_tenant_clients{tenant=\"team-a\"} 2",
            "gpuproxy_tenant_clients{tenant=\"serving\"} 1",
            "gpuproxy_tenant_weight{tenant=\"team-a\"} 2",
@@ -158,6 +165,8 @@ TEST(PrometheusText, TenantLines) {
   }
   // A tenant without a limit has no limit sample (not a 0 that would read as "no memory").
   EXPECT_EQ(text.find("gpuproxy_tenant_memory_limit_bytes{tenant=\"serving\"}"), std::string::npos);
+  EXPECT_EQ(text.find("gpuproxy_tenant_pinned_memory_limit_bytes{tenant=\"serving\"}"),
+            std::string::npos);
 }
 
 // Parses the whole exposition the way Prometheus's text parser would, and checks the format's
@@ -221,7 +230,7 @@ TEST(PrometheusText, EveryLineParses) {
       current = family;
     }
   }
-  EXPECT_EQ(samples, 29);  // 3 daemon, 4 x 2 device, 18 tenant
+  EXPECT_EQ(samples, 32);  // 3 daemon, 4 x 2 device, 21 tenant
 }
 
 TEST(PrometheusText, EmptyDaemonStillRendersItsOwnLines) {

@@ -136,6 +136,45 @@ TEST(SimKernels, RunsTheNvccPtx) {
   EXPECT_EQ(synchronize(*fresh.value()), CUDA_SUCCESS);
 }
 
+// Host memory registered with the device (pinned memory) is device-mapped: kernels read and write
+// it at its own address. Once unregistered, or for any other host address, the kernel faults with
+// a sticky error instead of touching it.
+TEST(SimKernels, KernelsUseRegisteredHostMemoryAndFaultOutsideIt) {
+  auto backend = newSimBackend({});
+  auto device = std::move(backend->openDevice(0)).value();
+  auto module = std::move(device->loadModule(ptxImage())).value();
+  auto stream = std::move(device->createStream(0, 0)).value();
+  Function& fill = *module->function("fill_u32").value();
+  constexpr unsigned long long kCount = 4096;
+  std::vector<std::uint32_t> host(kCount + 1024, 0);
+  const auto pointer = reinterpret_cast<CUdeviceptr>(host.data());
+
+  ASSERT_EQ(device->registerHostMemory(host.data(), kCount * 4), CUDA_SUCCESS);
+  EXPECT_EQ(device->registerHostMemory(host.data() + 16, 64), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  ASSERT_EQ(stream->launch(fill, config(kCount / 128, 128), pack(fill, pointer, 0xabcdu, kCount),
+                           {}),
+            CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream), CUDA_SUCCESS);
+  for (unsigned long long i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 0xabcdu) << "word " << i;
+  EXPECT_EQ(host[kCount], 0u);
+
+  // One word past the registered range: the whole launch faults, nothing is written.
+  ASSERT_EQ(stream->launch(fill, config(kCount / 128 + 1, 128), pack(fill, pointer, 7u, kCount + 1),
+                           {}),
+            CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*stream), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(host[0], 0xabcdu);
+  stream.reset();
+  ASSERT_EQ(device->reset(), CUDA_SUCCESS);
+
+  ASSERT_EQ(device->unregisterHostMemory(host.data()), CUDA_SUCCESS);
+  EXPECT_EQ(device->unregisterHostMemory(host.data()), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+  auto fresh = std::move(device->createStream(0, 0)).value();
+  ASSERT_EQ(fresh->launch(fill, config(1, 32), pack(fill, pointer, 9u, 32ull), {}), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*fresh), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(host[0], 0xabcdu);
+}
+
 #else
 
 TEST(SimKernels, RunsTheNvccPtx) {
