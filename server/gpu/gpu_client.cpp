@@ -21,7 +21,9 @@ struct StagedBytes {
 }  // namespace
 
 GpuClient::GpuClient(GpuWorker& worker, std::shared_ptr<ClientStats> stats)
-    : worker_(worker), stats_(std::move(stats)) {}
+    : worker_(worker),
+      stats_(std::move(stats)),
+      schedulingId_(worker_.dispatcher().newClientId()) {}
 
 GpuClient::~GpuClient() {
   std::vector<Handle> contexts;
@@ -43,7 +45,7 @@ Handle GpuClient::newHandle(HandleKind kind) {
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  auto nullStream = worker_.device().createStream(0, 0);
+  auto nullStream = worker_.dispatcher().createStream({stats_, schedulingId_}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Handle handle = newHandle(HandleKind::kContext);
   Context& context = contexts_[handle];
@@ -221,7 +223,7 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto created = worker_.device().createStream(flags, priority);
+  auto created = worker_.dispatcher().createStream({stats_, schedulingId_}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
   Stream& stream = streams_[handle];
@@ -413,9 +415,9 @@ kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost
 }
 
 kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle stream,
-                                                     CUdeviceptr source,
-                                                     std::span<std::byte> destination,
-                                                     std::shared_ptr<const void> keepAlive) {
+                                                      CUdeviceptr source,
+                                                      std::span<std::byte> destination,
+                                                      std::shared_ptr<const void> keepAlive) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (destination.empty()) return CUDA_SUCCESS;
@@ -427,8 +429,8 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
-  CUresult callback = target->stream->addCallback(
-      [fulfiller, keepAlive = std::move(keepAlive)](CUresult status) {
+  CUresult callback =
+      target->stream->addCallback([fulfiller, keepAlive = std::move(keepAlive)](CUresult status) {
         (*fulfiller)->fulfill(kj::mv(status));
       });
   if (callback != CUDA_SUCCESS) return callback;

@@ -6,6 +6,7 @@
 // Destroying a GpuClient frees everything it holds at once; callers first wait for drain() so that
 // no queued work still uses that memory (the session does this on every way a client can end).
 
+#include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/handles.hpp"
@@ -160,6 +161,8 @@ private:
 
   GpuWorker& worker_;
   std::shared_ptr<ClientStats> stats_;
+  // Who this client's streams belong to, for the dispatcher's scheduler.
+  scheduler::ClientId schedulingId_;
   std::uint64_t nextSerial_ = 1;
   std::optional<Handle> primaryContext_;
   unsigned primaryFlags_ = 0;

@@ -9,6 +9,8 @@
 // registry and every client session of the tenant, because a tenant removed by a config reload
 // lives on until its last client has gone.
 
+#include "server/tenant/gpu_time_window.hpp"
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -60,6 +62,9 @@ public:
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
   std::atomic<std::uint64_t> oomCount{0};
+  // Measured GPU time of its kernels, recent seconds only; the dispatchers add to it on the
+  // event-loop thread when a kernel completes.
+  GpuTimeWindow gpuTimeWindow;
 
 private:
   TenantDefinition definition_;
