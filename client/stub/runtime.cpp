@@ -1,6 +1,7 @@
 #include "client/stub/runtime.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,8 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
+#include <system_error>
 
+#include "client/stub/data_plane.hpp"
 #include "client/stub/log.hpp"
+#include "ipc/shared_segment.hpp"
 #include "protocol/cuda_result.hpp"
 
 namespace gpuproxy::stub {
@@ -216,6 +221,7 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
     protocol::Session::Client session = response.getSession();
     session_ = &session;
     executor_ = kj::getCurrentThreadExecutor().addRef();
+    openDataPlane(io.waitScope, session);
 
     kj::Promise<void> watch =
         client.onDisconnect()
@@ -231,6 +237,49 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
   } catch (const std::exception& error) {
     if (reported) markLost(error.what());
     report({CUDA_ERROR_NO_DEVICE, true, error.what()});
+  }
+}
+
+void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client& session) {
+  const char* transport = std::getenv("GPUPROXY_TRANSPORT");
+  const std::string_view choice = transport != nullptr ? transport : "";
+  if (choice == "rpc") {
+    GPUPROXY_STUB_LOG(kInfo, "GPUPROXY_TRANSPORT=rpc: every call goes over the control socket");
+    return;
+  }
+  if (!choice.empty() && choice != "ring") {
+    GPUPROXY_STUB_LOG(kWarn, "GPUPROXY_TRANSPORT=%s is neither 'ring' nor 'rpc'; using the ring",
+                      transport);
+  }
+  try {
+    auto response = session.openDataPlaneRequest().send().wait(waitScope);
+    const auto result = static_cast<CUresult>(response.getResult());
+    if (result != CUDA_SUCCESS) {
+      throw std::runtime_error("gpuproxyd answered " +
+                               std::string(protocol::cudaResultNameOr(result, "unknown CUresult")));
+    }
+    // The descriptor belongs to the capability (and goes when it does): keep a copy of our own.
+    auto takeFd = [&](protocol::SharedFile::Client file, const char* what) {
+      kj::Maybe<int> received = file.getFd().wait(waitScope);
+      KJ_IF_MAYBE (fd, received) {
+        const int copy = ::fcntl(*fd, F_DUPFD_CLOEXEC, 0);
+        if (copy < 0) throw std::system_error(errno, std::generic_category(), "dup");
+        return ipc::UniqueFd(copy);
+      }
+      throw std::runtime_error(std::string("the ") + what + " arrived without a descriptor");
+    };
+    ipc::UniqueFd segmentFd = takeFd(response.getSegment(), "segment");
+    ipc::UniqueFd doorbellFd = takeFd(response.getDoorbell(), "doorbell");
+    ipc::SharedSegment segment =
+        ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
+    dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbellFd), lost_);
+    GPUPROXY_STUB_LOG(kDebug, "asynchronous calls go through the shared-memory ring");
+  } catch (const kj::Exception& error) {
+    GPUPROXY_STUB_LOG(kWarn, "no shared-memory data plane (%s); every call goes over RPC",
+                      error.getDescription().cStr());
+  } catch (const std::exception& error) {
+    GPUPROXY_STUB_LOG(kWarn, "no shared-memory data plane (%s); every call goes over RPC",
+                      error.what());
   }
 }
 
@@ -272,14 +321,14 @@ void Runtime::addContext(std::uint64_t context, ContextRecord record) {
 }
 
 std::optional<ContextRecord> Runtime::context(std::uint64_t context) const {
-  std::lock_guard lock(tablesMutex_);
+  std::shared_lock lock(tablesMutex_);
   auto found = contexts_.find(context);
   if (found == contexts_.end()) return std::nullopt;
   return found->second;
 }
 
 std::optional<std::uint64_t> Runtime::primaryContext(std::uint32_t device) const {
-  std::lock_guard lock(tablesMutex_);
+  std::shared_lock lock(tablesMutex_);
   for (const auto& [handle, record] : contexts_) {
     if (record.primary && record.device == device) return handle;
   }
@@ -299,6 +348,11 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
   dropOwnedBy(modules_, plain);
   dropOwnedBy(functions_,
               [](const std::shared_ptr<const KernelRecord>& record) { return record->context; });
+  {
+    std::lock_guard allocationsLock(allocationsMutex_);
+    std::erase_if(allocations_,
+                  [context](const auto& entry) { return entry.second.context == context; });
+  }
   if (destroyed) {
     contexts_.erase(context);
   } else if (auto found = contexts_.find(context); found != contexts_.end()) {
@@ -312,7 +366,7 @@ void Runtime::addStream(std::uint64_t stream, std::uint64_t context) {
 }
 
 std::optional<std::uint64_t> Runtime::streamContext(std::uint64_t stream) const {
-  std::lock_guard lock(tablesMutex_);
+  std::shared_lock lock(tablesMutex_);
   auto found = streams_.find(stream);
   if (found == streams_.end()) return std::nullopt;
   return found->second;
@@ -329,7 +383,7 @@ void Runtime::addEvent(std::uint64_t event, std::uint64_t context) {
 }
 
 std::optional<std::uint64_t> Runtime::eventContext(std::uint64_t event) const {
-  std::lock_guard lock(tablesMutex_);
+  std::shared_lock lock(tablesMutex_);
   auto found = events_.find(event);
   if (found == events_.end()) return std::nullopt;
   return found->second;
@@ -346,7 +400,7 @@ void Runtime::addModule(std::uint64_t module, std::uint64_t context) {
 }
 
 std::optional<std::uint64_t> Runtime::moduleContext(std::uint64_t module) const {
-  std::lock_guard lock(tablesMutex_);
+  std::shared_lock lock(tablesMutex_);
   auto found = modules_.find(module);
   if (found == modules_.end()) return std::nullopt;
   return found->second;
@@ -366,10 +420,31 @@ void Runtime::addFunction(std::uint64_t function, std::shared_ptr<const KernelRe
 }
 
 std::shared_ptr<const KernelRecord> Runtime::function(std::uint64_t function) const {
-  std::lock_guard lock(tablesMutex_);
+  std::shared_lock lock(tablesMutex_);
   auto found = functions_.find(function);
   if (found == functions_.end()) return nullptr;
   return found->second;
+}
+
+// ---- device allocations ----------------------------------------------------------------------
+
+void Runtime::addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context) {
+  std::lock_guard lock(allocationsMutex_);
+  allocations_[pointer] = Allocation{bytes, context};
+}
+
+void Runtime::forgetAllocation(std::uint64_t pointer) {
+  std::lock_guard lock(allocationsMutex_);
+  allocations_.erase(pointer);
+}
+
+bool Runtime::ownsRange(std::uint64_t pointer, std::uint64_t bytes) const {
+  std::shared_lock lock(allocationsMutex_);
+  auto after = allocations_.upper_bound(pointer);
+  if (after == allocations_.begin()) return false;
+  const auto& [start, allocation] = *std::prev(after);
+  const std::uint64_t offset = pointer - start;
+  return offset < allocation.bytes && bytes <= allocation.bytes - offset;
 }
 
 }  // namespace gpuproxy::stub

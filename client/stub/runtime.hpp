@@ -16,9 +16,11 @@
 #include <atomic>
 #include <cstdint>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -29,6 +31,8 @@
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 
 namespace gpuproxy::stub {
+
+class DataPlane;
 
 struct DeviceRecord {
   std::string name;
@@ -87,6 +91,11 @@ public:
 
   bool connectionLost() const noexcept { return lost_.load(std::memory_order_acquire); }
 
+  // The shared-memory data plane, or null when this process talks to the daemon only by RPC
+  // (GPUPROXY_TRANSPORT=rpc, or a daemon that does not offer one). Set before cuInit returns and
+  // constant afterwards.
+  DataPlane* dataPlane() const noexcept { return dataPlane_.get(); }
+
   // What the application gets for an exception out of call(): the transport broke (the schema's
   // convention), so CUDA_ERROR_MPS_CONNECTION_FAILED, or CUDA_ERROR_NOT_SUPPORTED for a method
   // the daemon does not implement. Logs.
@@ -135,6 +144,13 @@ public:
   void addFunction(std::uint64_t function, std::shared_ptr<const KernelRecord> record);
   std::shared_ptr<const KernelRecord> function(std::uint64_t function) const;
 
+  // Device allocations this process made (cuMemAlloc), so that copies and memsets can be refused
+  // synchronously, as the daemon would, before they go into the ring. The daemon checks again.
+  void addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context);
+  void forgetAllocation(std::uint64_t pointer);
+  // Whether [pointer, pointer + bytes) lies inside one of this process's allocations.
+  bool ownsRange(std::uint64_t pointer, std::uint64_t bytes) const;
+
 private:
   struct StartOutcome {
     CUresult result = CUDA_ERROR_NO_DEVICE;
@@ -146,6 +162,9 @@ private:
   StartOutcome start();
   void loopMain(std::promise<StartOutcome>& ready);
   void markLost(const std::string& reason) noexcept;
+  // After attach, on the loop thread: asks for the data plane and maps it. Logs and leaves
+  // dataPlane_ null when that fails (the RPC path then carries everything).
+  void openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client& session);
 
   const std::string socketPath_;
   std::thread loopThread_;
@@ -158,13 +177,22 @@ private:
 
   std::atomic<bool> lost_{false};
   std::atomic<std::uint64_t> nextGeneration_{0};
+  std::unique_ptr<DataPlane> dataPlane_;
 
-  mutable std::mutex tablesMutex_;
+  // Read on every launch and copy from many threads, written rarely.
+  mutable std::shared_mutex tablesMutex_;
   std::unordered_map<std::uint64_t, ContextRecord> contexts_;
   std::unordered_map<std::uint64_t, std::uint64_t> streams_;  // stream -> context
   std::unordered_map<std::uint64_t, std::uint64_t> events_;   // event -> context
   std::unordered_map<std::uint64_t, std::uint64_t> modules_;  // module -> context
   std::unordered_map<std::uint64_t, std::shared_ptr<const KernelRecord>> functions_;
+
+  struct Allocation {
+    std::uint64_t bytes = 0;
+    std::uint64_t context = 0;
+  };
+  mutable std::shared_mutex allocationsMutex_;
+  std::map<std::uint64_t, Allocation> allocations_;  // by start address
 };
 
 }  // namespace gpuproxy::stub

@@ -4,12 +4,14 @@
 #include <cuda.h>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::contextStack;
 using gpuproxy::stub::currentContext;
+using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::handleValue;
 using gpuproxy::stub::Runtime;
@@ -60,6 +62,7 @@ CUresult destroyContext(const char* entryPoint, CUcontext ctx) {
     });
     if (result != CUDA_SUCCESS) return result;
     runtime.forgetContextResources(context, /*destroyed=*/true);
+    if (DataPlane* plane = runtime.dataPlane()) plane->forgetContext(context);
     gpuproxy::stub::forgetPerThreadStream(context);
     auto& stack = contextStack();
     if (!stack.empty() && stack.back() == context) stack.pop_back();
@@ -92,6 +95,7 @@ CUresult popContext(const char* entryPoint, CUcontext* pctx) {
 void primaryContextWiped(Runtime& runtime, CUdevice dev) {
   if (auto context = runtime.primaryContext(static_cast<std::uint32_t>(dev))) {
     runtime.forgetContextResources(*context, /*destroyed=*/false);
+    if (DataPlane* plane = runtime.dataPlane()) plane->forgetContext(*context);
   }
 }
 
@@ -319,6 +323,10 @@ GPUPROXY_EXPORT CUresult cuCtxSynchronize(void) {
   return guarded(__func__, [&](Runtime& runtime) {
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (DataPlane* plane = runtime.dataPlane()) {
+      return plane->synchronize(context, gpuproxy::protocol::ring::SynchronizeKind::kContext, 0,
+                                /*query=*/false);
+    }
     return runtime.call([&](Session::Client& session) {
       auto request = session.synchronizeContextRequest();
       request.setContext(context);

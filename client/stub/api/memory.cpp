@@ -1,8 +1,11 @@
-// Device memory, copies and memsets (forwarded), and page-locked host memory (local for now).
+// Device memory, copies and memsets, and page-locked host memory (local for now).
 //
-// Asynchronous copies and memsets wait for the daemon's answer: completing an asynchronous call
-// early is legal CUDA behaviour, and it keeps host buffers safe to reuse until the shared-memory
-// data plane (DESIGN §2) takes over the hot path.
+// With the shared-memory data plane, copies and memsets are records in the command ring; host
+// copies pass through the segment's staging area in pipelined chunks. Host → device returns once
+// every chunk is in the staging area (the application's buffer is free again then, as CUDA
+// promises for pageable memory); device → host returns once the bytes are in the application's
+// buffer. Without the data plane (GPUPROXY_TRANSPORT=rpc) each call waits for the daemon's answer:
+// completing an asynchronous call early is legal CUDA behaviour and keeps host buffers safe.
 
 #include <cuda.h>
 #include <sys/mman.h>
@@ -12,20 +15,28 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <limits>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
+using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StagingAllocator;
 using gpuproxy::stub::StreamTarget;
 using gpuproxy::stub::toResult;
+
+namespace ring = gpuproxy::protocol::ring;
 
 namespace {
 
@@ -110,6 +121,121 @@ CUresult copyDeviceToHost(Runtime& runtime, const StreamTarget& target, void* de
   return CUDA_SUCCESS;
 }
 
+// ---- through the data plane -------------------------------------------------------------------
+
+// The data plane when it can carry host copies (it has a staging area), else null.
+DataPlane* stagingPlane(Runtime& runtime) {
+  DataPlane* plane = runtime.dataPlane();
+  return plane != nullptr && plane->chunkBytes() > 0 ? plane : nullptr;
+}
+
+// Chunk by chunk through the staging area: fill a range, publish its record, go on with the next
+// chunk while the daemon moves this one. The daemon gives each range back once it has copied the
+// bytes out.
+CUresult stagedHostToDevice(DataPlane& plane, const StreamTarget& target, CUdeviceptr destination,
+                            const void* source, std::size_t bytes) {
+  const auto* from = static_cast<const std::byte*>(source);
+  const std::uint64_t chunk = plane.chunkBytes();
+  std::uint32_t index = 0;
+  for (std::size_t position = 0; position < bytes; ++index) {
+    const std::size_t length =
+        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
+    std::optional<StagingAllocator::Range> range = plane.allocateStaging(length, nullptr);
+    if (!range) return CUDA_ERROR_MPS_CONNECTION_FAILED;
+    std::memcpy(plane.staging().data() + range->offset, from + position, length);
+    ring::CopyHostToDevice command;
+    command.context = target.context;
+    command.stream = target.stream;
+    command.destination = destination + position;
+    command.source = ring::HostLocation{ring::HostRegion::kStaging, range->offset};
+    command.bytes = length;
+    command.chunkIndex = index;
+    command.lastChunk = position + length == bytes;
+    CUresult submitted = plane.submit(ring::encodedSize(command),
+                                      [&](std::uint64_t sequence, std::span<std::byte> out) {
+                                        command.sequence = sequence;
+                                        return ring::encodeCopyHostToDevice(command, out);
+                                      });
+    if (submitted != CUDA_SUCCESS) {
+      plane.releaseStaging(*range);
+      return submitted;
+    }
+    position += length;
+  }
+  return CUDA_SUCCESS;
+}
+
+// Chunk by chunk the other way: each chunk's record carries a token the daemon answers once the
+// bytes are in the staging area; they are copied out in order, and the range reused. Up to a
+// staging area's worth of chunks is in flight.
+CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* destination,
+                            CUdeviceptr source, std::size_t bytes) {
+  auto* to = static_cast<std::byte*>(destination);
+  struct InFlight {
+    StagingAllocator::Range range;
+    std::uint64_t token = 0;
+    std::size_t position = 0;
+  };
+  std::deque<InFlight> inFlight;
+  CUresult failure = CUDA_SUCCESS;
+  // Lands the oldest chunk; false when none is in flight.
+  auto finishOldest = [&]() {
+    if (inFlight.empty()) return false;
+    const InFlight chunk = inFlight.front();
+    inFlight.pop_front();
+    const CUresult result = plane.waitFor(chunk.token);
+    if (result != CUDA_SUCCESS) {
+      if (failure == CUDA_SUCCESS) failure = result;
+    } else if (failure == CUDA_SUCCESS) {
+      std::memcpy(to + chunk.position, plane.staging().data() + chunk.range.offset,
+                  chunk.range.bytes);
+    }
+    plane.releaseStaging(chunk.range);
+    return true;
+  };
+  const std::uint64_t chunk = plane.chunkBytes();
+  std::uint32_t index = 0;
+  for (std::size_t position = 0; position < bytes && failure == CUDA_SUCCESS; ++index) {
+    const std::size_t length =
+        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
+    std::optional<StagingAllocator::Range> range = plane.allocateStaging(length, finishOldest);
+    if (!range) {
+      failure = CUDA_ERROR_MPS_CONNECTION_FAILED;
+      break;
+    }
+    if (failure != CUDA_SUCCESS) {
+      plane.releaseStaging(*range);
+      break;
+    }
+    ring::CopyDeviceToHost command;
+    command.context = target.context;
+    command.stream = target.stream;
+    command.source = source + position;
+    command.destination = ring::HostLocation{ring::HostRegion::kStaging, range->offset};
+    command.bytes = length;
+    command.completionToken = plane.newToken();
+    command.chunkIndex = index;
+    command.lastChunk = position + length == bytes;
+    CUresult submitted = plane.submit(ring::encodedSize(command),
+                                      [&](std::uint64_t sequence, std::span<std::byte> out) {
+                                        command.sequence = sequence;
+                                        return ring::encodeCopyDeviceToHost(command, out);
+                                      });
+    if (submitted != CUDA_SUCCESS) {
+      plane.releaseStaging(*range);
+      failure = submitted;
+      break;
+    }
+    inFlight.push_back(InFlight{*range, command.completionToken, position});
+    position += length;
+  }
+  while (finishOldest()) {
+  }
+  if (failure != CUDA_SUCCESS) return failure;
+  // A blocking copy reports what earlier asynchronous work in this context ran into.
+  return plane.takeAsyncError(target.context);
+}
+
 CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* srcHost,
                     size_t byteCount, CUstream stream, NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
@@ -120,6 +246,10 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
     }
     if (byteCount == 0) return CUDA_SUCCESS;
     if (srcHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (DataPlane* plane = stagingPlane(runtime)) {
+      if (!runtime.ownsRange(dstDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
+      return stagedHostToDevice(*plane, target, dstDevice, srcHost, byteCount);
+    }
     return copyHostToDevice(runtime, target, dstDevice, srcHost, byteCount);
   });
 }
@@ -134,6 +264,10 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
     }
     if (byteCount == 0) return CUDA_SUCCESS;
     if (dstHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (DataPlane* plane = stagingPlane(runtime)) {
+      if (!runtime.ownsRange(srcDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
+      return stagedDeviceToHost(*plane, target, dstHost, srcDevice, byteCount);
+    }
     return copyDeviceToHost(runtime, target, dstHost, srcDevice, byteCount);
   });
 }
@@ -147,6 +281,22 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
+    if (DataPlane* plane = runtime.dataPlane()) {
+      if (!runtime.ownsRange(dstDevice, byteCount) || !runtime.ownsRange(srcDevice, byteCount)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      ring::CopyDeviceToDevice command;
+      command.context = target.context;
+      command.stream = target.stream;
+      command.destination = dstDevice;
+      command.source = srcDevice;
+      command.bytes = byteCount;
+      return plane->submit(ring::encodedSize(command),
+                           [&](std::uint64_t sequence, std::span<std::byte> out) {
+                             command.sequence = sequence;
+                             return ring::encodeCopyDeviceToDevice(command, out);
+                           });
+    }
     return runtime.call([&](Session::Client& session) {
       auto request = session.memcpyDtoDRequest();
       request.setContext(target.context);
@@ -171,6 +321,24 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
     // The driver requires 16- and 32-bit memsets to be aligned to their element.
     if (dstDevice % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
     if (count == 0) return CUDA_SUCCESS;
+    if (DataPlane* plane = runtime.dataPlane()) {
+      if (count > std::numeric_limits<std::uint64_t>::max() / elementSize ||
+          !runtime.ownsRange(dstDevice, std::uint64_t{count} * elementSize)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      ring::Memset command;
+      command.context = target.context;
+      command.stream = target.stream;
+      command.destination = dstDevice;
+      command.count = count;
+      command.value = value;
+      command.elementSize = elementSize;
+      return plane->submit(ring::encodedSize(command),
+                           [&](std::uint64_t sequence, std::span<std::byte> out) {
+                             command.sequence = sequence;
+                             return ring::encodeMemset(command, out);
+                           });
+    }
     return runtime.call([&](Session::Client& session) {
       auto request = session.memsetRequest();
       request.setContext(target.context);
@@ -251,19 +419,23 @@ GPUPROXY_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
         return Reply{toResult(response.getResult()), response.getPointer()};
       });
     });
-    if (reply.result == CUDA_SUCCESS) *dptr = static_cast<CUdeviceptr>(reply.pointer);
-    return reply.result;
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    runtime.addAllocation(reply.pointer, bytesize, context);
+    *dptr = static_cast<CUdeviceptr>(reply.pointer);
+    return CUDA_SUCCESS;
   });
 }
 
 GPUPROXY_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (dptr == 0) return CUDA_SUCCESS;  // as the driver does
-    return runtime.call([&](Session::Client& session) {
+    CUresult result = runtime.call([&](Session::Client& session) {
       auto request = session.memFreeRequest();
       request.setPointer(dptr);
       return request.send().then([](auto response) { return toResult(response.getResult()); });
     });
+    if (result == CUDA_SUCCESS) runtime.forgetAllocation(dptr);
+    return result;
   });
 }
 

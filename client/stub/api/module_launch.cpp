@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/launch_params.hpp"
 #include "client/stub/module_image.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
+using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::describeModuleImage;
 using gpuproxy::stub::DeviceRecord;
 using gpuproxy::stub::guarded;
@@ -171,11 +173,37 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
         checked != CUDA_SUCCESS) {
       return checked;
     }
-    std::vector<std::byte> parameters;
+    // A kernel runs in the context its module was loaded into (the daemon says the same).
+    if (target.context != kernel->context) return CUDA_ERROR_INVALID_HANDLE;
+    // Reused by the thread's next launch: packing allocates nothing once it has grown. A named
+    // reference, so that the RPC path's lambda (run on the loop thread) sees this thread's buffer.
+    thread_local std::vector<std::byte> threadParameters;
+    std::vector<std::byte>& parameters = threadParameters;
     if (CUresult packed = gpuproxy::stub::packKernelParameters(
             kernel->parameters, kernel->parameterBytes, kernelParams, extra, parameters);
         packed != CUDA_SUCCESS) {
       return packed;
+    }
+    if (DataPlane* plane = runtime.dataPlane()) {
+      namespace ring = gpuproxy::protocol::ring;
+      ring::LaunchKernel command;
+      command.context = target.context;
+      command.function = handleValue(f);
+      command.stream = target.stream;
+      command.grid = ring::Dim3{gridDimX, gridDimY, gridDimZ};
+      command.block = ring::Dim3{blockDimX, blockDimY, blockDimZ};
+      command.sharedMemBytes = sharedMemBytes;
+      command.parameterBytes = static_cast<std::uint32_t>(parameters.size());
+      command.inlineParameters = parameters;
+      const std::uint32_t bytes = ring::encodedSize(command);
+      // A ring too small for this many parameters: the control socket takes it, after the
+      // daemon has run everything already in the ring.
+      if (parameters.size() <= ring::kMaxParameterBytes && plane->fits(bytes)) {
+        return plane->submit(bytes, [&](std::uint64_t sequence, std::span<std::byte> out) {
+          command.sequence = sequence;
+          return ring::encodeLaunchKernel(command, out);
+        });
+      }
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.launchKernelRequest();

@@ -3,11 +3,15 @@
 
 #include <cuda.h>
 
+#include <span>
+
 #include "client/stub/api_support.hpp"
+#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
+using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::handleValue;
 using gpuproxy::stub::NullStream;
@@ -16,6 +20,8 @@ using gpuproxy::stub::Runtime;
 using gpuproxy::stub::StreamTarget;
 using gpuproxy::stub::toHandle;
 using gpuproxy::stub::toResult;
+
+namespace ring = gpuproxy::protocol::ring;
 
 namespace {
 
@@ -77,6 +83,10 @@ CUresult synchronizeStream(const char* entryPoint, CUstream hStream, NullStream 
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
+    if (DataPlane* plane = runtime.dataPlane()) {
+      return plane->synchronize(target.context, ring::SynchronizeKind::kStream, target.stream,
+                                /*query=*/false);
+    }
     return runtime.call([&](Session::Client& session) {
       auto request = session.synchronizeStreamRequest();
       request.setContext(target.context);
@@ -93,6 +103,10 @@ CUresult queryStream(const char* entryPoint, CUstream hStream, NullStream nullSt
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
+    if (DataPlane* plane = runtime.dataPlane()) {
+      return plane->synchronize(target.context, ring::SynchronizeKind::kStream, target.stream,
+                                /*query=*/true);
+    }
     return runtime.call([&](Session::Client& session) {
       auto request = session.queryStreamRequest();
       request.setContext(target.context);
@@ -106,11 +120,34 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
                          NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     const std::uint64_t event = handleValue(hEvent);
-    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
+    std::optional<std::uint64_t> eventContext =
+        event != 0 ? runtime.eventContext(event) : std::nullopt;
+    if (!eventContext) return CUDA_ERROR_INVALID_HANDLE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
+    }
+    if (DataPlane* plane = runtime.dataPlane()) {
+      // What the daemon answers on the control socket, answered here before the record goes out.
+      if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+      if (*eventContext != target.context) {
+        auto eventOwner = runtime.context(*eventContext);
+        auto streamOwner = runtime.context(target.context);
+        // Waiting on another device's event is not done yet; within one device, fine.
+        if (!eventOwner || !streamOwner) return CUDA_ERROR_INVALID_HANDLE;
+        if (eventOwner->device != streamOwner->device) return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      ring::StreamWaitEvent command;
+      command.context = target.context;
+      command.stream = target.stream;
+      command.event = event;
+      command.flags = flags;
+      return plane->submit(ring::encodedSize(command),
+                           [&](std::uint64_t sequence, std::span<std::byte> out) {
+                             command.sequence = sequence;
+                             return ring::encodeStreamWaitEvent(command, out);
+                           });
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.streamWaitEventRequest();
@@ -127,11 +164,26 @@ CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
                      NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     const std::uint64_t event = handleValue(hEvent);
-    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
+    std::optional<std::uint64_t> eventContext =
+        event != 0 ? runtime.eventContext(event) : std::nullopt;
+    if (!eventContext) return CUDA_ERROR_INVALID_HANDLE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
+    }
+    if (DataPlane* plane = runtime.dataPlane()) {
+      ring::EventRecord command;
+      // The NULL stream of the event's own context, as the daemon reads stream 0 on this call.
+      command.context = target.stream == 0 ? *eventContext : target.context;
+      if (command.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
+      command.event = event;
+      command.stream = target.stream;
+      return plane->submit(ring::encodedSize(command),
+                           [&](std::uint64_t sequence, std::span<std::byte> out) {
+                             command.sequence = sequence;
+                             return ring::encodeEventRecord(command, out);
+                           });
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.recordEventRequest();
@@ -279,7 +331,25 @@ GPUPROXY_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   return recordEvent(__func__, hEvent, hStream, NullStream::kPerThread);
 }
 
+namespace {
+
+// cuEventSynchronize and cuEventQuery through the ring; nullopt when there is none.
+std::optional<CUresult> synchronizeEventOnRing(Runtime& runtime, std::uint64_t event, bool query) {
+  DataPlane* plane = runtime.dataPlane();
+  if (plane == nullptr) return std::nullopt;
+  std::optional<std::uint64_t> context = event != 0 ? runtime.eventContext(event) : std::nullopt;
+  if (!context) return CUDA_ERROR_INVALID_HANDLE;
+  return plane->synchronize(*context, ring::SynchronizeKind::kEvent, event, query);
+}
+
+}  // namespace
+
 GPUPROXY_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
+  if (Runtime* runtime = Runtime::instance(); runtime != nullptr && runtime->dataPlane()) {
+    return guarded(__func__, [&](Runtime& attached) {
+      return *synchronizeEventOnRing(attached, handleValue(hEvent), /*query=*/false);
+    });
+  }
   return eventCall(__func__, hEvent, [](Session::Client& session, std::uint64_t event) {
     auto request = session.synchronizeEventRequest();
     request.setEvent(event);
@@ -288,6 +358,11 @@ GPUPROXY_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
 }
 
 GPUPROXY_EXPORT CUresult cuEventQuery(CUevent hEvent) {
+  if (Runtime* runtime = Runtime::instance(); runtime != nullptr && runtime->dataPlane()) {
+    return guarded(__func__, [&](Runtime& attached) {
+      return *synchronizeEventOnRing(attached, handleValue(hEvent), /*query=*/true);
+    });
+  }
   return eventCall(__func__, hEvent, [](Session::Client& session, std::uint64_t event) {
     auto request = session.queryEventRequest();
     request.setEvent(event);

@@ -69,6 +69,17 @@ CUresult trap(KernelContext& context) {
   return context.translate(8, sizeof(int)) == nullptr ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
 }
 
+// out[i] = args.words[i] for every word of the by-value struct (one thread does it all, so the
+// launch configuration does not matter as long as it has a thread 0).
+CUresult copyWords(KernelContext& context) {
+  const auto out = context.parameterAs<CUdeviceptr>(0);
+  const std::span<const std::byte> words = context.parameter(1);
+  std::byte* destination = context.translate(out, words.size());
+  if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::memcpy(destination, words.data(), words.size());
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 const std::vector<Twin>& allTwins() {
@@ -77,6 +88,8 @@ const std::vector<Twin>& allTwins() {
       {"fill_u32", {8, 4, 8}, true, &fillU32},
       {"spin", {8}, false, &spin},
       {"trap", {}, true, &trap},
+      {"copy_words_4k", {8, 1024 * 4}, true, &copyWords},
+      {"copy_words_32k", {8, 8000 * 4}, true, &copyWords},
   };
   return kTwins;
 }

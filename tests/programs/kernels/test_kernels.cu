@@ -34,3 +34,25 @@ extern "C" __global__ void spin(unsigned long long ns) {
 extern "C" __global__ void trap() {
   *reinterpret_cast<volatile int*>(8) = 1;
 }
+
+// Kernels whose arguments are large structs passed by value: the parameter buffer is 4 KiB plus a
+// pointer, or close to CUDA's 32764-byte limit. Thread 0 of block 0 copies every word to `out`,
+// so a single byte lost or moved on the way shows up in the output.
+struct Words1024 {
+  unsigned words[1024];
+};
+struct Words8000 {
+  unsigned words[8000];
+};
+
+extern "C" __global__ void copy_words_4k(unsigned* out, Words1024 args) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int i = 0; i < 1024; ++i) out[i] = args.words[i];
+  }
+}
+
+extern "C" __global__ void copy_words_32k(unsigned* out, Words8000 args) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int i = 0; i < 8000; ++i) out[i] = args.words[i];
+  }
+}

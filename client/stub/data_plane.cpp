@@ -1,0 +1,280 @@
+#include "client/stub/data_plane.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <variant>
+
+#include "client/stub/log.hpp"
+#include "protocol/cuda_result.hpp"
+
+namespace gpuproxy::stub {
+
+namespace ring = protocol::ring;
+
+// The control block starts with the daemon's completion counter and the waiter count, which is
+// exactly the pair ipc::CompletionWaiter blocks on.
+static_assert(sizeof(ring::wire::ControlBlock) >= sizeof(ipc::CompletionWord));
+static_assert(offsetof(ring::wire::ControlBlock, completionsPublished) ==
+              offsetof(ipc::CompletionWord, value));
+static_assert(offsetof(ring::wire::ControlBlock, completionWaiters) ==
+              offsetof(ipc::CompletionWord, waiters));
+static_assert(alignof(ipc::CompletionWord) <= ring::kRegionAlignment);
+
+namespace {
+
+// About 20 µs of polling before a waiter sleeps: a short kernel or copy completes within it, and
+// a long one is not worth burning a core for (the daemon may need that core). Measured in time,
+// not iterations: a pause instruction takes from a few to over a hundred cycles by CPU model.
+constexpr std::chrono::microseconds kSpin{20};
+// Each sleep is bounded so that a daemon that died (its socket closing sets the runtime's flag)
+// is noticed; a completion wakes the waiter at once.
+constexpr std::chrono::milliseconds kWaitSlice{100};
+constexpr std::chrono::milliseconds kStagingWaitSlice{1};
+// Pauses between attempts while the command ring is full.
+constexpr std::chrono::microseconds kFullRingPause{20};
+constexpr std::chrono::microseconds kFullRingPauseMax{1000};
+// A staged copy keeps several chunks in flight so that filling one overlaps moving another.
+constexpr std::uint64_t kChunksPerStagingArea = 4;
+constexpr std::uint64_t kPage = 4096;
+
+std::span<std::byte> regionOf(const ipc::SharedSegment& segment, const ring::wire::Region& region) {
+  return {segment.data() + region.offset, static_cast<std::size_t>(region.bytes)};
+}
+
+// Ring capacity of a region: what follows the ring's own header.
+std::size_t ringCapacity(const char* what, std::uint64_t regionBytes) {
+  if (regionBytes <= sizeof(ipc::RingHeader)) {
+    throw std::runtime_error(std::string(what) + " region of " + std::to_string(regionBytes) +
+                             " bytes holds no ring");
+  }
+  return static_cast<std::size_t>(regionBytes - sizeof(ipc::RingHeader));
+}
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+}  // namespace
+
+DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
+                     const std::atomic<bool>& lost)
+    : segment_(std::move(segment)),
+      doorbell_(std::move(doorbell)),
+      lost_(lost),
+      stagingAllocator_(0) {
+  auto read = ring::readSegmentHeader(segment_.bytes());
+  if (const auto* error = std::get_if<ring::SegmentHeaderError>(&read)) {
+    throw std::runtime_error("segment header refused: " + std::string(ring::describe(*error)));
+  }
+  const ring::wire::SegmentHeader header = std::get<ring::wire::SegmentHeader>(read);
+  // All of this process's threads share command ring 0 (see the class comment); more rings are
+  // allowed by the format and simply stay empty.
+  ring::wire::Region commandRing = header.commandRings;
+  commandRing.bytes = header.commandRings.bytes / header.commandRingCount;
+  writer_ = std::make_unique<ipc::RingWriter>(regionOf(segment_, commandRing),
+                                              ringCapacity("command ring", commandRing.bytes));
+  reader_ = std::make_unique<ipc::RingReader>(
+      regionOf(segment_, header.completionRing),
+      ringCapacity("completion ring", header.completionRing.bytes));
+  if (header.control.bytes < sizeof(ring::wire::ControlBlock)) {
+    throw std::runtime_error("control region of " + std::to_string(header.control.bytes) +
+                             " bytes has no control block");
+  }
+  word_ = reinterpret_cast<ipc::CompletionWord*>(segment_.data() + header.control.offset);
+  staging_ = regionOf(segment_, header.staging);
+  limits_ = ring::limitsOf(header);
+  stagingAllocator_ = StagingAllocator(header.staging.bytes);
+  if (header.staging.bytes >= kPage) {
+    chunkBytes_ = std::max(kPage, header.staging.bytes / kChunksPerStagingArea / kPage * kPage);
+    chunkBytes_ = std::min(chunkBytes_, stagingAllocator_.largest());
+  }
+  maxRecordBytes_ = writer_->maxRecordBytes();
+  ringer_ = std::make_unique<ipc::DoorbellRinger>(writer_->consumerSleeping(), doorbell_.get());
+  record_.reserve(ring::kMaxCompletionRecordBytes);
+  GPUPROXY_STUB_LOG(kInfo,
+                    "data plane: %zu-byte command ring, %zu-byte completion ring, %llu bytes of "
+                    "staging",
+                    writer_->capacity(), reader_->capacity(),
+                    static_cast<unsigned long long>(header.staging.bytes));
+}
+
+DataPlane::~DataPlane() = default;
+
+void DataPlane::markBroken(const char* why) {
+  if (broken_.exchange(true)) return;
+  GPUPROXY_STUB_LOG(kError,
+                    "data plane: %s; asynchronous calls now fail with "
+                    "CUDA_ERROR_MPS_CONNECTION_FAILED",
+                    why);
+}
+
+std::uint32_t DataPlane::completionWordValue() const {
+  return std::atomic_ref<std::uint32_t>(word_->value).load(std::memory_order_acquire);
+}
+
+void DataPlane::drainLocked() {
+  for (;;) {
+    const ipc::RingStatus status = reader_->read(record_);
+    if (status == ipc::RingStatus::kEmpty) return;
+    if (status != ipc::RingStatus::kOk) {
+      markBroken("gpuproxyd broke the completion ring's format");
+      return;
+    }
+    const ring::DecodedCompletion decoded = ring::decodeCompletion(record_, limits_);
+    std::visit(Overloaded{
+                   [&](const ring::Completion& completion) {
+                     results_[completion.token] = completion.result;
+                   },
+                   [&](const ring::AsyncError& error) {
+                     GPUPROXY_STUB_LOG(
+                         kInfo,
+                         "asynchronous command %llu (opcode %u) on stream %#llx failed: %s; "
+                         "reported at the next synchronising call",
+                         static_cast<unsigned long long>(error.sequence),
+                         static_cast<unsigned>(error.opcode),
+                         static_cast<unsigned long long>(error.stream),
+                         std::string(protocol::cudaResultNameOr(error.result, "unknown CUresult"))
+                             .c_str());
+                     latchedErrors_.try_emplace(error.context, error.result);
+                   },
+                   [&](const ring::StagingRelease& release) {
+                     if (!stagingAllocator_.release(release.offset, release.bytes)) {
+                       GPUPROXY_STUB_LOG(kError,
+                                         "data plane: gpuproxyd released staging bytes "
+                                         "[%llu, +%llu) that were not in use",
+                                         static_cast<unsigned long long>(release.offset),
+                                         static_cast<unsigned long long>(release.bytes));
+                     }
+                   },
+                   [&](const ring::DecodeError& error) {
+                     GPUPROXY_STUB_LOG(kError, "data plane: undecodable completion record: %s",
+                                       std::string(ring::describe(error.failure)).c_str());
+                     markBroken("gpuproxyd sent a completion record this stub cannot read");
+                   },
+               },
+               decoded);
+  }
+}
+
+bool DataPlane::waitForProgress(std::uint32_t seen, std::chrono::milliseconds slice) {
+  if (lost_.load(std::memory_order_acquire) || broken_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  ipc::CompletionWaiter waiter(*word_);
+  const auto spinUntil = std::chrono::steady_clock::now() + kSpin;
+  for (std::uint32_t i = 1;; ++i) {
+    if (waiter.load() != seen) return true;
+    ipc::cpuRelax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= spinUntil) break;
+  }
+  waiter.wait([seen](std::uint32_t value) { return value != seen; }, 0, slice);
+  return !lost_.load(std::memory_order_acquire) && !broken_.load(std::memory_order_acquire);
+}
+
+bool DataPlane::waitForRingSpace(std::uint32_t attempt) {
+  if (attempt == 0) ringFullWaits_.fetch_add(1, std::memory_order_relaxed);
+  {
+    // The daemon may be waiting for room in the completion ring before it moves on.
+    std::lock_guard lock(completionMutex_);
+    drainLocked();
+  }
+  if (lost_.load(std::memory_order_acquire) || broken_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  // Nothing announces that the daemon has read commands, so this polls: every 20 µs at first,
+  // backing off to every millisecond.
+  const auto pause = attempt < 6 ? kFullRingPause * (1u << attempt) : kFullRingPauseMax;
+  std::this_thread::sleep_for(std::min(pause, kFullRingPauseMax));
+  return true;
+}
+
+CUresult DataPlane::waitFor(std::uint64_t token) {
+  for (;;) {
+    std::uint32_t seen = 0;
+    {
+      std::lock_guard lock(completionMutex_);
+      // Read before draining: a completion published after the drain moves the word past `seen`.
+      seen = completionWordValue();
+      drainLocked();
+      if (auto found = results_.find(token); found != results_.end()) {
+        const CUresult result = found->second;
+        results_.erase(found);
+        return result;
+      }
+    }
+    if (!waitForProgress(seen, kWaitSlice)) return CUDA_ERROR_MPS_CONNECTION_FAILED;
+  }
+}
+
+CUresult DataPlane::synchronize(std::uint64_t context, ring::SynchronizeKind kind,
+                                std::uint64_t handle, bool query) {
+  ring::Synchronize command;
+  command.context = context;
+  command.kind = kind;
+  command.handle = handle;
+  command.completionToken = newToken();
+  command.query = query;
+  if (CUresult submitted = submit(ring::encodedSize(command),
+                                  [&](std::uint64_t sequence, std::span<std::byte> out) {
+                                    command.sequence = sequence;
+                                    return ring::encodeSynchronize(command, out);
+                                  });
+      submitted != CUDA_SUCCESS) {
+    return submitted;
+  }
+  const CUresult answer = waitFor(command.completionToken);
+  if (answer == CUDA_ERROR_MPS_CONNECTION_FAILED) return answer;
+  const CUresult latched = takeAsyncError(context);
+  return latched != CUDA_SUCCESS ? latched : answer;
+}
+
+CUresult DataPlane::takeAsyncError(std::uint64_t context) {
+  std::lock_guard lock(completionMutex_);
+  drainLocked();
+  auto found = latchedErrors_.find(context);
+  if (found == latchedErrors_.end()) return CUDA_SUCCESS;
+  const CUresult result = found->second;
+  latchedErrors_.erase(found);
+  return result;
+}
+
+void DataPlane::forgetContext(std::uint64_t context) {
+  std::lock_guard lock(completionMutex_);
+  drainLocked();
+  latchedErrors_.erase(context);
+}
+
+std::optional<StagingAllocator::Range> DataPlane::allocateStaging(
+    std::uint64_t bytes, const std::function<bool()>& progress) {
+  for (;;) {
+    std::uint32_t seen = 0;
+    {
+      std::lock_guard lock(completionMutex_);
+      seen = completionWordValue();
+      drainLocked();
+      if (auto range = stagingAllocator_.allocate(bytes)) return range;
+    }
+    if (progress && progress()) continue;
+    // Space also comes back from this process's own threads (staged D2H chunks), which does not
+    // move the daemon's counter: look again soon.
+    if (!waitForProgress(seen, kStagingWaitSlice)) return std::nullopt;
+  }
+}
+
+void DataPlane::releaseStaging(const StagingAllocator::Range& range) {
+  std::lock_guard lock(completionMutex_);
+  if (!stagingAllocator_.release(range)) {
+    GPUPROXY_STUB_LOG(kError, "data plane: staging range [%llu, +%llu) released twice",
+                      static_cast<unsigned long long>(range.offset),
+                      static_cast<unsigned long long>(range.bytes));
+  }
+}
+
+}  // namespace gpuproxy::stub

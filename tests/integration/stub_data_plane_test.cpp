@@ -1,0 +1,313 @@
+// The stub's end of the data plane (client/stub/data_plane.cpp, compiled into this test) against
+// an in-process stand-in for the daemon that owns the segment: answers reach the thread waiting
+// for them whichever thread reads them, asynchronous errors are reported once at the next
+// synchronisation of their context, a full ring waits, staging space comes back, and a dead or
+// garbling daemon ends every wait with CUDA_ERROR_MPS_CONNECTION_FAILED instead of a hang.
+
+#include "client/stub/data_plane.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "ipc/doorbell.hpp"
+#include "ipc/shared_segment.hpp"
+#include "ipc/spsc_ring.hpp"
+#include "protocol/ring_format.hpp"
+
+namespace gpuproxy::stub {
+namespace {
+
+namespace ring = protocol::ring;
+using namespace std::chrono_literals;
+
+ipc::UniqueFd duplicate(int fd) {
+  return ipc::UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+}
+
+// Lays out a segment as the daemon does and plays the daemon's side of both rings.
+class FakeDaemon {
+public:
+  explicit FakeDaemon(std::size_t commandCapacity = std::size_t{1} << 16,
+                      std::uint64_t stagingBytes = 64 << 10) {
+    ring::SegmentPlan plan;
+    plan.commandRingCount = 1;
+    plan.commandRingBytes = ipc::ringRegionBytes(commandCapacity);
+    plan.completionRingBytes = ipc::ringRegionBytes(std::size_t{1} << 14);
+    plan.controlBytes = sizeof(ring::wire::ControlBlock);
+    plan.stagingBytes = stagingBytes;
+    header_ = ring::planSegment(plan).value();
+    segment_ = ipc::SharedSegment::create("stub-data-plane-test", header_.segmentBytes);
+    std::memcpy(segment_.data(), &header_, sizeof(header_));
+    auto commands = region(header_.commandRings);
+    auto completions = region(header_.completionRing);
+    ipc::initializeRing(commands, commands.size() - sizeof(ipc::RingHeader));
+    ipc::initializeRing(completions, completions.size() - sizeof(ipc::RingHeader));
+    commands_.emplace(commands, commands.size() - sizeof(ipc::RingHeader));
+    completions_.emplace(completions, completions.size() - sizeof(ipc::RingHeader));
+    publisher_.emplace(
+        *reinterpret_cast<ipc::CompletionWord*>(segment_.data() + header_.control.offset));
+    doorbell_ = ipc::makeEventFd();
+  }
+
+  std::unique_ptr<DataPlane> connect(const std::atomic<bool>& lost) {
+    return std::make_unique<DataPlane>(
+        ipc::SharedSegment::map(duplicate(segment_.fd()), segment_.size()),
+        duplicate(doorbell_.get()), lost);
+  }
+
+  // The next command the client published, waiting up to `timeout` for one.
+  std::optional<ring::DecodedCommand> next(std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const ipc::RingStatus status = commands_->read(record_);
+      if (status == ipc::RingStatus::kOk)
+        return ring::decodeCommand(record_, ring::limitsOf(header_));
+      if (status != ipc::RingStatus::kEmpty) throw std::runtime_error("command ring corrupt");
+      if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+      std::this_thread::sleep_for(100us);
+    }
+  }
+
+  template <typename T>
+  T nextAs() {
+    auto command = next();
+    if (!command) throw std::runtime_error("no command arrived");
+    if (!std::holds_alternative<T>(*command)) throw std::runtime_error("unexpected command");
+    return std::get<T>(*command);
+  }
+
+  template <typename Answer>
+  void post(const Answer& answer) {
+    auto reservation = completions_->reserve(ring::encodedSize(answer));
+    ASSERT_EQ(reservation.status, ipc::RingStatus::kOk);
+    completions_->commit(ring::encode(answer, reservation.bytes));
+    publisher_->publish(++published_);
+  }
+
+  // A record the ring carries but no completion decoder accepts.
+  void postGarbage() {
+    std::vector<std::byte> junk(24, std::byte{0x5a});
+    ASSERT_EQ(completions_->tryWrite(junk), ipc::RingStatus::kOk);
+    publisher_->publish(++published_);
+  }
+
+  std::uint32_t waiters() const {
+    auto* word = reinterpret_cast<ipc::CompletionWord*>(segment_.data() + header_.control.offset);
+    return std::atomic_ref<std::uint32_t>(word->waiters).load();
+  }
+  std::span<std::byte> staging() { return region(header_.staging); }
+  ipc::SharedSegment& segment() { return segment_; }
+  int doorbell() const { return doorbell_.get(); }
+
+private:
+  std::span<std::byte> region(const ring::wire::Region& r) {
+    return {segment_.data() + r.offset, static_cast<std::size_t>(r.bytes)};
+  }
+
+  ring::wire::SegmentHeader header_{};
+  ipc::SharedSegment segment_;
+  std::optional<ipc::RingReader> commands_;
+  std::optional<ipc::RingWriter> completions_;
+  std::optional<ipc::CompletionPublisher> publisher_;
+  ipc::UniqueFd doorbell_;
+  std::uint32_t published_ = 0;
+  std::vector<std::byte> record_;
+};
+
+CUresult submitMemset(DataPlane& plane, std::uint64_t context, std::uint64_t stream) {
+  ring::Memset memset;
+  memset.context = context;
+  memset.stream = stream;
+  memset.destination = 0x10000;
+  memset.count = 4;
+  memset.elementSize = 4;
+  return plane.submit(ring::encodedSize(memset),
+                      [&](std::uint64_t sequence, std::span<std::byte> out) {
+                        memset.sequence = sequence;
+                        return ring::encodeMemset(memset, out);
+                      });
+}
+
+TEST(StubDataPlane, ASynchronisationWaitsForItsAnswer) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  auto result = std::async(std::launch::async, [&] {
+    return plane->synchronize(7, ring::SynchronizeKind::kStream, 42, /*query=*/false);
+  });
+  auto sync = daemon.nextAs<ring::Synchronize>();
+  EXPECT_EQ(sync.context, 7u);
+  EXPECT_EQ(sync.handle, 42u);
+  EXPECT_EQ(sync.kind, ring::SynchronizeKind::kStream);
+  EXPECT_FALSE(sync.query);
+  EXPECT_NE(sync.completionToken, 0u);
+  // The waiter gives up spinning and sleeps on the futex; the answer must still wake it.
+  ASSERT_EQ(result.wait_for(50ms), std::future_status::timeout);
+  EXPECT_GT(daemon.waiters(), 0u);
+  daemon.post(ring::Completion{sync.completionToken, CUDA_ERROR_NOT_READY});
+  ASSERT_EQ(result.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(result.get(), CUDA_ERROR_NOT_READY);
+}
+
+TEST(StubDataPlane, AsynchronousErrorsAreReportedOnceAtTheirContextsNextSynchronisation) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  ASSERT_EQ(submitMemset(*plane, 7, 0), CUDA_SUCCESS);
+  auto memset = daemon.nextAs<ring::Memset>();
+  daemon.post(ring::AsyncError{memset.sequence, 7, 0, CUDA_ERROR_INVALID_VALUE,
+                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
+
+  auto answerNext = [&] {
+    auto sync = daemon.nextAs<ring::Synchronize>();
+    daemon.post(ring::Completion{sync.completionToken, CUDA_SUCCESS});
+  };
+  // Another context knows nothing of it.
+  auto other = std::async(std::launch::async, [&] {
+    return plane->synchronize(8, ring::SynchronizeKind::kContext, 0, false);
+  });
+  answerNext();
+  EXPECT_EQ(other.get(), CUDA_SUCCESS);
+  // Its own context gets it, once.
+  auto first = std::async(std::launch::async, [&] {
+    return plane->synchronize(7, ring::SynchronizeKind::kContext, 0, false);
+  });
+  answerNext();
+  EXPECT_EQ(first.get(), CUDA_ERROR_INVALID_VALUE);
+  auto second = std::async(std::launch::async, [&] {
+    return plane->synchronize(7, ring::SynchronizeKind::kStream, 0, true);
+  });
+  answerNext();
+  EXPECT_EQ(second.get(), CUDA_SUCCESS);
+}
+
+TEST(StubDataPlane, EachWaiterGetsItsOwnAnswerWhicheverThreadReadsIt) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  constexpr int kThreads = 8;
+  std::vector<std::future<CUresult>> results;
+  for (int t = 0; t < kThreads; ++t) {
+    results.push_back(std::async(std::launch::async, [&, t] {
+      return plane->synchronize(1, ring::SynchronizeKind::kStream, static_cast<std::uint64_t>(t),
+                                false);
+    }));
+  }
+  std::vector<ring::Synchronize> syncs;
+  for (int t = 0; t < kThreads; ++t) syncs.push_back(daemon.nextAs<ring::Synchronize>());
+  // Answered newest first; the result names the stream, so a mix-up shows.
+  for (auto it = syncs.rbegin(); it != syncs.rend(); ++it) {
+    daemon.post(ring::Completion{it->completionToken,
+                                 it->handle % 2 == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY});
+    std::this_thread::sleep_for(1ms);
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(results[t].get(), t % 2 == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY) << t;
+  }
+}
+
+// A small ring: the writers wait for the daemon and nothing is lost, reordered or duplicated.
+TEST(StubDataPlane, AFullRingMakesWritersWaitAndSequencesRiseInRingOrder) {
+  FakeDaemon daemon(/*commandCapacity=*/4096);
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  constexpr int kThreads = 4;
+  constexpr int kRecords = 500;
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      for (int i = 0; i < kRecords; ++i) {
+        ASSERT_EQ(
+            submitMemset(*plane, static_cast<std::uint64_t>(t + 1), static_cast<std::uint64_t>(i)),
+            CUDA_SUCCESS);
+      }
+    });
+  }
+  std::vector<int> nextPerThread(kThreads, 0);
+  std::uint64_t expectedSequence = 1;
+  for (int received = 0; received < kThreads * kRecords; ++received) {
+    if (received % 100 == 0) std::this_thread::sleep_for(2ms);  // a slow daemon
+    auto memset = daemon.nextAs<ring::Memset>();
+    EXPECT_EQ(memset.sequence, expectedSequence++);
+    const auto writer = static_cast<int>(memset.context - 1);
+    ASSERT_LT(writer, kThreads);
+    EXPECT_EQ(memset.stream, static_cast<std::uint64_t>(nextPerThread[writer]++));
+  }
+  for (auto& writer : writers) writer.join();
+  EXPECT_FALSE(daemon.next(20ms).has_value());
+  EXPECT_GT(plane->ringFullWaits(), 0u);
+}
+
+TEST(StubDataPlane, StagingSpaceComesBackWhenTheDaemonReleasesIt) {
+  FakeDaemon daemon(std::size_t{1} << 16, /*stagingBytes=*/64 << 10);
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  ASSERT_EQ(plane->staging().size(), 64u << 10);
+  ASSERT_EQ(plane->chunkBytes(), 16u << 10);
+  std::vector<StagingAllocator::Range> ranges;
+  for (int i = 0; i < 4; ++i) ranges.push_back(*plane->allocateStaging(16 << 10, nullptr));
+  // The bytes the stub writes are the bytes the daemon sees.
+  std::memset(plane->staging().data() + ranges[1].offset, 0x3c, 16);
+  EXPECT_EQ(daemon.staging()[ranges[1].offset], std::byte{0x3c});
+
+  auto fifth =
+      std::async(std::launch::async, [&] { return plane->allocateStaging(16 << 10, nullptr); });
+  ASSERT_EQ(fifth.wait_for(30ms), std::future_status::timeout);
+  daemon.post(ring::StagingRelease{ranges[1].offset, ranges[1].bytes});  // not the head yet
+  ASSERT_EQ(fifth.wait_for(30ms), std::future_status::timeout);
+  daemon.post(ring::StagingRelease{ranges[0].offset, ranges[0].bytes});
+  ASSERT_EQ(fifth.wait_for(5s), std::future_status::ready);
+  auto range = fifth.get();
+  ASSERT_TRUE(range.has_value());
+  EXPECT_EQ(range->offset, 0u);
+}
+
+TEST(StubDataPlane, ALostConnectionEndsEveryWait) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  auto result = std::async(std::launch::async, [&] {
+    return plane->synchronize(1, ring::SynchronizeKind::kContext, 0, false);
+  });
+  daemon.nextAs<ring::Synchronize>();
+  ASSERT_EQ(result.wait_for(50ms), std::future_status::timeout);
+  lost = true;  // what the runtime's loop thread does when the socket closes
+  ASSERT_EQ(result.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(result.get(), CUDA_ERROR_MPS_CONNECTION_FAILED);
+}
+
+TEST(StubDataPlane, AGarbledCompletionRingEndsTheDataPlane) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  auto result = std::async(std::launch::async, [&] {
+    return plane->synchronize(1, ring::SynchronizeKind::kContext, 0, false);
+  });
+  daemon.nextAs<ring::Synchronize>();
+  daemon.postGarbage();
+  ASSERT_EQ(result.wait_for(2s), std::future_status::ready);
+  EXPECT_EQ(result.get(), CUDA_ERROR_MPS_CONNECTION_FAILED);
+  EXPECT_EQ(submitMemset(*plane, 1, 0), CUDA_ERROR_MPS_CONNECTION_FAILED);
+}
+
+TEST(StubDataPlane, ASegmentThatIsNotOneIsRefused) {
+  FakeDaemon daemon;
+  std::memset(daemon.segment().data(), 0, 8);  // the magic
+  std::atomic<bool> lost{false};
+  EXPECT_THROW(daemon.connect(lost), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace gpuproxy::stub
