@@ -247,13 +247,38 @@ kj::Promise<CUresult> GpuClient::synchronizeStream(Handle context, Handle stream
   if (target->explicitStream == nullptr) {
     if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
   }
-  return whenStreamDone(*target->stream);
+  return noteCompletion(context, stream, *workCounters(*target).first,
+                        whenStreamDone(*target->stream));
 }
 
 CUresult GpuClient::queryStream(Handle context, Handle stream) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  auto [queued, done] = workCounters(*target);
+  if (*queued == *done) return worker_.stickyError();
   return target->stream->query();
+}
+
+std::pair<std::uint64_t*, std::uint64_t*> GpuClient::workCounters(const Target& target) {
+  if (target.explicitStream != nullptr) {
+    return {&target.explicitStream->work, &target.explicitStream->workDone};
+  }
+  Context& context = contexts_.at(target.context);
+  return {&context.nullStreamWork, &context.nullStreamWorkDone};
+}
+
+kj::Promise<CUresult> GpuClient::noteCompletion(Handle context, Handle stream,
+                                                std::uint64_t queued,
+                                                kj::Promise<CUresult> status) {
+  return status.then([this, context, stream, queued](CUresult result) {
+    if (result == CUDA_SUCCESS) {
+      if (auto target = resolveStream(context, stream)) {
+        std::uint64_t* done = workCounters(*target).second;
+        *done = std::max(*done, queued);
+      }
+    }
+    return result;
+  });
 }
 
 CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event) {
@@ -434,7 +459,7 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
         (*fulfiller)->fulfill(kj::mv(status));
       });
   if (callback != CUDA_SUCCESS) return callback;
-  return kj::mv(paf.promise);
+  return noteCompletion(context, stream, *workCounters(*target).first, kj::mv(paf.promise));
 }
 
 CUresult GpuClient::copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,

@@ -112,12 +112,14 @@ private:
     unsigned flags = 0;
     std::unique_ptr<backend::Stream> nullStream;
     std::uint64_t nullStreamWork = 0;  // operations queued on the NULL stream so far
+    std::uint64_t nullStreamWorkDone = 0;  // ... of which a completion has been seen
   };
   struct Stream {
     Handle context = 0;
     bool blocking = true;  // synchronises with the context's legacy NULL stream
     std::unique_ptr<backend::Stream> stream;
     std::uint64_t work = 0;               // operations queued on this stream so far
+    std::uint64_t workDone = 0;           // ... of which a completion has been seen
     std::uint64_t workSeenByNull = 0;     // ... of which the NULL stream has waited for
     std::uint64_t nullWorkWaitedFor = 0;  // NULL-stream operations this stream has waited for
   };
@@ -155,6 +157,14 @@ private:
   std::vector<backend::Stream*> streamsOf(Handle context);
   kj::Promise<CUresult> drainStreams(Handle context);
   bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
+  // The counters of `target`'s queued and known-completed operations.
+  std::pair<std::uint64_t*, std::uint64_t*> workCounters(const Target& target);
+  // Resolves as `status` does, first noting that the operations of stream (`context`, `stream`)
+  // up to `queued` have completed, so that a query answered after this promise (the client
+  // waited for it) finds the stream idle even while the backend is still running the callback
+  // that reported it.
+  kj::Promise<CUresult> noteCompletion(Handle context, Handle stream, std::uint64_t queued,
+                                       kj::Promise<CUresult> status);
   void releaseModuleMemory(const Module& module);
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
