@@ -16,14 +16,14 @@
 #include "server/backend/sim/sim_backend.hpp"
 #include "test_kernels_ptx.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <atomic>
 #include <future>
-#include <thread>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -291,8 +291,8 @@ int main(int argc, char** argv) {
   if (stub && !options.threads.empty()) {
     std::printf("\nConcurrent launches through the stub (%s), each thread on its own stream:\n\n",
                 stubTransport().c_str());
-    Table concurrent({"threads", "launches", "median ns", "p90 ns", "p99 ns", "mean ns",
-                      "median vs 1 thread"});
+    Table concurrent(
+        {"threads", "launches", "median ns", "p90 ns", "p99 ns", "mean ns", "median vs 1 thread"});
     for (int threads : options.threads) {
       if (threads < 1) continue;
       LatencySummary summary = summarize(stub->measureConcurrent(

@@ -10,6 +10,7 @@
 
 #include "client/stub/log.hpp"
 #include "protocol/cuda_result.hpp"
+#include "protocol/overloaded.hpp"
 
 namespace gpuproxy::stub {
 
@@ -53,13 +54,6 @@ std::size_t ringCapacity(const char* what, std::uint64_t regionBytes) {
   }
   return static_cast<std::size_t>(regionBytes - sizeof(ipc::RingHeader));
 }
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 }  // namespace
 
@@ -128,7 +122,7 @@ void DataPlane::drainLocked() {
       return;
     }
     const ring::DecodedCompletion decoded = ring::decodeCompletion(record_, limits_);
-    std::visit(Overloaded{
+    std::visit(protocol::Overloaded{
                    [&](const ring::Completion& completion) {
                      results_[completion.token] = completion.result;
                    },
@@ -221,12 +215,7 @@ CUresult DataPlane::synchronize(std::uint64_t context, ring::SynchronizeKind kin
   command.handle = handle;
   command.completionToken = newToken();
   command.query = query;
-  if (CUresult submitted = submit(ring::encodedSize(command),
-                                  [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                    command.sequence = sequence;
-                                    return ring::encodeSynchronize(command, out);
-                                  });
-      submitted != CUDA_SUCCESS) {
+  if (CUresult submitted = submitCommand(command); submitted != CUDA_SUCCESS) {
     return submitted;
   }
   const CUresult answer = waitFor(command.completionToken);

@@ -26,8 +26,7 @@ std::size_t ringCapacity(std::size_t regionBytes) {
 
 }  // namespace
 
-ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
-                             ChannelSizes sizes)
+ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes)
     : executor_(executor) {
   ring::SegmentPlan plan;
   plan.commandRingCount = 1;
@@ -40,8 +39,8 @@ ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
   if (!header) throw std::invalid_argument("data-plane segment sizes do not form a valid layout");
   header_ = *header;
   limits_ = ring::limitsOf(header_);
-  segment_ = std::make_shared<ipc::SharedSegment>(
-      ipc::SharedSegment::create(name, header_.segmentBytes));
+  segment_ =
+      std::make_shared<ipc::SharedSegment>(ipc::SharedSegment::create(name, header_.segmentBytes));
   std::memcpy(segment_->data(), &header_, sizeof(header_));
   auto commandRegion = regionOf(*segment_, header_.commandRings);
   auto completionRegion = regionOf(*segment_, header_.completionRing);
@@ -51,8 +50,7 @@ ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
   completions_.emplace(completionRegion, ringCapacity(completionRegion.size()));
   doorbell_ = ipc::makeEventFd();
   waiter_.emplace(commands_->consumerSleeping(), doorbell_.get());
-  auto* control =
-      reinterpret_cast<ipc::CompletionWord*>(segment_->data() + header_.control.offset);
+  auto* control = reinterpret_cast<ipc::CompletionWord*>(segment_->data() + header_.control.offset);
   static_assert(sizeof(ipc::CompletionWord) <= sizeof(ring::wire::ControlBlock));
   static_assert(offsetof(ipc::CompletionWord, value) ==
                 offsetof(ring::wire::ControlBlock, completionsPublished));

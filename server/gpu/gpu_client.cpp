@@ -267,8 +267,7 @@ std::pair<std::uint64_t*, std::uint64_t*> GpuClient::workCounters(const Target& 
   return {&context.nullStreamWork, &context.nullStreamWorkDone};
 }
 
-kj::Promise<CUresult> GpuClient::noteCompletion(Handle context, Handle stream,
-                                                std::uint64_t queued,
+kj::Promise<CUresult> GpuClient::noteCompletion(Handle context, Handle stream, std::uint64_t queued,
                                                 kj::Promise<CUresult> status) {
   return status.then([this, context, stream, queued](CUresult result) {
     if (result == CUDA_SUCCESS) {

@@ -111,7 +111,7 @@ private:
     bool primary = false;
     unsigned flags = 0;
     std::unique_ptr<backend::Stream> nullStream;
-    std::uint64_t nullStreamWork = 0;  // operations queued on the NULL stream so far
+    std::uint64_t nullStreamWork = 0;      // operations queued on the NULL stream so far
     std::uint64_t nullStreamWorkDone = 0;  // ... of which a completion has been seen
   };
   struct Stream {

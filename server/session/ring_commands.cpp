@@ -4,17 +4,18 @@
 // answer travels differs: an asynchronous command that fails becomes an AsyncError the stub
 // reports at the next synchronising call, a waited-for command answers its completion token.
 
+#include "protocol/overloaded.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/session/client_session.hpp"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
 #include <type_traits>
-#include <unistd.h>
 
 namespace gpuproxy::server {
 
@@ -50,13 +51,6 @@ backend::LaunchConfig configOf(const ring::LaunchKernel& launch) {
                                launch.sharedMemBytes};
 }
 
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
-
 }  // namespace
 
 ClientSession::DispatchCallResult ClientSession::dispatchCall(
@@ -77,9 +71,9 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     return kj::READY_NOW;
   }
   try {
-    auto channel = std::make_unique<ClientChannel>(
-        static_cast<CommandExecutor&>(*this),
-        "gpuproxy-client-" + std::to_string(stats_->identity.pid));
+    auto channel =
+        std::make_unique<ClientChannel>(static_cast<CommandExecutor&>(*this),
+                                        "gpuproxy-client-" + std::to_string(stats_->identity.pid));
     results.setSegment(kj::heap<SharedFileServer>(channel->segmentFd()));
     results.setDoorbell(kj::heap<SharedFileServer>(channel->doorbellFd()));
     results.setSegmentBytes(channel->segmentBytes());
@@ -132,7 +126,7 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
   };
 
   std::visit(
-      Overloaded{
+      protocol::Overloaded{
           [&](const ring::LaunchKernel& launch) {
             std::span<const std::byte> parameters = launch.inlineParameters;
             std::vector<std::byte> copied;
@@ -173,19 +167,19 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
             const std::uint64_t token = copy.completionToken;
             ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
                                      static_cast<std::uint16_t>(ring::Opcode::kCopyDeviceToHost)};
-            ringTasks_->add(client
-                                ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
-                                                       channel.hostBytes(copy.destination,
-                                                                         copy.bytes),
-                                                       channel.segmentKeepAlive())
-                                .then([&channel, token, failure](CUresult result) mutable {
-                                  if (token != 0) {
-                                    channel.postCompletion(token, result);
-                                  } else if (result != CUDA_SUCCESS) {
-                                    failure.result = result;
-                                    channel.postAsyncError(failure);
-                                  }
-                                }));
+            ringTasks_->add(
+                client
+                    ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
+                                           channel.hostBytes(copy.destination, copy.bytes),
+                                           channel.segmentKeepAlive())
+                    .then([&channel, token, failure](CUresult result) mutable {
+                      if (token != 0) {
+                        channel.postCompletion(token, result);
+                      } else if (result != CUDA_SUCCESS) {
+                        failure.result = result;
+                        channel.postAsyncError(failure);
+                      }
+                    }));
           },
           [&](const ring::CopyDeviceToDevice& copy) {
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);

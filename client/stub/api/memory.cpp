@@ -151,11 +151,7 @@ CUresult stagedHostToDevice(DataPlane& plane, const StreamTarget& target, CUdevi
     command.bytes = length;
     command.chunkIndex = index;
     command.lastChunk = position + length == bytes;
-    CUresult submitted = plane.submit(ring::encodedSize(command),
-                                      [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                        command.sequence = sequence;
-                                        return ring::encodeCopyHostToDevice(command, out);
-                                      });
+    CUresult submitted = plane.submitCommand(command);
     if (submitted != CUDA_SUCCESS) {
       plane.releaseStaging(*range);
       return submitted;
@@ -216,11 +212,7 @@ CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* 
     command.completionToken = plane.newToken();
     command.chunkIndex = index;
     command.lastChunk = position + length == bytes;
-    CUresult submitted = plane.submit(ring::encodedSize(command),
-                                      [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                        command.sequence = sequence;
-                                        return ring::encodeCopyDeviceToHost(command, out);
-                                      });
+    CUresult submitted = plane.submitCommand(command);
     if (submitted != CUDA_SUCCESS) {
       plane.releaseStaging(*range);
       failure = submitted;
@@ -291,11 +283,7 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
       command.destination = dstDevice;
       command.source = srcDevice;
       command.bytes = byteCount;
-      return plane->submit(ring::encodedSize(command),
-                           [&](std::uint64_t sequence, std::span<std::byte> out) {
-                             command.sequence = sequence;
-                             return ring::encodeCopyDeviceToDevice(command, out);
-                           });
+      return plane->submitCommand(command);
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.memcpyDtoDRequest();
@@ -333,11 +321,7 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
       command.count = count;
       command.value = value;
       command.elementSize = elementSize;
-      return plane->submit(ring::encodedSize(command),
-                           [&](std::uint64_t sequence, std::span<std::byte> out) {
-                             command.sequence = sequence;
-                             return ring::encodeMemset(command, out);
-                           });
+      return plane->submitCommand(command);
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.memsetRequest();
