@@ -16,12 +16,14 @@
 #include "server/backend/sim/sim_backend.hpp"
 #include "test_kernels_ptx.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -44,17 +46,20 @@ struct Options {
   long rounds = 5;
   bool stub = true;
   bool inproc = true;
+  std::vector<int> threads = {2, 4};  // concurrent launching threads, stub path only
 };
 
 void usage() {
   std::printf(
       "usage: launch_latency [--iterations N] [--warmup N] [--batch N] [--rounds N]\n"
-      "                      [--path both|stub|inproc] [--smoke]\n"
+      "                      [--path both|stub|inproc] [--threads N,...] [--smoke]\n"
       "  --iterations  timed launches per path (default 50000)\n"
       "  --warmup      untimed launches per path before the first round (default 2000)\n"
       "  --batch       launches between untimed drains of the stream (default 1000)\n"
       "  --rounds      the paths alternate this many times (default 5)\n"
       "  --path        which paths to measure (default both)\n"
+      "  --threads     also time launches from this many threads at once, each on its own\n"
+      "                stream (stub path; default 2,4; empty list: none)\n"
       "  --smoke       a few hundred launches, to check that it runs\n");
 }
 
@@ -75,6 +80,10 @@ Options parse(int argc, char** argv) {
       options.stub = path == "both" || path == "stub";
       options.inproc = path == "both" || path == "inproc";
       if (!options.stub && !options.inproc) failUsage(kProgram, "--path is both, stub or inproc");
+    } else if (args.is("--threads")) {
+      if (!parseIntList(args.value(), options.threads)) {
+        failUsage(kProgram, "--threads takes a list such as 2,4");
+      }
     } else if (args.is("--smoke")) {
       options.iterations = 300;
       options.warmup = 20;
@@ -134,6 +143,43 @@ public:
   }
   void drain() override { CHECK(cuStreamSynchronize(stream_)); }
   const std::string& name() const { return name_; }
+
+  // `threads` application threads launch at once, each on its own stream, each timing its own
+  // launches (the stub's command ring is shared, written under a short lock).
+  std::vector<double> measureConcurrent(int threads, long perThread, long batch) {
+    std::vector<std::vector<double>> samples(static_cast<std::size_t>(threads));
+    std::atomic<int> ready{0};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        CHECK(cuCtxSetCurrent(context_));
+        CUstream stream;
+        CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+        unsigned long long nanoseconds = 0;
+        void* params[] = {&nanoseconds};
+        auto& mine = samples[static_cast<std::size_t>(t)];
+        mine.reserve(static_cast<std::size_t>(perThread));
+        ready.fetch_add(1);
+        while (ready.load() < threads) {
+        }
+        for (long done = 0; done < perThread;) {
+          long chunk = std::min(batch, perThread - done);
+          for (long i = 0; i < chunk; ++i) {
+            std::int64_t start = nowNs();
+            CHECK(cuLaunchKernel(spin_, 1, 1, 1, 1, 1, 1, 0, stream, params, nullptr));
+            mine.push_back(static_cast<double>(nowNs() - start));
+          }
+          CHECK(cuStreamSynchronize(stream));
+          done += chunk;
+        }
+        CHECK(cuStreamDestroy(stream));
+      });
+    }
+    for (auto& worker : workers) worker.join();
+    std::vector<double> all;
+    for (auto& mine : samples) all.insert(all.end(), mine.begin(), mine.end());
+    return all;
+  }
 
 private:
   std::string name_;
@@ -242,6 +288,21 @@ int main(int argc, char** argv) {
                inproc ? formatRatio(stubSummary.median / inprocSummary.median) : "-"});
   }
   table.print();
+  if (stub && !options.threads.empty()) {
+    std::printf("\nConcurrent launches through the stub (%s), each thread on its own stream:\n\n",
+                stubTransport().c_str());
+    Table concurrent(
+        {"threads", "launches", "median ns", "p90 ns", "p99 ns", "mean ns", "median vs 1 thread"});
+    for (int threads : options.threads) {
+      if (threads < 1) continue;
+      LatencySummary summary = summarize(stub->measureConcurrent(
+          threads, std::max(1L, options.iterations / threads), options.batch));
+      concurrent.add({std::to_string(threads), std::to_string(summary.samples),
+                      formatNs(summary.median), formatNs(summary.p90), formatNs(summary.p99),
+                      formatNs(summary.mean), formatRatio(summary.median / stubSummary.median)});
+    }
+    concurrent.print();
+  }
   std::printf(
       "\nclock overhead (two back-to-back steady_clock reads, median): %s ns; "
       "issue 3 target: <= 300 ns median through the stub.\n",

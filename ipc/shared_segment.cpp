@@ -168,8 +168,8 @@ SharedSegment SharedSegment::map(UniqueFd fd, std::size_t expectedBytes,
   }
   auto* base = static_cast<std::byte*>(placeInto.address());
   // MAP_FIXED over our own reservation, as in create().
-  void* data = ::mmap(base, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                      fd.get(), 0);
+  void* data =
+      ::mmap(base, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0);
   if (data == MAP_FAILED) throwErrno("mmap(shared segment) over its reservation");
   const std::size_t mapped = roundUp(expectedBytes, pageSize());
   const std::size_t reserved = placeInto.size();

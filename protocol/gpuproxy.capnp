@@ -154,6 +154,8 @@ struct DeviceStatus {
   clients @4 :UInt32;
   stickyError @5 :Int32;       # CUDA_SUCCESS unless a kernel poisoned the device's context
   faultingClientPid @6 :UInt32;
+  kernelsQueued @7 :UInt64;    # kernels held by the dispatcher, waiting for the scheduler
+  kernelsInFlight @8 :UInt64;  # kernels the dispatcher has submitted that have not completed
 }
 
 struct ClientStatus {
@@ -192,9 +194,11 @@ struct TenantStatus {
   kernelsLaunched @10 :UInt64;
   gpuTimeNs @11 :UInt64;
   oomCount @12 :UInt64;         # allocations refused because of its limit
-  pinnedMemoryUsed @13 :UInt64;       # pinned host memory its clients hold
-  hasPinnedMemoryLimit @14 :Bool;
-  pinnedMemoryLimit @15 :UInt64;      # bytes (meaningful when hasPinnedMemoryLimit)
+  gpuTimeNs10s @13 :UInt64;     # measured GPU time of its kernels over the last 10 s
+  gpuShare10s @14 :Float64;     # that, as a fraction (0..1) of all tenants' GPU time in the window
+  pinnedMemoryUsed @15 :UInt64;       # pinned host memory its clients hold
+  hasPinnedMemoryLimit @16 :Bool;
+  pinnedMemoryLimit @17 :UInt64;      # bytes (meaningful when hasPinnedMemoryLimit)
 }
 
 struct DaemonStatus {
@@ -206,6 +210,7 @@ struct DaemonStatus {
   devices @5 :List(DeviceStatus);
   clients @6 :List(ClientStatus);
   tenants @7 :List(TenantStatus);
+  scheduler @8 :Text;           # "fair" or "fifo": how kernels of different clients share a GPU
 }
 
 # A change to a live tenant. Only the fields marked `has...` change.

@@ -16,6 +16,7 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
   out["pid"] = status.getPid();
   out["uptime_seconds"] = status.getUptimeSeconds();
   out["driver_version"] = status.getDriverVersion();
+  out["scheduler"] = status.getScheduler().cStr();
   out["devices"] = nlohmann::json::array();
   for (auto device : status.getDevices()) {
     CUresult sticky = static_cast<CUresult>(device.getStickyError());
@@ -30,6 +31,8 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
              ? nlohmann::json(nullptr)
              : nlohmann::json(std::string(protocol::cudaResultNameOr(sticky, "unknown error")))},
         {"faulting_client_pid", device.getFaultingClientPid()},
+        {"kernels_queued", device.getKernelsQueued()},
+        {"kernels_in_flight", device.getKernelsInFlight()},
     });
   }
   out["tenants"] = tenantsToJson(status.getTenants());
@@ -80,6 +83,8 @@ nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants
         {"kernels_launched", tenant.getKernelsLaunched()},
         {"gpu_time_ns", tenant.getGpuTimeNs()},
         {"oom_count", tenant.getOomCount()},
+        {"gpu_time_ns_10s", tenant.getGpuTimeNs10s()},
+        {"gpu_share_10s", tenant.getGpuShare10s()},
         {"pinned_memory_used", tenant.getPinnedMemoryUsed()},
         {"pinned_memory_limit", tenant.getHasPinnedMemoryLimit()
                                     ? nlohmann::json(tenant.getPinnedMemoryLimit())
@@ -107,34 +112,52 @@ std::string formatDuration(double seconds) {
 }  // namespace
 
 std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants) {
-  std::string out =
-      format("%-16s %-24s %-20s %-8s %-17s %-8s %-8s %-9s %s\n", "TENANT", "MEMORY USED / LIMIT",
-             "PINNED USED / LIMIT", "WEIGHT", "CLASS", "CLIENTS", "OOMS", "KERNELS", "SOCKET");
+  // A best-effort tenant's fair share of the GPU is its weight over the weights of the best-effort
+  // tenants that used the GPU in the window; shown beside the share it got.
+  std::uint64_t activeWeights = 0;
   for (auto tenant : tenants) {
+    if (tenant.getClass() != protocol::TenantClass::LATENCY_CRITICAL &&
+        tenant.getGpuTimeNs10s() > 0) {
+      activeWeights += tenant.getWeight();
+    }
+  }
+  std::string out = format("%-16s %-24s %-20s %-8s %-17s %-16s %-8s %-8s %-9s %s\n", "TENANT",
+                           "MEMORY USED / LIMIT", "PINNED USED / LIMIT", "WEIGHT", "CLASS",
+                           "GPU 10S (FAIR)", "CLIENTS", "OOMS", "KERNELS", "SOCKET");
+  for (auto tenant : tenants) {
+    std::string share = "-";
+    if (tenant.getGpuTimeNs10s() > 0) {
+      share = format("%.1f%%", tenant.getGpuShare10s() * 100.0);
+      if (tenant.getClass() != protocol::TenantClass::LATENCY_CRITICAL && activeWeights > 0) {
+        share +=
+            format(" (%.1f%%)", 100.0 * tenant.getWeight() / static_cast<double>(activeWeights));
+      }
+    }
     std::string memory =
         protocol::formatByteSize(tenant.getMemoryUsed()) + " / " +
         (tenant.getHasMemoryLimit() ? protocol::formatByteSize(tenant.getMemoryLimit()) + "/dev"
                                     : std::string("none"));
-    std::string pinned = protocol::formatByteSize(tenant.getPinnedMemoryUsed()) + " / " +
-                         (tenant.getHasPinnedMemoryLimit()
-                              ? protocol::formatByteSize(tenant.getPinnedMemoryLimit())
-                              : std::string("none"));
-    out += format("%-16s %-24s %-20s %-8u %-17s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
-                  memory.c_str(), pinned.c_str(), tenant.getWeight(),
-                  tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
-                                                                               : "best-effort",
-                  tenant.getClients(), static_cast<unsigned long long>(tenant.getOomCount()),
-                  static_cast<unsigned long long>(tenant.getKernelsLaunched()),
-                  tenant.getSocket().cStr());
+    std::string pinned =
+        protocol::formatByteSize(tenant.getPinnedMemoryUsed()) + " / " +
+        (tenant.getHasPinnedMemoryLimit() ? protocol::formatByteSize(tenant.getPinnedMemoryLimit())
+                                          : std::string("none"));
+    out += format(
+        "%-16s %-24s %-20s %-8u %-17s %-16s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
+        memory.c_str(), pinned.c_str(), tenant.getWeight(),
+        tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
+                                                                     : "best-effort",
+        share.c_str(), tenant.getClients(), static_cast<unsigned long long>(tenant.getOomCount()),
+        static_cast<unsigned long long>(tenant.getKernelsLaunched()), tenant.getSocket().cStr());
   }
   return out;
 }
 
 std::string statusToTable(protocol::DaemonStatus::Reader status) {
   std::string out;
-  out += format("gpuproxyd %s  backend: %s  driver: %d  pid: %u  up: %s\n",
-                status.getVersion().cStr(), status.getBackend().cStr(), status.getDriverVersion(),
-                status.getPid(), formatDuration(status.getUptimeSeconds()).c_str());
+  out += format("gpuproxyd %s  backend: %s  scheduler: %s  driver: %d  pid: %u  up: %s\n",
+                status.getVersion().cStr(), status.getBackend().cStr(),
+                status.getScheduler().cStr(), status.getDriverVersion(), status.getPid(),
+                formatDuration(status.getUptimeSeconds()).c_str());
   out += "\n";
   out += format("%-6s %-28s %-24s %-8s %s\n", "DEVICE", "NAME", "MEMORY USED / TOTAL", "CLIENTS",
                 "STATE");
@@ -158,9 +181,9 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
     out += "no clients attached\n";
     return out;
   }
-  out += format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-10s %-10s %s\n", "PID", "COMMAND",
-                "TENANT", "DEVICE", "MEMORY", "PINNED", "KERNELS", "GPU TIME", "CONNECTED",
-                "CGROUP");
+  out +=
+      format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-10s %-10s %s\n", "PID", "COMMAND", "TENANT",
+             "DEVICE", "MEMORY", "PINNED", "KERNELS", "GPU TIME", "CONNECTED", "CGROUP");
   for (auto client : status.getClients()) {
     std::string device = client.getDevice() < 0 ? "-" : std::to_string(client.getDevice());
     out += format("%-8u %-16s %-12s %-7s %-12s %-12s %-9llu %-10s %-10s %s\n", client.getPid(),

@@ -10,6 +10,7 @@
 
 #include "client/stub/log.hpp"
 #include "protocol/cuda_result.hpp"
+#include "protocol/overloaded.hpp"
 
 namespace gpuproxy::stub {
 
@@ -54,13 +55,6 @@ std::size_t ringCapacity(const char* what, std::uint64_t regionBytes) {
   return static_cast<std::size_t>(regionBytes - sizeof(ipc::RingHeader));
 }
 
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
-
 }  // namespace
 
 DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
@@ -99,14 +93,14 @@ DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
   maxRecordBytes_ = writer_->maxRecordBytes();
   ringer_ = std::make_unique<ipc::DoorbellRinger>(writer_->consumerSleeping(), doorbell_.get());
   record_.reserve(ring::kMaxCompletionRecordBytes);
-  GPUPROXY_STUB_LOG(kInfo,
-                    "data plane: %zu-byte command ring, %zu-byte completion ring, %llu bytes of "
-                    "staging, %llu bytes of pinned heap at %p",
-                    writer_->capacity(), reader_->capacity(),
-                    static_cast<unsigned long long>(header.staging.bytes),
-                    static_cast<unsigned long long>(pinnedHeap_->usable() ? header.pinnedHeap.bytes
-                                                                          : 0),
-                    static_cast<void*>(segment_.data() + header.pinnedHeap.offset));
+  GPUPROXY_STUB_LOG(
+      kInfo,
+      "data plane: %zu-byte command ring, %zu-byte completion ring, %llu bytes of "
+      "staging, %llu bytes of pinned heap at %p",
+      writer_->capacity(), reader_->capacity(),
+      static_cast<unsigned long long>(header.staging.bytes),
+      static_cast<unsigned long long>(pinnedHeap_->usable() ? header.pinnedHeap.bytes : 0),
+      static_cast<void*>(segment_.data() + header.pinnedHeap.offset));
 }
 
 DataPlane::~DataPlane() = default;
@@ -132,7 +126,7 @@ void DataPlane::drainLocked() {
       return;
     }
     const ring::DecodedCompletion decoded = ring::decodeCompletion(record_, limits_);
-    std::visit(Overloaded{
+    std::visit(protocol::Overloaded{
                    [&](const ring::Completion& completion) {
                      results_[completion.token] = completion.result;
                    },
@@ -225,12 +219,7 @@ CUresult DataPlane::synchronize(std::uint64_t context, ring::SynchronizeKind kin
   command.handle = handle;
   command.completionToken = newToken();
   command.query = query;
-  if (CUresult submitted = submit(ring::encodedSize(command),
-                                  [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                    command.sequence = sequence;
-                                    return ring::encodeSynchronize(command, out);
-                                  });
-      submitted != CUDA_SUCCESS) {
+  if (CUresult submitted = submitCommand(command); submitted != CUDA_SUCCESS) {
     return submitted;
   }
   const CUresult answer = waitFor(command.completionToken);

@@ -81,6 +81,16 @@ public:
     }
   }
 
+  // submit() for one command of protocol::ring (sequence set here, in ring order).
+  template <typename Command>
+  CUresult submitCommand(Command& command) {
+    return submit(protocol::ring::encodedSize(command),
+                  [&](std::uint64_t sequence, std::span<std::byte> out) {
+                    command.sequence = sequence;
+                    return protocol::ring::encode(command, out);
+                  });
+  }
+
   // Whether a record of `bytes` can ever fit in the command ring.
   bool fits(std::size_t bytes) const { return bytes <= maxRecordBytes_; }
 

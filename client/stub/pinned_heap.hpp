@@ -56,7 +56,8 @@ public:
     void* memory = buffer_->get_segment_manager()->allocate_aligned(
         static_cast<std::size_t>(length), static_cast<std::size_t>(kPage), std::nothrow);
     if (memory == nullptr) return std::nullopt;
-    const auto offset = static_cast<std::uint64_t>(static_cast<std::byte*>(memory) - region_.data());
+    const auto offset =
+        static_cast<std::uint64_t>(static_cast<std::byte*>(memory) - region_.data());
     allocations_.emplace(offset, length);
     inUse_ += length;
     return Allocation{offset, length};

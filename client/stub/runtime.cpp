@@ -304,9 +304,8 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
       } else if (result == CUDA_ERROR_ALREADY_MAPPED) {
         hint = reinterpret_cast<std::uintptr_t>(reservation->address()) + reservation->size();
       } else {
-        throw std::runtime_error(
-            "gpuproxyd answered " +
-            std::string(protocol::cudaResultNameOr(result, "unknown CUresult")));
+        throw std::runtime_error("gpuproxyd answered " + std::string(protocol::cudaResultNameOr(
+                                                             result, "unknown CUresult")));
       }
     }
     if (!answer) {
@@ -319,9 +318,8 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
       auto response = session.openDataPlaneRequest().send().wait(waitScope);
       const auto result = static_cast<CUresult>(response.getResult());
       if (result != CUDA_SUCCESS) {
-        throw std::runtime_error(
-            "gpuproxyd answered " +
-            std::string(protocol::cudaResultNameOr(result, "unknown CUresult")));
+        throw std::runtime_error("gpuproxyd answered " + std::string(protocol::cudaResultNameOr(
+                                                             result, "unknown CUresult")));
       }
       answer = std::move(response);
     }

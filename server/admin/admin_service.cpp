@@ -24,6 +24,7 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
   status.setPid(static_cast<std::uint32_t>(::getpid()));
   status.setUptimeSeconds(secondsSince(state.startedAt));
   status.setDriverVersion(state.driverVersion);
+  status.setScheduler(state.schedulerName);
 
   auto devices = status.initDevices(static_cast<unsigned>(state.gpus.size()));
   for (unsigned i = 0; i < state.gpus.size(); ++i) {
@@ -36,6 +37,9 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     device.setClients(static_cast<std::uint32_t>(gpu.clientCount()));
     device.setStickyError(gpu.stickyError());
     device.setFaultingClientPid(static_cast<std::uint32_t>(gpu.faultingPid()));
+    const dispatch::DispatchStats dispatched = gpu.dispatcher().stats();
+    device.setKernelsQueued(dispatched.kernelsQueued);
+    device.setKernelsInFlight(dispatched.kernelsInFlight);
   }
 
   auto clients = status.initClients(static_cast<unsigned>(state.sessions.size()));
@@ -60,6 +64,13 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     client.setModuleBytes(stats.moduleBytes.load());
     client.setPinnedMemoryUsed(stats.pinnedMemoryUsed.load());
   }
+
+  // GPU-time shares over the window, of the time all listed tenants received in it.
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  std::uint64_t windowTotal = 0;
+  for (const auto& [name, tenant] : state.tenants) windowTotal += tenant->gpuTimeWindow.total(now);
 
   auto tenants = status.initTenants(static_cast<unsigned>(state.tenants.size()));
   unsigned t = 0;
@@ -87,6 +98,10 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     out.setKernelsLaunched(tenant->kernelsLaunched.load());
     out.setGpuTimeNs(tenant->gpuTimeNs.load());
     out.setOomCount(tenant->oomCount.load());
+    const std::uint64_t recent = tenant->gpuTimeWindow.total(now);
+    out.setGpuTimeNs10s(recent);
+    out.setGpuShare10s(
+        windowTotal == 0 ? 0.0 : static_cast<double>(recent) / static_cast<double>(windowTotal));
     out.setPinnedMemoryUsed(tenant->pinnedMemoryUsed());
     out.setHasPinnedMemoryLimit(limits.pinnedMemoryLimit.has_value());
     out.setPinnedMemoryLimit(limits.pinnedMemoryLimit.value_or(0));
@@ -131,6 +146,7 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
                              : TenantClass::kBestEffort;
   }
   found->second->setLimits(limits);
+  for (auto& gpu : state_.gpus) gpu->dispatcher().refreshTenants();
   spdlog::info(
       "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
       "operator)",

@@ -10,13 +10,13 @@
 #include "server/tenant/tenant_config.hpp"
 
 #include <capnp/rpc-twoparty.h>
+#include <fcntl.h>
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -287,6 +287,7 @@ kj::Promise<void> reloadOnHangup(kj::AsyncIoContext& io, const DaemonOptions& op
     } else {
       try {
         listeners.apply(readConfig(options, static_cast<std::uint32_t>(state.gpus.size())));
+        for (auto& gpu : state.gpus) gpu->dispatcher().refreshTenants();
         spdlog::info("SIGHUP: reloaded {}", options.configPath);
       } catch (const std::exception& error) {
         spdlog::error("SIGHUP: keeping the running configuration: {}", error.what());
@@ -330,6 +331,10 @@ int runDaemon(const DaemonOptions& options) {
 
   ServerState state;
   state.backendName = std::string(choice.backend->name());
+  dispatch::DispatchOptions dispatchOptions;
+  dispatchOptions.name = options.scheduler;
+  state.schedulerName = options.scheduler;
+  spdlog::info("scheduler {}", options.scheduler);
   state.driverVersion = choice.backend->driverVersion();
   spdlog::info("backend {}: {}", state.backendName, choice.reason);
   for (int i = 0; i < choice.backend->deviceCount(); ++i) {
@@ -338,8 +343,9 @@ int runDaemon(const DaemonOptions& options) {
       spdlog::critical("cannot open device {} (CUresult {})", i, static_cast<int>(device.code()));
       return 1;
     }
-    state.gpus.push_back(
-        std::make_unique<GpuWorker>(static_cast<std::uint32_t>(i), std::move(device).value()));
+    state.gpus.push_back(std::make_unique<GpuWorker>(static_cast<std::uint32_t>(i),
+                                                     std::move(device).value(),
+                                                     io.provider->getTimer(), dispatchOptions));
     const auto& properties = state.gpus.back()->properties();
     spdlog::info("device {}: {}, {} bytes", i, properties.name, properties.totalMemory);
   }

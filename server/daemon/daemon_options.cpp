@@ -30,6 +30,12 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--metrics-address", options.metricsAddress,
                  "Serve Prometheus metrics over HTTP at HOST:PORT, e.g. 127.0.0.1:9400");
+  app.add_option("--scheduler", options.scheduler,
+                 "How kernels of different clients share a GPU. fair: latency-critical tenants "
+                 "first, best-effort tenants by weight (measured GPU time); fifo: arrival order, "
+                 "as time-slicing or MPS would (the baseline)")
+      ->check(CLI::IsMember({"fair", "fifo"}))
+      ->capture_default_str();
   app.add_option("--log-level", options.logLevel, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();

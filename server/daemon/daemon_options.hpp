@@ -16,6 +16,7 @@ struct DaemonOptions {
   std::string logLevel = "info";
   std::string configPath;      // tenants file; empty = only the default tenant
   std::string metricsAddress;  // e.g. 127.0.0.1:9400; empty = no metrics endpoint
+  std::string scheduler = "fair";  // fair | fifo
 };
 
 // The parsed options, or the exit code to leave with (0 after --help, 2 after a usage error; the

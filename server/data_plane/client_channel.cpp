@@ -43,8 +43,8 @@ std::uint64_t ClientChannel::segmentBytesFor(const ChannelSizes& sizes) {
   return planFor(sizes).segmentBytes;
 }
 
-ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
-                             ChannelSizes sizes, ipc::AddressReservation* placeInto)
+ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes,
+                             ipc::AddressReservation* placeInto)
     : executor_(executor) {
   header_ = planFor(sizes);
   limits_ = ring::limitsOf(header_);
@@ -59,8 +59,7 @@ ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name,
   completions_.emplace(completionRegion, ringCapacity(completionRegion.size()));
   doorbell_ = ipc::makeEventFd();
   waiter_.emplace(commands_->consumerSleeping(), doorbell_.get());
-  auto* control =
-      reinterpret_cast<ipc::CompletionWord*>(segment_->data() + header_.control.offset);
+  auto* control = reinterpret_cast<ipc::CompletionWord*>(segment_->data() + header_.control.offset);
   static_assert(sizeof(ipc::CompletionWord) <= sizeof(ring::wire::ControlBlock));
   static_assert(offsetof(ipc::CompletionWord, value) ==
                 offsetof(ring::wire::ControlBlock, completionsPublished));

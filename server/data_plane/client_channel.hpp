@@ -95,8 +95,7 @@ public:
 
   // The bytes of a host location the decoder has already checked against the region sizes. The
   // client may change them at any moment: copy them before relying on them.
-  std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location,
-                                 std::uint64_t bytes);
+  std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location, std::uint64_t bytes);
 
   // A framing error: the client broke the format. The channel stops reading and keeps the reason.
   void markBroken(std::string reason);

@@ -28,8 +28,8 @@ struct ClientStats {
   // The tenant of the socket the client came through; set once at attach, never by the client.
   std::shared_ptr<Tenant> tenant;
   std::chrono::steady_clock::time_point connectedAt = std::chrono::steady_clock::now();
-  std::atomic<std::uint64_t> memoryUsed{0};   // allocations and modules
-  std::atomic<std::uint64_t> moduleBytes{0};  // of which modules
+  std::atomic<std::uint64_t> memoryUsed{0};        // allocations and modules
+  std::atomic<std::uint64_t> moduleBytes{0};       // of which modules
   std::atomic<std::uint64_t> pinnedMemoryUsed{0};  // pinned host memory (cuMemHostAlloc)
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};

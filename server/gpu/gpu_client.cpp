@@ -21,7 +21,9 @@ struct StagedBytes {
 }  // namespace
 
 GpuClient::GpuClient(GpuWorker& worker, std::shared_ptr<ClientStats> stats)
-    : worker_(worker), stats_(std::move(stats)) {}
+    : worker_(worker),
+      stats_(std::move(stats)),
+      schedulingId_(worker_.dispatcher().newClientId()) {}
 
 GpuClient::~GpuClient() {
   std::vector<Handle> contexts;
@@ -43,7 +45,7 @@ Handle GpuClient::newHandle(HandleKind kind) {
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  auto nullStream = worker_.device().createStream(0, 0);
+  auto nullStream = worker_.dispatcher().createStream({stats_, schedulingId_}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Handle handle = newHandle(HandleKind::kContext);
   Context& context = contexts_[handle];
@@ -221,7 +223,7 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto created = worker_.device().createStream(flags, priority);
+  auto created = worker_.dispatcher().createStream({stats_, schedulingId_}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
   Stream& stream = streams_[handle];
@@ -245,13 +247,37 @@ kj::Promise<CUresult> GpuClient::synchronizeStream(Handle context, Handle stream
   if (target->explicitStream == nullptr) {
     if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
   }
-  return whenStreamDone(*target->stream);
+  return noteCompletion(context, stream, *workCounters(*target).first,
+                        whenStreamDone(*target->stream));
 }
 
 CUresult GpuClient::queryStream(Handle context, Handle stream) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
+  auto [queued, done] = workCounters(*target);
+  if (*queued == *done) return worker_.stickyError();
   return target->stream->query();
+}
+
+std::pair<std::uint64_t*, std::uint64_t*> GpuClient::workCounters(const Target& target) {
+  if (target.explicitStream != nullptr) {
+    return {&target.explicitStream->work, &target.explicitStream->workDone};
+  }
+  Context& context = contexts_.at(target.context);
+  return {&context.nullStreamWork, &context.nullStreamWorkDone};
+}
+
+kj::Promise<CUresult> GpuClient::noteCompletion(Handle context, Handle stream, std::uint64_t queued,
+                                                kj::Promise<CUresult> status) {
+  return status.then([this, context, stream, queued](CUresult result) {
+    if (result == CUDA_SUCCESS) {
+      if (auto target = resolveStream(context, stream)) {
+        std::uint64_t* done = workCounters(*target).second;
+        *done = std::max(*done, queued);
+      }
+    }
+    return result;
+  });
 }
 
 CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event) {
@@ -400,9 +426,9 @@ CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr 
 }
 
 kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle stream,
-                                                     CUdeviceptr destination,
-                                                     std::span<const std::byte> source,
-                                                     std::shared_ptr<const void> keepAlive) {
+                                                      CUdeviceptr destination,
+                                                      std::span<const std::byte> source,
+                                                      std::shared_ptr<const void> keepAlive) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (source.empty()) return CUDA_SUCCESS;
@@ -440,9 +466,9 @@ kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost
 }
 
 kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle stream,
-                                                     CUdeviceptr source,
-                                                     std::span<std::byte> destination,
-                                                     std::shared_ptr<const void> keepAlive) {
+                                                      CUdeviceptr source,
+                                                      std::span<std::byte> destination,
+                                                      std::shared_ptr<const void> keepAlive) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (destination.empty()) return CUDA_SUCCESS;
@@ -454,12 +480,12 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
-  CUresult callback = target->stream->addCallback(
-      [fulfiller, keepAlive = std::move(keepAlive)](CUresult status) {
+  CUresult callback =
+      target->stream->addCallback([fulfiller, keepAlive = std::move(keepAlive)](CUresult status) {
         (*fulfiller)->fulfill(kj::mv(status));
       });
   if (callback != CUDA_SUCCESS) return callback;
-  return kj::mv(paf.promise);
+  return noteCompletion(context, stream, *workCounters(*target).first, kj::mv(paf.promise));
 }
 
 CUresult GpuClient::copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,

@@ -6,6 +6,7 @@
 // Destroying a GpuClient frees everything it holds at once; callers first wait for drain() so that
 // no queued work still uses that memory (the session does this on every way a client can end).
 
+#include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/handles.hpp"
@@ -65,8 +66,7 @@ public:
   // Straight from host memory the daemon does not own (a client's pinned heap), with no copy in
   // the daemon: `keepAlive` keeps that memory mapped until the backend has read it. Resolves once
   // the copy has completed.
-  kj::Promise<CUresult> copyHostToDeviceFrom(Handle context, Handle stream,
-                                             CUdeviceptr destination,
+  kj::Promise<CUresult> copyHostToDeviceFrom(Handle context, Handle stream, CUdeviceptr destination,
                                              std::span<const std::byte> source,
                                              std::shared_ptr<const void> keepAlive);
   // Resolves once the bytes have arrived.
@@ -117,13 +117,15 @@ private:
     bool primary = false;
     unsigned flags = 0;
     std::unique_ptr<backend::Stream> nullStream;
-    std::uint64_t nullStreamWork = 0;  // operations queued on the NULL stream so far
+    std::uint64_t nullStreamWork = 0;      // operations queued on the NULL stream so far
+    std::uint64_t nullStreamWorkDone = 0;  // ... of which a completion has been seen
   };
   struct Stream {
     Handle context = 0;
     bool blocking = true;  // synchronises with the context's legacy NULL stream
     std::unique_ptr<backend::Stream> stream;
     std::uint64_t work = 0;               // operations queued on this stream so far
+    std::uint64_t workDone = 0;           // ... of which a completion has been seen
     std::uint64_t workSeenByNull = 0;     // ... of which the NULL stream has waited for
     std::uint64_t nullWorkWaitedFor = 0;  // NULL-stream operations this stream has waited for
   };
@@ -161,12 +163,22 @@ private:
   std::vector<backend::Stream*> streamsOf(Handle context);
   kj::Promise<CUresult> drainStreams(Handle context);
   bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
+  // The counters of `target`'s queued and known-completed operations.
+  std::pair<std::uint64_t*, std::uint64_t*> workCounters(const Target& target);
+  // Resolves as `status` does, first noting that the operations of stream (`context`, `stream`)
+  // up to `queued` have completed, so that a query answered after this promise (the client
+  // waited for it) finds the stream idle even while the backend is still running the callback
+  // that reported it.
+  kj::Promise<CUresult> noteCompletion(Handle context, Handle stream, std::uint64_t queued,
+                                       kj::Promise<CUresult> status);
   void releaseModuleMemory(const Module& module);
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
 
   GpuWorker& worker_;
   std::shared_ptr<ClientStats> stats_;
+  // Who this client's streams belong to, for the dispatcher's scheduler.
+  scheduler::ClientId schedulingId_;
   std::uint64_t nextSerial_ = 1;
   std::optional<Handle> primaryContext_;
   unsigned primaryFlags_ = 0;

@@ -26,8 +26,11 @@ bool isStickyError(CUresult result) {
   }
 }
 
-GpuWorker::GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device)
-    : index_(index), device_(std::move(device)) {}
+GpuWorker::GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
+                     const dispatch::DispatchOptions& dispatch)
+    : index_(index),
+      device_(std::make_unique<dispatch::ScheduledDevice>(
+          std::move(device), dispatch::newScheduler(dispatch), timer)) {}
 
 GpuWorker::~GpuWorker() {
   // The device first: its threads may still run kernel callbacks that report to this worker.

@@ -1,10 +1,14 @@
 #pragma once
-// Everything that belongs to one GPU: its backend device (and so its context), the daemon's exact
-// accounting of its memory, its clients, and what happens after a sticky fault. Nothing here is
-// global, so a GPU can later be moved into a supervised worker process of its own.
+// Everything that belongs to one GPU: its backend device (and so its context), the dispatcher that
+// every operation on it passes through (server/dispatch), the daemon's exact accounting of its
+// memory, its clients, and what happens after a sticky fault. Nothing here is global, so a GPU can
+// later be moved into a supervised worker process of its own.
 
 #include "server/backend/backend.hpp"
+#include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
+
+#include <kj/timer.h>
 
 #include <sys/types.h>
 
@@ -20,13 +24,18 @@ class GpuClient;
 
 class GpuWorker {
 public:
-  GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device);
+  // `timer` is the event loop's; the dispatcher wakes the scheduler with it. Throws
+  // std::invalid_argument when `dispatch` names no scheduler.
+  GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
+            const dispatch::DispatchOptions& dispatch = {});
   ~GpuWorker();
   GpuWorker(const GpuWorker&) = delete;
   GpuWorker& operator=(const GpuWorker&) = delete;
 
   std::uint32_t index() const { return index_; }
+  // The scheduled device: streams and events made here are the dispatcher's proxies.
   backend::Device& device() { return *device_; }
+  dispatch::ScheduledDevice& dispatcher() { return *device_; }
   const backend::DeviceProperties& properties() const { return device_->properties(); }
 
   // A client's state on this GPU. The worker keeps a borrowed reference for status until the
@@ -56,7 +65,7 @@ private:
   void recoverIfIdle();
 
   std::uint32_t index_;
-  std::unique_ptr<backend::Device> device_;
+  std::unique_ptr<dispatch::ScheduledDevice> device_;
   std::uint64_t memoryUsed_ = 0;
   std::set<GpuClient*> clients_;
   std::atomic<pid_t> faultingPid_{0};

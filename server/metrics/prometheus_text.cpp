@@ -113,6 +113,11 @@ void writeDaemon(ExpositionWriter& out, protocol::DaemonStatus::Reader status) {
   out.family("gpuproxy_info", "gauge", "Always 1; labelled with the daemon's backend and version.");
   out.sample({{"backend", viewOf(status.getBackend())}, {"version", viewOf(status.getVersion())}},
              "1");
+  out.family("gpuproxy_scheduler_info", "gauge",
+             "Always 1; labelled with how kernels of different clients share a GPU.");
+  if (status.getScheduler().size() != 0) {
+    out.sample({{"scheduler", viewOf(status.getScheduler())}}, "1");
+  }
   out.family("gpuproxy_uptime_seconds", "gauge", "Seconds since the daemon started.");
   out.sample({}, formatDouble(status.getUptimeSeconds()));
   out.family("gpuproxy_clients", "gauge", "Client processes attached now.");
@@ -138,6 +143,16 @@ void writeDevices(ExpositionWriter& out, capnp::List<protocol::DeviceStatus>::Re
   out.family("gpuproxy_device_clients", "gauge", "Clients with a context on the device.");
   for (unsigned i = 0; i < devices.size(); ++i) {
     out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getClients()));
+  }
+  out.family("gpuproxy_device_kernels_queued", "gauge",
+             "Kernels the dispatcher holds for the scheduler, not yet submitted to the device.");
+  for (unsigned i = 0; i < devices.size(); ++i) {
+    out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getKernelsQueued()));
+  }
+  out.family("gpuproxy_device_kernels_in_flight", "gauge",
+             "Kernels submitted to the device that have not completed.");
+  for (unsigned i = 0; i < devices.size(); ++i) {
+    out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getKernelsInFlight()));
   }
   out.family("gpuproxy_device_poisoned", "gauge",
              "1 when a faulting kernel left the device's shared context with a sticky error.");
@@ -205,6 +220,12 @@ void writeTenants(ExpositionWriter& out, capnp::List<protocol::TenantStatus>::Re
              "Measured GPU time of the tenant's completed kernels.");
   for (auto tenant : tenants) {
     out.sample({{"tenant", viewOf(tenant.getName())}}, formatNanosAsSeconds(tenant.getGpuTimeNs()));
+  }
+  out.family(
+      "gpuproxy_tenant_gpu_share_10s", "gauge",
+      "The tenant's fraction (0..1) of the GPU time all tenants received over the last 10 s.");
+  for (auto tenant : tenants) {
+    out.sample({{"tenant", viewOf(tenant.getName())}}, formatDouble(tenant.getGpuShare10s()));
   }
   out.family("gpuproxy_tenant_allocation_failures_total", "counter",
              "Allocations refused; reason=\"limit\": they would have passed the tenant's limit.");

@@ -72,8 +72,7 @@ kj::Promise<void> answerWhenDone(Context& context, GpuClient* client, CUresult m
 }  // namespace
 
 ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
-                             std::vector<std::uint32_t> visibleDevices,
-                             std::uint64_t connectionId)
+                             std::vector<std::uint32_t> visibleDevices, std::uint64_t connectionId)
     : state_(state),
       stats_(std::move(stats)),
       visibleDevices_(std::move(visibleDevices)),
@@ -368,8 +367,7 @@ kj::Promise<void> ClientSession::launchKernel(LaunchKernelContext context) {
   backend::LaunchConfig config{dim3Of(params.getGrid()), dim3Of(params.getBlock()),
                                params.getSharedMemBytes()};
   context.getResults().setResult(launchKernel(params.getContext(), params.getFunction(), config,
-                                              params.getStream(),
-                                              bytesOf(params.getParameters())));
+                                              params.getStream(), bytesOf(params.getParameters())));
   return kj::READY_NOW;
 }
 

@@ -35,9 +35,9 @@ public:
 
   // capnp::Capability::Server: every control call first executes what the client already put in
   // its command ring, so its calls keep the order it made them in.
-  DispatchCallResult dispatchCall(std::uint64_t interfaceId, std::uint16_t methodId,
-                                  capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context)
-      override;
+  DispatchCallResult dispatchCall(
+      std::uint64_t interfaceId, std::uint16_t methodId,
+      capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) override;
 
 protected:
   // gpuproxy::protocol::Session

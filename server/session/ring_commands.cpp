@@ -4,11 +4,14 @@
 // answer travels differs: an asynchronous command that fails becomes an AsyncError the stub
 // reports at the next synchronising call, a waited-for command answers its completion token.
 
+#include "protocol/overloaded.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/session/client_session.hpp"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,7 +19,6 @@
 #include <optional>
 #include <system_error>
 #include <type_traits>
-#include <unistd.h>
 
 namespace gpuproxy::server {
 
@@ -56,13 +58,6 @@ backend::LaunchConfig configOf(const ring::LaunchKernel& launch) {
                                backend::Dim3{launch.block.x, launch.block.y, launch.block.z},
                                launch.sharedMemBytes};
 }
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 }  // namespace
 
@@ -108,10 +103,10 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
         return kj::READY_NOW;
       }
     }
-    auto channel = std::make_unique<ClientChannel>(
-        static_cast<CommandExecutor&>(*this),
-        "gpuproxy-client-" + std::to_string(stats_->identity.pid), sizes,
-        reservation ? &*reservation : nullptr);
+    auto channel =
+        std::make_unique<ClientChannel>(static_cast<CommandExecutor&>(*this),
+                                        "gpuproxy-client-" + std::to_string(stats_->identity.pid),
+                                        sizes, reservation ? &*reservation : nullptr);
     results.setSegment(kj::heap<SharedFileServer>(channel->segmentFd()));
     results.setDoorbell(kj::heap<SharedFileServer>(channel->doorbellFd()));
     results.setSegmentBytes(channel->segmentBytes());
@@ -165,7 +160,7 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
   };
 
   std::visit(
-      Overloaded{
+      protocol::Overloaded{
           [&](const ring::LaunchKernel& launch) {
             std::span<const std::byte> parameters = launch.inlineParameters;
             std::vector<std::byte> copied;
@@ -188,22 +183,21 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
               // DMA straight from the application's pinned buffer, which the segment's keep-alive
               // keeps mapped until the copy is over; answered when it is.
               const std::uint64_t token = copy.completionToken;
-              ring::AsyncError failure{
-                  copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
-                  static_cast<std::uint16_t>(ring::Opcode::kCopyHostToDevice)};
-              ringTasks_->add(
-                  client
-                      ->copyHostToDeviceFrom(copy.context, copy.stream, copy.destination,
-                                             channel.hostBytes(copy.source, copy.bytes),
-                                             channel.segmentKeepAlive())
-                      .then([&channel, token, failure](CUresult result) mutable {
-                        if (token != 0) {
-                          channel.postCompletion(token, result);
-                        } else if (result != CUDA_SUCCESS) {
-                          failure.result = result;
-                          channel.postAsyncError(failure);
-                        }
-                      }));
+              ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
+                                       static_cast<std::uint16_t>(ring::Opcode::kCopyHostToDevice)};
+              ringTasks_->add(client
+                                  ->copyHostToDeviceFrom(copy.context, copy.stream,
+                                                         copy.destination,
+                                                         channel.hostBytes(copy.source, copy.bytes),
+                                                         channel.segmentKeepAlive())
+                                  .then([&channel, token, failure](CUresult result) mutable {
+                                    if (token != 0) {
+                                      channel.postCompletion(token, result);
+                                    } else if (result != CUDA_SUCCESS) {
+                                      failure.result = result;
+                                      channel.postAsyncError(failure);
+                                    }
+                                  }));
               return;
             }
             CUresult result = CUDA_ERROR_INVALID_CONTEXT;
@@ -228,19 +222,19 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
             const std::uint64_t token = copy.completionToken;
             ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
                                      static_cast<std::uint16_t>(ring::Opcode::kCopyDeviceToHost)};
-            ringTasks_->add(client
-                                ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
-                                                       channel.hostBytes(copy.destination,
-                                                                         copy.bytes),
-                                                       channel.segmentKeepAlive())
-                                .then([&channel, token, failure](CUresult result) mutable {
-                                  if (token != 0) {
-                                    channel.postCompletion(token, result);
-                                  } else if (result != CUDA_SUCCESS) {
-                                    failure.result = result;
-                                    channel.postAsyncError(failure);
-                                  }
-                                }));
+            ringTasks_->add(
+                client
+                    ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
+                                           channel.hostBytes(copy.destination, copy.bytes),
+                                           channel.segmentKeepAlive())
+                    .then([&channel, token, failure](CUresult result) mutable {
+                      if (token != 0) {
+                        channel.postCompletion(token, result);
+                      } else if (result != CUDA_SUCCESS) {
+                        failure.result = result;
+                        channel.postAsyncError(failure);
+                      }
+                    }));
           },
           [&](const ring::CopyDeviceToDevice& copy) {
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);

@@ -26,6 +26,7 @@ class DataPlane;
 
 struct ServerState {
   std::string backendName;
+  std::string schedulerName;  // "fair" or "fifo": what every GPU's dispatcher runs
   int driverVersion = 0;
   std::chrono::steady_clock::time_point startedAt = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<GpuWorker>> gpus;

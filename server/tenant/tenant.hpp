@@ -9,6 +9,8 @@
 // registry and every client session of the tenant, because a tenant removed by a config reload
 // lives on until its last client has gone.
 
+#include "server/tenant/gpu_time_window.hpp"
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -25,7 +27,7 @@ struct TenantLimits {
   std::uint32_t weight = 1;                  // best-effort share
   TenantClass tenantClass = TenantClass::kBestEffort;
   std::optional<std::vector<std::uint32_t>> devices;  // nullopt = every device
-  std::optional<std::uint64_t> pinnedMemoryLimit;      // pinned host bytes; nullopt = no limit
+  std::optional<std::uint64_t> pinnedMemoryLimit;     // pinned host bytes; nullopt = no limit
 };
 
 struct TenantDefinition {
@@ -67,6 +69,9 @@ public:
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
   std::atomic<std::uint64_t> oomCount{0};
+  // Measured GPU time of its kernels, recent seconds only; the dispatchers add to it on the
+  // event-loop thread when a kernel completes.
+  GpuTimeWindow gpuTimeWindow;
 
 private:
   TenantDefinition definition_;

@@ -32,8 +32,8 @@ bool validName(const std::string& name) {
 TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSocket,
                              std::uint32_t deviceCount) {
   if (!node.IsMap()) refuse(describe("", node), "each tenant must be a mapping");
-  static const std::set<std::string> kKeys{"name",   "socket", "memory_limit", "weight",
-                                           "class",  "devices", "pinned_memory_limit"};
+  static const std::set<std::string> kKeys{"name",  "socket",  "memory_limit",       "weight",
+                                           "class", "devices", "pinned_memory_limit"};
   TenantDefinition tenant;
   if (!node["name"] || !node["name"].IsScalar()) {
     refuse(describe("", node), "a tenant needs a `name`");

@@ -50,8 +50,8 @@ class RawClient {
 public:
   RawClient(kj::AsyncIoContext& io, const std::string& socketPath)
       : io_(io),
-        stream_(io_.lowLevelProvider->wrapUnixSocketFd(connectTo(socketPath),
-                                                       kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP)),
+        stream_(io_.lowLevelProvider->wrapUnixSocketFd(
+            connectTo(socketPath), kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP)),
         client_(*stream_, 4),
         gateway_(client_.bootstrap().castAs<protocol::Gateway>()),
         session_(nullptr) {
@@ -70,7 +70,9 @@ public:
       segment_ = ipc::SharedSegment::map(ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0)),
                                          open.getSegmentBytes());
     }
-    KJ_IF_MAYBE (fd, doorbellFd) { doorbell_ = ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0)); }
+    KJ_IF_MAYBE (fd, doorbellFd) {
+      doorbell_ = ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0));
+    }
     auto header = ring::readSegmentHeader(segment_.bytes());
     header_ = std::get<ring::wire::SegmentHeader>(header);
     auto region = [&](const ring::wire::Region& r) {

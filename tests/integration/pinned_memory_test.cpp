@@ -186,8 +186,8 @@ class RawPinnedClient {
 public:
   RawPinnedClient(kj::AsyncIoContext& io, const std::string& socketPath)
       : io_(io),
-        stream_(io_.lowLevelProvider->wrapUnixSocketFd(connectTo(socketPath),
-                                                       kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP)),
+        stream_(io_.lowLevelProvider->wrapUnixSocketFd(
+            connectTo(socketPath), kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP)),
         client_(*stream_, 4),
         session_(nullptr) {
     auto attach = client_.bootstrap().castAs<protocol::Gateway>().attachRequest();
@@ -270,10 +270,10 @@ TEST(PinnedRanges, TheDaemonMapsTheSegmentWhereAskedAndRefusesBadRanges) {
             CUDA_ERROR_ALREADY_MAPPED);  // once per session
 
   EXPECT_EQ(client.registerPinned(8192, 8192), CUDA_SUCCESS);
-  EXPECT_EQ(client.registerPinned(0, 0), CUDA_ERROR_INVALID_VALUE);           // empty
-  EXPECT_EQ(client.registerPinned(100, 4096), CUDA_ERROR_INVALID_VALUE);      // unaligned start
-  EXPECT_EQ(client.registerPinned(0, 5000), CUDA_ERROR_INVALID_VALUE);        // unaligned size
-  EXPECT_EQ(client.registerPinned(kHeap, 4096), CUDA_ERROR_INVALID_VALUE);    // past the end
+  EXPECT_EQ(client.registerPinned(0, 0), CUDA_ERROR_INVALID_VALUE);         // empty
+  EXPECT_EQ(client.registerPinned(100, 4096), CUDA_ERROR_INVALID_VALUE);    // unaligned start
+  EXPECT_EQ(client.registerPinned(0, 5000), CUDA_ERROR_INVALID_VALUE);      // unaligned size
+  EXPECT_EQ(client.registerPinned(kHeap, 4096), CUDA_ERROR_INVALID_VALUE);  // past the end
   EXPECT_EQ(client.registerPinned(kHeap - 4096, 8192), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(client.registerPinned(~std::uint64_t{4095}, 8192), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(client.registerPinned(4096, 8192), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);

@@ -39,9 +39,9 @@ void report(const char* check, CUresult result) {
   std::exit(1);
 }
 
-#define CHECK(call)                                                                 \
-  do {                                                                              \
-    CUresult result_ = (call);                                                      \
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    CUresult result_ = (call);                                                          \
     if (result_ != CUDA_SUCCESS) die(std::string(#call " failed: ") + nameOf(result_)); \
   } while (0)
 
@@ -178,10 +178,10 @@ int kernel(unsigned long long count) {
   for (unsigned long long i = 0; i < count; ++i) {
     float got = 0;
     std::memcpy(&got, &words[i], sizeof(got));
-    if (got != 1.5f * static_cast<float>(i)) die("vector_add from pinned memory: element " +
-                                                 std::to_string(i));
-    if (b[i] != 1.5f * static_cast<float>(i)) die("vector_add into pinned memory: element " +
-                                                  std::to_string(i));
+    if (got != 1.5f * static_cast<float>(i))
+      die("vector_add from pinned memory: element " + std::to_string(i));
+    if (b[i] != 1.5f * static_cast<float>(i))
+      die("vector_add into pinned memory: element " + std::to_string(i));
   }
   CHECK(cuMemFree(sum));
   CHECK(cuMemFreeHost(words));

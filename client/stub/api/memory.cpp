@@ -159,11 +159,7 @@ CUresult stagedHostToDevice(DataPlane& plane, const StreamTarget& target, CUdevi
     command.bytes = length;
     command.chunkIndex = index;
     command.lastChunk = position + length == bytes;
-    CUresult submitted = plane.submit(ring::encodedSize(command),
-                                      [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                        command.sequence = sequence;
-                                        return ring::encodeCopyHostToDevice(command, out);
-                                      });
+    CUresult submitted = plane.submitCommand(command);
     if (submitted != CUDA_SUCCESS) {
       plane.releaseStaging(*range);
       return submitted;
@@ -224,11 +220,7 @@ CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* 
     command.completionToken = plane.newToken();
     command.chunkIndex = index;
     command.lastChunk = position + length == bytes;
-    CUresult submitted = plane.submit(ring::encodedSize(command),
-                                      [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                        command.sequence = sequence;
-                                        return ring::encodeCopyDeviceToHost(command, out);
-                                      });
+    CUresult submitted = plane.submitCommand(command);
     if (submitted != CUDA_SUCCESS) {
       plane.releaseStaging(*range);
       failure = submitted;
@@ -247,20 +239,14 @@ CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* 
 // A copy between device memory and one pinned allocation: one record naming the pinned heap.
 // `blocking`: wait for the copy to complete (and report earlier asynchronous errors of the
 // context, as a synchronising call); otherwise return once the record is in the ring.
-template <typename Command, typename Encode>
-CUresult pinnedCopy(DataPlane& plane, const StreamTarget& target, Command& command, bool blocking,
-                    Encode&& encode) {
+template <typename Command>
+CUresult pinnedCopy(DataPlane& plane, const StreamTarget& target, Command& command, bool blocking) {
   command.context = target.context;
   command.stream = target.stream;
   command.chunkIndex = 0;
   command.lastChunk = true;
   command.completionToken = blocking ? plane.newToken() : 0;
-  if (CUresult submitted = plane.submit(ring::encodedSize(command),
-                                        [&](std::uint64_t sequence, std::span<std::byte> out) {
-                                          command.sequence = sequence;
-                                          return encode(command, out);
-                                        });
-      submitted != CUDA_SUCCESS) {
+  if (CUresult submitted = plane.submitCommand(command); submitted != CUDA_SUCCESS) {
     return submitted;
   }
   if (!blocking) return CUDA_SUCCESS;
@@ -291,10 +277,7 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
       command.destination = dstDevice;
       command.source = ring::HostLocation{ring::HostRegion::kPinnedHeap, *offset};
       command.bytes = byteCount;
-      return pinnedCopy(*runtime.dataPlane(), target, command, blocking,
-                        [](const auto& record, std::span<std::byte> out) {
-                          return ring::encodeCopyHostToDevice(record, out);
-                        });
+      return pinnedCopy(*runtime.dataPlane(), target, command, blocking);
     }
     if (DataPlane* plane = stagingPlane(runtime)) {
       if (!runtime.ownsRange(dstDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
@@ -320,10 +303,7 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
       command.source = srcDevice;
       command.destination = ring::HostLocation{ring::HostRegion::kPinnedHeap, *offset};
       command.bytes = byteCount;
-      return pinnedCopy(*runtime.dataPlane(), target, command, blocking,
-                        [](const auto& record, std::span<std::byte> out) {
-                          return ring::encodeCopyDeviceToHost(record, out);
-                        });
+      return pinnedCopy(*runtime.dataPlane(), target, command, blocking);
     }
     if (DataPlane* plane = stagingPlane(runtime)) {
       if (!runtime.ownsRange(srcDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
@@ -352,11 +332,7 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
       command.destination = dstDevice;
       command.source = srcDevice;
       command.bytes = byteCount;
-      return plane->submit(ring::encodedSize(command),
-                           [&](std::uint64_t sequence, std::span<std::byte> out) {
-                             command.sequence = sequence;
-                             return ring::encodeCopyDeviceToDevice(command, out);
-                           });
+      return plane->submitCommand(command);
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.memcpyDtoDRequest();
@@ -394,11 +370,7 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
       command.count = count;
       command.value = value;
       command.elementSize = elementSize;
-      return plane->submit(ring::encodedSize(command),
-                           [&](std::uint64_t sequence, std::span<std::byte> out) {
-                             command.sequence = sequence;
-                             return ring::encodeMemset(command, out);
-                           });
+      return plane->submitCommand(command);
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.memsetRequest();
@@ -631,8 +603,7 @@ GPUPROXY_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcH
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost,
                                               size_t ByteCount) {
-  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, nullptr, NullStream::kPerThread,
-                    true);
+  return memcpyHtoD(__func__, dstDevice, srcHost, ByteCount, nullptr, NullStream::kPerThread, true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
@@ -641,8 +612,7 @@ GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, s
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice,
                                               size_t ByteCount) {
-  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kPerThread,
-                    true);
+  return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kPerThread, true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,

@@ -143,11 +143,7 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
       command.stream = target.stream;
       command.event = event;
       command.flags = flags;
-      return plane->submit(ring::encodedSize(command),
-                           [&](std::uint64_t sequence, std::span<std::byte> out) {
-                             command.sequence = sequence;
-                             return ring::encodeStreamWaitEvent(command, out);
-                           });
+      return plane->submitCommand(command);
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.streamWaitEventRequest();
@@ -179,11 +175,7 @@ CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
       if (command.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
       command.event = event;
       command.stream = target.stream;
-      return plane->submit(ring::encodedSize(command),
-                           [&](std::uint64_t sequence, std::span<std::byte> out) {
-                             command.sequence = sequence;
-                             return ring::encodeEventRecord(command, out);
-                           });
+      return plane->submitCommand(command);
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.recordEventRequest();

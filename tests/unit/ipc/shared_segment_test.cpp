@@ -126,8 +126,8 @@ TEST(SharedSegment, MapOverAReservationTakesItOverAndFreesTheRest) {
   std::memcpy(created.data(), "same", 5);
   AddressReservation reservation = AddressReservation::reserve(16 * pageSize());
   auto* base = static_cast<std::byte*>(reservation.address());
-  SharedSegment mapped = SharedSegment::map(
-      UniqueFd(::fcntl(created.fd(), F_DUPFD_CLOEXEC, 0)), created.size(), reservation);
+  SharedSegment mapped = SharedSegment::map(UniqueFd(::fcntl(created.fd(), F_DUPFD_CLOEXEC, 0)),
+                                            created.size(), reservation);
   EXPECT_EQ(mapped.data(), base);
   EXPECT_EQ(reservation.address(), nullptr);
   EXPECT_STREQ(reinterpret_cast<const char*>(mapped.data()), "same");

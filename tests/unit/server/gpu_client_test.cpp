@@ -20,7 +20,7 @@ protected:
   GpuClientTest()
       : io_(std::make_unique<kj::AsyncIoContext>(kj::setupAsyncIo())),
         backend_(sim::newSimBackend(sim::SimOptions{1, 1ull << 30})),
-        worker_(0, std::move(backend_->openDevice(0)).value()) {}
+        worker_(0, std::move(backend_->openDevice(0)).value(), io_->provider->getTimer()) {}
 
   std::unique_ptr<GpuClient> newClient(pid_t pid = 1234) {
     auto stats = std::make_shared<ClientStats>();

@@ -25,6 +25,7 @@ void fillExample(protocol::DaemonStatus::Builder status) {
   status.setPid(4242);
   status.setUptimeSeconds(12.5);
   status.setDriverVersion(12040);
+  status.setScheduler("fair");
 
   auto devices = status.initDevices(2);
   devices[0].setIndex(0);
@@ -32,6 +33,8 @@ void fillExample(protocol::DaemonStatus::Builder status) {
   devices[0].setMemoryTotal(80 * kGiB);
   devices[0].setMemoryUsed(3 * kGiB);
   devices[0].setClients(2);
+  devices[0].setKernelsQueued(7);
+  devices[0].setKernelsInFlight(2);
   devices[1].setIndex(1);
   devices[1].setName("sim \"fast\" \\ GPU\nrev2");  // every character that needs escaping
   devices[1].setMemoryTotal(16 * kGiB);
@@ -58,6 +61,8 @@ void fillExample(protocol::DaemonStatus::Builder status) {
   teamA.setKernelsLaunched(1234);
   teamA.setGpuTimeNs(1'500'000'000);
   teamA.setOomCount(3);
+  teamA.setGpuTimeNs10s(750'000'000);
+  teamA.setGpuShare10s(0.75);
   teamA.setPinnedMemoryUsed(64 * kMiB);
   teamA.setHasPinnedMemoryLimit(true);
   teamA.setPinnedMemoryLimit(256 * kMiB);
@@ -109,6 +114,8 @@ TEST(PrometheusText, DaemonAndDeviceLines) {
            "# HELP gpuproxy_info Always 1; labelled with the daemon's backend and version.",
            "# TYPE gpuproxy_info gauge",
            "gpuproxy_info{backend=\"sim\",version=\"0.3.0\"} 1",
+           "# TYPE gpuproxy_scheduler_info gauge",
+           "gpuproxy_scheduler_info{scheduler=\"fair\"} 1",
            "# TYPE gpuproxy_uptime_seconds gauge",
            "gpuproxy_uptime_seconds 12.5",
            "# TYPE gpuproxy_clients gauge",
@@ -126,6 +133,9 @@ TEST(PrometheusText, DaemonAndDeviceLines) {
            "# TYPE gpuproxy_device_poisoned gauge",
            "gpuproxy_device_poisoned{device=\"0\"} 0",
            "gpuproxy_device_poisoned{device=\"1\"} 1",
+           "# TYPE gpuproxy_device_kernels_queued gauge",
+           "gpuproxy_device_kernels_queued{device=\"0\"} 7",
+           "gpuproxy_device_kernels_in_flight{device=\"0\"} 2",
        }) {
     EXPECT_TRUE(hasLine(text, line)) << "missing line: " << line << "\nin:\n" << text;
   }
@@ -157,6 +167,9 @@ TEST(PrometheusText, TenantLines) {
            "# TYPE gpuproxy_tenant_gpu_time_seconds_total counter",
            "gpuproxy_tenant_gpu_time_seconds_total{tenant=\"team-a\"} 1.5",
            "gpuproxy_tenant_gpu_time_seconds_total{tenant=\"serving\"} 0.000000042",
+           "# TYPE gpuproxy_tenant_gpu_share_10s gauge",
+           "gpuproxy_tenant_gpu_share_10s{tenant=\"team-a\"} 0.75",
+           "gpuproxy_tenant_gpu_share_10s{tenant=\"serving\"} 0",
            "# TYPE gpuproxy_tenant_allocation_failures_total counter",
            "gpuproxy_tenant_allocation_failures_total{tenant=\"team-a\",reason=\"limit\"} 3",
            "gpuproxy_tenant_allocation_failures_total{tenant=\"serving\",reason=\"limit\"} 0",
@@ -230,7 +243,7 @@ TEST(PrometheusText, EveryLineParses) {
       current = family;
     }
   }
-  EXPECT_EQ(samples, 32);  // 3 daemon, 4 x 2 device, 21 tenant
+  EXPECT_EQ(samples, 39);  // 4 daemon, 6 x 2 device, 23 tenant
 }
 
 TEST(PrometheusText, EmptyDaemonStillRendersItsOwnLines) {

@@ -150,18 +150,19 @@ TEST(SimKernels, KernelsUseRegisteredHostMemoryAndFaultOutsideIt) {
   const auto pointer = reinterpret_cast<CUdeviceptr>(host.data());
 
   ASSERT_EQ(device->registerHostMemory(host.data(), kCount * 4), CUDA_SUCCESS);
-  EXPECT_EQ(device->registerHostMemory(host.data() + 16, 64), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
-  ASSERT_EQ(stream->launch(fill, config(kCount / 128, 128), pack(fill, pointer, 0xabcdu, kCount),
-                           {}),
-            CUDA_SUCCESS);
+  EXPECT_EQ(device->registerHostMemory(host.data() + 16, 64),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  ASSERT_EQ(
+      stream->launch(fill, config(kCount / 128, 128), pack(fill, pointer, 0xabcdu, kCount), {}),
+      CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream), CUDA_SUCCESS);
   for (unsigned long long i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 0xabcdu) << "word " << i;
   EXPECT_EQ(host[kCount], 0u);
 
   // One word past the registered range: the whole launch faults, nothing is written.
-  ASSERT_EQ(stream->launch(fill, config(kCount / 128 + 1, 128), pack(fill, pointer, 7u, kCount + 1),
-                           {}),
-            CUDA_SUCCESS);
+  ASSERT_EQ(
+      stream->launch(fill, config(kCount / 128 + 1, 128), pack(fill, pointer, 7u, kCount + 1), {}),
+      CUDA_SUCCESS);
   EXPECT_EQ(synchronize(*stream), CUDA_ERROR_ILLEGAL_ADDRESS);
   EXPECT_EQ(host[0], 0xabcdu);
   stream.reset();

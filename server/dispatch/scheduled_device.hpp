@@ -1,0 +1,194 @@
+#pragma once
+// The per-GPU dispatcher (DESIGN §6): a backend::Device whose streams and events are proxies, so
+// that every GPU operation passes through the scheduler before it reaches the real device.
+//
+// Each proxy stream keeps a queue of the operations not yet handed to its real stream. Only the
+// kernel at the head of a queue is a scheduler item; when the scheduler returns it, it goes to the
+// real stream, followed by every non-kernel operation (copies, memsets, event records and waits,
+// host callbacks) up to the next kernel, which becomes the stream's scheduler item in turn. So a
+// stream's order is kept exactly, and the scheduler decides only which stream's next kernel goes.
+//
+// A wait on an event whose record is still held here is held too (the backend would treat a wait
+// for a record it has not seen as no wait at all). It goes to the real stream once that record
+// has; if a later record of the same event got there first, the wait waits for that later record,
+// which only delays the waiting stream.
+//
+// Threading: everything here runs on the daemon's event-loop thread, including the scheduler,
+// which is not thread-safe. Kernel completions arrive on backend threads; the client's own
+// callback runs there as before, and the completion is brought back to the loop with a
+// cross-thread fulfiller, where the scheduler is told and the next items are submitted. Time for
+// the scheduler is std::chrono::steady_clock in nanoseconds; wakeAt() is honoured with the loop's
+// kj::Timer.
+//
+// Lifetimes: as for any backend::Device, the ScheduledDevice outlives its streams and events.
+// Destroying a proxy stream or event returns at once; work already queued for it still reaches the
+// GPU and completes (the dispatcher keeps the real objects until their queues have drained).
+
+#include "scheduler/scheduler.hpp"
+#include "server/backend/backend.hpp"
+#include "server/gpu/client_stats.hpp"
+
+#include <kj/async.h>
+#include <kj/timer.h>
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace gpuproxy::server::dispatch {
+
+// Which scheduler a device runs and how it is tuned. `name` is "fair" or "fifo".
+struct DispatchOptions {
+  std::string name = "fair";
+  scheduler::SchedulerConfig config;
+};
+
+// Builds the scheduler `options` names. Throws std::invalid_argument for an unknown name or a
+// config the scheduler refuses.
+std::unique_ptr<scheduler::Scheduler> newScheduler(const DispatchOptions& options);
+
+// Whose kernels a stream carries: the scheduling tenant is the client's tenant (its weight and
+// class are read from it at first use and whenever they change).
+struct StreamOwner {
+  std::shared_ptr<ClientStats> stats;  // null: the daemon's own work, run as a weight-1 tenant
+  scheduler::ClientId client = 0;
+};
+
+struct DispatchStats {
+  std::size_t streams = 0;         // live and draining proxy streams
+  std::size_t heldOperations = 0;  // operations queued here, not yet on a real stream
+  std::size_t kernelsQueued = 0;   // kernels waiting for the scheduler
+  std::size_t kernelsInFlight = 0;
+};
+
+class ScheduledDevice final : public backend::Device {
+public:
+  ScheduledDevice(std::unique_ptr<backend::Device> device,
+                  std::unique_ptr<scheduler::Scheduler> scheduler, kj::Timer& timer);
+  ~ScheduledDevice() override;
+  ScheduledDevice(const ScheduledDevice&) = delete;
+  ScheduledDevice& operator=(const ScheduledDevice&) = delete;
+
+  // backend::Device
+  const backend::DeviceProperties& properties() const override { return device_->properties(); }
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes) override;
+  CUresult free(CUdeviceptr pointer) override;
+  backend::MemoryInfo memoryInfo() override;
+  // Pinned host memory is the real device's business: nothing is held for it here.
+  CUresult registerHostMemory(void* host, std::size_t bytes) override {
+    return device_->registerHostMemory(host, bytes);
+  }
+  CUresult unregisterHostMemory(void* host) override { return device_->unregisterHostMemory(host); }
+  backend::Result<std::unique_ptr<backend::Module>> loadModule(
+      std::span<const std::byte> image) override;
+  // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant.
+  backend::Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags,
+                                                                 int priority) override;
+  backend::Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override;
+  CUresult stickyError() override;
+  // Fails every operation still held here (their callbacks get CUDA_ERROR_CONTEXT_IS_DESTROYED),
+  // then resets the real device.
+  CUresult reset() override;
+
+  // A stream whose kernels are scheduled for `owner`.
+  backend::Result<std::unique_ptr<backend::Stream>> createStream(const StreamOwner& owner,
+                                                                 unsigned flags, int priority);
+  // A new client id, unique on this device.
+  scheduler::ClientId newClientId() { return nextClientId_++; }
+
+  // "fair" or "fifo".
+  std::string_view schedulerName() const { return scheduler_->name(); }
+  // Re-reads the weight and class of every tenant this device has seen (after set-limit or a
+  // reload) and lets the scheduler decide again.
+  void refreshTenants();
+  DispatchStats stats() const;
+
+  backend::Device& real() { return *device_; }
+
+  struct StreamState;
+  struct EventState;
+
+private:
+  class ProxyStream;
+  class ProxyEvent;
+  struct Operation;
+  struct KernelDone {
+    CUresult status = CUDA_SUCCESS;
+    std::uint64_t nanoseconds = 0;
+  };
+  struct TenantEntry {
+    std::weak_ptr<Tenant> tenant;
+    scheduler::TenantId id = 0;
+    scheduler::TenantSpec spec;
+  };
+  struct Queued {
+    std::shared_ptr<StreamState> stream;
+  };
+  struct InFlight {
+    std::shared_ptr<ClientStats> stats;
+  };
+  class ErrorHandler final : public kj::TaskSet::ErrorHandler {
+  public:
+    void taskFailed(kj::Exception&& exception) override;
+  };
+
+  static scheduler::Nanos now();
+  CUresult checkLaunch(const backend::Function& function,
+                       const backend::LaunchConfig& config) const;
+
+  // Everything a proxy stream does goes through these.
+  CUresult push(const std::shared_ptr<StreamState>& stream, Operation operation);
+  void release(const std::shared_ptr<StreamState>& stream);
+  // Hands `stream`'s queue to its real stream up to the next kernel (made a scheduler item), an
+  // unsatisfied wait, or the end; then streams unblocked meanwhile; then asks the scheduler.
+  void advance(std::shared_ptr<StreamState> stream);
+  void drainReady();
+  void advanceOne(std::shared_ptr<StreamState> stream);
+  // Hands one operation to the real stream. Errors go to the operation's callbacks and, for
+  // operations without one, to the stream's next query or callback.
+  void submit(StreamState& stream, Operation& operation);
+  void fail(StreamState& stream, Operation& operation, CUresult status);
+  void submitKernel(StreamState& stream, Operation& operation, scheduler::ItemId item);
+  void recordReleased(EventState& event, std::uint64_t sequence, CUresult status);
+  void pump();
+  void armWake(scheduler::Nanos nowNanos);
+  void kernelDone(scheduler::ItemId item, KernelDone done);
+  scheduler::TenantId tenantFor(const StreamOwner& owner);
+  void forgetExpiredTenants();
+  // Fails and drops every held operation.
+  void abandonAll(CUresult status);
+
+  std::unique_ptr<backend::Device> device_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  kj::Timer& timer_;
+  std::map<scheduler::StreamId, std::shared_ptr<StreamState>> streams_;
+  std::deque<std::shared_ptr<StreamState>> ready_;  // to advance, in order
+  std::unordered_map<scheduler::ItemId, Queued> queued_;
+  std::unordered_map<scheduler::ItemId, InFlight> inFlight_;
+  std::map<const Tenant*, TenantEntry> tenants_;
+  scheduler::TenantId nextTenantId_ = 1;  // 0: the daemon's own streams
+  scheduler::ClientId nextClientId_ = 1;
+  scheduler::StreamId nextStreamId_ = 1;
+  scheduler::ItemId nextItemId_ = 1;
+  // Launch limits from the device's attributes (0: the device did not say), checked when a
+  // kernel is queued because the real launch may come later, when no caller is left to answer.
+  std::array<unsigned, 3> maxBlock_{};
+  std::array<unsigned, 3> maxGrid_{};
+  unsigned maxThreadsPerBlock_ = 0;
+  bool advancing_ = false;
+  bool pumping_ = false;
+  std::optional<scheduler::Nanos> wakeArmedAt_;
+  ErrorHandler errorHandler_;
+  // Last: dropped first, before anything its tasks use. Held by pointer because a TaskSet's
+  // destructor may throw, which a Device's may not.
+  std::unique_ptr<kj::TaskSet> tasks_ = std::make_unique<kj::TaskSet>(errorHandler_);
+};
+
+}  // namespace gpuproxy::server::dispatch
