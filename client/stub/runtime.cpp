@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -42,7 +43,17 @@ constexpr std::uint64_t kDefaultPinnedHeapBytes = std::uint64_t{256} << 20;
 // daemon needs more it says how much and the stub reserves again.
 constexpr std::uint64_t kSegmentAllowance = std::uint64_t{64} << 20;
 // Addresses tried before giving up on a pinned heap.
-constexpr int kMappingAttempts = 4;
+constexpr int kMappingAttempts = 8;
+
+// Where to look for room for the data-plane segment. The daemon maps every client's segment in
+// its own address space, so clients that all started from one hint would collide there: each
+// attempt starts at a random 1 GiB slot of a 16 TiB window above ipc's default hint.
+std::uintptr_t randomSegmentHint() {
+  std::random_device random;
+  const std::uint64_t slot =
+      ((static_cast<std::uint64_t>(random()) << 32) | random()) % (std::uint64_t{1} << 14);
+  return ipc::AddressReservation::kDefaultHint + slot * (std::uint64_t{1} << 30);
+}
 
 // The pinned heap to ask the daemon for: GPUPROXY_PINNED_HEAP (a size such as 512MiB; 0 for
 // none), else the default. The daemon may grant less.
@@ -281,7 +292,7 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
     std::optional<ipc::AddressReservation> reservation;
     std::optional<capnp::Response<protocol::Session::OpenDataPlaneResults>> answer;
     std::uint64_t reserveBytes = heapBytes + kSegmentAllowance;
-    std::uintptr_t hint = ipc::AddressReservation::kDefaultHint;
+    std::uintptr_t hint = randomSegmentHint();
     for (int attempt = 0; heapBytes > 0 && attempt < kMappingAttempts && !answer; ++attempt) {
       try {
         reservation = ipc::AddressReservation::reserve(reserveBytes, hint);
@@ -302,7 +313,7 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
                  response.getSegmentBytes() > reservation->size()) {
         reserveBytes = response.getSegmentBytes();  // the same place, bigger
       } else if (result == CUDA_ERROR_ALREADY_MAPPED) {
-        hint = reinterpret_cast<std::uintptr_t>(reservation->address()) + reservation->size();
+        hint = randomSegmentHint();
       } else {
         throw std::runtime_error("gpuproxyd answered " + std::string(protocol::cudaResultNameOr(
                                                              result, "unknown CUresult")));

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 namespace gpuproxy::server {
@@ -360,7 +361,18 @@ int runDaemon(const DaemonOptions& options) {
 
   kj::TaskSet reaper(reaperErrors);
   state.reaper = &reaper;
-  DataPlane dataPlane(io.unixEventPort);
+  DataPlaneOptions dataPlaneOptions;
+  dataPlaneOptions.poller = options.poller == "io_uring" ? ipc::PollerBackend::kIoUring
+                            : options.poller == "epoll"  ? ipc::PollerBackend::kEpoll
+                                                         : ipc::PollerBackend::kAuto;
+  std::optional<DataPlane> dataPlaneStorage;
+  try {
+    dataPlaneStorage.emplace(io.unixEventPort, dataPlaneOptions);
+  } catch (const std::exception& error) {
+    spdlog::critical("cannot start the data plane ({} poller): {}", options.poller, error.what());
+    return 1;
+  }
+  DataPlane& dataPlane = *dataPlaneStorage;
   state.dataPlane = &dataPlane;
   // The data plane keeps the event queue non-empty while it spins; look at sockets and signals
   // every few turns anyway, so control calls are not starved by a busy client.

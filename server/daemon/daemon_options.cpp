@@ -36,6 +36,11 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
                  "as time-slicing or MPS would (the baseline)")
       ->check(CLI::IsMember({"fair", "fifo"}))
       ->capture_default_str();
+  app.add_option("--poller", options.poller,
+                 "How the data plane sleeps on client doorbells and pidfds: io_uring, epoll, or "
+                 "auto (io_uring unless the kernel or a seccomp profile refuses it)")
+      ->check(CLI::IsMember({"auto", "io_uring", "epoll"}))
+      ->capture_default_str();
   app.add_option("--log-level", options.logLevel, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();

@@ -17,6 +17,7 @@ struct DaemonOptions {
   std::string configPath;      // tenants file; empty = only the default tenant
   std::string metricsAddress;  // e.g. 127.0.0.1:9400; empty = no metrics endpoint
   std::string scheduler = "fair";  // fair | fifo
+  std::string poller = "auto";     // auto | io_uring | epoll: how the data plane sleeps
 };
 
 // The parsed options, or the exit code to leave with (0 after --help, 2 after a usage error; the

@@ -163,6 +163,8 @@ private:
   std::vector<backend::Stream*> streamsOf(Handle context);
   kj::Promise<CUresult> drainStreams(Handle context);
   bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
+  // Whether a blocking stream of `context` has work the NULL stream has not waited for yet.
+  bool blockingWorkUnseen(Handle context) const;
   // The counters of `target`'s queued and known-completed operations.
   std::pair<std::uint64_t*, std::uint64_t*> workCounters(const Target& target);
   // Resolves as `status` does, first noting that the operations of stream (`context`, `stream`)

@@ -309,6 +309,9 @@ public:
   // For the spin twin: sleeps until `deadline` unless a reset or shutdown interrupts it.
   bool sleepUntil(Clock::time_point deadline) {
     std::unique_lock lock(interruptMutex_);
+    // A deadline already past must not reach the kernel: a timed futex wait is rounded up by the
+    // thread's timer slack (50 us by default), which made every short kernel take that long.
+    if (Clock::now() >= deadline) return !interrupted_;
     return !interruptCv_.wait_until(lock, deadline, [&] { return interrupted_; });
   }
 
