@@ -179,7 +179,7 @@ struct Result {
   std::uint64_t wakeups = 0;
 };
 
-Result measure(const Options& options, Mode mode, long iterations) {
+Result measure(const Options& options, Mode mode, long iterations, long idleUs = 0) {
   Channel channel;
   std::fflush(nullptr);
   const pid_t child = ::fork();
@@ -231,6 +231,12 @@ Result measure(const Options& options, Mode mode, long iterations) {
     while (std::atomic_ref<std::uint32_t>(requests.consumerSleeping()).load() == 0) {
       ipc::cpuRelax();
     }
+    if (idleUs > 0) {
+      // Both sides idle, as an application between bursts: the CPUs may drop into idle states,
+      // which is what "from sleep" costs on this machine.
+      ::usleep(static_cast<useconds_t>(idleUs));
+      return;
+    }
     const std::int64_t until = nowNs() + 20000;
     while (nowNs() < until) ipc::cpuRelax();
   };
@@ -281,6 +287,7 @@ int main(int argc, char** argv) {
     const char* name;
     Mode mode;
     long iterations;
+    long idleUs = 0;
   };
   const Row rows[] = {
       {"cache-line ping-pong (hardware floor)", Mode::kCacheLine, options.iterations},
@@ -289,10 +296,12 @@ int main(int argc, char** argv) {
        options.sleepIterations},
       {"shm ring, both asleep (eventfd wake + futex reply)", Mode::kBothAsleep,
        options.sleepIterations},
+      {"shm ring, both asleep, after 1000 us idle", Mode::kBothAsleep,
+       std::max(1L, options.sleepIterations / 20), 1000},
   };
   Table table({"path", "iterations", "p50 ns", "p90 ns", "p99 ns", "mean ns", "wake-ups/iter"});
   for (const Row& row : rows) {
-    Result result = measure(options, row.mode, row.iterations);
+    Result result = measure(options, row.mode, row.iterations, row.idleUs);
     const LatencySummary summary = summarize(std::move(result.samples));
     table.add({row.name, std::to_string(row.iterations), formatNs(summary.median),
                formatNs(summary.p90), formatNs(summary.p99), formatNs(summary.mean),
