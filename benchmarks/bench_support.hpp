@@ -25,8 +25,7 @@ namespace gpuproxy::bench {
 // a baseline).
 inline std::string stubTransport() {
   const char* transport = std::getenv("GPUPROXY_TRANSPORT");
-  return transport != nullptr && std::string_view(transport) == "rpc" ? "Cap'n Proto"
-                                                                       : "shm ring";
+  return transport != nullptr && std::string_view(transport) == "rpc" ? "Cap'n Proto" : "shm ring";
 }
 
 inline std::int64_t nowNs() {

@@ -214,17 +214,20 @@ int main(int argc, char** argv) {
   add(
       "raw Cap'n Proto synchronizeStream", [&] { raw.synchronizeStream(); }, 0);
   add(
-      "cuStreamQuery (stub -> gpuproxyd, " + stubTransport() + ")", [&] { CHECK(cuStreamQuery(stream)); }, 0);
+      "cuStreamQuery (stub -> gpuproxyd, " + stubTransport() + ")",
+      [&] { CHECK(cuStreamQuery(stream)); }, 0);
   add(
-      "cuStreamSynchronize (stub -> gpuproxyd, " + stubTransport() + ")", [&] { CHECK(cuStreamSynchronize(stream)); }, 0);
+      "cuStreamSynchronize (stub -> gpuproxyd, " + stubTransport() + ")",
+      [&] { CHECK(cuStreamSynchronize(stream)); }, 0);
   const std::string idle = " after " + std::to_string(options.idleUs) + " us idle";
   add(
       "raw Cap'n Proto queryStream" + idle, [&] { raw.queryStream(); }, options.idleUs);
   add(
-      "cuStreamQuery" + idle + " (stub, " + stubTransport() + ")", [&] { CHECK(cuStreamQuery(stream)); }, options.idleUs);
+      "cuStreamQuery" + idle + " (stub, " + stubTransport() + ")",
+      [&] { CHECK(cuStreamQuery(stream)); }, options.idleUs);
   add(
-      "cuStreamSynchronize" + idle + " (stub, " + stubTransport() + ")", [&] { CHECK(cuStreamSynchronize(stream)); },
-      options.idleUs);
+      "cuStreamSynchronize" + idle + " (stub, " + stubTransport() + ")",
+      [&] { CHECK(cuStreamSynchronize(stream)); }, options.idleUs);
 
   for (Measured& measured : calls) time(measured, options.warmup, false);
   for (long round = 0; round < options.rounds; ++round) {

@@ -14,8 +14,8 @@ struct DaemonOptions {
   int simDevices = 1;
   std::uint64_t simMemoryBytes = 16ull << 30;
   std::string logLevel = "info";
-  std::string configPath;      // tenants file; empty = only the default tenant
-  std::string metricsAddress;  // e.g. 127.0.0.1:9400; empty = no metrics endpoint
+  std::string configPath;          // tenants file; empty = only the default tenant
+  std::string metricsAddress;      // e.g. 127.0.0.1:9400; empty = no metrics endpoint
   std::string scheduler = "fair";  // fair | fifo
   std::string poller = "auto";     // auto | io_uring | epoll: how the data plane sleeps
 };
