@@ -81,7 +81,10 @@ Options parse(int argc, char** argv) {
       options.inproc = path == "both" || path == "inproc";
       if (!options.stub && !options.inproc) failUsage(kProgram, "--path is both, stub or inproc");
     } else if (args.is("--threads")) {
-      if (!parseIntList(args.value(), options.threads)) {
+      const std::string_view list = args.value();
+      if (list.empty()) {
+        options.threads.clear();
+      } else if (!parseIntList(list, options.threads)) {
         failUsage(kProgram, "--threads takes a list such as 2,4");
       }
     } else if (args.is("--smoke")) {
