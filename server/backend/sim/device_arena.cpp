@@ -40,8 +40,13 @@ backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
   if (bytes > capacity_) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::uint64_t reserved = (std::uint64_t{bytes} + kAllocationAlignment - 1) /
                                  kAllocationAlignment * kAllocationAlignment;
-  std::lock_guard lock(mutex_);
-  const auto fit = freeBySize_.lower_bound({reserved, 0});
+  std::unique_lock lock(mutex_);
+  auto fit = freeBySize_.lower_bound({reserved, 0});
+  if (fit == freeBySize_.end() && !quarantined_.empty()) {
+    // What was freed while the engine worked comes back once that work is done.
+    waitForAccessesLocked(lock);
+    fit = freeBySize_.lower_bound({reserved, 0});
+  }
   if (fit == freeBySize_.end()) return CUDA_ERROR_OUT_OF_MEMORY;
   const auto [size, offset] = *fit;
   eraseFreeLocked(freeByOffset_.find(offset));
@@ -60,7 +65,15 @@ CUresult DeviceArena::free(CUdeviceptr pointer) {
   const std::uint64_t reserved = found->second.reserved;
   live_.erase(found);
   allocated_ -= reserved;
+  if (accesses_ > 0) {
+    quarantined_.emplace_back(offset, reserved);
+  } else {
+    releaseRangeLocked(offset, reserved);
+  }
+  return CUDA_SUCCESS;
+}
 
+void DeviceArena::releaseRangeLocked(std::uint64_t offset, std::uint64_t reserved) {
   // Coalesce with the free neighbours on both sides.
   std::uint64_t begin = offset;
   std::uint64_t end = offset + reserved;
@@ -86,7 +99,34 @@ CUresult DeviceArena::free(CUdeviceptr pointer) {
   const std::uint64_t dropEnd =
       std::min(end / page * page, (offset + reserved + page - 1) / page * page);
   dropPagesLocked(dropBegin, dropEnd);
-  return CUDA_SUCCESS;
+}
+
+void DeviceArena::waitForAccessesLocked(std::unique_lock<std::mutex>& lock) {
+  if (accesses_ == 0) return;
+  // A generation, not accesses_ == 0: the engine may start its next Access before this thread
+  // wakes, and that one cannot use what was taken away before it began.
+  const std::uint64_t seen = idleGeneration_;
+  idle_.wait(lock, [&] { return accesses_ == 0 || idleGeneration_ != seen; });
+}
+
+DeviceArena::Access::Access(DeviceArena& arena) : arena_(&arena) {
+  std::lock_guard lock(arena_->mutex_);
+  ++arena_->accesses_;
+}
+
+DeviceArena::Access::~Access() {
+  if (arena_ == nullptr) return;
+  DeviceArena& arena = *arena_;
+  {
+    std::lock_guard lock(arena.mutex_);
+    if (--arena.accesses_ > 0) return;
+    ++arena.idleGeneration_;
+    for (const auto& [offset, reserved] : arena.quarantined_) {
+      arena.releaseRangeLocked(offset, reserved);
+    }
+    arena.quarantined_.clear();
+  }
+  arena.idle_.notify_all();
 }
 
 std::uint64_t DeviceArena::allocatedBytes() const {
@@ -97,6 +137,7 @@ std::uint64_t DeviceArena::allocatedBytes() const {
 void DeviceArena::releaseAll() {
   std::lock_guard lock(mutex_);
   live_.clear();
+  quarantined_.clear();
   freeByOffset_.clear();
   freeBySize_.clear();
   allocated_ = 0;
@@ -139,14 +180,18 @@ CUresult DeviceArena::registerHost(void* host, std::size_t bytes) {
 }
 
 CUresult DeviceArena::unregisterHost(void* host) {
-  std::lock_guard lock(mutex_);
-  return hostRanges_.erase(reinterpret_cast<std::uintptr_t>(host)) == 1
-             ? CUDA_SUCCESS
-             : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  std::unique_lock lock(mutex_);
+  if (hostRanges_.erase(reinterpret_cast<std::uintptr_t>(host)) != 1) {
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  // The caller may unmap the range as soon as this returns.
+  waitForAccessesLocked(lock);
+  return CUDA_SUCCESS;
 }
 
 std::byte* DeviceArena::Access::translate(CUdeviceptr address, std::size_t bytes) const {
-  const DeviceArena& arena = arena_;
+  const DeviceArena& arena = *arena_;
+  std::lock_guard lock(arena.mutex_);
   if (address < arena.base_ || address - arena.base_ >= arena.capacity_) {
     // Not device memory: perhaps registered host memory, which kernels reach at its own address.
     auto holder = arena.hostRanges_.upper_bound(address);

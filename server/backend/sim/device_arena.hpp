@@ -3,11 +3,14 @@
 // until touched), handed out at device-like addresses with cudaMalloc's 256-byte alignment.
 //
 // Threading: allocate/free/memoryInfo come from the device's owner thread, translation from the
-// engine thread. An Access holds the arena's lock, so memory cannot be freed (and its pages
-// dropped) while the engine reads or writes it.
+// engine thread. The lock is only held for bookkeeping, never across the engine's work: memory
+// freed while an Access is alive is set aside (not reused, its pages kept) until the Access ends,
+// so the engine never sees memory it translated change under it, and the owner thread (the
+// daemon's event loop) never waits for a copy or a kernel to finish to allocate or free.
 
 #include <cuda.h>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -15,6 +18,7 @@
 #include <mutex>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "server/backend/backend.hpp"
 
@@ -41,29 +45,40 @@ public:
   void releaseAll();
 
   // Host memory that kernels may use as device-mapped memory at its own address (pinned memory).
-  // Waits for any Access in progress, so once unregisterHost returns no kernel touches the range.
+  // unregisterHost waits for any Access in progress, so once it returns no kernel touches the
+  // range.
   CUresult registerHost(void* host, std::size_t bytes);
   CUresult unregisterHost(void* host);
 
+  // While one is alive, what it translated stays as it was: freed memory is neither reused nor
+  // dropped, and registered host memory stays registered.
   class Access {
   public:
+    ~Access();
+    Access(Access&& other) noexcept : arena_(std::exchange(other.arena_, nullptr)) {}
+    Access(const Access&) = delete;
+    Access& operator=(const Access&) = delete;
+    Access& operator=(Access&&) = delete;
     // Host address of [address, address + bytes) when it lies inside one live allocation or one
     // registered host range; nullptr otherwise.
     std::byte* translate(CUdeviceptr address, std::size_t bytes) const;
 
   private:
     friend class DeviceArena;
-    explicit Access(const DeviceArena& arena) : arena_(arena), lock_(arena.mutex_) {}
-    const DeviceArena& arena_;
-    std::unique_lock<std::mutex> lock_;
+    explicit Access(DeviceArena& arena);
+    DeviceArena* arena_;  // null once moved from
   };
-  Access access() const { return Access(*this); }
+  Access access() { return Access(*this); }
 
 private:
   DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity);
   void insertFreeLocked(std::uint64_t offset, std::uint64_t size);
   void eraseFreeLocked(std::map<std::uint64_t, std::uint64_t>::iterator block);
   void dropPagesLocked(std::uint64_t begin, std::uint64_t end);
+  // Returns a freed allocation's range to the free lists and drops its pages.
+  void releaseRangeLocked(std::uint64_t offset, std::uint64_t reserved);
+  // Blocks until no Access that was alive when called is alive any more.
+  void waitForAccessesLocked(std::unique_lock<std::mutex>& lock);
 
   struct Allocation {
     std::uint64_t requested = 0;  // what the caller asked for: accesses beyond it fault
@@ -79,6 +94,11 @@ private:
   std::set<std::pair<std::uint64_t, std::uint64_t>> freeBySize_;  // (size, offset): best fit
   std::uint64_t allocated_ = 0;
   std::map<std::uintptr_t, std::size_t> hostRanges_;  // registered host memory: start -> bytes
+  unsigned accesses_ = 0;                             // Accesses alive
+  std::uint64_t idleGeneration_ = 0;                  // bumped whenever accesses_ drops to 0
+  std::condition_variable idle_;
+  // Freed while an Access was alive: (offset, reserved), released once none is.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> quarantined_;
 };
 
 }  // namespace gpuproxy::server::sim
