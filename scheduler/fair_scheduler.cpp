@@ -99,6 +99,30 @@ public:
     return dropped;
   }
 
+  std::vector<ItemId> removeClient(ClientId client) override {
+    std::vector<ItemId> dropped;
+    for (auto& [id, tenant] : tenants_) {
+      // Queued items carry no tag yet (a tenant's tag moves when an item is dispatched), so
+      // dropping them leaves every tenant's standing as it was.
+      for (auto stream = tenant.streams.begin(); stream != tenant.streams.end();) {
+        if (stream->first.first != client) {
+          ++stream;
+          continue;
+        }
+        for (const Queued& queued : stream->second) {
+          dropped.push_back(queued.item.id);
+          ids_.erase(queued.item.id);
+        }
+        const std::size_t count = stream->second.size();
+        tenant.queued -= count;
+        queued_ -= count;
+        if (tenant.spec.tenantClass == TenantClass::kLatencyCritical) lcQueued_ -= count;
+        stream = tenant.streams.erase(stream);
+      }
+    }
+    return dropped;
+  }
+
   void enqueue(const WorkItem& item, Nanos now) override {
     auto it = tenants_.find(item.tenant);
     if (it == tenants_.end()) {

@@ -48,6 +48,17 @@ public:
     return dropped;
   }
 
+  std::vector<ItemId> removeClient(ClientId client) override {
+    std::vector<ItemId> dropped;
+    std::erase_if(queue_, [&](const WorkItem& item) {
+      if (item.client != client) return false;
+      dropped.push_back(item.id);
+      ids_.erase(item.id);
+      return true;
+    });
+    return dropped;
+  }
+
   void enqueue(const WorkItem& item, Nanos) override {
     if (!tenants_.contains(item.tenant)) {
       throw std::invalid_argument("scheduler: unknown tenant " + std::to_string(item.tenant));

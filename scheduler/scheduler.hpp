@@ -94,6 +94,10 @@ public:
   // Forgets a tenant. Its queued items will never be submitted and are returned so the caller can
   // fail them; its items in flight may still be completed.
   virtual std::vector<ItemId> removeTenant(TenantId tenant) = 0;
+  // Forgets the queued items of one client (it is gone): they will never be submitted and are
+  // returned, so the caller can fail them. Nothing is charged or measured for them; its items in
+  // flight may still be completed.
+  virtual std::vector<ItemId> removeClient(ClientId client) = 0;
 
   // Queues an item behind earlier items of the same (client, stream). Throws
   // std::invalid_argument for an unknown tenant or an id already queued or in flight.

@@ -2,6 +2,7 @@
 // latency-critical priority, no banked credit, stream order, in-flight caps, live changes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "tests/unit/scheduler/tick_harness.hpp"
@@ -340,6 +341,36 @@ TEST(FairScheduler, RemovingATenantReturnsItsQueuedItems) {
   EXPECT_THROW(scheduler->enqueue(WorkItem{4, 1, 10, 0, {}}, kMs), std::invalid_argument);
   EXPECT_THROW(scheduler->enqueue(WorkItem{3, 2, 20, 0, {}}, kMs), std::invalid_argument);
   EXPECT_EQ(scheduler->stats(kMs).queued, 0u);
+}
+
+TEST(FairScheduler, RemovingAClientDropsOnlyItsQueuedItemsAndChargesNothing) {
+  auto scheduler = newFairScheduler({});
+  scheduler->setTenant(1, bestEffort(1));
+  // Client 10 (tenant 1) has one item in flight and three queued on two streams; client 11 of
+  // the same tenant has one queued.
+  scheduler->enqueue(WorkItem{1, 1, 10, 0, {WorkKind::kKernel, 7, 0}}, 0);
+  scheduler->enqueue(WorkItem{2, 1, 10, 0, {WorkKind::kKernel, 7, 0}}, 0);
+  scheduler->enqueue(WorkItem{3, 1, 10, 1, {WorkKind::kKernel, 7, 0}}, 0);
+  scheduler->enqueue(WorkItem{4, 1, 11, 0, {WorkKind::kKernel, 7, 0}}, 0);
+  scheduler->enqueue(WorkItem{5, 1, 10, 0, {WorkKind::kKernel, 7, 0}}, 0);
+  auto first = scheduler->next(0);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->id, 1u);
+  std::vector<ItemId> dropped = scheduler->removeClient(10);
+  std::sort(dropped.begin(), dropped.end());
+  EXPECT_EQ(dropped, (std::vector<ItemId>{2, 3, 5}));
+  EXPECT_EQ(scheduler->stats(0).queued, 1u);
+  // Its item in flight still completes and is charged; the dropped ones never are.
+  scheduler->complete(1, 40 * kUs, 40 * kUs);
+  EXPECT_EQ(scheduler->charged(1), 40 * kUs);
+  EXPECT_EQ(scheduler->estimator().estimate(1, {WorkKind::kKernel, 7, 0}).value, 40 * kUs);
+  auto second = scheduler->next(40 * kUs);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->id, 4u);
+  EXPECT_FALSE(scheduler->next(40 * kUs));
+  // Their ids are free again.
+  scheduler->enqueue(WorkItem{2, 1, 11, 0, {}}, 40 * kUs);
+  EXPECT_EQ(scheduler->removeClient(99), (std::vector<ItemId>{}));
 }
 
 TEST(FairScheduler, RefusesConfigsThatCannotWork) {

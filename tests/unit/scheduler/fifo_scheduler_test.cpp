@@ -31,6 +31,26 @@ TEST(FifoScheduler, SubmitsInArrivalOrderAcrossTenantsAndClasses) {
   EXPECT_FALSE(scheduler->next(0));
 }
 
+TEST(FifoScheduler, RemovingAClientDropsOnlyItsQueuedItems) {
+  auto scheduler = newFifoScheduler({});
+  scheduler->setTenant(1, TenantSpec{1, TenantClass::kBestEffort});
+  for (ItemId id = 1; id <= 4; ++id) {
+    scheduler->enqueue(WorkItem{id, 1, id % 2 == 0 ? 20ull : 10ull, 0, {}}, 0);
+  }
+  auto first = scheduler->next(0);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->id, 1u);
+  EXPECT_EQ(scheduler->removeClient(10), (std::vector<ItemId>{3}));
+  scheduler->complete(1, 10 * kUs, 10 * kUs);
+  for (ItemId id : {2, 4}) {
+    auto submission = scheduler->next(10 * kUs);
+    ASSERT_TRUE(submission);
+    EXPECT_EQ(submission->id, id);
+    scheduler->complete(id, 10 * kUs, 10 * kUs);
+  }
+  EXPECT_FALSE(scheduler->next(10 * kUs));
+}
+
 TEST(FifoScheduler, IsVisiblyUnfairUnderWeightsOneOneTwo) {
   const std::vector<double> weights{1, 1, 2};
   ShareReport reports[2];
