@@ -241,6 +241,9 @@ public:
     return status;
   }
 
+  const std::shared_ptr<StreamState>& state() const { return state_; }
+  const ScheduledDevice& device() const { return device_; }
+
 private:
   ScheduledDevice& device_;
   std::shared_ptr<StreamState> state_;
@@ -695,6 +698,53 @@ DispatchStats ScheduledDevice::stats() const {
   out.kernelsQueued = queued_.size();
   out.kernelsInFlight = inFlight_.size();
   return out;
+}
+
+std::size_t ScheduledDevice::abandonClient(scheduler::ClientId client, CUresult status) {
+  if (client == 0) return 0;  // the daemon's own streams are never abandoned this way
+  for (scheduler::ItemId item : scheduler_->removeClient(client)) queued_.erase(item);
+  // Copied first: failing an operation runs callbacks, which may do anything to the map.
+  std::vector<std::shared_ptr<StreamState>> streams;
+  for (const auto& [id, stream] : streams_) {
+    if (stream->owner.client == client && !stream->held.empty()) streams.push_back(stream);
+  }
+  std::size_t dropped = 0;
+  for (const std::shared_ptr<StreamState>& stream : streams) {
+    std::deque<Operation> held = std::move(stream->held);
+    stream->held.clear();
+    stream->scanned = 0;
+    for (Operation& operation : held) {
+      // Removed from the scheduler above; an item it had already handed out is not held.
+      if (auto* launch = std::get_if<Operation::Launch>(&operation.body); launch && launch->item) {
+        queued_.erase(*launch->item);
+      }
+      fail(*stream, operation, status);
+      ++dropped;
+    }
+    if (stream->released) streams_.erase(stream->id);
+  }
+  // Failed records may have unblocked waits elsewhere; the scheduler may have room now.
+  drainReady();
+  pump();
+  return dropped;
+}
+
+std::size_t ScheduledDevice::heldMemoryOperations(backend::Stream& stream) const {
+  const auto* proxy = dynamic_cast<const ProxyStream*>(&stream);
+  if (proxy == nullptr || &proxy->device() != this) return 0;
+  return static_cast<std::size_t>(std::count_if(
+      proxy->state()->held.begin(), proxy->state()->held.end(), [](const Operation& operation) {
+        return std::visit(
+            [](const auto& body) {
+              using Body = std::decay_t<decltype(body)>;
+              return std::is_same_v<Body, Operation::HostToDevice> ||
+                     std::is_same_v<Body, Operation::DeviceToHost> ||
+                     std::is_same_v<Body, Operation::DeviceToDevice> ||
+                     std::is_same_v<Body, Operation::Memset> ||
+                     std::is_same_v<Body, Operation::Launch>;
+            },
+            operation.body);
+      }));
 }
 
 void ScheduledDevice::abandonAll(CUresult status) {

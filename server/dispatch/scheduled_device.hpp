@@ -102,6 +102,14 @@ public:
                                                                  unsigned flags, int priority);
   // A new client id, unique on this device.
   scheduler::ClientId newClientId() { return nextClientId_++; }
+  // The client is gone: every operation of its streams still held here (kernels the scheduler
+  // has not handed out, and everything queued behind them) is dropped, never to run. Callbacks
+  // of dropped work run now with `status`; records fail their waiters. Work already on the real
+  // streams is left to finish. Returns how many operations were dropped.
+  std::size_t abandonClient(scheduler::ClientId client, CUresult status);
+  // How many of the copies, memsets and kernels pushed to `stream` (a stream of this device) are
+  // still held here rather than on the real stream: always the latest ones pushed.
+  std::size_t heldMemoryOperations(backend::Stream& stream) const;
 
   // "fair" or "fifo".
   std::string_view schedulerName() const { return scheduler_->name(); }

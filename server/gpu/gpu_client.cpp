@@ -6,12 +6,19 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
+#include <set>
 #include <utility>
 
 namespace gpuproxy::server {
 
 namespace {
+
+// Past this many operations queued on one stream without a synchronisation seeing them done, the
+// stream is taken to touch any of the client's memory: bookkeeping stays bounded for a client
+// that never synchronises, at the cost of freeing less at once if it goes away.
+constexpr std::size_t kMaxTouchesPerStream = 1024;
 
 // A copy of a client's bytes kept alive until the backend has consumed them.
 struct StagedBytes {
@@ -111,7 +118,23 @@ PrimaryContextState GpuClient::primaryContextState() const {
 
 kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  return drainStreams(context);
+  // Everything queued on the context's streams by now is done once this resolves.
+  std::vector<std::pair<Handle, std::uint64_t>> queued;
+  queued.emplace_back(0, contexts_.at(context).nullStreamWork);
+  for (const auto& [handle, stream] : streams_) {
+    if (stream.context == context) queued.emplace_back(handle, stream.work);
+  }
+  return drainStreams(context).then([this, context, queued = std::move(queued)](CUresult result) {
+    if (result != CUDA_SUCCESS) return result;
+    for (const auto& [stream, work] : queued) {
+      if (auto target = resolveStream(context, stream)) {
+        std::uint64_t* done = workCounters(*target).second;
+        *done = std::max(*done, work);
+        forgetCompleted(touchesOf(*target), *done);
+      }
+    }
+    return result;
+  });
 }
 
 void GpuClient::destroyContextNow(Handle context) {
@@ -289,10 +312,106 @@ kj::Promise<CUresult> GpuClient::noteCompletion(Handle context, Handle stream, s
       if (auto target = resolveStream(context, stream)) {
         std::uint64_t* done = workCounters(*target).second;
         *done = std::max(*done, queued);
+        forgetCompleted(touchesOf(*target), *done);
       }
     }
     return result;
   });
+}
+
+GpuClient::Touches& GpuClient::touchesOf(const Target& target) {
+  if (target.explicitStream != nullptr) return target.explicitStream->touches;
+  return contexts_.at(target.context).nullStreamTouches;
+}
+
+void GpuClient::forgetCompleted(Touches& touches, std::uint64_t done) {
+  while (!touches.queued.empty() && touches.queued.front().work <= done) {
+    touches.queued.pop_front();
+  }
+}
+
+CUdeviceptr GpuClient::allocationOf(CUdeviceptr pointer) const {
+  auto after = allocations_.upper_bound(pointer);
+  return after == allocations_.begin() ? 0 : std::prev(after)->first;
+}
+
+void GpuClient::noteTouches(const Target& target, std::initializer_list<CUdeviceptr> pointers) {
+  Touches& touches = touchesOf(target);
+  auto [queued, done] = workCounters(target);
+  forgetCompleted(touches, *done);
+  ++touches.memoryOps;
+  for (CUdeviceptr pointer : pointers) {
+    touches.queued.push_back(
+        Touch{*queued, touches.memoryOps, pointer == 0 ? 0 : allocationOf(pointer)});
+  }
+  if (touches.queued.size() > kMaxTouchesPerStream) {
+    // One entry for all of them: done when the newest is, dropped unsubmitted only if the oldest
+    // was (what the dispatcher holds is always the newest operations).
+    const Touch any{touches.queued.back().work, touches.queued.front().memoryOp, 0};
+    touches.queued.clear();
+    touches.queued.push_back(any);
+  }
+}
+
+std::uint64_t GpuClient::abandon() {
+  struct Queue {
+    backend::Stream* stream;
+    Touches* touches;
+    std::size_t held = 0;
+  };
+  std::vector<Queue> queues;
+  for (auto& [handle, context] : contexts_) {
+    queues.push_back(Queue{context.nullStream.get(), &context.nullStreamTouches});
+  }
+  for (auto& [handle, stream] : streams_) {
+    queues.push_back(Queue{stream.stream.get(), &stream.touches});
+  }
+  dispatch::ScheduledDevice& dispatcher = worker_.dispatcher();
+  for (Queue& queue : queues) queue.held = dispatcher.heldMemoryOperations(*queue.stream);
+  const std::size_t dropped =
+      dispatcher.abandonClient(schedulingId_, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+
+  // What the work already on the device may still touch: on a stream that is not idle, every
+  // operation not known to be done except those just dropped (the newest `held` of them).
+  bool touchesAny = false;
+  std::set<CUdeviceptr> touched;
+  for (const Queue& queue : queues) {
+    if (queue.touches->queued.empty() || queue.stream->query() == CUDA_SUCCESS) continue;
+    const std::uint64_t lastSubmitted = queue.touches->memoryOps - queue.held;
+    for (const Touch& touch : queue.touches->queued) {
+      if (touch.memoryOp > lastSubmitted) continue;
+      if (touch.base == 0) touchesAny = true;
+      touched.insert(touch.base);
+    }
+  }
+  if (dropped > 0) {
+    spdlog::debug("device {}: dropped {} operations of pid {} that had not reached the device",
+                  worker_.index(), dropped, stats_->identity.pid);
+  }
+  // A kernel on the device may follow any pointer, into module memory too: everything waits.
+  if (touchesAny) return 0;
+
+  const std::uint64_t before = memoryUsed_;
+  for (auto it = allocations_.begin(); it != allocations_.end();) {
+    if (touched.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    CUresult freed = worker_.free(it->first, it->second.bytes);
+    if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
+      spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), it->first,
+                    stats_->identity.pid, static_cast<int>(freed));
+    }
+    memoryUsed_ -= it->second.bytes;
+    stats_->memoryUsed -= it->second.bytes;
+    stats_->tenant->credit(worker_.index(), it->second.bytes);
+    it = allocations_.erase(it);
+  }
+  // No kernel of this client is left to run, so its modules can go too.
+  functions_.clear();
+  for (auto& [handle, module] : modules_) releaseModuleMemory(module);
+  modules_.clear();
+  return before - memoryUsed_;
 }
 
 CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event) {
@@ -431,6 +550,7 @@ CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr 
   CUresult queued =
       target->stream->copyHostToDevice(destination, staged->bytes.data(), staged->bytes.size());
   if (queued != CUDA_SUCCESS) return queued;
+  noteTouches(*target, {destination});
   // The staged copy lives until the backend has read it.
   ++stats_->operationsInFlight;
   std::shared_ptr<ClientStats> stats = stats_;
@@ -444,13 +564,30 @@ kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle str
                                                       CUdeviceptr destination,
                                                       std::span<const std::byte> source,
                                                       std::shared_ptr<const void> keepAlive) {
+  kj::Promise<CUresult> read = nullptr;
+  CUresult queued =
+      queueHostToDeviceFrom(context, stream, destination, source, std::move(keepAlive), read);
+  if (queued != CUDA_SUCCESS) return queued;
+  return read;
+}
+
+CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdeviceptr destination,
+                                          std::span<const std::byte> source,
+                                          std::shared_ptr<const void> keepAlive,
+                                          kj::Promise<CUresult>& read) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  if (source.empty()) return CUDA_SUCCESS;
-  if (!rangeIsOwned(destination, source.size())) return CUDA_ERROR_INVALID_VALUE;
+  if (!source.empty() && !rangeIsOwned(destination, source.size())) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (source.empty()) {
+    read = CUDA_SUCCESS;
+    return CUDA_SUCCESS;
+  }
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
   CUresult queued = target->stream->copyHostToDevice(destination, source.data(), source.size());
   if (queued != CUDA_SUCCESS) return queued;
+  noteTouches(*target, {destination});
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
@@ -464,7 +601,8 @@ kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle str
     --stats_->operationsInFlight;
     return callback;
   }
-  return kj::mv(paf.promise);
+  read = kj::mv(paf.promise);
+  return CUDA_SUCCESS;
 }
 
 kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost(
@@ -492,6 +630,7 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
   CUresult queued =
       target->stream->copyDeviceToHost(destination.data(), source, destination.size());
   if (queued != CUDA_SUCCESS) return queued;
+  noteTouches(*target, {source});
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
@@ -512,7 +651,9 @@ CUresult GpuClient::copyDeviceToDevice(Handle context, Handle stream, CUdevicept
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  return target->stream->copyDeviceToDevice(destination, source, bytes);
+  CUresult queued = target->stream->copyDeviceToDevice(destination, source, bytes);
+  if (queued == CUDA_SUCCESS) noteTouches(*target, {destination, source});
+  return queued;
 }
 
 CUresult GpuClient::memset(Handle context, Handle stream, CUdeviceptr destination,
@@ -528,7 +669,9 @@ CUresult GpuClient::memset(Handle context, Handle stream, CUdeviceptr destinatio
   if (destination % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!rangeIsOwned(destination, count * elementSize)) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  return target->stream->memset(destination, value, elementSize, count);
+  CUresult queued = target->stream->memset(destination, value, elementSize, count);
+  if (queued == CUDA_SUCCESS) noteTouches(*target, {destination});
+  return queued;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -614,6 +757,7 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
                              });
   if (launched != CUDA_SUCCESS) --stats_->operationsInFlight;
   if (launched == CUDA_SUCCESS) {
+    noteTouches(*target, {0});
     ++stats_->kernelsLaunched;
     ++stats_->tenant->kernelsLaunched;
   }

@@ -5,6 +5,8 @@
 //
 // Destroying a GpuClient frees everything it holds at once; callers first wait for drain() so that
 // no queued work still uses that memory (the session does this on every way a client can end).
+// Before that, abandon() drops the work the device has not been handed yet and frees at once the
+// memory that no work already on the device can still touch.
 
 #include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
@@ -14,6 +16,8 @@
 #include <kj/async.h>
 
 #include <cstdint>
+#include <deque>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -69,6 +73,12 @@ public:
   kj::Promise<CUresult> copyHostToDeviceFrom(Handle context, Handle stream, CUdeviceptr destination,
                                              std::span<const std::byte> source,
                                              std::shared_ptr<const void> keepAlive);
+  // The same, answering now whether the copy was queued; only then does `read` resolve, once the
+  // backend has read the source, with the copy's status.
+  CUresult queueHostToDeviceFrom(Handle context, Handle stream, CUdeviceptr destination,
+                                 std::span<const std::byte> source,
+                                 std::shared_ptr<const void> keepAlive,
+                                 kj::Promise<CUresult>& read);
   // Resolves once the bytes have arrived.
   kj::Promise<backend::Result<std::vector<std::byte>>> copyDeviceToHost(Handle context,
                                                                         Handle stream,
@@ -109,16 +119,35 @@ public:
   // Resolves when every piece of work this client queued on this GPU has completed.
   kj::Promise<void> drain();
 
+  // The client is gone. Its work that has not reached the device yet (kernels still waiting for
+  // the scheduler, and everything queued behind them) is dropped, never to run; then each
+  // allocation and module that no work already on the device can touch is freed, and its tenant
+  // credited, now. Returns the bytes freed. What is left is freed on destruction, after drain().
+  std::uint64_t abandon();
+
   std::uint64_t memoryUsed() const { return memoryUsed_; }
   bool hasContexts() const { return !contexts_.empty(); }
 
 private:
+  // Device memory that an operation queued on a stream may touch, remembered until the operation
+  // is known to be done (a synchronisation saw it complete), so that abandon() knows what work
+  // still on the device can reach.
+  struct Touch {
+    std::uint64_t work = 0;      // the operation's number on its stream's work counter
+    std::uint64_t memoryOp = 0;  // ... among the stream's copies, memsets and kernels
+    CUdeviceptr base = 0;        // the allocation; 0: any (a kernel may follow any pointer)
+  };
+  struct Touches {
+    std::deque<Touch> queued;     // oldest first
+    std::uint64_t memoryOps = 0;  // copies, memsets and kernels queued on the stream so far
+  };
   struct Context {
     bool primary = false;
     unsigned flags = 0;
     std::unique_ptr<backend::Stream> nullStream;
     std::uint64_t nullStreamWork = 0;      // operations queued on the NULL stream so far
     std::uint64_t nullStreamWorkDone = 0;  // ... of which a completion has been seen
+    Touches nullStreamTouches;
   };
   struct Stream {
     Handle context = 0;
@@ -128,6 +157,7 @@ private:
     std::uint64_t workDone = 0;           // ... of which a completion has been seen
     std::uint64_t workSeenByNull = 0;     // ... of which the NULL stream has waited for
     std::uint64_t nullWorkWaitedFor = 0;  // NULL-stream operations this stream has waited for
+    Touches touches;
   };
   struct Event {
     Handle context = 0;
@@ -167,6 +197,14 @@ private:
   bool blockingWorkUnseen(Handle context) const;
   // The counters of `target`'s queued and known-completed operations.
   std::pair<std::uint64_t*, std::uint64_t*> workCounters(const Target& target);
+  Touches& touchesOf(const Target& target);
+  // Notes a copy, memset or kernel just queued on `target` and the memory it may touch (pointers
+  // inside this client's allocations; 0 for any).
+  void noteTouches(const Target& target, std::initializer_list<CUdeviceptr> pointers);
+  // Forgets what operations up to `done` on `touches`' stream touch: they have completed.
+  static void forgetCompleted(Touches& touches, std::uint64_t done);
+  // The start of the allocation holding `pointer` (which must lie in one).
+  CUdeviceptr allocationOf(CUdeviceptr pointer) const;
   // Resolves as `status` does, first noting that the operations of stream (`context`, `stream`)
   // up to `queued` have completed, so that a query answered after this promise (the client
   // waited for it) finds the stream idle even while the backend is still running the callback

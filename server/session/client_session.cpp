@@ -93,16 +93,25 @@ ClientSession::~ClientSession() noexcept {
   const ClientIdentity& who = stats_->identity;
   spdlog::info("client pid {} ({}) detached; reclaiming what it held", who.pid, who.command);
   for (auto& [device, client] : clients_) {
+    // What has not reached the device yet never runs; what nothing on the device can touch any
+    // more comes back now; the rest once the work that may touch it is done.
+    std::uint64_t freedNow = client->abandon();
     std::uint64_t held = client->memoryUsed();
     pid_t pid = who.pid;
     std::uint32_t index = device;  // Clang 14 cannot capture structured bindings
+    if (freedNow > 0) {
+      spdlog::info("device {}: reclaimed {} bytes of pid {} at once", index, freedNow, pid);
+    }
     auto drained = client->drain().fork();
     drains.add(drained.addBranch());
     state_.reaper->add(
         drained.addBranch().then([client = std::move(client), held, pid, index]() mutable {
           client.reset();
           if (held > 0) {
-            spdlog::info("device {}: reclaimed {} bytes of pid {}", index, held, pid);
+            spdlog::info(
+                "device {}: reclaimed {} bytes of pid {} once its work on the device was "
+                "done",
+                index, held, pid);
           }
         }));
   }

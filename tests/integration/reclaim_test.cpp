@@ -45,6 +45,42 @@ TEST(Reclaim, ClientKilledWithSigkillGetsItsMemoryReclaimed) {
   EXPECT_TRUE(next.status.exitedWith(0)) << next.errors;
 }
 
+TEST(Reclaim, AKilledClientsQueuedKernelsNeverRunAndDoNotHoldItsMemory) {
+  Daemon daemon;
+  auto survivor = daemon.startClient("error_probe", {"alloc-and-hold", "1048576"});
+  ASSERT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 1048576; }));
+
+  // 100 kernels of 200 ms each on one stream: 20 s of GPU work, which the scheduler hands the
+  // device one kernel at a time, so almost all of it is still waiting in the daemon.
+  constexpr int kKernels = 100;
+  auto victim = daemon.startClient("error_probe", {"queue-and-hold", "268435456", "100", "200000"});
+  ASSERT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"].get<std::uint64_t>() > 1048576 + 268435456 &&
+           status["devices"][0]["kernels_queued"].get<int>() >= kKernels - 5;
+  })) << daemon.status().dump(2);
+  victim->signal(SIGKILL);
+  EXPECT_EQ(victim->wait().signal, SIGKILL);
+
+  // Its memory (the allocation and the module) comes back long before the queued kernels could
+  // have run, because they never run: nothing of it stays queued, and its tenant is charged only
+  // for the few that had already reached the device.
+  ASSERT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 1048576; }))
+      << daemon.status().dump(2);
+  auto status = daemon.status();
+  EXPECT_EQ(status["devices"][0]["kernels_queued"], 0) << status.dump(2);
+  ASSERT_EQ(status["tenants"].size(), 1u);
+  EXPECT_LT(status["tenants"][0]["gpu_time_ns"].get<std::uint64_t>(),
+            std::uint64_t{10} * 200'000'000)
+      << status.dump(2);
+  ASSERT_EQ(status["clients"].size(), 1u);
+  EXPECT_EQ(status["clients"][0]["pid"], survivor->pid());
+
+  // The dropped kernels hold up nobody: the next client's kernels run.
+  RunResult next = daemon.runClient("vector_add", {"--elements", "4096"});
+  EXPECT_TRUE(next.status.exitedWith(0)) << next.errors;
+}
+
 TEST(Reclaim, ADaemonShutdownRemovesItsSockets) {
   auto daemon = std::make_unique<Daemon>();
   std::string socket = daemon->socketPath();

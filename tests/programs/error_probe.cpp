@@ -5,7 +5,8 @@
 //
 // Scenarios: init, bad-handle, copy-past-end, freed-memory, unknown-kernel, unsupported,
 // null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES, alloc BYTES, device-count,
-// fork-hold BYTES.
+// fork-hold BYTES, queue-and-hold BYTES KERNELS MICROSECONDS (allocates, then queues KERNELS spin
+// kernels of MICROSECONDS each on the NULL stream without waiting for them, and holds).
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
@@ -182,6 +183,22 @@ int main(int argc, char** argv) {
     report("cuMemcpyHtoD", cuMemcpyHtoD(pointer, pattern.data(), pattern.size()));
     std::printf("pointer 0x%llx\n", static_cast<unsigned long long>(pointer));
     std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(600));
+  } else if (scenario == "queue-and-hold" && argc > 4) {
+    CUdeviceptr pointer;
+    report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));
+    CUmodule module;
+    CUfunction spin;
+    report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+    report("cuModuleGetFunction", cuModuleGetFunction(&spin, module, "spin"));
+    const unsigned long kernels = std::strtoul(argv[3], nullptr, 0);
+    unsigned long long ns = std::strtoull(argv[4], nullptr, 0) * 1000;
+    void* params[] = {&ns};
+    CUresult launched = CUDA_SUCCESS;
+    for (unsigned long i = 0; i < kernels && launched == CUDA_SUCCESS; ++i) {
+      launched = cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr);
+    }
+    report("cuLaunchKernel", launched);
     std::this_thread::sleep_for(std::chrono::seconds(600));
   } else {
     std::fprintf(stderr, "error_probe: unknown scenario %s\n", scenario.c_str());

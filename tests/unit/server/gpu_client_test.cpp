@@ -146,6 +146,60 @@ TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   EXPECT_EQ(worker_.memoryUsed(), stats_[0]->moduleBytes);  // only the module is left
 }
 
+TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
+  // Another client's long kernel occupies the device, so work queued after it waits.
+  auto busy = newClient(1);
+  auto busyContext = busy->createContext(0);
+  launchSpin(*busy, busyContext.value(), 0, 300'000'000);
+
+  auto client = newClient(2);
+  auto context = client->createContext(0);
+  constexpr std::uint64_t kMiB = 1 << 20;
+  auto source = client->allocate(context.value(), kMiB);
+  auto target = client->allocate(context.value(), kMiB);
+  auto untouched = client->allocate(context.value(), 4 * kMiB);
+  ASSERT_TRUE(source.ok() && target.ok() && untouched.ok());
+  // A copy that reaches the device (behind the other client's kernel), then a kernel that the
+  // scheduler holds back while the device is busy.
+  ASSERT_EQ(client->copyDeviceToDevice(context.value(), 0, target.value(), source.value(), kMiB),
+            CUDA_SUCCESS);
+  launchSpin(*client, context.value(), 0, 1'000'000);
+  const std::uint64_t moduleBytes = stats_[1]->moduleBytes;
+  ASSERT_EQ(worker_.dispatcher().stats().kernelsQueued, 1u);
+  const std::uint64_t others = worker_.memoryUsed() - client->memoryUsed();
+
+  // The held kernel is dropped; the copy may still touch its two buffers, nothing else can
+  // touch the rest (the kernel that could have gone anywhere will never run).
+  EXPECT_EQ(client->abandon(), 4 * kMiB + moduleBytes);
+  EXPECT_EQ(worker_.dispatcher().stats().kernelsQueued, 0u);
+  EXPECT_EQ(client->memoryUsed(), 2 * kMiB);
+  EXPECT_EQ(worker_.memoryUsed(), others + 2 * kMiB);
+  EXPECT_EQ(tenant_->memoryUsed(0), others + 2 * kMiB);
+
+  // The copy's buffers come back once it is done.
+  wait(client->drain());
+  client.reset();
+  EXPECT_EQ(worker_.memoryUsed(), others);
+  EXPECT_EQ(stats_[1]->gpuTimeNs, 0u);  // its kernel never ran
+  wait(busy->drain());
+  busy.reset();
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+}
+
+TEST_F(GpuClientTest, AGoneClientWithAKernelOnTheDeviceKeepsEverythingUntilItIsDone) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  ASSERT_TRUE(client->allocate(context.value(), 4096).ok());
+  launchSpin(*client, context.value(), 0, 200'000'000);
+  // The kernel reached the device and may follow any pointer of its client's.
+  EXPECT_EQ(client->abandon(), 0u);
+  EXPECT_EQ(worker_.memoryUsed(), 4096 + stats_[0]->moduleBytes);
+  wait(client->drain());
+  client.reset();
+  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_GT(stats_[0]->gpuTimeNs, 0u);
+}
+
 TEST_F(GpuClientTest, TheTenantLimitRefusesAllocationsBeforeTheyReachTheDevice) {
   TenantLimits limits;
   limits.memoryLimit = 1 << 20;
