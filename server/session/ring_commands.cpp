@@ -201,13 +201,27 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
               return;
             }
             CUresult result = CUDA_ERROR_INVALID_CONTEXT;
+            kj::Promise<CUresult> read = nullptr;
             if (client != nullptr) {
-              // Copies the bytes out of the segment before it returns.
-              result = client->copyHostToDevice(copy.context, copy.stream, copy.destination,
-                                                channel.hostBytes(copy.source, copy.bytes));
+              // Straight from the staging range too: moving the client's bytes into a buffer of
+              // the daemon's own would be done on this thread, the event loop every client and
+              // every death notice waits on. The range goes back to the client once the backend
+              // has read it; the caller's own buffer was free again once the stub had filled the
+              // range, so a waiting caller is answered now (CUDA's pageable semantics).
+              result = client->queueHostToDeviceFrom(copy.context, copy.stream, copy.destination,
+                                                     channel.hostBytes(copy.source, copy.bytes),
+                                                     channel.segmentKeepAlive(), read);
             }
             if (copy.source.region == ring::HostRegion::kStaging) {
-              channel.postStagingRelease(copy.source.offset, copy.bytes);
+              const std::uint64_t offset = copy.source.offset;
+              const std::uint64_t bytes = copy.bytes;
+              if (result == CUDA_SUCCESS) {
+                ringTasks_->add(read.then([&channel, offset, bytes](CUresult) {
+                  channel.postStagingRelease(offset, bytes);
+                }));
+              } else {
+                channel.postStagingRelease(offset, bytes);
+              }
             }
             answer(result, copy.completionToken, copy, ring::Opcode::kCopyHostToDevice);
           },
