@@ -29,10 +29,47 @@ std::unique_ptr<DeviceArena> DeviceArena::create(CUdeviceptr base, std::uint64_t
 DeviceArena::DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity)
     : base_(base), host_(host), capacity_(capacity) {
   insertFreeLocked(0, capacity_);
+  dropper_ = std::thread([this] { dropperMain(); });
 }
 
 DeviceArena::~DeviceArena() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  retiredWork_.notify_all();
+  dropper_.join();
   munmap(host_, capacity_);
+}
+
+void DeviceArena::dropperMain() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    retiredWork_.wait(lock, [&] { return stopping_ || !retired_.empty(); });
+    if (stopping_) return;
+    const auto [offset, reserved] = retired_.front();
+    retired_.pop_front();
+    ++dropping_;
+    lock.unlock();
+    // Nobody can reach the pages wholly inside the range: it is neither live nor free.
+    const std::uint64_t page = pageSize();
+    const std::uint64_t begin = (offset + page - 1) / page * page;
+    const std::uint64_t end = (offset + reserved) / page * page;
+    if (begin < end) madvise(host_ + begin, end - begin, MADV_DONTNEED);
+    lock.lock();
+    --dropping_;
+    releaseRangeLocked(offset, reserved);
+    released_.notify_all();
+  }
+}
+
+void DeviceArena::retireLocked(std::uint64_t offset, std::uint64_t reserved) {
+  retired_.emplace_back(offset, reserved);
+  retiredWork_.notify_one();
+}
+
+bool DeviceArena::releasePendingLocked() const {
+  return !quarantined_.empty() || !retired_.empty() || dropping_ > 0;
 }
 
 backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
@@ -42,9 +79,10 @@ backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
                                  kAllocationAlignment * kAllocationAlignment;
   std::unique_lock lock(mutex_);
   auto fit = freeBySize_.lower_bound({reserved, 0});
-  if (fit == freeBySize_.end() && !quarantined_.empty()) {
-    // What was freed while the engine worked comes back once that work is done.
-    waitForAccessesLocked(lock);
+  // What was freed but is not back yet (the engine is still working, or its pages are being given
+  // back) is free all the same: wait for it rather than fail.
+  while (fit == freeBySize_.end() && releasePendingLocked()) {
+    released_.wait(lock);
     fit = freeBySize_.lower_bound({reserved, 0});
   }
   if (fit == freeBySize_.end()) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -68,7 +106,7 @@ CUresult DeviceArena::free(CUdeviceptr pointer) {
   if (accesses_ > 0) {
     quarantined_.emplace_back(offset, reserved);
   } else {
-    releaseRangeLocked(offset, reserved);
+    retireLocked(offset, reserved);
   }
   return CUDA_SUCCESS;
 }
@@ -92,13 +130,13 @@ void DeviceArena::releaseRangeLocked(std::uint64_t offset, std::uint64_t reserve
   }
   insertFreeLocked(begin, end - begin);
 
-  // Give back the pages the freed allocation touched that are now wholly free (a page shared with a
-  // live neighbour must keep its contents).
+  // Give back the pages the freed allocation shares with neighbours that are free now (one shared
+  // with a live neighbour must keep its contents). At most two pages, so under the lock.
   const std::uint64_t page = pageSize();
-  const std::uint64_t dropBegin = std::max((begin + page - 1) / page * page, offset / page * page);
-  const std::uint64_t dropEnd =
-      std::min(end / page * page, (offset + reserved + page - 1) / page * page);
-  dropPagesLocked(dropBegin, dropEnd);
+  const std::uint64_t first = offset / page * page;
+  const std::uint64_t last = (offset + reserved - 1) / page * page;
+  if (first >= begin && first + page <= end) dropPagesLocked(first, first + page);
+  if (last != first && last >= begin && last + page <= end) dropPagesLocked(last, last + page);
 }
 
 void DeviceArena::waitForAccessesLocked(std::unique_lock<std::mutex>& lock) {
@@ -121,9 +159,7 @@ DeviceArena::Access::~Access() {
     std::lock_guard lock(arena.mutex_);
     if (--arena.accesses_ > 0) return;
     ++arena.idleGeneration_;
-    for (const auto& [offset, reserved] : arena.quarantined_) {
-      arena.releaseRangeLocked(offset, reserved);
-    }
+    for (const auto& [offset, reserved] : arena.quarantined_) arena.retireLocked(offset, reserved);
     arena.quarantined_.clear();
   }
   arena.idle_.notify_all();
@@ -135,14 +171,18 @@ std::uint64_t DeviceArena::allocatedBytes() const {
 }
 
 void DeviceArena::releaseAll() {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  // A range the dropper is working on must not be handed out (and then wiped) meanwhile.
+  released_.wait(lock, [&] { return dropping_ == 0; });
   live_.clear();
   quarantined_.clear();
+  retired_.clear();
   freeByOffset_.clear();
   freeBySize_.clear();
   allocated_ = 0;
   insertFreeLocked(0, capacity_);
   dropPagesLocked(0, capacity_ / pageSize() * pageSize());
+  released_.notify_all();
 }
 
 void DeviceArena::insertFreeLocked(std::uint64_t offset, std::uint64_t size) {

@@ -6,17 +6,21 @@
 // engine thread. The lock is only held for bookkeeping, never across the engine's work: memory
 // freed while an Access is alive is set aside (not reused, its pages kept) until the Access ends,
 // so the engine never sees memory it translated change under it, and the owner thread (the
-// daemon's event loop) never waits for a copy or a kernel to finish to allocate or free.
+// daemon's event loop) never waits for a copy or a kernel to finish to allocate or free. Nor does
+// it give the freed pages back itself (tens of milliseconds for a few hundred MiB): a helper
+// thread of the arena does, and only then is the range handed out again.
 
 #include <cuda.h>
 
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -75,8 +79,14 @@ private:
   void insertFreeLocked(std::uint64_t offset, std::uint64_t size);
   void eraseFreeLocked(std::map<std::uint64_t, std::uint64_t>::iterator block);
   void dropPagesLocked(std::uint64_t begin, std::uint64_t end);
-  // Returns a freed allocation's range to the free lists and drops its pages.
+  // Returns a freed allocation's range to the free lists and drops the pages it shares with
+  // free neighbours; the pages wholly inside it have been dropped already.
   void releaseRangeLocked(std::uint64_t offset, std::uint64_t reserved);
+  // Hands a freed range (no Access can reach it) to the dropper.
+  void retireLocked(std::uint64_t offset, std::uint64_t reserved);
+  bool releasePendingLocked() const;
+  // The dropper thread: gives back the pages of retired ranges, then releases them.
+  void dropperMain();
   // Blocks until no Access that was alive when called is alive any more.
   void waitForAccessesLocked(std::unique_lock<std::mutex>& lock);
 
@@ -97,8 +107,15 @@ private:
   unsigned accesses_ = 0;                             // Accesses alive
   std::uint64_t idleGeneration_ = 0;                  // bumped whenever accesses_ drops to 0
   std::condition_variable idle_;
-  // Freed while an Access was alive: (offset, reserved), released once none is.
+  // Freed while an Access was alive: (offset, reserved), retired once none is.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> quarantined_;
+  // Retired, waiting for the dropper: (offset, reserved).
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> retired_;
+  unsigned dropping_ = 0;             // ranges the dropper works on outside the lock
+  std::condition_variable released_;  // a range went back to the free lists (or none is pending)
+  std::condition_variable retiredWork_;
+  bool stopping_ = false;
+  std::thread dropper_;  // last: starts once everything it uses exists
 };
 
 }  // namespace gpuproxy::server::sim

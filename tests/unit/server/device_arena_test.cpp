@@ -74,6 +74,43 @@ TEST(DeviceArena, AnAllocationThatOnlyFitsInMemoryFreedDuringAnAccessWaitsForIt)
   EXPECT_EQ(again.value(), kBase);
 }
 
+TEST(DeviceArena, FreeingKeepsWhatANeighbourSharingAPageHolds) {
+  // a, b and c fill the arena exactly; b shares its first page with a and its last with c.
+  constexpr std::uint64_t kSmall = 3072;
+  constexpr std::uint64_t kCapacity = 4 * kMiB;
+  auto arena = DeviceArena::create(kBase, kCapacity);
+  ASSERT_TRUE(arena);
+  auto a = arena->allocate(kSmall);
+  auto b = arena->allocate(kSmall);
+  auto c = arena->allocate(kCapacity - 2 * kSmall);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  {
+    DeviceArena::Access access = arena->access();
+    std::memset(access.translate(a.value(), kSmall), 0x11, kSmall);
+    std::memset(access.translate(b.value(), kSmall), 0x22, kSmall);
+    std::memset(access.translate(c.value(), kCapacity - 2 * kSmall), 0x33, kCapacity - 2 * kSmall);
+  }
+  auto bIsIntact = [&] {
+    DeviceArena::Access access = arena->access();
+    const std::byte* bytes = access.translate(b.value(), kSmall);
+    if (bytes == nullptr) return false;
+    for (std::size_t i = 0; i < kSmall; ++i) {
+      if (bytes[i] != std::byte{0x22}) return false;
+    }
+    return true;
+  };
+  // Each allocation below fits only once the freed range is back, pages given up and all.
+  ASSERT_EQ(arena->free(a.value()), CUDA_SUCCESS);
+  auto again = arena->allocate(kSmall);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value(), a.value());
+  EXPECT_TRUE(bIsIntact());
+  ASSERT_EQ(arena->free(c.value()), CUDA_SUCCESS);
+  auto rest = arena->allocate(kCapacity - 2 * kSmall);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_TRUE(bIsIntact());
+}
+
 TEST(DeviceArena, UnregisteringHostMemoryWaitsForTheAccessUsingIt) {
   auto arena = DeviceArena::create(kBase, kMiB);
   ASSERT_TRUE(arena);
