@@ -10,6 +10,8 @@
 #include <kj/async-io.h>
 
 #include <cstring>
+#include <future>
+#include <memory>
 #include <vector>
 
 namespace gpuproxy::server {
@@ -146,12 +148,36 @@ TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   EXPECT_EQ(worker_.memoryUsed(), stats_[0]->moduleBytes);  // only the module is left
 }
 
+// Holds the device's one engine inside a host callback until released, so that whatever is
+// queued meanwhile has reached the device and waits there, whatever the machine's speed.
+class EngineGate {
+public:
+  explicit EngineGate(backend::Device& device) : stream_(device.createStream(0, 0)) {
+    auto entered = std::make_shared<std::promise<void>>();
+    std::future<void> inside = entered->get_future();
+    std::shared_future<void> released = release_.get_future().share();
+    EXPECT_EQ(stream_.value()->addCallback([entered, released](CUresult) {
+      entered->set_value();
+      released.wait();
+    }),
+              CUDA_SUCCESS);
+    inside.wait();
+  }
+  ~EngineGate() { open(); }
+  void open() {
+    if (!opened_) release_.set_value();
+    opened_ = true;
+  }
+
+private:
+  backend::Result<std::unique_ptr<backend::Stream>> stream_;
+  std::promise<void> release_;
+  bool opened_ = false;
+};
+
 TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
-  // Another client's long kernel occupies the device, so work queued after it waits.
   auto busy = newClient(1);
   auto busyContext = busy->createContext(0);
-  launchSpin(*busy, busyContext.value(), 0, 300'000'000);
-
   auto client = newClient(2);
   auto context = client->createContext(0);
   constexpr std::uint64_t kMiB = 1 << 20;
@@ -159,8 +185,10 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
   auto target = client->allocate(context.value(), kMiB);
   auto untouched = client->allocate(context.value(), 4 * kMiB);
   ASSERT_TRUE(source.ok() && target.ok() && untouched.ok());
-  // A copy that reaches the device (behind the other client's kernel), then a kernel that the
-  // scheduler holds back while the device is busy.
+  auto gate = std::make_unique<EngineGate>(worker_.device());
+  // Another client's kernel is on the device, so the scheduler holds this client's kernel back;
+  // its copy before that reaches the device.
+  launchSpin(*busy, busyContext.value(), 0, 1'000'000);
   ASSERT_EQ(client->copyDeviceToDevice(context.value(), 0, target.value(), source.value(), kMiB),
             CUDA_SUCCESS);
   launchSpin(*client, context.value(), 0, 1'000'000);
@@ -177,10 +205,12 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
   EXPECT_EQ(tenant_->memoryUsed(0), others + 2 * kMiB);
 
   // The copy's buffers come back once it is done.
+  gate->open();
   wait(client->drain());
   client.reset();
   EXPECT_EQ(worker_.memoryUsed(), others);
   EXPECT_EQ(stats_[1]->gpuTimeNs, 0u);  // its kernel never ran
+  EXPECT_GT(stats_[0]->gpuTimeNs, 0u);  // the other client's did
   wait(busy->drain());
   busy.reset();
   EXPECT_EQ(worker_.memoryUsed(), 0u);
@@ -190,10 +220,12 @@ TEST_F(GpuClientTest, AGoneClientWithAKernelOnTheDeviceKeepsEverythingUntilItIsD
   auto client = newClient();
   auto context = client->createContext(0);
   ASSERT_TRUE(client->allocate(context.value(), 4096).ok());
-  launchSpin(*client, context.value(), 0, 200'000'000);
+  EngineGate gate(worker_.device());
+  launchSpin(*client, context.value(), 0, 1'000'000);
   // The kernel reached the device and may follow any pointer of its client's.
   EXPECT_EQ(client->abandon(), 0u);
   EXPECT_EQ(worker_.memoryUsed(), 4096 + stats_[0]->moduleBytes);
+  gate.open();
   wait(client->drain());
   client.reset();
   EXPECT_EQ(worker_.memoryUsed(), 0u);
