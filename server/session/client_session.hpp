@@ -1,9 +1,10 @@
 #pragma once
 // The control-plane face of one attached client: the Cap'n Proto Gateway (bootstrap of the client
 // socket) and Session. A Session routes each call to the GpuClient of the device its handle names.
-// When the client goes away (exit, crash, SIGKILL: the socket closes either way) Cap'n Proto drops
-// the Session, and its GpuClients are handed to the reaper, which waits for their queued work and
-// then frees everything they held.
+// When the client goes away (exit, crash, SIGKILL, eviction, daemon shutdown: the connection ends
+// either way) Cap'n Proto drops the Session. Its work that has not reached the GPU is dropped,
+// what no work on the GPU can touch is freed at once, and its GpuClients are handed to the
+// reaper, which waits for the work already on the GPU and then frees the rest.
 
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "ipc/unix_socket.hpp"
