@@ -170,7 +170,11 @@ bool DataPlane::waitForProgress(std::uint32_t seen, std::chrono::milliseconds sl
   for (std::uint32_t i = 1;; ++i) {
     if (waiter.load() != seen) return true;
     ipc::cpuRelax();
-    if (i % 64 == 0 && std::chrono::steady_clock::now() >= spinUntil) break;
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= spinUntil) break;
+      // The daemon, woken by our doorbell, may have been put on this CPU.
+      ipc::yieldCpu();
+    }
   }
   waiter.wait([seen](std::uint32_t value) { return value != seen; }, 0, slice);
   return !lost_.load(std::memory_order_acquire) && !broken_.load(std::memory_order_acquire);
