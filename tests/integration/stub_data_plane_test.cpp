@@ -140,6 +140,15 @@ CUresult submitMemset(DataPlane& plane, std::uint64_t context, std::uint64_t str
                       });
 }
 
+// A memset on `stream` of `context` that the daemon reports as failed with `result`.
+void failAMemset(FakeDaemon& daemon, DataPlane& plane, std::uint64_t context, std::uint64_t stream,
+                 CUresult result) {
+  ASSERT_EQ(submitMemset(plane, context, stream), CUDA_SUCCESS);
+  auto memset = daemon.nextAs<ring::Memset>();
+  daemon.post(ring::AsyncError{memset.sequence, context, stream, result,
+                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
+}
+
 TEST(StubDataPlane, ASynchronisationWaitsForItsAnswer) {
   FakeDaemon daemon;
   std::atomic<bool> lost{false};
@@ -165,10 +174,7 @@ TEST(StubDataPlane, AsynchronousErrorsAreReportedOnceAtTheirContextsNextSynchron
   FakeDaemon daemon;
   std::atomic<bool> lost{false};
   auto plane = daemon.connect(lost);
-  ASSERT_EQ(submitMemset(*plane, 7, 0), CUDA_SUCCESS);
-  auto memset = daemon.nextAs<ring::Memset>();
-  daemon.post(ring::AsyncError{memset.sequence, 7, 0, CUDA_ERROR_INVALID_VALUE,
-                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
+  failAMemset(daemon, *plane, 7, 0, CUDA_ERROR_INVALID_VALUE);
 
   auto answerNext = [&] {
     auto sync = daemon.nextAs<ring::Synchronize>();
@@ -200,10 +206,7 @@ TEST(StubDataPlane, AStreamsErrorIsReportedWhereThatStreamIsSynchronised) {
   constexpr std::uint64_t kFailing = 0x50;
   constexpr std::uint64_t kOther = 0x60;
   constexpr std::uint64_t kEvent = 0x70;
-  ASSERT_EQ(submitMemset(*plane, 7, kFailing), CUDA_SUCCESS);
-  auto memset = daemon.nextAs<ring::Memset>();
-  daemon.post(ring::AsyncError{memset.sequence, 7, kFailing, CUDA_ERROR_INVALID_VALUE,
-                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
+  failAMemset(daemon, *plane, 7, kFailing, CUDA_ERROR_INVALID_VALUE);
   plane->noteEventRecorded(kEvent, kFailing);
 
   auto synchronize = [&](ring::SynchronizeKind kind, std::uint64_t handle) {
@@ -223,10 +226,7 @@ TEST(StubDataPlane, AKernelFaultFailsTheContextsLaterCommandsAtTheCall) {
   FakeDaemon daemon;
   std::atomic<bool> lost{false};
   auto plane = daemon.connect(lost);
-  ASSERT_EQ(submitMemset(*plane, 7, 0x50), CUDA_SUCCESS);
-  auto memset = daemon.nextAs<ring::Memset>();
-  daemon.post(ring::AsyncError{memset.sequence, 7, 0x50, CUDA_ERROR_ILLEGAL_ADDRESS,
-                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
+  failAMemset(daemon, *plane, 7, 0x50, CUDA_ERROR_ILLEGAL_ADDRESS);
   // No synchronisation in between: the next command finds the fault and is not sent.
   EXPECT_EQ(submitMemset(*plane, 7, 0x60), CUDA_ERROR_ILLEGAL_ADDRESS);
   EXPECT_EQ(plane->synchronize(7, ring::SynchronizeKind::kContext, 0, false),
