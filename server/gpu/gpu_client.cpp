@@ -577,13 +577,11 @@ CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdevic
                                           kj::Promise<CUresult>& read) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  if (!source.empty() && !rangeIsOwned(destination, source.size())) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
   if (source.empty()) {
     read = CUDA_SUCCESS;
     return CUDA_SUCCESS;
   }
+  if (!rangeIsOwned(destination, source.size())) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
   CUresult queued = target->stream->copyHostToDevice(destination, source.data(), source.size());
   if (queued != CUDA_SUCCESS) return queued;
