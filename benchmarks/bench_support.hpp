@@ -20,12 +20,42 @@
 
 namespace gpuproxy::bench {
 
-// Which path the stub takes to the daemon in this process (GPUPROXY_TRANSPORT, read by the stub
-// at cuInit): the shared-memory rings, or Cap'n Proto for every call (the earlier path, kept as
-// a baseline).
-inline std::string stubTransport() {
+// Where this process's CUDA calls go, from GPUPROXY_TRANSPORT as benchmarks/run sets it: "ring"
+// (default) and "rpc" are the stub's two transports to the daemon (the stub reads the variable at
+// cuInit; rpc is the earlier Cap'n-Proto-for-every-call path, kept as a baseline); "native" means
+// the stub is not on the loader path at all and the calls reach the NVIDIA driver itself, the
+// baseline on a machine with a GPU (the stub never sees that value).
+enum class CallPath { kRing, kRpc, kNative };
+
+inline CallPath callPath() {
   const char* transport = std::getenv("GPUPROXY_TRANSPORT");
-  return transport != nullptr && std::string_view(transport) == "rpc" ? "Cap'n Proto" : "shm ring";
+  const std::string_view value = transport != nullptr ? transport : "";
+  if (value == "rpc") return CallPath::kRpc;
+  if (value == "native") return CallPath::kNative;
+  return CallPath::kRing;
+}
+
+inline bool nativeDriver() {
+  return callPath() == CallPath::kNative;
+}
+
+// The stub's transport, for tables: "shm ring", "Cap'n Proto" or "native driver".
+inline std::string stubTransport() {
+  switch (callPath()) {
+    case CallPath::kRpc:
+      return "Cap'n Proto";
+    case CallPath::kNative:
+      return "native driver";
+    case CallPath::kRing:
+      break;
+  }
+  return "shm ring";
+}
+
+// The measured path as a table row names it.
+inline std::string callPathLabel() {
+  return nativeDriver() ? "native driver, no gpuproxy"
+                        : "stub -> gpuproxyd (" + stubTransport() + ")";
 }
 
 inline std::int64_t nowNs() {

@@ -285,9 +285,8 @@ int main(int argc, char** argv) {
                formatNs(inprocSummary.p99), formatNs(inprocSummary.mean), "1.00x"});
   }
   if (stub) {
-    table.add({"stub -> gpuproxyd (" + stubTransport() + ")", std::to_string(stubSummary.samples),
-               formatNs(stubSummary.median), formatNs(stubSummary.p90), formatNs(stubSummary.p99),
-               formatNs(stubSummary.mean),
+    table.add({callPathLabel(), std::to_string(stubSummary.samples), formatNs(stubSummary.median),
+               formatNs(stubSummary.p90), formatNs(stubSummary.p99), formatNs(stubSummary.mean),
                inproc ? formatRatio(stubSummary.median / inprocSummary.median) : "-"});
   }
   table.print();

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -185,7 +186,7 @@ void time(Measured& measured, long count, bool keep) {
 int main(int argc, char** argv) {
   Options options = parse(argc, argv);
   const char* socketPath = std::getenv("GPUPROXY_SOCKET");
-  if (socketPath == nullptr || *socketPath == '\0') {
+  if (!nativeDriver() && (socketPath == nullptr || *socketPath == '\0')) {
     failUsage(kProgram, "GPUPROXY_SOCKET must name the daemon's client socket");
   }
 
@@ -199,35 +200,42 @@ int main(int argc, char** argv) {
   CUstream stream;
   CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
 
-  RawSession raw(socketPath);
+  // With the native driver there is no daemon to call directly.
+  std::optional<RawSession> raw;
+  if (!nativeDriver()) raw.emplace(socketPath);
 
   int version = 0;
   std::vector<Measured> calls;
   auto add = [&](std::string name, std::function<void()> call, long idleUs) {
     calls.push_back({std::move(name), std::move(call), idleUs, {}});
   };
+  const std::string path = ": " + callPathLabel();
   add(
-      "cuDriverGetVersion (stub, answered locally)", [&] { CHECK(cuDriverGetVersion(&version)); },
-      0);
+      nativeDriver() ? "cuDriverGetVersion (native driver)"
+                     : "cuDriverGetVersion (stub, answered locally)",
+      [&] { CHECK(cuDriverGetVersion(&version)); }, 0);
+  if (raw) {
+    add(
+        "raw Cap'n Proto queryStream (baseline)", [&] { raw->queryStream(); }, 0);
+    add(
+        "raw Cap'n Proto synchronizeStream", [&] { raw->synchronizeStream(); }, 0);
+  }
+  // The ratio column's baseline: the raw Cap'n Proto query, else (native driver) the query below.
+  const std::size_t baselineIndex = raw ? 1 : calls.size();
   add(
-      "raw Cap'n Proto queryStream (baseline)", [&] { raw.queryStream(); }, 0);
+      "cuStreamQuery" + path, [&] { CHECK(cuStreamQuery(stream)); }, 0);
   add(
-      "raw Cap'n Proto synchronizeStream", [&] { raw.synchronizeStream(); }, 0);
-  add(
-      "cuStreamQuery (stub -> gpuproxyd, " + stubTransport() + ")",
-      [&] { CHECK(cuStreamQuery(stream)); }, 0);
-  add(
-      "cuStreamSynchronize (stub -> gpuproxyd, " + stubTransport() + ")",
-      [&] { CHECK(cuStreamSynchronize(stream)); }, 0);
+      "cuStreamSynchronize" + path, [&] { CHECK(cuStreamSynchronize(stream)); }, 0);
   const std::string idle = " after " + std::to_string(options.idleUs) + " us idle";
+  if (raw) {
+    add(
+        "raw Cap'n Proto queryStream" + idle, [&] { raw->queryStream(); }, options.idleUs);
+  }
   add(
-      "raw Cap'n Proto queryStream" + idle, [&] { raw.queryStream(); }, options.idleUs);
+      "cuStreamQuery" + idle + path, [&] { CHECK(cuStreamQuery(stream)); }, options.idleUs);
   add(
-      "cuStreamQuery" + idle + " (stub, " + stubTransport() + ")",
-      [&] { CHECK(cuStreamQuery(stream)); }, options.idleUs);
-  add(
-      "cuStreamSynchronize" + idle + " (stub, " + stubTransport() + ")",
-      [&] { CHECK(cuStreamSynchronize(stream)); }, options.idleUs);
+      "cuStreamSynchronize" + idle + path, [&] { CHECK(cuStreamSynchronize(stream)); },
+      options.idleUs);
 
   for (Measured& measured : calls) time(measured, options.warmup, false);
   for (long round = 0; round < options.rounds; ++round) {
@@ -242,8 +250,9 @@ int main(int argc, char** argv) {
       "\"after idle\" rows: 1/20 as many, each after an untimed %ld us sleep); stub device: "
       "%s.\n\n",
       options.iterations, options.rounds, options.idleUs, name.c_str());
-  double baseline = summarize(calls[1].samples).median;
-  Table table({"call", "calls", "median ns", "p90 ns", "p99 ns", "mean ns", "median vs raw capnp"});
+  double baseline = summarize(calls[baselineIndex].samples).median;
+  Table table({"call", "calls", "median ns", "p90 ns", "p99 ns", "mean ns",
+               raw ? "median vs raw capnp" : "median vs its query"});
   for (Measured& measured : calls) {
     LatencySummary summary = summarize(measured.samples);
     table.add({measured.name, std::to_string(summary.samples), formatNs(summary.median),

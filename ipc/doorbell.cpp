@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -18,6 +19,10 @@ UniqueFd makeEventFd() {
   UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!fd) throw std::system_error(errno, std::generic_category(), "eventfd");
   return fd;
+}
+
+void yieldCpu() noexcept {
+  ::sched_yield();
 }
 
 std::uint64_t drainEventFd(int eventFd) noexcept {

@@ -58,6 +58,13 @@ inline void cpuRelax() noexcept {
 #endif
 }
 
+// Gives the CPU to another runnable thread, if one waits for it, and returns at once otherwise
+// (sched_yield). Every spin loop that waits for another process calls it now and then: the
+// scheduler likes to wake a process on the CPU of the thread that woke it, and if that thread then
+// spins there, the process it is waiting for sits in the run queue behind it until the spin ends
+// (measured: 50-60 µs added to every call that found the daemon asleep).
+void yieldCpu() noexcept;
+
 // Producer side of an eventfd doorbell. `sleeping` is the consumer's announcement in shared memory
 // (RingHeader::consumerSleeping); both are borrowed.
 class DoorbellRinger {
@@ -117,6 +124,7 @@ bool DoorbellWaiter::wait(HasWork&& hasWork, std::uint32_t spinIterations,
   for (std::uint32_t i = 0; i < spinIterations; ++i) {
     if (hasWork()) return true;
     cpuRelax();
+    if (i % 64 == 63) yieldCpu();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -190,6 +198,7 @@ std::optional<std::uint32_t> CompletionWaiter::wait(Done&& done, std::uint32_t s
     const std::uint32_t value = load();
     if (done(value)) return value;
     cpuRelax();
+    if (i % 64 == 63) yieldCpu();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::atomic_ref<std::uint32_t> waiters(word_.waiters);

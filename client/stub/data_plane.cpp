@@ -113,11 +113,9 @@ void DataPlane::markBroken(const char* why) {
                     why);
 }
 
-std::uint32_t DataPlane::completionWordValue() const {
-  return std::atomic_ref<std::uint32_t>(word_->value).load(std::memory_order_acquire);
-}
-
 void DataPlane::drainLocked() {
+  // Read before the records: a completion published meanwhile moves the word past this value.
+  drainedWord_.store(completionWordValue(), std::memory_order_relaxed);
   for (;;) {
     const ipc::RingStatus status = reader_->read(record_);
     if (status == ipc::RingStatus::kEmpty) return;
@@ -140,7 +138,8 @@ void DataPlane::drainLocked() {
                          static_cast<unsigned long long>(error.stream),
                          std::string(protocol::cudaResultNameOr(error.result, "unknown CUresult"))
                              .c_str());
-                     latchedErrors_.try_emplace(error.context, error.result);
+                     asyncErrors_.record(error);
+                     anySticky_.store(asyncErrors_.anySticky(), std::memory_order_relaxed);
                    },
                    [&](const ring::StagingRelease& release) {
                      if (!stagingAllocator_.release(release.offset, release.bytes)) {
@@ -170,7 +169,11 @@ bool DataPlane::waitForProgress(std::uint32_t seen, std::chrono::milliseconds sl
   for (std::uint32_t i = 1;; ++i) {
     if (waiter.load() != seen) return true;
     ipc::cpuRelax();
-    if (i % 64 == 0 && std::chrono::steady_clock::now() >= spinUntil) break;
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= spinUntil) break;
+      // The daemon, woken by our doorbell, may have been put on this CPU.
+      ipc::yieldCpu();
+    }
   }
   waiter.wait([seen](std::uint32_t value) { return value != seen; }, 0, slice);
   return !lost_.load(std::memory_order_acquire) && !broken_.load(std::memory_order_acquire);
@@ -224,24 +227,56 @@ CUresult DataPlane::synchronize(std::uint64_t context, ring::SynchronizeKind kin
   }
   const CUresult answer = waitFor(command.completionToken);
   if (answer == CUDA_ERROR_MPS_CONNECTION_FAILED) return answer;
-  const CUresult latched = takeAsyncError(context);
+  std::lock_guard lock(completionMutex_);
+  drainLocked();
+  const CUresult latched = takeErrorLocked(context, kind, handle);
   return latched != CUDA_SUCCESS ? latched : answer;
+}
+
+CUresult DataPlane::takeErrorLocked(std::uint64_t context, ring::SynchronizeKind kind,
+                                    std::uint64_t handle) {
+  switch (kind) {
+    case ring::SynchronizeKind::kStream:
+      return asyncErrors_.takeForStream(context, handle);
+    case ring::SynchronizeKind::kEvent: {
+      auto stream = eventStreams_.find(handle);
+      // Never recorded: it covers no work, so only a sticky error concerns it.
+      if (stream == eventStreams_.end()) return asyncErrors_.sticky(context);
+      return asyncErrors_.takeForStream(context, stream->second);
+    }
+    case ring::SynchronizeKind::kContext:
+      return asyncErrors_.takeForContext(context);
+  }
+  return asyncErrors_.takeForContext(context);
 }
 
 CUresult DataPlane::takeAsyncError(std::uint64_t context) {
   std::lock_guard lock(completionMutex_);
   drainLocked();
-  auto found = latchedErrors_.find(context);
-  if (found == latchedErrors_.end()) return CUDA_SUCCESS;
-  const CUresult result = found->second;
-  latchedErrors_.erase(found);
-  return result;
+  return takeErrorLocked(context, ring::SynchronizeKind::kContext, 0);
+}
+
+CUresult DataPlane::stickyErrorSlow(std::uint64_t context) {
+  std::lock_guard lock(completionMutex_);
+  drainLocked();
+  return asyncErrors_.sticky(context);
 }
 
 void DataPlane::forgetContext(std::uint64_t context) {
   std::lock_guard lock(completionMutex_);
   drainLocked();
-  latchedErrors_.erase(context);
+  asyncErrors_.forget(context);
+  anySticky_.store(asyncErrors_.anySticky(), std::memory_order_relaxed);
+}
+
+void DataPlane::noteEventRecorded(std::uint64_t event, std::uint64_t stream) {
+  std::lock_guard lock(completionMutex_);
+  eventStreams_[event] = stream;
+}
+
+void DataPlane::forgetEvent(std::uint64_t event) {
+  std::lock_guard lock(completionMutex_);
+  eventStreams_.erase(event);
 }
 
 std::optional<StagingAllocator::Range> DataPlane::allocateStaging(

@@ -9,7 +9,7 @@
 //
 // One completion ring, drained by whichever thread needs something from it, under
 // completionMutex_: results of Synchronize records and staged D2H chunks (by token), errors of
-// asynchronous records (latched per context until the next call that synchronises with it), and
+// asynchronous records (kept in AsyncErrors until the call that CUDA reports them at), and
 // staging ranges the daemon is done with. A thread that needs something not there yet waits on
 // the control block's futex word, which the daemon bumps after every completion record; each
 // wait is bounded so that a dead daemon turns into CUDA_ERROR_MPS_CONNECTION_FAILED, not a hang.
@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/stub/async_errors.hpp"
 #include "client/stub/pinned_heap.hpp"
 #include "client/stub/staging_allocator.hpp"
 #include "ipc/doorbell.hpp"
@@ -49,12 +50,14 @@ public:
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
 
-  // Writes one record: `encode(sequence, out)` writes it at the start of `out` (at least
-  // `maxBytes` long) and returns its length (0: it could not, nothing is published). Waits while
-  // the ring is full. CUDA_ERROR_INVALID_VALUE when the record can never fit in this ring;
-  // CUDA_ERROR_MPS_CONNECTION_FAILED when the daemon is gone or broke the ring.
+  // Writes one record for `context`: `encode(sequence, out)` writes it at the start of `out` (at
+  // least `maxBytes` long) and returns its length (0: it could not, nothing is published). Waits
+  // while the ring is full. CUDA_ERROR_INVALID_VALUE when the record can never fit in this ring;
+  // CUDA_ERROR_MPS_CONNECTION_FAILED when the daemon is gone or broke the ring. A context that a
+  // kernel fault made unusable fails every record with that fault, as the driver does.
   template <typename Encode>
-  CUresult submit(std::size_t maxBytes, Encode&& encode) {
+  CUresult submit(std::uint64_t context, std::size_t maxBytes, Encode&& encode) {
+    if (CUresult sticky = stickyError(context); sticky != CUDA_SUCCESS) return sticky;
     if (maxBytes > maxRecordBytes_) return CUDA_ERROR_INVALID_VALUE;
     for (std::uint32_t attempt = 0;; ++attempt) {
       {
@@ -84,7 +87,7 @@ public:
   // submit() for one command of protocol::ring (sequence set here, in ring order).
   template <typename Command>
   CUresult submitCommand(Command& command) {
-    return submit(protocol::ring::encodedSize(command),
+    return submit(command.context, protocol::ring::encodedSize(command),
                   [&](std::uint64_t sequence, std::span<std::byte> out) {
                     command.sequence = sequence;
                     return protocol::ring::encode(command, out);
@@ -101,16 +104,31 @@ public:
   CUresult waitFor(std::uint64_t token);
 
   // cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize and (with `query`) cuStreamQuery,
-  // cuEventQuery: a Synchronize record, then its answer. An asynchronous error latched for
-  // `context` (the daemon reports those before the answer) is returned first, and cleared.
+  // cuEventQuery: a Synchronize record, then its answer. An asynchronous error of the stream (or
+  // event's stream, or context) it synchronises with (the daemon reports those before the answer)
+  // is returned instead, and cleared unless sticky.
   CUresult synchronize(std::uint64_t context, protocol::ring::SynchronizeKind kind,
                        std::uint64_t handle, bool query);
 
-  // The first asynchronous error reported for `context` since the last call, cleared by this
-  // call; CUDA_SUCCESS when there is none. Drains the completion ring first.
+  // For a call that synchronises with all of `context` (a blocking copy): the earliest
+  // asynchronous error reported for it, cleared unless sticky; CUDA_SUCCESS when there is none.
+  // Drains the completion ring first.
   CUresult takeAsyncError(std::uint64_t context);
+  // The sticky error that made `context` unusable, if the stub has heard of one; CUDA_SUCCESS
+  // otherwise. Costs one load of shared memory unless the daemon published something new.
+  CUresult stickyError(std::uint64_t context) {
+    if (completionWordValue() == drainedWord_.load(std::memory_order_relaxed) &&
+        !anySticky_.load(std::memory_order_relaxed)) {
+      return CUDA_SUCCESS;
+    }
+    return stickyErrorSlow(context);
+  }
   // Forgets what was latched for a context that is gone.
   void forgetContext(std::uint64_t context);
+  // `event` was recorded on `stream` (0: the legacy NULL stream): synchronising with the event
+  // reports that stream's errors. forgetEvent when the event is destroyed.
+  void noteEventRecorded(std::uint64_t event, std::uint64_t stream);
+  void forgetEvent(std::uint64_t event);
 
   // ---- staging (pageable copies) -------------------------------------------------------------
 
@@ -145,7 +163,13 @@ private:
   // Blocks until the completion word moves past `seen` or a bounded time passes. False when the
   // connection is gone.
   bool waitForProgress(std::uint32_t seen, std::chrono::milliseconds slice);
-  std::uint32_t completionWordValue() const;
+  std::uint32_t completionWordValue() const {
+    return std::atomic_ref<std::uint32_t>(word_->value).load(std::memory_order_acquire);
+  }
+  CUresult stickyErrorSlow(std::uint64_t context);
+  // Under completionMutex_: the error a synchronisation of `kind`/`handle` reports.
+  CUresult takeErrorLocked(std::uint64_t context, protocol::ring::SynchronizeKind kind,
+                           std::uint64_t handle);
   void markBroken(const char* why);
 
   ipc::SharedSegment segment_;
@@ -169,8 +193,13 @@ private:
   std::mutex completionMutex_;
   std::unique_ptr<ipc::RingReader> reader_;
   std::vector<std::byte> record_;
-  std::unordered_map<std::uint64_t, CUresult> results_;        // token -> result
-  std::unordered_map<std::uint64_t, CUresult> latchedErrors_;  // context -> first error
+  std::unordered_map<std::uint64_t, CUresult> results_;  // token -> result
+  AsyncErrors asyncErrors_;
+  std::unordered_map<std::uint64_t, std::uint64_t> eventStreams_;  // event -> stream last recorded
+  // The completion word's value when the ring was last drained, and whether any context has a
+  // sticky error: what makes stickyError() cheap. Written under completionMutex_.
+  std::atomic<std::uint32_t> drainedWord_{0};
+  std::atomic<bool> anySticky_{false};
   StagingAllocator stagingAllocator_;
   std::unique_ptr<PinnedHeap> pinnedHeap_;
 };

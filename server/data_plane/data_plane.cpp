@@ -99,7 +99,13 @@ kj::Promise<void> DataPlane::run() {
 
 kj::Promise<void> DataPlane::spin() {
   const auto now = std::chrono::steady_clock::now();
-  if (pumpAll()) lastWork_ = now;
+  if (pumpAll()) {
+    lastWork_ = now;
+  } else {
+    // A client woken onto this CPU (it waits for the answer just published) must not wait for the
+    // spin window to end.
+    ipc::yieldCpu();
+  }
   if (now - lastWork_ < options_.spinWindow) {
     return kj::evalLater([this]() { return spin(); });
   }

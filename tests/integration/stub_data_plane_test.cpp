@@ -133,11 +133,20 @@ CUresult submitMemset(DataPlane& plane, std::uint64_t context, std::uint64_t str
   memset.destination = 0x10000;
   memset.count = 4;
   memset.elementSize = 4;
-  return plane.submit(ring::encodedSize(memset),
+  return plane.submit(context, ring::encodedSize(memset),
                       [&](std::uint64_t sequence, std::span<std::byte> out) {
                         memset.sequence = sequence;
                         return ring::encodeMemset(memset, out);
                       });
+}
+
+// A memset on `stream` of `context` that the daemon reports as failed with `result`.
+void failAMemset(FakeDaemon& daemon, DataPlane& plane, std::uint64_t context, std::uint64_t stream,
+                 CUresult result) {
+  ASSERT_EQ(submitMemset(plane, context, stream), CUDA_SUCCESS);
+  auto memset = daemon.nextAs<ring::Memset>();
+  daemon.post(ring::AsyncError{memset.sequence, context, stream, result,
+                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
 }
 
 TEST(StubDataPlane, ASynchronisationWaitsForItsAnswer) {
@@ -165,10 +174,7 @@ TEST(StubDataPlane, AsynchronousErrorsAreReportedOnceAtTheirContextsNextSynchron
   FakeDaemon daemon;
   std::atomic<bool> lost{false};
   auto plane = daemon.connect(lost);
-  ASSERT_EQ(submitMemset(*plane, 7, 0), CUDA_SUCCESS);
-  auto memset = daemon.nextAs<ring::Memset>();
-  daemon.post(ring::AsyncError{memset.sequence, 7, 0, CUDA_ERROR_INVALID_VALUE,
-                               static_cast<std::uint16_t>(ring::Opcode::kMemset)});
+  failAMemset(daemon, *plane, 7, 0, CUDA_ERROR_INVALID_VALUE);
 
   auto answerNext = [&] {
     auto sync = daemon.nextAs<ring::Synchronize>();
@@ -191,6 +197,46 @@ TEST(StubDataPlane, AsynchronousErrorsAreReportedOnceAtTheirContextsNextSynchron
   });
   answerNext();
   EXPECT_EQ(second.get(), CUDA_SUCCESS);
+}
+
+TEST(StubDataPlane, AStreamsErrorIsReportedWhereThatStreamIsSynchronised) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  constexpr std::uint64_t kFailing = 0x50;
+  constexpr std::uint64_t kOther = 0x60;
+  constexpr std::uint64_t kEvent = 0x70;
+  failAMemset(daemon, *plane, 7, kFailing, CUDA_ERROR_INVALID_VALUE);
+  plane->noteEventRecorded(kEvent, kFailing);
+
+  auto synchronize = [&](ring::SynchronizeKind kind, std::uint64_t handle) {
+    auto result =
+        std::async(std::launch::async, [&] { return plane->synchronize(7, kind, handle, false); });
+    auto sync = daemon.nextAs<ring::Synchronize>();
+    daemon.post(ring::Completion{sync.completionToken, CUDA_SUCCESS});
+    return result.get();
+  };
+  EXPECT_EQ(synchronize(ring::SynchronizeKind::kStream, kOther), CUDA_SUCCESS);
+  // An event recorded on the failing stream covers the failed command.
+  EXPECT_EQ(synchronize(ring::SynchronizeKind::kEvent, kEvent), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(synchronize(ring::SynchronizeKind::kStream, kFailing), CUDA_SUCCESS);
+}
+
+TEST(StubDataPlane, AKernelFaultFailsTheContextsLaterCommandsAtTheCall) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  failAMemset(daemon, *plane, 7, 0x50, CUDA_ERROR_ILLEGAL_ADDRESS);
+  // No synchronisation in between: the next command finds the fault and is not sent.
+  EXPECT_EQ(submitMemset(*plane, 7, 0x60), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(plane->synchronize(7, ring::SynchronizeKind::kContext, 0, false),
+            CUDA_ERROR_ILLEGAL_ADDRESS);
+  // Another context is not poisoned by the stub (the daemon decides what else fails).
+  EXPECT_EQ(submitMemset(*plane, 8, 0x90), CUDA_SUCCESS);
+  EXPECT_EQ(daemon.nextAs<ring::Memset>().context, 8u);
+  // Until the context is reset.
+  plane->forgetContext(7);
+  EXPECT_EQ(submitMemset(*plane, 7, 0x60), CUDA_SUCCESS);
 }
 
 TEST(StubDataPlane, EachWaiterGetsItsOwnAnswerWhicheverThreadReadsIt) {

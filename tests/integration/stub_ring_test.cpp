@@ -138,6 +138,23 @@ TEST(StubRingFaults, AnAsynchronousFaultShowsAtTheNextSynchronisingCall) {
   }
 }
 
+// Once the stub has heard of a fault, the context is unusable: asynchronous calls fail with the
+// fault at the call (before, they went on answering CUDA_SUCCESS until the next synchronising
+// call), on every stream, and every synchronisation keeps reporting it.
+TEST(StubRingFaults, AFaultMakesEveryLaterCallOfTheContextFail) {
+  Daemon daemon;
+  RunResult result = daemon.runClient("ring_probe", {"fault-poisons-context"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors;
+  auto got = answers(result.output);
+  EXPECT_EQ(got["cuLaunchKernel(trap)"], "CUDA_SUCCESS");
+  for (const char* call :
+       {"cuLaunchKernel(after fault)", "cuMemsetD32Async(after fault)",
+        "cuEventRecord(after fault)", "cuStreamQuery(untouched stream)",
+        "cuStreamSynchronize(untouched stream)", "cuCtxSynchronize", "cuCtxSynchronize(again)"}) {
+    EXPECT_EQ(got[call], "CUDA_ERROR_ILLEGAL_ADDRESS") << call << "\n" << result.output;
+  }
+}
+
 // SIGKILL in the middle of a launch burst: everything the victim held comes back, the survivor
 // keeps exactly what it has, and the daemon goes on serving.
 TEST_F(StubRing, AClientKilledWhileLaunchingIsReclaimed) {

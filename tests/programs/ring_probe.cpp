@@ -394,6 +394,42 @@ int trapAsync(const std::string& how) {
   return 0;
 }
 
+// After a kernel fault the context is unusable: once the stub has heard of the fault, every call
+// fails with it, asynchronous ones included, without the application synchronising first (as the
+// driver fails launches once it has noticed a fault). The trap runs on one stream; the launches
+// that notice it go to another, and a stream created before the fault reports it too.
+int faultPoisonsContext() {
+  Setup setup = setUp();
+  CUfunction trap = function(setup, "trap");
+  CUfunction fillU32 = function(setup, "fill_u32");
+  CUdeviceptr buffer;
+  CHECK(cuMemAlloc(&buffer, 1024));
+  CUstream faulting;
+  CUstream other;
+  CUstream untouched;
+  CHECK(cuStreamCreate(&faulting, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&untouched, CU_STREAM_NON_BLOCKING));
+  CUevent event;
+  CHECK(cuEventCreate(&event, CU_EVENT_DEFAULT));
+  report("cuLaunchKernel(trap)",
+         cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, faulting, nullptr, nullptr));
+  CUresult launch = CUDA_SUCCESS;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (launch == CUDA_SUCCESS && std::chrono::steady_clock::now() < deadline) {
+    launch = fill(fillU32, buffer, 7, 256, other);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  report("cuLaunchKernel(after fault)", launch);
+  report("cuMemsetD32Async(after fault)", cuMemsetD32Async(buffer, 1, 256, other));
+  report("cuEventRecord(after fault)", cuEventRecord(event, other));
+  report("cuStreamQuery(untouched stream)", cuStreamQuery(untouched));
+  report("cuStreamSynchronize(untouched stream)", cuStreamSynchronize(untouched));
+  report("cuCtxSynchronize", cuCtxSynchronize());
+  report("cuCtxSynchronize(again)", cuCtxSynchronize());
+  return 0;
+}
+
 // Mistakes the driver reports at the call itself, also for asynchronous calls; afterwards the
 // context is healthy and nothing was latched for later.
 int syncErrors() {
@@ -508,6 +544,7 @@ int main(int argc, char** argv) {
   }
   if (scenario == "trap-async" && argc > 2) return trapAsync(argv[2]);
   if (scenario == "sync-errors") return syncErrors();
+  if (scenario == "fault-poisons-context") return faultPoisonsContext();
   if (scenario == "wait-on-dead-daemon") return waitOnDeadDaemon();
   if (scenario == "launch-forever") {
     return launchForever(static_cast<std::size_t>(number(2, 1 << 20)));

@@ -199,10 +199,11 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
       // A ring too small for this many parameters: the control socket takes it, after the
       // daemon has run everything already in the ring.
       if (parameters.size() <= ring::kMaxParameterBytes && plane->fits(bytes)) {
-        return plane->submit(bytes, [&](std::uint64_t sequence, std::span<std::byte> out) {
-          command.sequence = sequence;
-          return ring::encodeLaunchKernel(command, out);
-        });
+        return plane->submit(command.context, bytes,
+                             [&](std::uint64_t sequence, std::span<std::byte> out) {
+                               command.sequence = sequence;
+                               return ring::encodeLaunchKernel(command, out);
+                             });
       }
     }
     return runtime.call([&](Session::Client& session) {

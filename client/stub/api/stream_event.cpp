@@ -175,7 +175,9 @@ CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
       if (command.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
       command.event = event;
       command.stream = target.stream;
-      return plane->submitCommand(command);
+      const CUresult submitted = plane->submitCommand(command);
+      if (submitted == CUDA_SUCCESS) plane->noteEventRecorded(event, target.stream);
+      return submitted;
     }
     return runtime.call([&](Session::Client& session) {
       auto request = session.recordEventRequest();
@@ -210,7 +212,10 @@ CUresult destroyEvent(const char* entryPoint, CUevent hEvent) {
       request.setEvent(event);
       return request.send().then([](auto response) { return toResult(response.getResult()); });
     });
-    if (result == CUDA_SUCCESS) runtime.forgetEvent(event);
+    if (result == CUDA_SUCCESS) {
+      runtime.forgetEvent(event);
+      if (DataPlane* plane = runtime.dataPlane()) plane->forgetEvent(event);
+    }
     return result;
   });
 }

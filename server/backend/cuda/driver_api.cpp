@@ -70,26 +70,6 @@ std::string DriverApi::greenContextEntryPointsMissing() const {
   return missing;
 }
 
-bool isStickyError(CUresult result) {
-  switch (result) {
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-    case CUDA_ERROR_CONTAINED:
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_TIMEOUT:
-    case CUDA_ERROR_ASSERT:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
-      return true;
-    default:
-      return false;
-  }
-}
-
 CUresult loadDriver(const std::string& library, std::shared_ptr<const DriverApi>& api,
                     std::string& whyNot) {
   dlerror();

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "protocol/cuda_result.hpp"
+
 namespace gpuproxy::server::cuda {
 
 // Each entry: (member, driver symbol, ABI version). The version is the one whose typedef in
@@ -107,7 +109,7 @@ struct DriverApi {
 CUresult loadDriver(const std::string& library, std::shared_ptr<const DriverApi>& api,
                     std::string& whyNot);
 
-// CUDA_ERROR_ILLEGAL_ADDRESS and the other errors that poison a context until it is reset.
-bool isStickyError(CUresult result);
+// The errors that poison a context until it is reset: protocol::isStickyError.
+using protocol::isStickyError;
 
 }  // namespace gpuproxy::server::cuda

@@ -17,6 +17,7 @@
 #include <thread>
 #include <variant>
 
+#include "protocol/cuda_result.hpp"
 #include "server/backend/ptx/ptx_parser.hpp"
 #include "server/backend/sim/device_arena.hpp"
 #include "server/backend/sim/device_attributes.hpp"
@@ -53,23 +54,6 @@ constexpr int kRegistersPerThread = 32;
 // cuCtxGetStreamPriorityRange on current NVIDIA GPUs: six levels, 0 (default, least) to -5.
 constexpr int kSimLeastPriority = 0;
 constexpr int kSimGreatestPriority = -5;
-
-// Faults after which a real context is unusable until it is recreated.
-bool isStickyFault(CUresult status) {
-  switch (status) {
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ASSERT:
-    case CUDA_ERROR_LAUNCH_FAILED:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // One record of an event on a stream. Guarded by DeviceCore::mutex_.
 struct RecordState {
@@ -387,7 +371,7 @@ private:
         record->record->time = outcome.time;
         waiters = std::move(record->record->waiters);
       }
-      if (isStickyFault(outcome.status) && sticky_ == CUDA_SUCCESS && skipWith == CUDA_SUCCESS) {
+      if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS && skipWith == CUDA_SUCCESS) {
         sticky_ = outcome.status;
         spdlog::error("sim device {}: {} faulted with {}; the device is poisoned until reset",
                       index_, describeOp(op), describe(outcome.status));
