@@ -233,8 +233,10 @@ public:
 
   // Asks the driver whether the context is poisoned. Owner thread or completion thread, primary
   // context current, no lane held. A fault in a green context's kernel may show only there, so
-  // each green context is asked too.
-  CUresult probe();
+  // with `greenToo` each green context is asked as well: the completion thread does, every
+  // kProbeInterval while callbacks are due; the owner thread, which asks before every operation,
+  // does not, and learns of such a fault from the completion thread or from its own calls' errors.
+  CUresult probe(bool greenToo);
 
   // --- Kernel timing. takeTimingPair: owner thread, `lane` current and held.
   std::optional<TimingPair> takeTimingPair(Lane lane) {
@@ -395,7 +397,7 @@ private:
     }
     ContextGuard guard(*api_, context_);
     if (guard.ok()) {
-      probe();
+      probe(true);
     }
   }
 
@@ -483,11 +485,11 @@ private:
 
 // Out of line: they need LaneGuard.
 
-CUresult DeviceCore::probe() {
+CUresult DeviceCore::probe(bool greenToo) {
   if (notifiers_[0].stream != nullptr) {
     note(api_->streamQuery(notifiers_[0].stream));
   }
-  if (partition_.enabled && sticky_.load() == CUDA_SUCCESS) {
+  if (greenToo && partition_.enabled && sticky_.load() == CUDA_SUCCESS) {
     for (const Lane lane : {Lane::kBestEffort, Lane::kLatencyCritical}) {
       const GreenLane& green = green_[laneIndex(lane) - 1];
       if (green.probe == nullptr) {
@@ -1390,7 +1392,7 @@ public:
       return sticky;
     }
     ContextGuard guard(core_->api(), core_->context());
-    return guard.ok() ? core_->probe() : core_->sticky();
+    return guard.ok() ? core_->probe(false) : core_->sticky();
   }
 
   CUresult reset() override {
