@@ -156,6 +156,25 @@ struct DeviceStatus {
   faultingClientPid @6 :UInt32;
   kernelsQueued @7 :UInt64;    # kernels held by the dispatcher, waiting for the scheduler
   kernelsInFlight @8 :UInt64;  # kernels the dispatcher has submitted that have not completed
+  streamPriorities @9 :PriorityBand;            # the device's range (cuCtxGetStreamPriorityRange)
+  latencyCriticalPriorities @10 :PriorityBand;  # what latency-critical tenants' streams run at
+  bestEffortPriorities @11 :PriorityBand;       # ... and best-effort tenants' streams
+  hasSmPartition @12 :Bool;                     # --best-effort-sms is on for this device
+  smPartition @13 :SmPartitionStatus;           # meaningful when hasSmPartition
+}
+
+# Stream priorities from `greatest` (highest priority, lowest number) to `least`, as CUDA numbers
+# them.
+struct PriorityBand {
+  least @0 :Int32;
+  greatest @1 :Int32;
+}
+
+# How a device's SMs are split between the classes (green contexts), as the driver made it.
+struct SmPartitionStatus {
+  totalSms @0 :UInt32;
+  bestEffortSms @1 :UInt32;
+  latencyCriticalSms @2 :UInt32;
 }
 
 struct ClientStatus {

@@ -9,6 +9,20 @@
 
 namespace gpuproxy::client {
 
+namespace {
+
+// [greatest, least]: CUDA's numbers, highest priority first.
+nlohmann::json bandToJson(protocol::PriorityBand::Reader band) {
+  return nlohmann::json::array({band.getGreatest(), band.getLeast()});
+}
+
+std::string bandToText(protocol::PriorityBand::Reader band) {
+  if (band.getGreatest() == band.getLeast()) return std::to_string(band.getGreatest());
+  return std::to_string(band.getGreatest()) + ".." + std::to_string(band.getLeast());
+}
+
+}  // namespace
+
 nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
   nlohmann::json out;
   out["backend"] = status.getBackend().cStr();
@@ -33,6 +47,17 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"faulting_client_pid", device.getFaultingClientPid()},
         {"kernels_queued", device.getKernelsQueued()},
         {"kernels_in_flight", device.getKernelsInFlight()},
+        {"stream_priorities",
+         {{"range", bandToJson(device.getStreamPriorities())},
+          {"latency_critical", bandToJson(device.getLatencyCriticalPriorities())},
+          {"best_effort", bandToJson(device.getBestEffortPriorities())}}},
+        {"sm_partition",
+         device.getHasSmPartition()
+             ? nlohmann::json{{"total_sms", device.getSmPartition().getTotalSms()},
+                              {"best_effort_sms", device.getSmPartition().getBestEffortSms()},
+                              {"latency_critical_sms",
+                               device.getSmPartition().getLatencyCriticalSms()}}
+             : nlohmann::json(nullptr)},
     });
   }
   out["tenants"] = tenantsToJson(status.getTenants());
@@ -173,6 +198,16 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
                      device.getFaultingClientPid());
     out += format("%-6u %-28s %-24s %-8u %s\n", device.getIndex(), device.getName().cStr(),
                   memory.c_str(), device.getClients(), state.c_str());
+    out += format("       stream priorities: latency-critical %s, best-effort %s (device %s)\n",
+                  bandToText(device.getLatencyCriticalPriorities()).c_str(),
+                  bandToText(device.getBestEffortPriorities()).c_str(),
+                  bandToText(device.getStreamPriorities()).c_str());
+    if (device.getHasSmPartition()) {
+      auto partition = device.getSmPartition();
+      out += format("       SM partition: best-effort %u SMs, latency-critical %u SMs (of %u)\n",
+                    partition.getBestEffortSms(), partition.getLatencyCriticalSms(),
+                    partition.getTotalSms());
+    }
   }
   out += "\n";
   out += tenantsToTable(status.getTenants());

@@ -10,7 +10,10 @@
 namespace gpuproxy::client {
 
 // Keys: backend, version, pid, uptime_seconds, driver_version,
-// devices[{index, name, memory_total, memory_used, clients, sticky_error, faulting_client_pid}],
+// devices[{index, name, memory_total, memory_used, clients, sticky_error, faulting_client_pid,
+// kernels_queued, kernels_in_flight, stream_priorities{range, latency_critical, best_effort}
+// (each [greatest, least]), sm_partition (null = none, else {total_sms, best_effort_sms,
+// latency_critical_sms})}],
 // clients[{pid, uid, gid, command, device, devices, memory_used, kernels_launched, gpu_time_ns,
 // connected_seconds}].
 nlohmann::json statusToJson(protocol::DaemonStatus::Reader status);

@@ -27,10 +27,12 @@ static_assert(alignof(ipc::CompletionWord) <= ring::kRegionAlignment);
 
 namespace {
 
-// About 20 µs of polling before a waiter sleeps: a short kernel or copy completes within it, and
-// a long one is not worth burning a core for (the daemon may need that core). Measured in time,
-// not iterations: a pause instruction takes from a few to over a hundred cycles by CPU model.
-constexpr std::chrono::microseconds kSpin{20};
+// About 50 µs of polling (yielding the CPU now and then) before a waiter sleeps: long enough for
+// a daemon that was asleep to wake up and answer (10-25 µs on the 2-vCPU VMs measured, so the
+// answer does not also pay for waking this thread) and for a short kernel or copy; a longer wait
+// is not worth burning a core for. Measured in time, not iterations: a pause instruction takes
+// from a few to over a hundred cycles by CPU model.
+constexpr std::chrono::microseconds kSpin{50};
 // Each sleep is bounded so that a daemon that died (its socket closing sets the runtime's flag)
 // is noticed; a completion wakes the waiter at once.
 constexpr std::chrono::milliseconds kWaitSlice{100};

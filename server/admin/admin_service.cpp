@@ -1,5 +1,6 @@
 #include "server/admin/admin_service.hpp"
 
+#include "server/dispatch/stream_priority.hpp"
 #include "server/session/client_session.hpp"
 
 #include <spdlog/spdlog.h>
@@ -40,6 +41,25 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     const dispatch::DispatchStats dispatched = gpu.dispatcher().stats();
     device.setKernelsQueued(dispatched.kernelsQueued);
     device.setKernelsInFlight(dispatched.kernelsInFlight);
+    const backend::StreamPriorityRange range = gpu.dispatcher().streamPriorityRange();
+    const auto setBand = [](protocol::PriorityBand::Builder out,
+                            const backend::StreamPriorityRange& band) {
+      out.setLeast(band.least);
+      out.setGreatest(band.greatest);
+    };
+    setBand(device.initStreamPriorities(), range);
+    setBand(device.initLatencyCriticalPriorities(),
+            dispatch::priorityBand(range, backend::WorkClass::kLatencyCritical));
+    setBand(device.initBestEffortPriorities(),
+            dispatch::priorityBand(range, backend::WorkClass::kBestEffort));
+    const backend::SmPartition partition = gpu.dispatcher().smPartition();
+    device.setHasSmPartition(partition.enabled);
+    if (partition.enabled) {
+      auto out = device.initSmPartition();
+      out.setTotalSms(partition.totalSms);
+      out.setBestEffortSms(partition.bestEffortSms);
+      out.setLatencyCriticalSms(partition.latencyCriticalSms);
+    }
   }
 
   auto clients = status.initClients(static_cast<unsigned>(state.sessions.size()));

@@ -49,6 +49,37 @@ struct DeviceProperties {
   std::vector<std::pair<int, int>> attributes;
 };
 
+// The class of work a stream carries: its owner's tenant class. The dispatcher chooses the
+// stream's priority from it; with an SM partition the `cuda` backend also places the stream in
+// the class's green context.
+enum class WorkClass : std::uint8_t { kLatencyCritical, kBestEffort };
+
+// cuCtxGetStreamPriorityRange's answer. CUDA's convention: lower numbers are higher priorities, so
+// greatest <= least; 0 is the default priority and usually the least.
+struct StreamPriorityRange {
+  int least = 0;
+  int greatest = 0;
+};
+
+// How a device's SMs are split between best-effort and latency-critical work (green contexts).
+// Unset (enabled false) means no partition: every stream may use every SM.
+struct SmPartition {
+  bool enabled = false;
+  unsigned totalSms = 0;
+  unsigned bestEffortSms = 0;       // given to best-effort streams
+  unsigned latencyCriticalSms = 0;  // the rest, given to latency-critical streams
+};
+
+// What the daemon asks of a device when it opens it.
+struct DeviceOptions {
+  // Confine best-effort work to an SM partition: at least `bestEffortSms` SMs, or when
+  // `bestEffortPercent` is set, that share of the device's SMs (rounded down, then up to the
+  // partition granularity the driver requires). Both zero: no partition.
+  unsigned bestEffortSms = 0;
+  unsigned bestEffortPercent = 0;
+  bool wantsSmPartition() const { return bestEffortSms != 0 || bestEffortPercent != 0; }
+};
+
 struct MemoryInfo {
   std::uint64_t free = 0;
   std::uint64_t total = 0;
@@ -141,6 +172,9 @@ public:
   virtual CUresult addCallback(CompletionCallback done) = 0;
   // CUDA_SUCCESS when idle, CUDA_ERROR_NOT_READY while work is pending, or the sticky error.
   virtual CUresult query() = 0;
+  // The priority the stream runs at on the device (its creation priority, clamped to the
+  // device's range as CUDA clamps it).
+  virtual int priority() const = 0;
 };
 
 class Device {
@@ -156,21 +190,31 @@ public:
   // `cuda` registers it with the driver (cuMemHostRegister, DEVICEMAP | PORTABLE), `sim` lets its
   // kernels read and write it. Its device address is its host address (unified addressing). The
   // memory must stay mapped until unregisterHostMemory, which the caller calls only once the work
-  // that may use it has completed. CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for a range that
+  // that may use it has completed. A registration survives reset(): it is the process's, not the
+  // context's. CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for a range that
   // overlaps one registered before; CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED for an unknown start.
   virtual CUresult registerHostMemory(void* host, std::size_t bytes) = 0;
   virtual CUresult unregisterHostMemory(void* host) = 0;
 
   // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`).
   virtual Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) = 0;
+  // A stream for `workClass` at `priority` (clamped to streamPriorityRange()). With an SM
+  // partition the stream may only use its class's SMs. createStream(flags, priority) is the
+  // daemon's own work, placed as best-effort.
   virtual Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) = 0;
+  virtual Result<std::unique_ptr<Stream>> createStreamFor(WorkClass workClass, unsigned flags,
+                                                          int priority) = 0;
+  virtual StreamPriorityRange streamPriorityRange() const = 0;
+  // The SM partition this device was opened with (DeviceOptions), as the driver made it.
+  virtual SmPartition smPartition() const { return {}; }
   virtual Result<std::unique_ptr<Event>> createEvent(unsigned flags) = 0;
 
   // CUDA_SUCCESS, or the sticky error (CUDA_ERROR_ILLEGAL_ADDRESS, ...) that poisoned this
   // device's context. Once poisoned, work fails with this error until reset().
   virtual CUresult stickyError() = 0;
   // Recreates the device's context after a sticky fault. Every allocation, module, stream and event
-  // made before is invalid afterwards; the caller must have dropped them.
+  // made before is invalid afterwards; the caller must have dropped them. Registered host memory
+  // and the SM partition are kept.
   virtual CUresult reset() = 0;
 };
 
@@ -180,7 +224,10 @@ public:
   virtual std::string_view name() const = 0;  // "cuda" or "sim"
   virtual int driverVersion() const = 0;      // as cuDriverGetVersion reports it
   virtual int deviceCount() const = 0;
-  virtual Result<std::unique_ptr<Device>> openDevice(int index) = 0;
+  // CUDA_ERROR_NOT_SUPPORTED when `options` asks for what this backend or driver cannot do (an SM
+  // partition on `sim`, or on a driver without green contexts); the log says why.
+  virtual Result<std::unique_ptr<Device>> openDevice(int index, const DeviceOptions& options) = 0;
+  Result<std::unique_ptr<Device>> openDevice(int index) { return openDevice(index, {}); }
 };
 
 }  // namespace gpuproxy::server::backend

@@ -1,6 +1,7 @@
 #include "server/daemon/daemon.hpp"
 
 #include "ipc/unix_socket.hpp"
+#include "protocol/cuda_result.hpp"
 #include "server/admin/admin_service.hpp"
 #include "server/backend/backend_select.hpp"
 #include "server/data_plane/data_plane.hpp"
@@ -338,10 +339,24 @@ int runDaemon(const DaemonOptions& options) {
   spdlog::info("scheduler {}", options.scheduler);
   state.driverVersion = choice.backend->driverVersion();
   spdlog::info("backend {}: {}", state.backendName, choice.reason);
+  backend::DeviceOptions deviceOptions;
+  deviceOptions.bestEffortSms = options.bestEffortSms;
+  deviceOptions.bestEffortPercent = options.bestEffortPercent;
+  if (deviceOptions.wantsSmPartition() && state.backendName != "cuda") {
+    spdlog::critical(
+        "--best-effort-sms needs the cuda backend (green contexts); the {} backend runs one "
+        "kernel at a time and has no SMs to partition",
+        state.backendName);
+    return 1;
+  }
   for (int i = 0; i < choice.backend->deviceCount(); ++i) {
-    auto device = choice.backend->openDevice(i);
+    auto device = choice.backend->openDevice(i, deviceOptions);
     if (!device.ok()) {
-      spdlog::critical("cannot open device {} (CUresult {})", i, static_cast<int>(device.code()));
+      spdlog::critical("cannot open device {}: {}{}", i,
+                       protocol::cudaResultNameOr(device.code(), "unknown error"),
+                       deviceOptions.wantsSmPartition()
+                           ? " (with --best-effort-sms: the log above says why)"
+                           : "");
       return 1;
     }
     state.gpus.push_back(std::make_unique<GpuWorker>(static_cast<std::uint32_t>(i),

@@ -6,9 +6,31 @@
 
 namespace gpuproxy::server {
 
+bool parseBestEffortSms(const std::string& text, unsigned& sms, unsigned& percent) {
+  sms = 0;
+  percent = 0;
+  std::string digits = text;
+  const bool isPercent = !digits.empty() && digits.back() == '%';
+  if (isPercent) digits.pop_back();
+  if (digits.empty() || digits.size() > 6 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const unsigned value = static_cast<unsigned>(std::stoul(digits));
+  if (isPercent) {
+    if (value < 1 || value > 99) return false;
+    percent = value;
+  } else {
+    if (value < 1) return false;
+    sms = value;
+  }
+  return true;
+}
+
 std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   DaemonOptions options;
   std::string simMemory = "16GiB";
+  std::string bestEffortSms;
   CLI::App app{
       "gpuproxyd: owns the GPUs of this node and serves CUDA clients through the gpuproxy stub"};
   app.add_option("--backend", options.backend,
@@ -41,6 +63,11 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
                  "auto (io_uring unless the kernel or a seccomp profile refuses it)")
       ->check(CLI::IsMember({"auto", "io_uring", "epoll"}))
       ->capture_default_str();
+  app.add_option("--best-effort-sms", bestEffortSms,
+                 "Confine best-effort tenants' kernels to N SMs of each GPU, or to P% of them "
+                 "(e.g. 112 or 85%), with green contexts; latency-critical tenants' kernels get "
+                 "the other SMs. The driver rounds N up to its partition granularity (8 SMs on "
+                 "Hopper). cuda backend only, CUDA 12.5+ driver; refused on sim");
   app.add_option("--log-level", options.logLevel, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
@@ -56,6 +83,14 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
     return 2;
   }
   options.simMemoryBytes = *bytes;
+  if (!bestEffortSms.empty() &&
+      !parseBestEffortSms(bestEffortSms, options.bestEffortSms, options.bestEffortPercent)) {
+    std::fprintf(stderr,
+                 "gpuproxyd: --best-effort-sms: '%s' is neither a number of SMs (>= 1) nor a "
+                 "share of them from 1%% to 99%%\n",
+                 bestEffortSms.c_str());
+    return 2;
+  }
   return options;
 }
 

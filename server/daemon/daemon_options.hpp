@@ -18,7 +18,15 @@ struct DaemonOptions {
   std::string metricsAddress;      // e.g. 127.0.0.1:9400; empty = no metrics endpoint
   std::string scheduler = "fair";  // fair | fifo
   std::string poller = "auto";     // auto | io_uring | epoll: how the data plane sleeps
+  // --best-effort-sms: confine best-effort streams to this many SMs of each GPU (green
+  // contexts, cuda backend only); latency-critical streams get the rest. At most one is set.
+  unsigned bestEffortSms = 0;
+  unsigned bestEffortPercent = 0;
 };
+
+// Parses --best-effort-sms's value: "N" (SMs, N >= 1) or "P%" (a share of each GPU's SMs,
+// 1 <= P <= 99). False for anything else.
+bool parseBestEffortSms(const std::string& text, unsigned& sms, unsigned& percent);
 
 // The parsed options, or the exit code to leave with (0 after --help, 2 after a usage error; the
 // message has been printed).

@@ -1,5 +1,7 @@
 #include "server/dispatch/scheduled_device.hpp"
 
+#include "server/dispatch/stream_priority.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -91,6 +93,8 @@ struct ScheduledDevice::StreamState {
   scheduler::StreamId id = 0;
   StreamOwner owner;
   std::unique_ptr<backend::Stream> real;
+  backend::WorkClass workClass = backend::WorkClass::kBestEffort;
+  int requestedPriority = 0;  // the client's, clamped to the device's range
   // Operations not yet on the real stream, in order.
   std::deque<Operation> held;
   // How many operations at the front of `held` have been looked at: their kernels are scheduler
@@ -241,7 +245,11 @@ public:
     return status;
   }
 
-  const std::shared_ptr<StreamState>& state() const { return state_; }
+  // What the client asked for, clamped as CUDA would; the band it runs in is the daemon's policy
+  // (placement()), not something the client's program should see.
+  int priority() const override { return state_->requestedPriority; }
+
+  const StreamState& state() const { return *state_; }
   const ScheduledDevice& device() const { return device_; }
 
 private:
@@ -320,14 +328,43 @@ backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(
     const StreamOwner& owner, unsigned flags, int priority) {
-  auto real = device_->createStream(flags, priority);
+  // The class is read now: a stream keeps the band and partition it was made in, so a tenant
+  // whose class changes gets the new one for the streams its clients make afterwards.
+  const bool latencyCritical =
+      owner.stats && owner.stats->tenant &&
+      owner.stats->tenant->limits().tenantClass == TenantClass::kLatencyCritical;
+  return makeStream(
+      owner,
+      latencyCritical ? backend::WorkClass::kLatencyCritical : backend::WorkClass::kBestEffort,
+      flags, priority);
+}
+
+backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStreamFor(
+    backend::WorkClass workClass, unsigned flags, int priority) {
+  return makeStream(StreamOwner{}, workClass, flags, priority);
+}
+
+backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::makeStream(
+    const StreamOwner& owner, backend::WorkClass workClass, unsigned flags, int priority) {
+  const backend::StreamPriorityRange range = device_->streamPriorityRange();
+  auto real =
+      device_->createStreamFor(workClass, flags, devicePriority(range, workClass, priority));
   if (!real.ok()) return real.code();
   auto state = std::make_shared<StreamState>();
   state->id = nextStreamId_++;
   state->owner = owner;
   state->real = std::move(real).value();
+  state->workClass = workClass;
+  state->requestedPriority = clampToRange(range, priority);
   streams_.emplace(state->id, state);
   return std::unique_ptr<backend::Stream>(std::make_unique<ProxyStream>(*this, std::move(state)));
+}
+
+std::optional<StreamPlacement> ScheduledDevice::placement(const backend::Stream& stream) const {
+  const auto* proxy = dynamic_cast<const ProxyStream*>(&stream);
+  if (proxy == nullptr) return std::nullopt;
+  const StreamState& state = proxy->state();
+  return StreamPlacement{state.workClass, state.real->priority(), state.requestedPriority};
 }
 
 backend::Result<std::unique_ptr<backend::Event>> ScheduledDevice::createEvent(unsigned flags) {
@@ -733,7 +770,7 @@ std::size_t ScheduledDevice::heldMemoryOperations(backend::Stream& stream) const
   const auto* proxy = dynamic_cast<const ProxyStream*>(&stream);
   if (proxy == nullptr || &proxy->device() != this) return 0;
   return static_cast<std::size_t>(std::count_if(
-      proxy->state()->held.begin(), proxy->state()->held.end(), [](const Operation& operation) {
+      proxy->state().held.begin(), proxy->state().held.end(), [](const Operation& operation) {
         return std::visit(
             [](const auto& body) {
               using Body = std::decay_t<decltype(body)>;

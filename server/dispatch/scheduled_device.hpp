@@ -61,6 +61,15 @@ struct StreamOwner {
   scheduler::ClientId client = 0;
 };
 
+// Where a stream runs: its class (its owner's tenant class when it was made), the priority it
+// runs at on the GPU, and the priority its client asked for (clamped to the device's range),
+// which is what the client is told.
+struct StreamPlacement {
+  backend::WorkClass workClass = backend::WorkClass::kBestEffort;
+  int devicePriority = 0;
+  int requestedPriority = 0;
+};
+
 struct DispatchStats {
   std::size_t streams = 0;         // live and draining proxy streams
   std::size_t heldOperations = 0;  // operations queued here, not yet on a real stream
@@ -88,16 +97,25 @@ public:
   CUresult unregisterHostMemory(void* host) override { return device_->unregisterHostMemory(host); }
   backend::Result<std::unique_ptr<backend::Module>> loadModule(
       std::span<const std::byte> image) override;
-  // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant.
+  // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant, placed
+  // as best-effort (createStream) or as `workClass` (createStreamFor).
   backend::Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags,
                                                                  int priority) override;
+  backend::Result<std::unique_ptr<backend::Stream>> createStreamFor(backend::WorkClass workClass,
+                                                                    unsigned flags,
+                                                                    int priority) override;
+  backend::StreamPriorityRange streamPriorityRange() const override {
+    return device_->streamPriorityRange();
+  }
+  backend::SmPartition smPartition() const override { return device_->smPartition(); }
   backend::Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override;
   CUresult stickyError() override;
   // Fails every operation still held here (their callbacks get CUDA_ERROR_CONTEXT_IS_DESTROYED),
   // then resets the real device.
   CUresult reset() override;
 
-  // A stream whose kernels are scheduled for `owner`.
+  // A stream whose kernels are scheduled for `owner`. Its priority on the GPU is in the band of
+  // the owner's tenant class (stream_priority.hpp), and the real device places it by that class.
   backend::Result<std::unique_ptr<backend::Stream>> createStream(const StreamOwner& owner,
                                                                  unsigned flags, int priority);
   // A new client id, unique on this device.
@@ -117,6 +135,8 @@ public:
   // reload) and lets the scheduler decide again.
   void refreshTenants();
   DispatchStats stats() const;
+  // Where `stream`, made by this device, runs; nullopt for any other stream.
+  std::optional<StreamPlacement> placement(const backend::Stream& stream) const;
 
   backend::Device& real() { return *device_; }
 
@@ -148,6 +168,9 @@ private:
   };
 
   static scheduler::Nanos now();
+  backend::Result<std::unique_ptr<backend::Stream>> makeStream(const StreamOwner& owner,
+                                                               backend::WorkClass workClass,
+                                                               unsigned flags, int priority);
   CUresult checkLaunch(const backend::Function& function,
                        const backend::LaunchConfig& config) const;
 

@@ -74,6 +74,46 @@ TEST(Daemon, NeverMistakesTheStubForTheDriver) {
   EXPECT_NE(result.errors.find("cuda backend unavailable"), std::string::npos) << result.errors;
 }
 
+TEST(Daemon, RefusesAnSmPartitionOnTheSimulator) {
+  TempDir directory;
+  for (const char* value : {"64", "50%"}) {
+    RunResult result =
+        run({daemonBinary(), "--backend", "sim", "--best-effort-sms", value, "--socket",
+             directory.file("g.sock"), "--admin-socket", directory.file("a.sock")},
+            {}, std::chrono::seconds(30));
+    EXPECT_EQ(result.status.code, 1) << result.errors;
+    EXPECT_NE(result.errors.find("--best-effort-sms needs the cuda backend"), std::string::npos)
+        << result.errors;
+  }
+}
+
+TEST(Daemon, RejectsAMeaninglessBestEffortShareWithAUsageError) {
+  for (const char* value : {"0", "0%", "100%", "-8", "8.5", "lots", "%"}) {
+    RunResult result = run({daemonBinary(), "--best-effort-sms", value});
+    EXPECT_EQ(result.status.code, 2) << value;
+    EXPECT_NE(result.errors.find("--best-effort-sms"), std::string::npos) << result.errors;
+  }
+}
+
+TEST(Daemon, ReportsStreamPriorityBandsAndNoPartition) {
+  Daemon daemon;
+  auto status = daemon.status();
+  ASSERT_EQ(status["devices"].size(), 1u);
+  const auto& device = status["devices"][0];
+  // [greatest, least], as CUDA numbers them.
+  EXPECT_EQ(device["stream_priorities"]["range"], nlohmann::json::array({-5, 0}));
+  EXPECT_EQ(device["stream_priorities"]["latency_critical"], nlohmann::json::array({-5, -5}));
+  EXPECT_EQ(device["stream_priorities"]["best_effort"], nlohmann::json::array({-4, 0}));
+  EXPECT_TRUE(device["sm_partition"].is_null());
+
+  RunResult text = daemon.ctl({"status"});
+  EXPECT_TRUE(text.status.exitedWith(0)) << text.errors;
+  EXPECT_NE(text.output.find("stream priorities: latency-critical -5, best-effort -4..0"),
+            std::string::npos)
+      << text.output;
+  EXPECT_EQ(text.output.find("SM partition"), std::string::npos) << text.output;
+}
+
 TEST(Daemon, ReportsSimulatedMemoryExactly) {
   Daemon::Options options;
   options.simMemory = "2GiB";

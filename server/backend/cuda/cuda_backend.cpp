@@ -64,25 +64,48 @@ private:
   CUresult status_;
 };
 
+// Where a stream runs. Without an SM partition everything is in the primary context. With one,
+// best-effort and latency-critical streams are each in a green context of their own (the
+// primary context's work is not confined to any partition, so keeping either class there would
+// let it spill onto the other's SMs); the primary context keeps only the daemon's notifier
+// streams, which run no kernels.
+enum class Lane : std::uint8_t { kPrimary = 0, kBestEffort = 1, kLatencyCritical = 2 };
+constexpr std::size_t kLanes = 3;
+
+std::size_t laneIndex(Lane lane) {
+  return static_cast<std::size_t>(lane);
+}
+
 // Two timing-enabled events recorded around a kernel. Pooled: creating events per launch would
 // cost more than the launch.
 struct TimingPair {
   CUevent start = nullptr;
   CUevent end = nullptr;
   std::uint64_t generation = 0;  // of the context they belong to
+  Lane lane = Lane::kPrimary;    // whose context made them
 };
 
-// What a device's objects share: the driver, the primary context, the sticky error, the
-// completion thread, pooled timing events and the notifier streams. Streams, events and modules
-// hold it by shared_ptr so that one outliving its Device (a caller bug) cannot reach freed
-// memory. Work queued on the completion thread refers to it by plain pointer: the completion
-// thread is stopped before any member goes.
+// A green context of the partition.
+struct GreenLane {
+  CUgreenCtx green = nullptr;
+  CUcontext context = nullptr;  // cuCtxFromGreenCtx's: what is made current to use it
+  CUstream probe = nullptr;     // queried for a sticky error (see DeviceCore::probe)
+  unsigned sms = 0;
+};
+
+// What a device's objects share: the driver, the primary context, the green contexts of an SM
+// partition, the sticky error, the completion thread, pooled timing events and the notifier
+// streams. Streams, events and modules hold it by shared_ptr so that one outliving its Device (a
+// caller bug) cannot reach freed memory. Work queued on the completion thread refers to it by
+// plain pointer: the completion thread is stopped before any member goes.
 class DeviceCore {
 public:
-  DeviceCore(std::shared_ptr<const DriverApi> api, int index, CUdevice device)
+  DeviceCore(std::shared_ptr<const DriverApi> api, int index, CUdevice device,
+             backend::DeviceOptions options)
       : api_(std::move(api)),
         index_(index),
         device_(device),
+        options_(options),
         completion_("gpuproxy-cu" + std::to_string(index),
                     [this] { probeFromCompletionThread(); }) {}
 
@@ -98,13 +121,19 @@ public:
     if (!retained_) {
       return;
     }
-    {
-      ContextGuard guard(*api_, context_);
-      if (guard.ok() && sticky_.load() == CUDA_SUCCESS) {
-        for (const TimingPair& pair : timingPool_) {
+    if (sticky_.load() == CUDA_SUCCESS) {
+      for (std::size_t lane = 0; lane < kLanes; ++lane) {
+        ContextGuard guard(*api_, context(static_cast<Lane>(lane)));
+        if (!guard.ok()) {
+          continue;
+        }
+        for (const TimingPair& pair : timingPools_[lane]) {
           api_->eventDestroy(pair.start);
           api_->eventDestroy(pair.end);
         }
+      }
+      ContextGuard guard(*api_, context_);
+      if (guard.ok()) {
         for (Notifier& notifier : notifiers_) {
           if (notifier.stream != nullptr) {
             api_->streamDestroy(notifier.stream);
@@ -112,6 +141,7 @@ public:
         }
       }
     }
+    destroyPartition();
     api_->primaryCtxRelease(device_);
   }
 
@@ -124,18 +154,55 @@ public:
       return result;
     }
     retained_ = true;
-    ContextGuard guard(*api_, context_);
-    if (!guard.ok()) {
-      return guard.status();
+    {
+      ContextGuard guard(*api_, context_);
+      if (!guard.ok()) {
+        return guard.status();
+      }
+      if (result = createNotifier(0); result != CUDA_SUCCESS) {
+        return result;
+      }
+      if (result = api_->ctxGetStreamPriorityRange(&priorities_.least, &priorities_.greatest);
+          result != CUDA_SUCCESS) {
+        return result;
+      }
+      if (result = readProperties(); result != CUDA_SUCCESS) {
+        return result;
+      }
     }
-    if (result = createNotifier(0); result != CUDA_SUCCESS) {
-      return result;
+    if (options_.wantsSmPartition()) {
+      return createPartition();
     }
-    return readProperties();
+    return CUDA_SUCCESS;
   }
 
   const DriverApi& api() const { return *api_; }
   CUcontext context() const { return context_; }
+  // The context to make current for work in `lane`.
+  CUcontext context(Lane lane) const {
+    if (lane == Lane::kPrimary || !partition_.enabled) {
+      return context_;
+    }
+    return green_[laneIndex(lane) - 1].context;
+  }
+  Lane laneFor(backend::WorkClass workClass) const {
+    if (!partition_.enabled) {
+      return Lane::kPrimary;
+    }
+    return workClass == backend::WorkClass::kLatencyCritical ? Lane::kLatencyCritical
+                                                             : Lane::kBestEffort;
+  }
+  CUgreenCtx green(Lane lane) const {
+    return lane == Lane::kPrimary || !partition_.enabled ? nullptr
+                                                         : green_[laneIndex(lane) - 1].green;
+  }
+  // A green context may be current to one thread at a time (cuGreenCtxCreate): the owner thread
+  // and the completion thread take this around every use. Never held across another lane's.
+  std::mutex& laneMutex(Lane lane) { return laneMutexes_[laneIndex(lane)]; }
+  bool partitioned() const { return partition_.enabled; }
+  const backend::SmPartition& partition() const { return partition_; }
+  const backend::StreamPriorityRange& priorities() const { return priorities_; }
+
   int index() const { return index_; }
   std::uint64_t generation() const { return generation_.load(); }
   const DeviceProperties& properties() const { return properties_; }
@@ -164,26 +231,27 @@ public:
     return status != CUDA_SUCCESS ? status : sticky_.load();
   }
 
-  // Asks the driver whether the context is poisoned. Owner thread, context current.
-  CUresult probe() {
-    if (notifiers_[0].stream != nullptr) {
-      note(api_->streamQuery(notifiers_[0].stream));
-    }
-    return sticky_.load();
-  }
+  // Asks the driver whether the context is poisoned. Owner thread or completion thread, primary
+  // context current, no lane held. A fault in a green context's kernel may show only there, so
+  // with `greenToo` each green context is asked as well: the completion thread does, every
+  // kProbeInterval while callbacks are due; the owner thread, which asks before every operation,
+  // does not, and learns of such a fault from the completion thread or from its own calls' errors.
+  CUresult probe(bool greenToo);
 
-  // --- Kernel timing. takeTimingPair: owner thread, context current.
-  std::optional<TimingPair> takeTimingPair() {
+  // --- Kernel timing. takeTimingPair: owner thread, `lane` current and held.
+  std::optional<TimingPair> takeTimingPair(Lane lane) {
     {
       std::lock_guard lock(poolMutex_);
-      if (!timingPool_.empty()) {
-        TimingPair pair = timingPool_.back();
-        timingPool_.pop_back();
+      std::vector<TimingPair>& pool = timingPools_[laneIndex(lane)];
+      if (!pool.empty()) {
+        TimingPair pair = pool.back();
+        pool.pop_back();
         return pair;
       }
     }
     TimingPair pair;
     pair.generation = generation_.load();
+    pair.lane = lane;
     if (api_->eventCreate(&pair.start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
       return std::nullopt;
     }
@@ -198,32 +266,17 @@ public:
     std::lock_guard lock(poolMutex_);
     // Events of a context that was reset died with it.
     if (pair.generation == generation_.load()) {
-      timingPool_.push_back(pair);
+      timingPools_[laneIndex(pair.lane)].push_back(pair);
     }
   }
 
   // Completion thread: the kernel's GPU time. The host function that released this item ran
   // after `end` was recorded, so both events have completed.
-  Result<std::uint64_t> elapsedNanoseconds(const TimingPair& pair) {
-    std::shared_lock lock(contextMutex_);
-    if (pair.generation != generation_.load()) {
-      return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    }
-    ContextGuard guard(*api_, context_);
-    if (!guard.ok()) {
-      return guard.status();
-    }
-    float milliseconds = 0;
-    if (const CUresult result = note(api_->eventElapsedTime(&milliseconds, pair.start, pair.end));
-        result != CUDA_SUCCESS) {
-      return result;
-    }
-    return static_cast<std::uint64_t>(std::llround(std::max(0.0f, milliseconds) * 1.0e6));
-  }
+  Result<std::uint64_t> elapsedNanoseconds(const TimingPair& pair);
 
   // --- Notifier streams, for Event::whenComplete. One stream would make a notification wait
   // for every event queued on it before, however late those complete; so pick an idle one,
-  // creating up to kMaxNotifiers, else the least busy. Owner thread, context current.
+  // creating up to kMaxNotifiers, else the least busy. Owner thread, primary context current.
   Result<std::size_t> pickNotifier() {
     std::size_t best = 0;
     int bestPending = INT_MAX;
@@ -256,7 +309,7 @@ public:
     }
   }
 
-  // Recreates the context (Device::reset). Owner thread.
+  // Recreates the context (Device::reset), and the SM partition in it. Owner thread.
   CUresult reset() {
     // Host functions still enqueued die with the context: their callbacks run now, and
     // nothing of the completion thread touches the old context afterwards.
@@ -268,12 +321,16 @@ public:
     generation_.fetch_add(1);
     {
       std::lock_guard lock(poolMutex_);
-      timingPool_.clear();
+      for (std::vector<TimingPair>& pool : timingPools_) {
+        pool.clear();
+      }
     }
     for (Notifier& notifier : notifiers_) {
       notifier.stream = nullptr;
       notifier.pending.store(0);
     }
+    // Each green context holds a reference on the primary context: they go first.
+    destroyPartition();
     if (retained_) {
       retained_ = false;
       if (const CUresult released = api_->primaryCtxRelease(device_); released != CUDA_SUCCESS) {
@@ -293,12 +350,22 @@ public:
     }
     retained_ = true;
     sticky_.store(CUDA_SUCCESS);
-    ContextGuard guard(*api_, context_);
-    if (!guard.ok()) {
-      return guard.status();
+    {
+      ContextGuard guard(*api_, context_);
+      if (!guard.ok()) {
+        return guard.status();
+      }
+      if (const CUresult result = createNotifier(0); result != CUDA_SUCCESS) {
+        return result;
+      }
     }
-    if (const CUresult result = createNotifier(0); result != CUDA_SUCCESS) {
-      return result;
+    if (options_.wantsSmPartition()) {
+      if (const CUresult result = createPartition(); result != CUDA_SUCCESS) {
+        // Without its partition the device must not serve: best-effort work would run on every
+        // SM. Every call fails with this until a later reset() succeeds.
+        sticky_.store(result);
+        return result;
+      }
     }
     spdlog::info("cuda device {}: context recreated", index_);
     return CUDA_SUCCESS;
@@ -317,6 +384,12 @@ private:
     return api_->streamCreateWithPriority(&notifiers_[index].stream, CU_STREAM_NON_BLOCKING, 0);
   }
 
+  // Splits the SMs (DeviceOptions) into a best-effort group and the rest, and makes a green
+  // context of each. Owner thread, at open() and after reset().
+  CUresult createPartition();
+  // Destroys what createPartition made. The caller has destroyed every stream made in them.
+  void destroyPartition();
+
   void probeFromCompletionThread() {
     std::shared_lock lock(contextMutex_);
     if (!retained_) {
@@ -324,7 +397,7 @@ private:
     }
     ContextGuard guard(*api_, context_);
     if (guard.ok()) {
-      probe();
+      probe(true);
     }
   }
 
@@ -361,23 +434,187 @@ private:
   std::shared_ptr<const DriverApi> api_;
   const int index_;
   const CUdevice device_;
+  const backend::DeviceOptions options_;
   CUcontext context_ = nullptr;
   bool retained_ = false;
   std::atomic<std::uint64_t> generation_{1};
   std::atomic<CUresult> sticky_{CUDA_SUCCESS};
   DeviceProperties properties_;
+  backend::StreamPriorityRange priorities_;
+
+  // The partition: [0] best-effort, [1] latency-critical (Lane index - 1).
+  backend::SmPartition partition_;
+  std::array<GreenLane, 2> green_;
+  std::array<std::mutex, kLanes> laneMutexes_;
 
   // Held shared by the completion thread while it uses the context, exclusively by reset().
   std::shared_mutex contextMutex_;
 
   std::mutex poolMutex_;
-  std::vector<TimingPair> timingPool_;
+  std::array<std::vector<TimingPair>, kLanes> timingPools_;
 
   std::array<Notifier, kMaxNotifiers> notifiers_;
 
   // Last: its thread starts in the constructor and may call back into the members above.
   CompletionThread completion_;
 };
+
+// Makes a lane's context current for one use, holding the lane while it is (see
+// DeviceCore::laneMutex). The primary context may be current to any number of threads, so its
+// lane is not held.
+class LaneGuard {
+public:
+  LaneGuard(DeviceCore& core, Lane lane)
+      : lock_(lockFor(core, lane)), guard_(core.api(), core.context(lane)) {}
+
+  bool ok() const { return guard_.ok(); }
+  CUresult status() const { return guard_.status(); }
+
+private:
+  static std::unique_lock<std::mutex> lockFor(DeviceCore& core, Lane lane) {
+    if (lane == Lane::kPrimary || !core.partitioned()) {
+      return {};
+    }
+    return std::unique_lock(core.laneMutex(lane));
+  }
+
+  // First: taken before the context is pushed, let go after it is popped.
+  std::unique_lock<std::mutex> lock_;
+  ContextGuard guard_;
+};
+
+// Out of line: they need LaneGuard.
+
+CUresult DeviceCore::probe(bool greenToo) {
+  if (notifiers_[0].stream != nullptr) {
+    note(api_->streamQuery(notifiers_[0].stream));
+  }
+  if (greenToo && partition_.enabled && sticky_.load() == CUDA_SUCCESS) {
+    for (const Lane lane : {Lane::kBestEffort, Lane::kLatencyCritical}) {
+      const GreenLane& green = green_[laneIndex(lane) - 1];
+      if (green.probe == nullptr) {
+        continue;
+      }
+      LaneGuard guard(*this, lane);
+      if (guard.ok()) {
+        note(api_->streamQuery(green.probe));
+      }
+    }
+  }
+  return sticky_.load();
+}
+
+Result<std::uint64_t> DeviceCore::elapsedNanoseconds(const TimingPair& pair) {
+  std::shared_lock lock(contextMutex_);
+  if (pair.generation != generation_.load()) {
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  }
+  LaneGuard guard(*this, pair.lane);
+  if (!guard.ok()) {
+    return guard.status();
+  }
+  float milliseconds = 0;
+  if (const CUresult result = note(api_->eventElapsedTime(&milliseconds, pair.start, pair.end));
+      result != CUDA_SUCCESS) {
+    return result;
+  }
+  return static_cast<std::uint64_t>(std::llround(std::max(0.0f, milliseconds) * 1.0e6));
+}
+
+CUresult DeviceCore::createPartition() {
+  const std::string missing = api_->greenContextEntryPointsMissing();
+  if (!missing.empty()) {
+    spdlog::error(
+        "cuda device {}: an SM partition needs green contexts (a CUDA 12.5 or newer driver); "
+        "driver {}.{} lacks {}",
+        index_, api_->driverVersion / 1000, (api_->driverVersion % 1000) / 10, missing);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  CUdevResource whole{};
+  if (const CUresult result = api_->deviceGetDevResource(device_, &whole, CU_DEV_RESOURCE_TYPE_SM);
+      result != CUDA_SUCCESS) {
+    spdlog::error("cuda device {}: cuDeviceGetDevResource(SM): {}", index_, api_->describe(result));
+    return result;
+  }
+  const unsigned total = whole.sm.smCount;
+  const unsigned wanted =
+      options_.bestEffortPercent != 0
+          ? static_cast<unsigned>(std::uint64_t{total} * options_.bestEffortPercent / 100)
+          : options_.bestEffortSms;
+  if (wanted == 0 || wanted >= total) {
+    spdlog::error(
+        "cuda device {}: cannot give {} of its {} SMs to best-effort work: the partition must "
+        "leave SMs to each class",
+        index_, wanted, total);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // One group of at least `wanted` SMs (the driver rounds up to its granularity: on compute
+  // capability 9.0, multiples of 8) for best-effort work; the remainder for latency-critical.
+  std::array<CUdevResource, 1> groups{};
+  unsigned groupCount = 1;
+  CUdevResource rest{};
+  if (const CUresult result =
+          api_->devSmResourceSplitByCount(groups.data(), &groupCount, &whole, &rest, 0, wanted);
+      result != CUDA_SUCCESS) {
+    spdlog::error("cuda device {}: cuDevSmResourceSplitByCount({} of {} SMs): {}", index_, wanted,
+                  total, api_->describe(result));
+    return result;
+  }
+  const unsigned restSms = rest.type == CU_DEV_RESOURCE_TYPE_SM ? rest.sm.smCount : 0;
+  if (groupCount != 1 || restSms == 0) {
+    spdlog::error(
+        "cuda device {}: splitting {} of its {} SMs off for best-effort work leaves none for "
+        "latency-critical work (SM granularity: minimum {}, alignment {})",
+        index_, wanted, total, whole.sm.minSmPartitionSize, whole.sm.smCoscheduledAlignment);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::array<CUdevResource*, 2> resources{&groups[0], &rest};
+  for (std::size_t i = 0; i < green_.size(); ++i) {
+    GreenLane& lane = green_[i];
+    CUdevResourceDesc description = nullptr;
+    CUresult result = api_->devResourceGenerateDesc(&description, resources[i], 1);
+    if (result == CUDA_SUCCESS) {
+      result = api_->greenCtxCreate(&lane.green, description, device_, CU_GREEN_CTX_DEFAULT_STREAM);
+    }
+    if (result == CUDA_SUCCESS) {
+      result = api_->ctxFromGreenCtx(&lane.context, lane.green);
+    }
+    if (result == CUDA_SUCCESS) {
+      result = api_->greenCtxStreamCreate(&lane.probe, lane.green, CU_STREAM_NON_BLOCKING, 0);
+    }
+    if (result != CUDA_SUCCESS) {
+      spdlog::error("cuda device {}: cannot make the {} green context: {}", index_,
+                    i == 0 ? "best-effort" : "latency-critical", api_->describe(result));
+      destroyPartition();
+      return result;
+    }
+    lane.sms = resources[i]->sm.smCount;
+  }
+  partition_ = backend::SmPartition{true, total, green_[0].sms, green_[1].sms};
+  spdlog::info(
+      "cuda device {}: SM partition: best-effort streams on {} SMs, latency-critical streams on "
+      "the other {} (of {}; asked for {})",
+      index_, partition_.bestEffortSms, partition_.latencyCriticalSms, total, wanted);
+  return CUDA_SUCCESS;
+}
+
+void DeviceCore::destroyPartition() {
+  for (GreenLane& lane : green_) {
+    if (lane.probe != nullptr && sticky_.load() == CUDA_SUCCESS && lane.context != nullptr) {
+      ContextGuard guard(*api_, lane.context);
+      if (guard.ok()) {
+        api_->streamDestroy(lane.probe);
+      }
+    }
+    if (lane.green != nullptr) {
+      if (const CUresult result = api_->greenCtxDestroy(lane.green); result != CUDA_SUCCESS) {
+        spdlog::warn("cuda device {}: cuGreenCtxDestroy: {}", index_, api_->describe(result));
+      }
+    }
+    lane = GreenLane{};
+  }
+  partition_ = backend::SmPartition{};
+}
 
 // Every object made by a device checks this before using its handle: after reset() the handles
 // of the old context are dangling.
@@ -394,22 +631,36 @@ protected:
 
 class CudaFunction final : public backend::Function {
 public:
-  CudaFunction(CUfunction function, FunctionInfo info)
-      : function_(function), info_(std::move(info)) {}
+  CudaFunction(CUfunction function, CUkernel kernel, FunctionInfo info)
+      : function_(function), kernel_(kernel), info_(std::move(info)) {}
   const FunctionInfo& info() const override { return info_; }
-  CUfunction handle() const { return function_; }
+  // What cuLaunchKernel takes. A CUfunction belongs to the context its module was loaded in; a
+  // CUkernel of a library belongs to none, and the driver launches it in the context of the
+  // stream it is launched on (loading it there first if need be), which is what makes one
+  // module usable on the streams of every green context.
+  CUfunction launchHandle() const {
+    return kernel_ != nullptr ? reinterpret_cast<CUfunction>(kernel_) : function_;
+  }
 
 private:
-  CUfunction function_;
+  CUfunction function_;  // in the primary context: for its attributes and parameter layout
+  CUkernel kernel_;      // null for a module loaded with cuModuleLoadData
   FunctionInfo info_;
+};
+
+// A loaded image: a CUmodule of the primary context or, with an SM partition, a
+// context-independent CUlibrary (see CudaFunction::launchHandle).
+struct LoadedImage {
+  CUmodule module = nullptr;
+  CUlibrary library = nullptr;
 };
 
 class CudaModule final : public backend::Module, private DeviceObject {
 public:
-  CudaModule(std::shared_ptr<DeviceCore> core, CUmodule module,
+  CudaModule(std::shared_ptr<DeviceCore> core, LoadedImage image,
              std::optional<ptx::PtxModuleInfo> ptxLayouts, std::uint64_t deviceBytes)
       : DeviceObject(std::move(core)),
-        module_(module),
+        image_(image),
         ptxLayouts_(std::move(ptxLayouts)),
         deviceBytes_(deviceBytes) {}
 
@@ -421,7 +672,8 @@ public:
     }
     ContextGuard guard(core_->api(), core_->context());
     if (guard.ok()) {
-      core_->note(core_->api().moduleUnload(module_));
+      core_->note(image_.library != nullptr ? core_->api().libraryUnload(image_.library)
+                                            : core_->api().moduleUnload(image_.module));
     }
   }
 
@@ -443,15 +695,28 @@ public:
     }
     const std::string key(name);
     CUfunction handle = nullptr;
-    if (const CUresult result = core_->note(api.moduleGetFunction(&handle, module_, key.c_str()));
-        result != CUDA_SUCCESS) {
+    CUkernel kernel = nullptr;
+    if (image_.library != nullptr) {
+      if (const CUresult result =
+              core_->note(api.libraryGetKernel(&kernel, image_.library, key.c_str()));
+          result != CUDA_SUCCESS) {
+        return result;
+      }
+      // The kernel's function in the current (primary) context, to read its layout from.
+      if (const CUresult result = core_->note(api.kernelGetFunction(&handle, kernel));
+          result != CUDA_SUCCESS) {
+        return result;
+      }
+    } else if (const CUresult result =
+                   core_->note(api.moduleGetFunction(&handle, image_.module, key.c_str()));
+               result != CUDA_SUCCESS) {
       return result;
     }
     FunctionInfo info;
     if (const CUresult result = describe(handle, key, info); result != CUDA_SUCCESS) {
       return result;
     }
-    auto made = std::make_unique<CudaFunction>(handle, std::move(info));
+    auto made = std::make_unique<CudaFunction>(handle, kernel, std::move(info));
     backend::Function* function = made.get();
     functions_.emplace(key, std::move(made));
     return function;
@@ -525,7 +790,7 @@ private:
     return CUDA_SUCCESS;
   }
 
-  CUmodule module_;
+  LoadedImage image_;
   // Parameter layouts from the PTX parser, when the driver cannot tell them.
   std::optional<ptx::PtxModuleInfo> ptxLayouts_;
   std::uint64_t deviceBytes_;
@@ -534,6 +799,7 @@ private:
 
 class CudaEvent final : public backend::Event, private DeviceObject {
 public:
+  // `event` was made in the primary context's lane.
   CudaEvent(std::shared_ptr<DeviceCore> core, CUevent event, unsigned flags)
       : DeviceObject(std::move(core)), event_(event), flags_(flags) {}
 
@@ -543,7 +809,7 @@ public:
     if (!current()) {
       return;
     }
-    ContextGuard guard(core_->api(), core_->context());
+    LaneGuard guard(*core_, lane_);
     if (guard.ok()) {
       core_->api().eventDestroy(event_);
     }
@@ -559,7 +825,7 @@ public:
     if (!recorded_) {
       return CUDA_SUCCESS;
     }
-    ContextGuard guard(core_->api(), core_->context());
+    LaneGuard guard(*core_, lane_);
     if (!guard.ok()) {
       return guard.status();
     }
@@ -587,14 +853,24 @@ public:
       return;
     }
     const DriverApi& api = core->api();
+    {
+      LaneGuard guard(*core, lane_);
+      if (!guard.ok()) {
+        completion.post(std::move(finish), guard.status());
+        return;
+      }
+      // Already complete: no need to go through a stream.
+      if (const CUresult state = core->note(api.eventQuery(event_));
+          state != CUDA_ERROR_NOT_READY) {
+        completion.post(std::move(finish), state);
+        return;
+      }
+    }
+    // The notifier streams are the primary context's; a stream may wait for an event of
+    // another context (cuStreamWaitEvent), so one of a green context's is fine.
     ContextGuard guard(api, core->context());
     if (!guard.ok()) {
       completion.post(std::move(finish), guard.status());
-      return;
-    }
-    // Already complete: no need to go through a stream.
-    if (const CUresult state = core->note(api.eventQuery(event_)); state != CUDA_ERROR_NOT_READY) {
-      completion.post(std::move(finish), state);
       return;
     }
     const Result<std::size_t> picked = core->pickNotifier();
@@ -635,7 +911,7 @@ public:
     if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
       return sticky;
     }
-    ContextGuard guard(core_->api(), core_->context());
+    LaneGuard guard(*core_, lane_);
     if (!guard.ok()) {
       return guard.status();
     }
@@ -648,6 +924,38 @@ public:
     return milliseconds;
   }
 
+  // Before a record on a stream of `lane`: cuEventRecord wants the event and the stream of the
+  // same context, so an event first recorded in another lane is made again in this one (a
+  // record replaces the previous one anyway; waits already queued on the old event still see
+  // it complete). Events of one client stay in one lane: all its streams share its class.
+  // Owner thread, no lane held.
+  CUresult moveTo(Lane lane) {
+    if (lane == lane_) {
+      return CUDA_SUCCESS;
+    }
+    CUevent made = nullptr;
+    {
+      LaneGuard guard(*core_, lane);
+      if (!guard.ok()) {
+        return guard.status();
+      }
+      if (const CUresult result = core_->note(core_->api().eventCreate(&made, flags_));
+          result != CUDA_SUCCESS) {
+        return result;
+      }
+    }
+    {
+      LaneGuard guard(*core_, lane_);
+      if (guard.ok()) {
+        core_->api().eventDestroy(event_);
+      }
+    }
+    event_ = made;
+    lane_ = lane;
+    recorded_ = false;
+    return CUDA_SUCCESS;
+  }
+
   CUevent handle() const { return event_; }
   bool belongsTo(const DeviceCore& core) const { return core_.get() == &core && current(); }
   bool alive() const { return current(); }
@@ -656,21 +964,22 @@ public:
 
 private:
   CUevent event_;
+  Lane lane_ = Lane::kPrimary;
   const unsigned flags_;
   bool recorded_ = false;
 };
 
 class CudaStream final : public backend::Stream, private DeviceObject {
 public:
-  CudaStream(std::shared_ptr<DeviceCore> core, CUstream stream)
-      : DeviceObject(std::move(core)), stream_(stream) {}
+  CudaStream(std::shared_ptr<DeviceCore> core, CUstream stream, Lane lane, int priority)
+      : DeviceObject(std::move(core)), stream_(stream), lane_(lane), priority_(priority) {}
 
   ~CudaStream() override {
     // cuStreamDestroy returns at once; work already queued still runs, host functions included.
     if (!current()) {
       return;
     }
-    ContextGuard guard(core_->api(), core_->context());
+    LaneGuard guard(*core_, lane_);
     if (guard.ok()) {
       core_->api().streamDestroy(stream_);
     }
@@ -728,7 +1037,7 @@ public:
     }
     DeviceCore* core = core_.get();
     const DriverApi& api = core->api();
-    ContextGuard guard(api, core->context());
+    LaneGuard guard(*core, lane_);
     if (!guard.ok()) {
       return guard.status();
     }
@@ -752,14 +1061,14 @@ public:
     // Timing only when someone listens: two event records per kernel are not free.
     std::optional<TimingPair> timing;
     if (done) {
-      timing = core->takeTimingPair();
+      timing = core->takeTimingPair(lane_);
       if (timing && api.eventRecord(timing->start, stream_) != CUDA_SUCCESS) {
         core->returnTimingPair(*timing);
         timing.reset();
       }
     }
     const CUresult launched = core->note(
-        api.launchKernel(kernel->handle(), config.grid.x, config.grid.y, config.grid.z,
+        api.launchKernel(kernel->launchHandle(), config.grid.x, config.grid.y, config.grid.z,
                          config.block.x, config.block.y, config.block.z, config.sharedMemBytes,
                          stream_, nullptr, bytes != 0 ? extra : nullptr));
     if (launched != CUDA_SUCCESS) {
@@ -810,6 +1119,12 @@ public:
     if (target == nullptr || !target->belongsTo(*core_)) {
       return CUDA_ERROR_INVALID_HANDLE;
     }
+    if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
+      return refused;
+    }
+    if (const CUresult moved = target->moveTo(lane_); moved != CUDA_SUCCESS) {
+      return moved;
+    }
     const CUresult result =
         submit([&](const DriverApi& api) { return api.eventRecord(target->handle(), stream_); });
     if (result == CUDA_SUCCESS) {
@@ -837,7 +1152,7 @@ public:
     }
     DeviceCore* core = core_.get();
     const DriverApi& api = core->api();
-    ContextGuard guard(api, core->context());
+    LaneGuard guard(*core, lane_);
     if (!guard.ok()) {
       return guard.status();
     }
@@ -859,11 +1174,22 @@ public:
     if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
       return refused;
     }
-    ContextGuard guard(core_->api(), core_->context());
+    LaneGuard guard(*core_, lane_);
     if (!guard.ok()) {
       return guard.status();
     }
     return core_->note(core_->api().streamQuery(stream_));
+  }
+
+  int priority() const override {
+    if (refuse() == CUDA_SUCCESS) {
+      LaneGuard guard(*core_, lane_);
+      int reported = 0;
+      if (guard.ok() && core_->api().streamGetPriority(stream_, &reported) == CUDA_SUCCESS) {
+        return reported;
+      }
+    }
+    return priority_;
   }
 
 private:
@@ -881,7 +1207,7 @@ private:
     if (const CUresult refused = refuse(); refused != CUDA_SUCCESS) {
       return refused;
     }
-    ContextGuard guard(core_->api(), core_->context());
+    LaneGuard guard(*core_, lane_);
     if (!guard.ok()) {
       return guard.status();
     }
@@ -889,15 +1215,29 @@ private:
   }
 
   CUstream stream_;
+  const Lane lane_;
+  const int priority_;  // as asked for at creation, clamped to the device's range
 };
 
 // Host memory registered with the driver. A PORTABLE registration serves every context of the
 // process, and registering a range twice fails, so the devices share one table: the first device
 // asked registers the range, the last one asked to let go unregisters it.
+//
+// The registration is made in the primary context of the device that registered it first, and
+// cuDevicePrimaryCtxReset destroys that context with everything made in it, so reset() registers
+// that device's ranges again: a client's pinned memory must stay usable by the other devices, and
+// by this one once it serves again.
 struct HostRegistrations {
+  struct Range {
+    std::size_t bytes = 0;
+    int users = 0;  // devices that registered it
+    int owner = 0;  // index of the device in whose context the driver registration was made
+  };
   std::mutex mutex;
-  std::map<void*, int> users;  // start -> devices that registered it
+  std::map<void*, Range> ranges;  // by start
 };
+
+constexpr unsigned kHostRegisterFlags = CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE;
 
 class CudaDevice final : public backend::Device {
 public:
@@ -922,24 +1262,24 @@ public:
 
   CUresult registerHostMemory(void* host, std::size_t bytes) override {
     std::lock_guard lock(registrations_->mutex);
-    if (auto found = registrations_->users.find(host); found != registrations_->users.end()) {
-      ++found->second;
+    if (auto found = registrations_->ranges.find(host); found != registrations_->ranges.end()) {
+      ++found->second.users;
       return CUDA_SUCCESS;
     }
-    const CUresult result = call([&](const DriverApi& api) {
-      return api.memHostRegister(host, bytes,
-                                 CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-    });
-    if (result == CUDA_SUCCESS) registrations_->users.emplace(host, 1);
+    const CUresult result = call(
+        [&](const DriverApi& api) { return api.memHostRegister(host, bytes, kHostRegisterFlags); });
+    if (result == CUDA_SUCCESS) {
+      registrations_->ranges.emplace(host, HostRegistrations::Range{bytes, 1, core_->index()});
+    }
     return result;
   }
 
   CUresult unregisterHostMemory(void* host) override {
     std::lock_guard lock(registrations_->mutex);
-    auto found = registrations_->users.find(host);
-    if (found == registrations_->users.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-    if (--found->second > 0) return CUDA_SUCCESS;
-    registrations_->users.erase(found);
+    auto found = registrations_->ranges.find(host);
+    if (found == registrations_->ranges.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (--found->second.users > 0) return CUDA_SUCCESS;
+    registrations_->ranges.erase(found);
     return call([&](const DriverApi& api) { return api.memHostUnregister(host); });
   }
 
@@ -977,29 +1317,65 @@ public:
     // across the load does. The daemon is the only allocator in its context and the owner thread
     // makes one call at a time, so the difference belongs to this module.
     const std::uint64_t freeBefore = memoryInfo().free;
-    const CUresult result =
-        call([&](const DriverApi& api) { return api.moduleLoadData(&module, terminated.data()); });
+    // With an SM partition the kernels run in the green contexts, where a CUfunction of the
+    // primary context cannot be launched; a library's CUkernel can, in any context.
+    CUlibrary library = nullptr;
+    const CUresult result = call([&](const DriverApi& api) {
+      return core_->partitioned() ? api.libraryLoadData(&library, terminated.data(), nullptr,
+                                                        nullptr, 0, nullptr, nullptr, 0)
+                                  : api.moduleLoadData(&module, terminated.data());
+    });
     if (result != CUDA_SUCCESS) {
       return result;
     }
     const std::uint64_t freeAfter = memoryInfo().free;
     const std::uint64_t deviceBytes = freeBefore > freeAfter ? freeBefore - freeAfter : 0;
-    return std::unique_ptr<backend::Module>(
-        std::make_unique<CudaModule>(core_, module, std::move(ptxLayouts), deviceBytes));
+    return std::unique_ptr<backend::Module>(std::make_unique<CudaModule>(
+        core_, LoadedImage{module, library}, std::move(ptxLayouts), deviceBytes));
   }
 
   Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags, int priority) override {
+    return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
+  }
+
+  Result<std::unique_ptr<backend::Stream>> createStreamFor(backend::WorkClass workClass,
+                                                           unsigned flags, int priority) override {
+    if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const backend::StreamPriorityRange& range = core_->priorities();
+    const int clamped = std::clamp(priority, std::min(range.greatest, range.least),
+                                   std::max(range.greatest, range.least));
+    const Lane lane = core_->laneFor(workClass);
     CUstream stream = nullptr;
-    // Always non-blocking: a client's stream must never synchronise with the daemon context's
-    // legacy NULL stream; the daemon emulates each client's own NULL stream itself.
-    const CUresult result = call([&](const DriverApi& api) {
-      return api.streamCreateWithPriority(&stream, flags | CU_STREAM_NON_BLOCKING, priority);
-    });
+    CUresult result = CUDA_SUCCESS;
+    if (lane == Lane::kPrimary) {
+      // Always non-blocking: a client's stream must never synchronise with the daemon context's
+      // legacy NULL stream; the daemon emulates each client's own NULL stream itself.
+      result = call([&](const DriverApi& api) {
+        return api.streamCreateWithPriority(&stream, flags | CU_STREAM_NON_BLOCKING, clamped);
+      });
+    } else {
+      // cuGreenCtxStreamCreate requires CU_STREAM_NON_BLOCKING, and ignores the current context.
+      if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
+        return sticky;
+      }
+      LaneGuard guard(*core_, lane);
+      if (!guard.ok()) {
+        return guard.status();
+      }
+      result = core_->note(core_->api().greenCtxStreamCreate(&stream, core_->green(lane),
+                                                             CU_STREAM_NON_BLOCKING, clamped));
+    }
     if (result != CUDA_SUCCESS) {
       return result;
     }
-    return std::unique_ptr<backend::Stream>(std::make_unique<CudaStream>(core_, stream));
+    return std::unique_ptr<backend::Stream>(
+        std::make_unique<CudaStream>(core_, stream, lane, clamped));
   }
+
+  backend::StreamPriorityRange streamPriorityRange() const override { return core_->priorities(); }
+  backend::SmPartition smPartition() const override { return core_->partition(); }
 
   Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override {
     CUevent event = nullptr;
@@ -1016,12 +1392,49 @@ public:
       return sticky;
     }
     ContextGuard guard(core_->api(), core_->context());
-    return guard.ok() ? core_->probe() : core_->sticky();
+    return guard.ok() ? core_->probe(false) : core_->sticky();
   }
 
-  CUresult reset() override { return core_->reset(); }
+  CUresult reset() override {
+    if (const CUresult result = core_->reset(); result != CUDA_SUCCESS) {
+      return result;
+    }
+    registerHostRangesAgain();
+    return CUDA_SUCCESS;
+  }
 
 private:
+  // After reset(): the ranges whose driver registration died with the old context (see
+  // HostRegistrations). A failure is logged, not returned: the context itself is usable, and
+  // only work that touches that range will fail.
+  void registerHostRangesAgain() {
+    std::lock_guard lock(registrations_->mutex);
+    std::size_t again = 0;
+    for (const auto& [host, range] : registrations_->ranges) {
+      if (range.owner != core_->index()) {
+        continue;
+      }
+      void* start = host;
+      const std::size_t bytes = range.bytes;
+      const CUresult result = call([&](const DriverApi& api) {
+        return api.memHostRegister(start, bytes, kHostRegisterFlags);
+      });
+      // Already registered: the driver kept it through the reset, which is just as good.
+      if (result == CUDA_SUCCESS || result == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+        ++again;
+        continue;
+      }
+      spdlog::error(
+          "cuda device {}: pinned host memory at {} ({} bytes) could not be registered again "
+          "after the reset: {}; GPU work that uses it will fail",
+          core_->index(), host, bytes, core_->api().describe(result));
+    }
+    if (again != 0) {
+      spdlog::info("cuda device {}: {} pinned host range(s) registered again after the reset",
+                   core_->index(), again);
+    }
+  }
+
   template <typename Call>
   CUresult call(Call&& function) {
     if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
@@ -1050,7 +1463,8 @@ public:
   int driverVersion() const override { return api_->driverVersion; }
   int deviceCount() const override { return deviceCount_; }
 
-  Result<std::unique_ptr<backend::Device>> openDevice(int index) override {
+  Result<std::unique_ptr<backend::Device>> openDevice(
+      int index, const backend::DeviceOptions& options) override {
     if (index < 0 || index >= deviceCount_) {
       return CUDA_ERROR_INVALID_DEVICE;
     }
@@ -1058,7 +1472,7 @@ public:
     if (const CUresult result = api_->deviceGet(&device, index); result != CUDA_SUCCESS) {
       return result;
     }
-    auto core = std::make_shared<DeviceCore>(api_, index, device);
+    auto core = std::make_shared<DeviceCore>(api_, index, device, options);
     if (const CUresult result = core->open(); result != CUDA_SUCCESS) {
       spdlog::error("cuda device {}: cannot open: {}", index, api_->describe(result));
       return result;

@@ -49,6 +49,27 @@ std::string DriverApi::describe(CUresult result) const {
   return described;
 }
 
+std::string DriverApi::greenContextEntryPointsMissing() const {
+  std::string missing;
+  const auto need = [&](const void* entryPoint, const char* symbol) {
+    if (entryPoint != nullptr) return;
+    if (!missing.empty()) missing += ", ";
+    missing += symbol;
+  };
+  need(reinterpret_cast<const void*>(libraryLoadData), "cuLibraryLoadData");
+  need(reinterpret_cast<const void*>(libraryUnload), "cuLibraryUnload");
+  need(reinterpret_cast<const void*>(libraryGetKernel), "cuLibraryGetKernel");
+  need(reinterpret_cast<const void*>(kernelGetFunction), "cuKernelGetFunction");
+  need(reinterpret_cast<const void*>(deviceGetDevResource), "cuDeviceGetDevResource");
+  need(reinterpret_cast<const void*>(devSmResourceSplitByCount), "cuDevSmResourceSplitByCount");
+  need(reinterpret_cast<const void*>(devResourceGenerateDesc), "cuDevResourceGenerateDesc");
+  need(reinterpret_cast<const void*>(greenCtxCreate), "cuGreenCtxCreate");
+  need(reinterpret_cast<const void*>(greenCtxDestroy), "cuGreenCtxDestroy");
+  need(reinterpret_cast<const void*>(ctxFromGreenCtx), "cuCtxFromGreenCtx");
+  need(reinterpret_cast<const void*>(greenCtxStreamCreate), "cuGreenCtxStreamCreate");
+  return missing;
+}
+
 CUresult loadDriver(const std::string& library, std::shared_ptr<const DriverApi>& api,
                     std::string& whyNot) {
   dlerror();

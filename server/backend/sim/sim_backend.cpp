@@ -51,6 +51,9 @@ constexpr unsigned kMaxGridDimY = 65535;
 constexpr unsigned kMaxGridDimZ = 65535;
 constexpr unsigned kMaxSharedBytesPerBlock = 48 * 1024;
 constexpr int kRegistersPerThread = 32;
+// cuCtxGetStreamPriorityRange on current NVIDIA GPUs: six levels, 0 (default, least) to -5.
+constexpr int kSimLeastPriority = 0;
+constexpr int kSimGreatestPriority = -5;
 
 // One record of an event on a stream. Guarded by DeviceCore::mutex_.
 struct RecordState {
@@ -613,8 +616,8 @@ private:
 
 class SimStream final : public Stream {
 public:
-  explicit SimStream(std::shared_ptr<DeviceCore> core)
-      : core_(std::move(core)), queue_(core_->addQueue()) {}
+  SimStream(std::shared_ptr<DeviceCore> core, int priority)
+      : core_(std::move(core)), queue_(core_->addQueue()), priority_(priority) {}
   ~SimStream() override { core_->releaseQueue(queue_); }
 
   CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
@@ -696,10 +699,12 @@ public:
   }
 
   CUresult query() override { return core_->queryQueue(*queue_); }
+  int priority() const override { return priority_; }
 
 private:
   std::shared_ptr<DeviceCore> core_;
   std::shared_ptr<StreamQueue> queue_;
+  const int priority_;
 };
 
 bool startsWith(std::span<const std::byte> image, std::initializer_list<unsigned char> magic) {
@@ -813,13 +818,25 @@ public:
     return std::unique_ptr<Module>(std::make_unique<SimModule>(std::move(functions), image.size()));
   }
 
-  Result<std::unique_ptr<Stream>> createStream(unsigned flags, int /*priority*/) override {
-    // Priorities are accepted but not modelled: the engine runs ops in submission order.
+  Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) override {
+    return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
+  }
+
+  // The class is not modelled (there is no SM partition on sim), and neither is the priority:
+  // the engine runs ops in submission order. The priority is clamped and kept, as CUDA keeps it,
+  // so that what the dispatcher chose can be seen.
+  Result<std::unique_ptr<Stream>> createStreamFor(backend::WorkClass /*workClass*/, unsigned flags,
+                                                  int priority) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
-    return std::unique_ptr<Stream>(std::make_unique<SimStream>(core_));
+    const int clamped = std::clamp(priority, kSimGreatestPriority, kSimLeastPriority);
+    return std::unique_ptr<Stream>(std::make_unique<SimStream>(core_, clamped));
+  }
+
+  backend::StreamPriorityRange streamPriorityRange() const override {
+    return {kSimLeastPriority, kSimGreatestPriority};
   }
 
   Result<std::unique_ptr<Event>> createEvent(unsigned flags) override {
@@ -852,8 +869,18 @@ public:
   int driverVersion() const override { return CUDA_VERSION; }
   int deviceCount() const override { return devices_; }
 
-  Result<std::unique_ptr<Device>> openDevice(int index) override {
+  Result<std::unique_ptr<Device>> openDevice(int index,
+                                             const backend::DeviceOptions& options) override {
     if (index < 0 || index >= devices_) return CUDA_ERROR_INVALID_DEVICE;
+    if (options.wantsSmPartition()) {
+      // The sim's one engine runs one kernel at a time: there are no SMs to split, and a
+      // partition it only pretended to make would tell an operator nothing true.
+      spdlog::error(
+          "sim device {}: an SM partition (--best-effort-sms) needs the cuda backend with green "
+          "contexts; the sim runs one kernel at a time and has no SMs to split",
+          index);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
     const CUdeviceptr base =
         kSimAddressBase + static_cast<std::uint64_t>(index) * kSimAddressStride;
     std::unique_ptr<DeviceArena> arena = DeviceArena::create(base, memoryBytes_);

@@ -361,6 +361,70 @@ TEST_F(ScheduledDeviceTest, WeightChangesApplyToWorkAlreadyQueued) {
   EXPECT_NEAR(lightGot / (lightGot + heavyGot), 0.2, 0.07);
 }
 
+TEST_F(ScheduledDeviceTest, TenantClassChoosesTheStreamsPriorityBand) {
+  open("fair");
+  const StreamOwner critical = owner(makeTenant("critical", 1, TenantClass::kLatencyCritical));
+  const StreamOwner batch = owner(makeTenant("batch", 1));
+  const backend::StreamPriorityRange range = device_->streamPriorityRange();
+  ASSERT_LT(range.greatest, range.least) << "the sim should have several priority levels";
+
+  struct Case {
+    const StreamOwner* who;
+    int asked;
+    backend::WorkClass workClass;
+    int runsAt;
+    int told;
+  };
+  const std::vector<Case> cases{
+      // Latency-critical: the greatest priority, whatever the client asked.
+      {&critical, 0, backend::WorkClass::kLatencyCritical, range.greatest, 0},
+      {&critical, range.least + 100, backend::WorkClass::kLatencyCritical, range.greatest,
+       range.least},
+      // Best-effort: its own priority, clamped below the latency-critical level; a best-effort
+      // client asking for the top does not get it.
+      {&batch, 0, backend::WorkClass::kBestEffort, 0, 0},
+      {&batch, range.greatest, backend::WorkClass::kBestEffort, range.greatest + 1, range.greatest},
+      {&batch, range.greatest - 50, backend::WorkClass::kBestEffort, range.greatest + 1,
+       range.greatest},
+  };
+  for (const Case& c : cases) {
+    auto created = device_->createStream(*c.who, 0, c.asked);
+    ASSERT_TRUE(created.ok());
+    const std::optional<StreamPlacement> placed = device_->placement(*created.value());
+    ASSERT_TRUE(placed.has_value());
+    EXPECT_EQ(placed->workClass, c.workClass) << c.asked;
+    EXPECT_EQ(placed->devicePriority, c.runsAt) << c.asked;
+    // What cuStreamGetPriority would say: the client's own request, clamped like CUDA does.
+    EXPECT_EQ(created.value()->priority(), c.told) << c.asked;
+    EXPECT_EQ(placed->requestedPriority, c.told) << c.asked;
+  }
+}
+
+TEST_F(ScheduledDeviceTest, AStreamKeepsTheBandItWasMadeInWhenItsTenantChangesClass) {
+  open("fair");
+  auto tenant = makeTenant("switching", 1);
+  const StreamOwner who = owner(tenant);
+  backend::Stream& before = stream(who);
+  TenantLimits limits = tenant->limits();
+  limits.tenantClass = TenantClass::kLatencyCritical;
+  tenant->setLimits(limits);
+  device_->refreshTenants();
+  backend::Stream& after = stream(who);
+  EXPECT_EQ(device_->placement(before)->workClass, backend::WorkClass::kBestEffort);
+  EXPECT_EQ(device_->placement(after)->workClass, backend::WorkClass::kLatencyCritical);
+  EXPECT_LT(device_->placement(after)->devicePriority, device_->placement(before)->devicePriority);
+}
+
+TEST_F(ScheduledDeviceTest, TheDaemonsOwnStreamsAreBestEffort) {
+  open("fair");
+  auto created = device_->createStream(0, -100);
+  ASSERT_TRUE(created.ok());
+  EXPECT_EQ(device_->placement(*created.value())->workClass, backend::WorkClass::kBestEffort);
+  EXPECT_GT(device_->placement(*created.value())->devicePriority,
+            device_->streamPriorityRange().greatest);
+  EXPECT_FALSE(device_->smPartition().enabled);
+}
+
 #else
 
 TEST(ScheduledDeviceTest, NeedsTheTestKernels) {

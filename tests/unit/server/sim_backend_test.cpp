@@ -223,6 +223,36 @@ TEST(SimBackend, AnswersEveryAttributeLikeAnH100) {
   EXPECT_GT(attributes[CU_DEVICE_ATTRIBUTE_CLOCK_RATE], 0);
 }
 
+TEST(SimBackend, RefusesAnSmPartitionItCouldNotMake) {
+  auto backend = newSimBackend({});
+  backend::DeviceOptions options;
+  options.bestEffortSms = 64;
+  EXPECT_EQ(backend->openDevice(0, options).code(), CUDA_ERROR_NOT_SUPPORTED);
+  options = {};
+  options.bestEffortPercent = 50;
+  EXPECT_EQ(backend->openDevice(0, options).code(), CUDA_ERROR_NOT_SUPPORTED);
+  auto plain = backend->openDevice(0, backend::DeviceOptions{});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain.value()->smPartition().enabled);
+}
+
+TEST(SimBackend, StreamsKeepTheirPriorityClampedToTheRangeOfCurrentGpus) {
+  auto device = newSimBackend({})->openDevice(0);
+  ASSERT_TRUE(device.ok());
+  const backend::StreamPriorityRange range = device.value()->streamPriorityRange();
+  EXPECT_EQ(range.least, 0);
+  EXPECT_EQ(range.greatest, -5);
+  for (const auto& [asked, kept] :
+       std::vector<std::pair<int, int>>{{0, 0}, {-3, -3}, {-5, -5}, {-9, -5}, {4, 0}}) {
+    auto stream = device.value()->createStreamFor(backend::WorkClass::kLatencyCritical, 0, asked);
+    ASSERT_TRUE(stream.ok());
+    EXPECT_EQ(stream.value()->priority(), kept) << asked;
+  }
+  auto daemons = device.value()->createStream(0, -2);
+  ASSERT_TRUE(daemons.ok());
+  EXPECT_EQ(daemons.value()->priority(), -2);
+}
+
 // ---- memory ---------------------------------------------------------------------------------
 
 TEST_F(SimTest, AllocationsAreAlignedDistinctAndAccountedExactly) {
@@ -705,6 +735,34 @@ TEST_F(SimTest, TrapPoisonsTheDeviceUntilReset) {
   ASSERT_EQ(stream_->copyDeviceToHost(filled, fresh, sizeof(filled)), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
   EXPECT_EQ(filled[3], 3u);
+}
+
+TEST_F(SimTest, RegisteredHostMemoryStaysRegisteredThroughAReset) {
+  // Pinned host memory is the process's, not the context's (backend.hpp): a client that holds
+  // some while another client's kernel poisons the device keeps it usable after the recovery.
+  alignas(4096) static std::uint32_t pinned[1024];
+  ASSERT_EQ(device_->registerHostMemory(pinned, sizeof(pinned)), CUDA_SUCCESS);
+  ASSERT_EQ(launchTrap(*stream_), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_ERROR_ILLEGAL_ADDRESS);
+  stream_.reset();
+  module_.reset();
+  ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+
+  stream_ = newStream();
+  ASSERT_NE(stream_, nullptr);
+  auto module = device_->loadModule(bytesOf(kTwinPtx));
+  ASSERT_TRUE(module.ok());
+  module_ = std::move(module).value();
+  Function& fill = kernel("fill_u32");
+  const auto address = reinterpret_cast<CUdeviceptr>(pinned);
+  ASSERT_EQ(stream_->launch(fill, config(4, 256), pack(fill, address, 9u, 1024ull), {}),
+            CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(pinned[0], 9u);
+  EXPECT_EQ(pinned[1023], 9u);
+  EXPECT_EQ(device_->registerHostMemory(pinned, sizeof(pinned)),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(device_->unregisterHostMemory(pinned), CUDA_SUCCESS);
 }
 
 TEST_F(SimTest, OutOfBoundsAccessIsAStickyFault) {
