@@ -36,6 +36,7 @@ struct DeviceInfo {
   uuid @2 :Data;                           # 16 bytes, as cuDeviceGetUuid returns it
   totalMemory @3 :UInt64;
   attributes @4 :List(DeviceAttribute);    # every attribute the device answers
+  streamPriorities @5 :PriorityBand;       # cuCtxGetStreamPriorityRange of the device
 }
 
 struct KernelParameter {

@@ -246,6 +246,10 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
       auto uuid = device.getUuid();
       std::memcpy(record.uuid.data(), uuid.begin(), std::min(uuid.size(), record.uuid.size()));
       record.totalMemory = device.getTotalMemory();
+      if (device.hasStreamPriorities()) {
+        record.leastStreamPriority = device.getStreamPriorities().getLeast();
+        record.greatestStreamPriority = device.getStreamPriorities().getGreatest();
+      }
       for (auto attribute : device.getAttributes()) {
         record.attributes[attribute.getAttribute()] = attribute.getValue();
       }
@@ -422,7 +426,7 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
     }
   };
   auto plain = [](std::uint64_t owner) { return owner; };
-  dropOwnedBy(streams_, plain);
+  dropOwnedBy(streams_, [](const StreamRecord& record) { return record.context; });
   dropOwnedBy(events_, plain);
   dropOwnedBy(modules_, plain);
   dropOwnedBy(functions_,
@@ -439,16 +443,22 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
   }
 }
 
-void Runtime::addStream(std::uint64_t stream, std::uint64_t context) {
+void Runtime::addStream(std::uint64_t stream, StreamRecord record) {
   std::lock_guard lock(tablesMutex_);
-  streams_[stream] = context;
+  streams_[stream] = record;
 }
 
-std::optional<std::uint64_t> Runtime::streamContext(std::uint64_t stream) const {
+std::optional<StreamRecord> Runtime::stream(std::uint64_t stream) const {
   std::shared_lock lock(tablesMutex_);
   auto found = streams_.find(stream);
   if (found == streams_.end()) return std::nullopt;
   return found->second;
+}
+
+std::optional<std::uint64_t> Runtime::streamContext(std::uint64_t stream) const {
+  std::optional<StreamRecord> record = this->stream(stream);
+  if (!record) return std::nullopt;
+  return record->context;
 }
 
 void Runtime::forgetStream(std::uint64_t stream) {

@@ -12,6 +12,7 @@
 
 #include <kj/async.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -39,6 +40,14 @@ struct DeviceRecord {
   std::array<std::uint8_t, 16> uuid{};
   std::uint64_t totalMemory = 0;
   std::unordered_map<int, int> attributes;  // every attribute the daemon reported
+  // cuCtxGetStreamPriorityRange: lower numbers are higher priorities, greatest <= least.
+  int leastStreamPriority = 0;
+  int greatestStreamPriority = 0;
+
+  // A requested stream priority as the driver keeps it: clamped into the device's range.
+  int clampStreamPriority(int priority) const {
+    return std::clamp(priority, greatestStreamPriority, leastStreamPriority);
+  }
 
   // nullopt for an attribute the daemon did not report.
   std::optional<int> attribute(CUdevice_attribute which) const {
@@ -46,6 +55,12 @@ struct DeviceRecord {
     if (found == attributes.end()) return std::nullopt;
     return found->second;
   }
+};
+
+struct StreamRecord {
+  std::uint64_t context = 0;
+  unsigned flags = 0;  // as created (CU_STREAM_NON_BLOCKING or 0)
+  int priority = 0;    // as requested, clamped to the device's range
 };
 
 struct ContextRecord {
@@ -129,7 +144,8 @@ public:
   // context itself, otherwise it gets a new generation.
   void forgetContextResources(std::uint64_t context, bool destroyed);
 
-  void addStream(std::uint64_t stream, std::uint64_t context);
+  void addStream(std::uint64_t stream, StreamRecord record);
+  std::optional<StreamRecord> stream(std::uint64_t stream) const;
   std::optional<std::uint64_t> streamContext(std::uint64_t stream) const;
   void forgetStream(std::uint64_t stream);
 
@@ -182,7 +198,7 @@ private:
   // Read on every launch and copy from many threads, written rarely.
   mutable std::shared_mutex tablesMutex_;
   std::unordered_map<std::uint64_t, ContextRecord> contexts_;
-  std::unordered_map<std::uint64_t, std::uint64_t> streams_;  // stream -> context
+  std::unordered_map<std::uint64_t, StreamRecord> streams_;
   std::unordered_map<std::uint64_t, std::uint64_t> events_;   // event -> context
   std::unordered_map<std::uint64_t, std::uint64_t> modules_;  // module -> context
   std::unordered_map<std::uint64_t, std::shared_ptr<const KernelRecord>> functions_;

@@ -568,6 +568,10 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
     device.setName(properties.name);
     device.setUuid(kj::arrayPtr(properties.uuid.data(), properties.uuid.size()));
     device.setTotalMemory(properties.totalMemory);
+    const backend::StreamPriorityRange priorities =
+        state_.gpus[visible[i]]->dispatcher().streamPriorityRange();
+    device.initStreamPriorities().setLeast(priorities.least);
+    device.getStreamPriorities().setGreatest(priorities.greatest);
     auto attributes = device.initAttributes(static_cast<unsigned>(properties.attributes.size()));
     for (unsigned a = 0; a < properties.attributes.size(); ++a) {
       attributes[a].setAttribute(properties.attributes[a].first);

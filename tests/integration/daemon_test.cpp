@@ -5,6 +5,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <map>
+#include <sstream>
+#include <string>
+
 namespace gpuproxy::testing {
 namespace {
 
@@ -112,6 +116,32 @@ TEST(Daemon, ReportsStreamPriorityBandsAndNoPartition) {
             std::string::npos)
       << text.output;
   EXPECT_EQ(text.output.find("SM partition"), std::string::npos) << text.output;
+}
+
+// A CUDA program asking about priorities gets the driver's answers: the device's range, and each
+// stream's requested priority clamped into it (whatever band the daemon runs it in).
+TEST(Daemon, TheStubAnswersStreamPriorityQueriesAsTheDriverDoes) {
+  Daemon daemon;
+  RunResult result = daemon.runClient("error_probe", {"stream-properties"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors;
+  std::map<std::string, std::string> got;
+  std::istringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto space = line.rfind(' ');
+    if (space != std::string::npos) got[line.substr(0, space)] = line.substr(space + 1);
+  }
+  EXPECT_EQ(got["cuCtxGetStreamPriorityRange"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["least"], "0");
+  EXPECT_EQ(got["greatest"], "-5");
+  EXPECT_EQ(got["priority(highest)"], "-5");
+  EXPECT_EQ(got["priority(lowest)"], "0");
+  EXPECT_EQ(got["priority(default)"], "0");
+  EXPECT_EQ(got["flags(highest)"], "1");  // CU_STREAM_NON_BLOCKING
+  EXPECT_EQ(got["same-context(lowest)"], "1");
+  EXPECT_EQ(got["priority(NULL)"], "0");
+  EXPECT_EQ(got["flags(NULL)"], "0");
+  EXPECT_EQ(got["cuStreamGetPriority(bad stream)"], "CUDA_ERROR_INVALID_HANDLE");
+  EXPECT_EQ(got["cuStreamGetPriority(no result)"], "CUDA_ERROR_INVALID_VALUE");
 }
 
 TEST(Daemon, ReportsSimulatedMemoryExactly) {

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <unistd.h>
 #include <vector>
@@ -83,6 +84,39 @@ int main(int argc, char** argv) {
   }
   if (!setUp()) return 1;
 
+  if (scenario == "stream-properties") {
+    // What cuCtxGetStreamPriorityRange and the cuStreamGet* queries answer, as "<check> <value>".
+    int least = 1;
+    int greatest = 1;
+    report("cuCtxGetStreamPriorityRange", cuCtxGetStreamPriorityRange(&least, &greatest));
+    std::printf("least %d\ngreatest %d\n", least, greatest);
+    const std::pair<const char*, int> asked[] = {
+        {"highest", -1000}, {"lowest", 1000}, {"default", 0}};
+    for (const auto& [name, priority] : asked) {
+      CUstream stream;
+      report("cuStreamCreateWithPriority",
+             cuStreamCreateWithPriority(&stream, CU_STREAM_NON_BLOCKING, priority));
+      int got = 99;
+      unsigned flags = 99;
+      CUcontext owner = nullptr;
+      CUcontext current = nullptr;
+      report("cuStreamGetPriority", cuStreamGetPriority(stream, &got));
+      report("cuStreamGetFlags", cuStreamGetFlags(stream, &flags));
+      report("cuStreamGetCtx", cuStreamGetCtx(stream, &owner));
+      cuCtxGetCurrent(&current);
+      std::printf("priority(%s) %d\nflags(%s) %u\nsame-context(%s) %d\n", name, got, name, flags,
+                  name, owner == current ? 1 : 0);
+    }
+    int nullPriority = 99;
+    unsigned nullFlags = 99;
+    report("cuStreamGetPriority(NULL)", cuStreamGetPriority(nullptr, &nullPriority));
+    report("cuStreamGetFlags(NULL)", cuStreamGetFlags(nullptr, &nullFlags));
+    std::printf("priority(NULL) %d\nflags(NULL) %u\n", nullPriority, nullFlags);
+    report("cuStreamGetPriority(bad stream)",
+           cuStreamGetPriority(reinterpret_cast<CUstream>(0x9abc), &nullPriority));
+    report("cuStreamGetPriority(no result)", cuStreamGetPriority(nullptr, nullptr));
+    return 0;
+  }
   if (scenario == "bad-handle") {
     report("cuStreamSynchronize", cuStreamSynchronize(reinterpret_cast<CUstream>(0xdeadbeef)));
     CUfunction function;

@@ -12,6 +12,7 @@ using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::contextStack;
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::DataPlane;
+using gpuproxy::stub::DeviceRecord;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::handleValue;
 using gpuproxy::stub::Runtime;
@@ -315,6 +316,19 @@ GPUPROXY_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
     std::optional<ContextRecord> record = runtime.context(currentContext());
     if (!record) return CUDA_ERROR_INVALID_CONTEXT;
     *device = static_cast<CUdevice>(record->device);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    std::optional<ContextRecord> record = runtime.context(currentContext());
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    const DeviceRecord* device = runtime.device(static_cast<CUdevice>(record->device));
+    if (device == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    // Either pointer may be NULL, as with the driver.
+    if (leastPriority != nullptr) *leastPriority = device->leastStreamPriority;
+    if (greatestPriority != nullptr) *greatestPriority = device->greatestStreamPriority;
     return CUDA_SUCCESS;
   });
 }

@@ -10,13 +10,16 @@
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
+using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::DataPlane;
+using gpuproxy::stub::DeviceRecord;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::handleValue;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StreamRecord;
 using gpuproxy::stub::StreamTarget;
 using gpuproxy::stub::toHandle;
 using gpuproxy::stub::toResult;
@@ -54,9 +57,61 @@ CUresult createStream(const char* entryPoint, CUstream* phStream, unsigned flags
       });
     });
     if (reply.result != CUDA_SUCCESS) return reply.result;
-    runtime.addStream(reply.handle, context);
+    // The driver keeps a requested priority clamped to the device's range (cuStreamGetPriority
+    // answers that); the daemon places the stream within its tenant's band of that range.
+    std::optional<ContextRecord> record = runtime.context(context);
+    const DeviceRecord* device =
+        record ? runtime.device(static_cast<CUdevice>(record->device)) : nullptr;
+    runtime.addStream(reply.handle,
+                      StreamRecord{context, flags,
+                                   device != nullptr ? device->clampStreamPriority(priority) : 0});
     *phStream = toHandle<CUstream>(reply.handle);
     return CUDA_SUCCESS;
+  });
+}
+
+// What cuStreamGetPriority/Flags/Ctx report. The reserved handles (NULL, legacy, per-thread) are
+// the current context's default streams: no flags, the default priority.
+CUresult describeStream(Runtime& runtime, CUstream hStream, StreamRecord& out) {
+  const std::uint64_t value = handleValue(hStream);
+  if (isReservedStream(value)) {
+    const std::uint64_t context = currentContext();
+    if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    out = StreamRecord{context, 0, 0};
+    return CUDA_SUCCESS;
+  }
+  std::optional<StreamRecord> record = runtime.stream(value);
+  if (!record) return CUDA_ERROR_INVALID_HANDLE;
+  out = *record;
+  return CUDA_SUCCESS;
+}
+
+template <typename T, typename Field>
+CUresult streamProperty(const char* entryPoint, CUstream hStream, T* result, Field&& field) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (result == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamRecord record;
+    if (CUresult described = describeStream(runtime, hStream, record); described != CUDA_SUCCESS) {
+      return described;
+    }
+    *result = field(record);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult streamPriority(const char* entryPoint, CUstream hStream, int* priority) {
+  return streamProperty(entryPoint, hStream, priority,
+                        [](const StreamRecord& record) { return record.priority; });
+}
+
+CUresult streamFlags(const char* entryPoint, CUstream hStream, unsigned* flags) {
+  return streamProperty(entryPoint, hStream, flags,
+                        [](const StreamRecord& record) { return record.flags; });
+}
+
+CUresult streamContext(const char* entryPoint, CUstream hStream, CUcontext* context) {
+  return streamProperty(entryPoint, hStream, context, [](const StreamRecord& record) {
+    return toHandle<CUcontext>(record.context);
   });
 }
 
@@ -256,6 +311,30 @@ GPUPROXY_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) 
 GPUPROXY_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
                                                     int priority) {
   return createStream(__func__, phStream, flags, priority);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetPriority(CUstream hStream, int* priority) {
+  return streamPriority(__func__, hStream, priority);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetPriority_ptsz(CUstream hStream, int* priority) {
+  return streamPriority(__func__, hStream, priority);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetFlags(CUstream hStream, unsigned int* flags) {
+  return streamFlags(__func__, hStream, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int* flags) {
+  return streamFlags(__func__, hStream, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
+  return streamContext(__func__, hStream, pctx);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext* pctx) {
+  return streamContext(__func__, hStream, pctx);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamDestroy(CUstream hStream) {
