@@ -9,23 +9,6 @@
 
 namespace gpuproxy::server {
 
-bool isStickyError(CUresult result) {
-  switch (result) {
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ASSERT:
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-      return true;
-    default:
-      return false;
-  }
-}
-
 GpuWorker::GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
                      const dispatch::DispatchOptions& dispatch)
     : index_(index),

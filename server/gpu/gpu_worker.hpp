@@ -4,6 +4,7 @@
 // memory, its clients, and what happens after a sticky fault. Nothing here is global, so a GPU can
 // later be moved into a supervised worker process of its own.
 
+#include "protocol/cuda_result.hpp"
 #include "server/backend/backend.hpp"
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
@@ -73,6 +74,6 @@ private:
 };
 
 // True for the errors after which a CUDA context is unusable (CUDA's "sticky" errors).
-bool isStickyError(CUresult result);
+using protocol::isStickyError;
 
 }  // namespace gpuproxy::server

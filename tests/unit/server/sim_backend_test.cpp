@@ -1,6 +1,7 @@
 // The sim backend through the backend interface, as the daemon uses it.
 
 #include "server/backend/sim/sim_backend.hpp"
+#include "tests/support/process.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -443,8 +444,10 @@ TEST_F(SimTest, QueryReportsPendingWork) {
     EXPECT_EQ(other->query(), CUDA_ERROR_NOT_READY);
   }
   ASSERT_EQ(synchronize(*other), CUDA_SUCCESS);
-  EXPECT_EQ(stream_->query(), CUDA_SUCCESS);
-  EXPECT_EQ(other->query(), CUDA_SUCCESS);
+  // synchronize() returns from inside the stream's last callback, and a stream is idle only once
+  // that has returned (as with cuLaunchHostFunc): the streams become idle, not necessarily yet.
+  EXPECT_TRUE(gpuproxy::testing::eventually([&] { return stream_->query() == CUDA_SUCCESS; }));
+  EXPECT_TRUE(gpuproxy::testing::eventually([&] { return other->query() == CUDA_SUCCESS; }));
 }
 
 TEST_F(SimTest, DestroyedStreamsAndEventsStillCompleteTheirWork) {
