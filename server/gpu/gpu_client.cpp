@@ -137,6 +137,17 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
   });
 }
 
+void GpuClient::releaseAllocationMemory(CUdeviceptr pointer, const Allocation& allocation) {
+  CUresult freed = worker_.free(pointer, allocation.bytes);
+  if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
+    spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), pointer,
+                  stats_->identity.pid, static_cast<int>(freed));
+  }
+  memoryUsed_ -= allocation.bytes;
+  stats_->memoryUsed -= allocation.bytes;
+  stats_->tenant->credit(worker_.index(), allocation.bytes);
+}
+
 void GpuClient::destroyContextNow(Handle context) {
   // Functions and modules first (they reference nothing else), then events and streams, then the
   // memory the work used.
@@ -156,14 +167,7 @@ void GpuClient::destroyContextNow(Handle context) {
       ++it;
       continue;
     }
-    CUresult freed = worker_.free(it->first, it->second.bytes);
-    if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
-      spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), it->first,
-                    stats_->identity.pid, static_cast<int>(freed));
-    }
-    memoryUsed_ -= it->second.bytes;
-    stats_->memoryUsed -= it->second.bytes;
-    stats_->tenant->credit(worker_.index(), it->second.bytes);
+    releaseAllocationMemory(it->first, it->second);
     it = allocations_.erase(it);
   }
   contexts_.erase(context);
@@ -397,14 +401,7 @@ std::uint64_t GpuClient::abandon() {
       ++it;
       continue;
     }
-    CUresult freed = worker_.free(it->first, it->second.bytes);
-    if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
-      spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), it->first,
-                    stats_->identity.pid, static_cast<int>(freed));
-    }
-    memoryUsed_ -= it->second.bytes;
-    stats_->memoryUsed -= it->second.bytes;
-    stats_->tenant->credit(worker_.index(), it->second.bytes);
+    releaseAllocationMemory(it->first, it->second);
     it = allocations_.erase(it);
   }
   // No kernel of this client is left to run, so its modules can go too.

@@ -212,6 +212,8 @@ private:
   kj::Promise<CUresult> noteCompletion(Handle context, Handle stream, std::uint64_t queued,
                                        kj::Promise<CUresult> status);
   void releaseModuleMemory(const Module& module);
+  // Frees one allocation on the device and credits it (the caller drops it from allocations_).
+  void releaseAllocationMemory(CUdeviceptr pointer, const Allocation& allocation);
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
 

@@ -25,6 +25,7 @@
 #include "server/backend/cuda/cuda_backend.hpp"
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
+#include "tests/gpu/gpu_test_main.hpp"
 
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
 #include "test_kernels_ptx.hpp"
@@ -394,17 +395,5 @@ TEST(SmPartitionTest, NeedsTheTestKernels) {
 }  // namespace gpuproxy::server::cuda
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  std::string whyNot;
-  auto backend = gpuproxy::server::cuda::newCudaBackend(whyNot);
-  if (!backend.ok()) {
-    std::printf("SKIPPED: no GPU: %s\n", whyNot.c_str());
-    std::fflush(stdout);
-    return 77;  // ctest: SKIP_RETURN_CODE
-  }
-  std::unique_ptr<gpuproxy::server::backend::Backend> owned = std::move(backend).value();
-  gpuproxy::server::cuda::gBackend = owned.get();
-  const int failed = RUN_ALL_TESTS();
-  gpuproxy::server::cuda::gBackend = nullptr;
-  return failed;
+  return gpuproxy::testing::runGpuTests(argc, argv, gpuproxy::server::cuda::gBackend);
 }
