@@ -153,6 +153,20 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
       report(result, command, opcode);
     }
   };
+  // answer() once `promise` resolves (work that reads or writes the client's segment).
+  auto answerWhenDone = [&](kj::Promise<CUresult> promise, std::uint64_t token, const auto& command,
+                            ring::Opcode opcode) {
+    ring::AsyncError failure{command.sequence, command.context, command.stream, CUDA_SUCCESS,
+                             static_cast<std::uint16_t>(opcode)};
+    ringTasks_->add(promise.then([&channel, token, failure](CUresult result) mutable {
+      if (token != 0) {
+        channel.postCompletion(token, result);
+      } else if (result != CUDA_SUCCESS) {
+        failure.result = result;
+        channel.postAsyncError(failure);
+      }
+    }));
+  };
   // Answers `token` once `promise` resolves.
   auto answerLater = [&](kj::Promise<CUresult> promise, std::uint64_t token) {
     ringTasks_->add(promise.then(
@@ -182,22 +196,11 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
             if (copy.source.region == ring::HostRegion::kPinnedHeap && client != nullptr) {
               // DMA straight from the application's pinned buffer, which the segment's keep-alive
               // keeps mapped until the copy is over; answered when it is.
-              const std::uint64_t token = copy.completionToken;
-              ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
-                                       static_cast<std::uint16_t>(ring::Opcode::kCopyHostToDevice)};
-              ringTasks_->add(client
-                                  ->copyHostToDeviceFrom(copy.context, copy.stream,
-                                                         copy.destination,
-                                                         channel.hostBytes(copy.source, copy.bytes),
-                                                         channel.segmentKeepAlive())
-                                  .then([&channel, token, failure](CUresult result) mutable {
-                                    if (token != 0) {
-                                      channel.postCompletion(token, result);
-                                    } else if (result != CUDA_SUCCESS) {
-                                      failure.result = result;
-                                      channel.postAsyncError(failure);
-                                    }
-                                  }));
+              answerWhenDone(
+                  client->copyHostToDeviceFrom(copy.context, copy.stream, copy.destination,
+                                               channel.hostBytes(copy.source, copy.bytes),
+                                               channel.segmentKeepAlive()),
+                  copy.completionToken, copy, ring::Opcode::kCopyHostToDevice);
               return;
             }
             CUresult result = CUDA_ERROR_INVALID_CONTEXT;
@@ -233,22 +236,11 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
               return;
             }
             // Straight into the client's staging area: no copy in the daemon.
-            const std::uint64_t token = copy.completionToken;
-            ring::AsyncError failure{copy.sequence, copy.context, copy.stream, CUDA_SUCCESS,
-                                     static_cast<std::uint16_t>(ring::Opcode::kCopyDeviceToHost)};
-            ringTasks_->add(
-                client
-                    ->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
-                                           channel.hostBytes(copy.destination, copy.bytes),
-                                           channel.segmentKeepAlive())
-                    .then([&channel, token, failure](CUresult result) mutable {
-                      if (token != 0) {
-                        channel.postCompletion(token, result);
-                      } else if (result != CUDA_SUCCESS) {
-                        failure.result = result;
-                        channel.postAsyncError(failure);
-                      }
-                    }));
+            answerWhenDone(
+                client->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
+                                             channel.hostBytes(copy.destination, copy.bytes),
+                                             channel.segmentKeepAlive()),
+                copy.completionToken, copy, ring::Opcode::kCopyDeviceToHost);
           },
           [&](const ring::CopyDeviceToDevice& copy) {
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);

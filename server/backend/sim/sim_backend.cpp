@@ -371,7 +371,8 @@ private:
         record->record->time = outcome.time;
         waiters = std::move(record->record->waiters);
       }
-      if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS && skipWith == CUDA_SUCCESS) {
+      if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS &&
+          skipWith == CUDA_SUCCESS) {
         sticky_ = outcome.status;
         spdlog::error("sim device {}: {} faulted with {}; the device is poisoned until reset",
                       index_, describeOp(op), describe(outcome.status));
