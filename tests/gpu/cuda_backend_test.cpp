@@ -21,14 +21,15 @@
 
 #include "server/backend/backend.hpp"
 #include "server/backend/cuda/cuda_backend.hpp"
-#include "tests/gpu/gpu_test_main.hpp"
-
-#ifdef GPUPROXY_HAVE_TEST_KERNELS
-#include "test_kernels_ptx.hpp"
-#endif
+#include "tests/gpu/gpu_test_support.hpp"
 
 namespace gpuproxy::server::cuda {
 namespace {
+
+using gpuproxy::testing::ParameterPacker;
+#ifdef GPUPROXY_HAVE_TEST_KERNELS
+using gpuproxy::testing::testKernelsImage;
+#endif
 
 using backend::Device;
 using backend::Event;
@@ -278,41 +279,6 @@ TEST_F(CudaBackendTest, EventsCompleteAndMeasureTime) {
 }
 
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
-
-std::span<const std::byte> testKernelsImage() {
-  static const std::string_view ptx{gpuproxy::testing::kTestKernelsPtx};
-  return std::as_bytes(std::span(ptx.data(), ptx.size()));
-}
-
-// Packs arguments at the offsets the backend reported, checking each size on the way.
-class ParameterPacker {
-public:
-  explicit ParameterPacker(const FunctionInfo& info) : info_(info), buffer_(info.parameterBytes) {}
-
-  template <typename T>
-  ParameterPacker& add(const T& value) {
-    if (next_ >= info_.parameters.size()) {
-      ADD_FAILURE() << "more arguments than the kernel has parameters";
-      return *this;
-    }
-    const KernelParameter& parameter = info_.parameters[next_++];
-    EXPECT_EQ(parameter.size, sizeof(T)) << "parameter " << next_ - 1;
-    if (parameter.size == sizeof(T) && parameter.offset + sizeof(T) <= buffer_.size()) {
-      std::memcpy(buffer_.data() + parameter.offset, &value, sizeof(T));
-    }
-    return *this;
-  }
-
-  std::span<const std::byte> bytes() const {
-    EXPECT_EQ(next_, info_.parameters.size()) << "fewer arguments than parameters";
-    return buffer_;
-  }
-
-private:
-  const FunctionInfo& info_;
-  std::vector<std::byte> buffer_;
-  std::size_t next_ = 0;
-};
 
 class CudaKernelTest : public CudaBackendTest {
 protected:

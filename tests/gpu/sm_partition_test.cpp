@@ -25,14 +25,15 @@
 #include "server/backend/cuda/cuda_backend.hpp"
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
-#include "tests/gpu/gpu_test_main.hpp"
-
-#ifdef GPUPROXY_HAVE_TEST_KERNELS
-#include "test_kernels_ptx.hpp"
-#endif
+#include "tests/gpu/gpu_test_support.hpp"
 
 namespace gpuproxy::server::cuda {
 namespace {
+
+using gpuproxy::testing::ParameterPacker;
+#ifdef GPUPROXY_HAVE_TEST_KERNELS
+using gpuproxy::testing::testKernelsImage;
+#endif
 
 using backend::Device;
 using backend::Event;
@@ -77,36 +78,6 @@ int attribute(const Device& device, CUdevice_attribute wanted) {
 }
 
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
-
-std::span<const std::byte> testKernelsImage() {
-  static const std::string_view ptx{gpuproxy::testing::kTestKernelsPtx};
-  return std::as_bytes(std::span(ptx.data(), ptx.size()));
-}
-
-// Packs arguments at the offsets the backend reported.
-class Parameters {
-public:
-  explicit Parameters(const FunctionInfo& info) : info_(info), buffer_(info.parameterBytes) {}
-  template <typename T>
-  Parameters& add(const T& value) {
-    if (next_ >= info_.parameters.size()) {
-      ADD_FAILURE() << "more arguments than parameters";
-      return *this;
-    }
-    const backend::KernelParameter& parameter = info_.parameters[next_++];
-    EXPECT_EQ(parameter.size, sizeof(T));
-    if (parameter.size == sizeof(T) && parameter.offset + sizeof(T) <= buffer_.size()) {
-      std::memcpy(buffer_.data() + parameter.offset, &value, sizeof(T));
-    }
-    return *this;
-  }
-  std::span<const std::byte> bytes() const { return buffer_; }
-
-private:
-  const FunctionInfo& info_;
-  std::vector<std::byte> buffer_;
-  std::size_t next_ = 0;
-};
 
 LaunchConfig linear(unsigned threads) {
   LaunchConfig config;
@@ -184,7 +155,7 @@ protected:
     auto status = completion->status.get_future();
     auto time = completion->nanoseconds.get_future();
     ASSERT_EQ(stream.launch(add, linear(kCount),
-                            Parameters(add.info()).add(da).add(db).add(dc).add(kCount).bytes(),
+                            ParameterPacker(add.info()).add(da).add(db).add(dc).add(kCount).bytes(),
                             [completion](CUresult result, std::uint64_t ns) {
                               completion->nanoseconds.set_value(ns);
                               completion->status.set_value(result);
@@ -295,11 +266,12 @@ TEST_P(SmPartitionTest, EventsOrderWorkAcrossTheTwoClassesStreams) {
   ASSERT_EQ(producer->record(*start), CUDA_SUCCESS);
   // The consumer's copy must see the producer's fill, which a 20 ms spin delays.
   ASSERT_EQ(producer->launch(spin, LaunchConfig{},
-                             Parameters(spin.info()).add(20'000'000ull).bytes(), {}),
+                             ParameterPacker(spin.info()).add(20'000'000ull).bytes(), {}),
             CUDA_SUCCESS);
-  ASSERT_EQ(producer->launch(fill, linear(kCount),
-                             Parameters(fill.info()).add(buffer).add(77u).add(kCount).bytes(), {}),
-            CUDA_SUCCESS);
+  ASSERT_EQ(
+      producer->launch(fill, linear(kCount),
+                       ParameterPacker(fill.info()).add(buffer).add(77u).add(kCount).bytes(), {}),
+      CUDA_SUCCESS);
   ASSERT_EQ(producer->record(*done), CUDA_SUCCESS);
   ASSERT_EQ(consumer->wait(*done), CUDA_SUCCESS);
   std::vector<std::uint32_t> words(kCount, 0);
@@ -363,7 +335,7 @@ TEST_P(SmPartitionTest, AfterAFaultAndAResetPinnedMemoryAndThePartitionAreStillT
     const unsigned value = workClass == WorkClass::kBestEffort ? 5u : 6u;
     backend::Function& fill = function("fill_u32");
     ASSERT_EQ(again->launch(fill, linear(kWords),
-                            Parameters(fill.info())
+                            ParameterPacker(fill.info())
                                 .add(reinterpret_cast<CUdeviceptr>(pinned.data))
                                 .add(value)
                                 .add(kWords)
