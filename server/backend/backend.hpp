@@ -49,6 +49,16 @@ struct DeviceProperties {
   std::vector<std::pair<int, int>> attributes;
 };
 
+// Whose device state something is: the daemon gives each client an address space of its own
+// and passes it when it allocates memory, registers host memory, loads a module or creates a
+// stream for that client. The `sim` backend enforces it: a kernel launched on a stream may touch
+// only the memory of the stream's address space (its allocations, registered host memory and
+// modules' variables) and faults on anything else, so one client's kernel can never read or
+// write another's memory. The `cuda` backend ignores it: every client's work runs in the one
+// CUDA context, and a GPU does not stop a kernel from following any pointer into that context.
+using AddressSpace = std::uint64_t;
+inline constexpr AddressSpace kDaemonAddressSpace = 0;  // the daemon's own (and tests')
+
 // The class of work a stream carries: its owner's tenant class. The dispatcher chooses the
 // stream's priority from it; with an SM partition the `cuda` backend also places the stream in
 // the class's green context.
@@ -90,12 +100,24 @@ struct KernelParameter {
   std::uint32_t size = 0;
 };
 
+// What cuFuncGetAttribute reports about a kernel.
 struct FunctionInfo {
   std::vector<KernelParameter> parameters;
   std::uint32_t parameterBytes = 0;  // size of the packed parameter buffer
   int maxThreadsPerBlock = 1024;
-  int sharedSizeBytes = 0;
+  int sharedSizeBytes = 0;  // static shared memory
   int numRegs = 0;
+  int localSizeBytes = 0;  // per thread
+  int constSizeBytes = 0;  // user constant memory
+  int ptxVersion = 0;      // major * 10 + minor, as CU_FUNC_ATTRIBUTE_PTX_VERSION
+  int binaryVersion = 0;   // as CU_FUNC_ATTRIBUTE_BINARY_VERSION
+};
+
+// A module-scope variable (__device__, __constant__): where it lives and how big it is, as
+// cuModuleGetGlobal answers.
+struct GlobalVariable {
+  CUdeviceptr address = 0;
+  std::size_t bytes = 0;
 };
 
 struct Dim3 {
@@ -132,6 +154,8 @@ public:
   // Device memory the loaded module takes (code, constants, globals): charged to the client's
   // tenant like any allocation.
   virtual std::uint64_t deviceBytes() const = 0;
+  // A module-scope variable by name; CUDA_ERROR_NOT_FOUND when the module has none.
+  virtual Result<GlobalVariable> global(std::string_view name) = 0;
 };
 
 class Event {
@@ -182,7 +206,9 @@ public:
   virtual ~Device() = default;
   virtual const DeviceProperties& properties() const = 0;
 
-  virtual Result<CUdeviceptr> allocate(std::size_t bytes) = 0;
+  // Memory that kernels of `owner` may use.
+  virtual Result<CUdeviceptr> allocate(std::size_t bytes, AddressSpace owner) = 0;
+  Result<CUdeviceptr> allocate(std::size_t bytes) { return allocate(bytes, kDaemonAddressSpace); }
   virtual CUresult free(CUdeviceptr pointer) = 0;
   virtual MemoryInfo memoryInfo() = 0;
 
@@ -193,17 +219,29 @@ public:
   // that may use it has completed. A registration survives reset(): it is the process's, not the
   // context's. CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for a range that
   // overlaps one registered before; CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED for an unknown start.
-  virtual CUresult registerHostMemory(void* host, std::size_t bytes) = 0;
+  virtual CUresult registerHostMemory(void* host, std::size_t bytes, AddressSpace owner) = 0;
+  CUresult registerHostMemory(void* host, std::size_t bytes) {
+    return registerHostMemory(host, bytes, kDaemonAddressSpace);
+  }
   virtual CUresult unregisterHostMemory(void* host) = 0;
 
-  // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`).
-  virtual Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) = 0;
-  // A stream for `workClass` at `priority` (clamped to streamPriorityRange()). With an SM
-  // partition the stream may only use its class's SMs. createStream(flags, priority) is the
-  // daemon's own work, placed as best-effort.
+  // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`). Its
+  // variables are `owner`'s memory.
+  virtual Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image,
+                                                     AddressSpace owner) = 0;
+  Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) {
+    return loadModule(image, kDaemonAddressSpace);
+  }
+  // A stream for `workClass` at `priority` (clamped to streamPriorityRange()), whose kernels run
+  // in `owner`'s address space. With an SM partition the stream may only use its class's SMs.
+  // createStream(flags, priority) is the daemon's own work, placed as best-effort.
   virtual Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) = 0;
   virtual Result<std::unique_ptr<Stream>> createStreamFor(WorkClass workClass, unsigned flags,
-                                                          int priority) = 0;
+                                                          int priority, AddressSpace owner) = 0;
+  Result<std::unique_ptr<Stream>> createStreamFor(WorkClass workClass, unsigned flags,
+                                                  int priority) {
+    return createStreamFor(workClass, flags, priority, kDaemonAddressSpace);
+  }
   virtual StreamPriorityRange streamPriorityRange() const = 0;
   // The SM partition this device was opened with (DeviceOptions), as the driver made it.
   virtual SmPartition smPartition() const { return {}; }
@@ -212,6 +250,13 @@ public:
   // CUDA_SUCCESS, or the sticky error (CUDA_ERROR_ILLEGAL_ADDRESS, ...) that poisoned this
   // device's context. Once poisoned, work fails with this error until reset().
   virtual CUresult stickyError() = 0;
+  // What the backend knows of the fault behind the sticky error, for the log (the kernel, the
+  // address, the thread); empty when it knows nothing more.
+  virtual std::string stickyErrorDetail() { return {}; }
+  // Device printf output of `owner`'s kernels that have completed since the last call; what a
+  // GPU prints on the application's stdout at its next synchronisation. Empty where the backend
+  // does not collect it (the `cuda` backend: the driver prints in the daemon).
+  virtual std::string takeDeviceOutput(AddressSpace /*owner*/) { return {}; }
   // Recreates the device's context after a sticky fault. Every allocation, module, stream and event
   // made before is invalid afterwards; the caller must have dropped them. Registered host memory
   // and the SM partition are kept.

@@ -292,8 +292,9 @@ scheduler::Nanos ScheduledDevice::now() {
       .count();
 }
 
-backend::Result<CUdeviceptr> ScheduledDevice::allocate(std::size_t bytes) {
-  return device_->allocate(bytes);
+backend::Result<CUdeviceptr> ScheduledDevice::allocate(std::size_t bytes,
+                                                       backend::AddressSpace owner) {
+  return device_->allocate(bytes, owner);
 }
 
 CUresult ScheduledDevice::free(CUdeviceptr pointer) {
@@ -305,8 +306,8 @@ backend::MemoryInfo ScheduledDevice::memoryInfo() {
 }
 
 backend::Result<std::unique_ptr<backend::Module>> ScheduledDevice::loadModule(
-    std::span<const std::byte> image) {
-  return device_->loadModule(image);
+    std::span<const std::byte> image, backend::AddressSpace owner) {
+  return device_->loadModule(image, owner);
 }
 
 CUresult ScheduledDevice::stickyError() {
@@ -333,22 +334,24 @@ backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(
   const bool latencyCritical =
       owner.stats && owner.stats->tenant &&
       owner.stats->tenant->limits().tenantClass == TenantClass::kLatencyCritical;
+  // The client's kernels run in its own address space (the sim lets them touch only its memory).
   return makeStream(
       owner,
       latencyCritical ? backend::WorkClass::kLatencyCritical : backend::WorkClass::kBestEffort,
-      flags, priority);
+      flags, priority, owner.stats ? owner.stats->addressSpace : backend::kDaemonAddressSpace);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStreamFor(
-    backend::WorkClass workClass, unsigned flags, int priority) {
-  return makeStream(StreamOwner{}, workClass, flags, priority);
+    backend::WorkClass workClass, unsigned flags, int priority, backend::AddressSpace owner) {
+  return makeStream(StreamOwner{}, workClass, flags, priority, owner);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::makeStream(
-    const StreamOwner& owner, backend::WorkClass workClass, unsigned flags, int priority) {
+    const StreamOwner& owner, backend::WorkClass workClass, unsigned flags, int priority,
+    backend::AddressSpace addressSpace) {
   const backend::StreamPriorityRange range = device_->streamPriorityRange();
-  auto real =
-      device_->createStreamFor(workClass, flags, devicePriority(range, workClass, priority));
+  auto real = device_->createStreamFor(workClass, flags, devicePriority(range, workClass, priority),
+                                       addressSpace);
   if (!real.ok()) return real.code();
   auto state = std::make_shared<StreamState>();
   state->id = nextStreamId_++;

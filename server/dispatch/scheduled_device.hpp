@@ -86,30 +86,38 @@ public:
   ScheduledDevice& operator=(const ScheduledDevice&) = delete;
 
   // backend::Device
+  using backend::Device::allocate;
+  using backend::Device::createStreamFor;
+  using backend::Device::loadModule;
+  using backend::Device::registerHostMemory;
   const backend::DeviceProperties& properties() const override { return device_->properties(); }
-  backend::Result<CUdeviceptr> allocate(std::size_t bytes) override;
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override;
   CUresult free(CUdeviceptr pointer) override;
   backend::MemoryInfo memoryInfo() override;
   // Pinned host memory is the real device's business: nothing is held for it here.
-  CUresult registerHostMemory(void* host, std::size_t bytes) override {
-    return device_->registerHostMemory(host, bytes);
+  CUresult registerHostMemory(void* host, std::size_t bytes, backend::AddressSpace owner) override {
+    return device_->registerHostMemory(host, bytes, owner);
   }
   CUresult unregisterHostMemory(void* host) override { return device_->unregisterHostMemory(host); }
   backend::Result<std::unique_ptr<backend::Module>> loadModule(
-      std::span<const std::byte> image) override;
+      std::span<const std::byte> image, backend::AddressSpace owner) override;
   // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant, placed
   // as best-effort (createStream) or as `workClass` (createStreamFor).
   backend::Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags,
                                                                  int priority) override;
-  backend::Result<std::unique_ptr<backend::Stream>> createStreamFor(backend::WorkClass workClass,
-                                                                    unsigned flags,
-                                                                    int priority) override;
+  backend::Result<std::unique_ptr<backend::Stream>> createStreamFor(
+      backend::WorkClass workClass, unsigned flags, int priority,
+      backend::AddressSpace owner) override;
   backend::StreamPriorityRange streamPriorityRange() const override {
     return device_->streamPriorityRange();
   }
   backend::SmPartition smPartition() const override { return device_->smPartition(); }
   backend::Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override;
   CUresult stickyError() override;
+  std::string stickyErrorDetail() override { return device_->stickyErrorDetail(); }
+  std::string takeDeviceOutput(backend::AddressSpace owner) override {
+    return device_->takeDeviceOutput(owner);
+  }
   // Fails every operation still held here (their callbacks get CUDA_ERROR_CONTEXT_IS_DESTROYED),
   // then resets the real device.
   CUresult reset() override;
@@ -170,7 +178,8 @@ private:
   static scheduler::Nanos now();
   backend::Result<std::unique_ptr<backend::Stream>> makeStream(const StreamOwner& owner,
                                                                backend::WorkClass workClass,
-                                                               unsigned flags, int priority);
+                                                               unsigned flags, int priority,
+                                                               backend::AddressSpace addressSpace);
   CUresult checkLaunch(const backend::Function& function,
                        const backend::LaunchConfig& config) const;
 

@@ -27,6 +27,9 @@ struct ClientStats {
   ClientIdentity identity;
   // The tenant of the socket the client came through; set once at attach, never by the client.
   std::shared_ptr<Tenant> tenant;
+  // The address space of everything the client makes on the GPUs (backend::AddressSpace):
+  // unique among the daemon's clients, so that on the sim its kernels reach only its memory.
+  std::uint64_t addressSpace = 0;
   std::chrono::steady_clock::time_point connectedAt = std::chrono::steady_clock::now();
   std::atomic<std::uint64_t> memoryUsed{0};        // allocations and modules
   std::atomic<std::uint64_t> moduleBytes{0};       // of which modules

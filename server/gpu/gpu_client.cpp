@@ -497,7 +497,7 @@ backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t b
                  worker_.index(), stats_->identity.pid, tenant.name(), bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  auto pointer = worker_.allocate(bytes);
+  auto pointer = worker_.allocate(bytes, stats_->addressSpace);
   if (!pointer.ok()) {
     tenant.credit(worker_.index(), bytes);
     return pointer.code();
@@ -675,7 +675,7 @@ CUresult GpuClient::memset(Handle context, Handle stream, CUdeviceptr destinatio
 backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const std::byte> image) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
-  auto loaded = worker_.device().loadModule(image);
+  auto loaded = worker_.device().loadModule(image, stats_->addressSpace);
   if (!loaded.ok()) return loaded.code();
   // Module memory counts against the tenant like an allocation; its size is only known once the
   // module is loaded, so an over-limit module is unloaded again at once.

@@ -31,8 +31,8 @@ void GpuWorker::detach(GpuClient& client) {
   recoverIfIdle();
 }
 
-backend::Result<CUdeviceptr> GpuWorker::allocate(std::size_t bytes) {
-  auto pointer = device_->allocate(bytes);
+backend::Result<CUdeviceptr> GpuWorker::allocate(std::size_t bytes, backend::AddressSpace owner) {
+  auto pointer = device_->allocate(bytes, owner);
   if (pointer.ok()) memoryUsed_ += bytes;
   return pointer;
 }
@@ -50,10 +50,12 @@ void GpuWorker::noteKernelStatus(CUresult status, pid_t pid) {
   bool expected = false;
   if (!faultReported_.compare_exchange_strong(expected, true)) return;
   faultingPid_ = pid;
+  const std::string detail = device_->stickyErrorDetail();
   spdlog::error(
-      "device {}: a kernel of pid {} failed with {}: the GPU context is poisoned for every client "
-      "on this device; it is recovered once they have all detached",
-      index_, pid, protocol::cudaResultNameOr(status, "a sticky error"));
+      "device {}: a kernel of pid {} failed with {}{}{}: the GPU context is poisoned for every "
+      "client on this device; it is recovered once they have all detached",
+      index_, pid, protocol::cudaResultNameOr(status, "a sticky error"), detail.empty() ? "" : " (",
+      detail.empty() ? "" : detail + ")");
 }
 
 void GpuWorker::recoverIfIdle() {

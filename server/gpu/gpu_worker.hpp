@@ -44,7 +44,7 @@ public:
   std::unique_ptr<GpuClient> openClient(std::shared_ptr<ClientStats> stats);
 
   // Device memory, charged to the daemon's accounting when it is handed out.
-  backend::Result<CUdeviceptr> allocate(std::size_t bytes);
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner);
   CUresult free(CUdeviceptr pointer, std::size_t bytes);
   std::uint64_t memoryUsed() const { return memoryUsed_; }
   // Modules take device memory the backend allocates itself; the accounting still covers it.

@@ -550,6 +550,8 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
   stats->identity = ClientIdentity{peer_.pid, peer_.uid, peer_.gid, ipc::processName(peer_.pid),
                                    cgroupOf(peer_.pid)};
   stats->tenant = tenant_;
+  // Connection ids are never reused, so neither are address spaces.
+  stats->addressSpace = connectionId_;
   std::vector<std::uint32_t> visible;
   for (std::uint32_t i = 0; i < state_.gpus.size(); ++i) {
     if (tenant_->mayUseDevice(i)) visible.push_back(i);

@@ -66,7 +66,7 @@ CUresult ClientSession::registerPinnedRange(std::uint64_t offset, std::uint64_t 
   void* host = heap.data() + offset;
   std::vector<GpuWorker*> registered;
   for (auto& gpu : state_.gpus) {
-    const CUresult result = gpu->device().registerHostMemory(host, bytes);
+    const CUresult result = gpu->device().registerHostMemory(host, bytes, stats_->addressSpace);
     if (result != CUDA_SUCCESS) {
       unregisterFromAll(registered, host);
       tenant.creditPinned(bytes);

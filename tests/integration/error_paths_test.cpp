@@ -76,13 +76,16 @@ TEST_F(ErrorPaths, FreedMemoryIsInvalidValue) {
   EXPECT_EQ(got["cuMemcpyHtoD(freed)"], "CUDA_ERROR_INVALID_VALUE");
 }
 
-TEST_F(ErrorPaths, UnknownKernelsAreNotFound) {
+TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   auto got = probe("unknown-kernel");
   EXPECT_EQ(got["cuModuleLoadData"], "CUDA_SUCCESS");
   EXPECT_EQ(got["cuModuleGetFunction"], "CUDA_ERROR_NOT_FOUND");
-  EXPECT_EQ(got["cuModuleLoadData(mystery)"], "CUDA_ERROR_NOT_FOUND");
+  // Valid PTX the sim's interpreter does not execute: refused at load, naming what and where.
+  EXPECT_EQ(got["cuModuleLoadData(texture)"], "CUDA_ERROR_NOT_SUPPORTED");
+  EXPECT_NE(daemon_.log().find("texture_kernel"), std::string::npos) << daemon_.log();
+  EXPECT_NE(daemon_.log().find("tex.2d.v4.f32.f32"), std::string::npos) << daemon_.log();
+  EXPECT_EQ(got["cuModuleLoadData(malformed)"], "CUDA_ERROR_INVALID_PTX");
   EXPECT_EQ(got["cuModuleLoadData(garbage)"], "CUDA_ERROR_INVALID_IMAGE");
-  EXPECT_NE(daemon_.log().find("mystery_kernel"), std::string::npos) << daemon_.log();
   expectDaemonStillServes();
 }
 

@@ -53,15 +53,31 @@ bool setUp() {
   return true;
 }
 
-// A well-formed PTX module whose kernel has no implementation anywhere but here.
-constexpr const char kMysteryPtx[] = R"PTX(
+// Well-formed PTX whose kernel samples a texture: a GPU runs it, the sim's interpreter does not.
+constexpr const char kTexturePtx[] = R"PTX(
 .version 8.0
 .target sm_75
 .address_size 64
 
-.visible .entry mystery_kernel(
-	.param .u64 mystery_kernel_param_0
+.visible .entry texture_kernel(
+	.param .u64 texture_kernel_param_0
 )
+{
+	.reg .f32 %f<5>;
+	.reg .b64 %rd<2>;
+	ld.param.u64 %rd1, [texture_kernel_param_0];
+	tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2}];
+	ret;
+}
+)PTX";
+
+// Not PTX a compiler would write: a parameter list that never closes.
+constexpr const char kMalformedPtx[] = R"PTX(
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry broken(.param .u64 p
 {
 	ret;
 }
@@ -148,10 +164,11 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
     CUfunction function;
     report("cuModuleGetFunction", cuModuleGetFunction(&function, module, "no_such_kernel"));
-    CUmodule mystery;
-    report("cuModuleLoadData(mystery)", cuModuleLoadData(&mystery, kMysteryPtx));
+    CUmodule other;
+    report("cuModuleLoadData(texture)", cuModuleLoadData(&other, kTexturePtx));
+    report("cuModuleLoadData(malformed)", cuModuleLoadData(&other, kMalformedPtx));
     const char garbage[] = "this is not a module";
-    report("cuModuleLoadData(garbage)", cuModuleLoadData(&mystery, garbage));
+    report("cuModuleLoadData(garbage)", cuModuleLoadData(&other, garbage));
   } else if (scenario == "unsupported") {
     CUgraph graph;
     report("cuGraphCreate", cuGraphCreate(&graph, 0));

@@ -666,6 +666,34 @@ public:
 
   std::uint64_t deviceBytes() const override { return deviceBytes_; }
 
+  Result<backend::GlobalVariable> global(std::string_view name) override {
+    if (!current()) {
+      return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    if (name.empty() || name.find('\0') != std::string_view::npos) {
+      return CUDA_ERROR_NOT_FOUND;
+    }
+    const DriverApi& api = core_->api();
+    ContextGuard guard(api, core_->context());
+    if (!guard.ok()) {
+      return guard.status();
+    }
+    const std::string key(name);
+    backend::GlobalVariable variable;
+    CUresult result = CUDA_SUCCESS;
+    if (image_.library != nullptr) {
+      if (api.libraryGetGlobal == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      result =
+          api.libraryGetGlobal(&variable.address, &variable.bytes, image_.library, key.c_str());
+    } else {
+      result = api.moduleGetGlobal(&variable.address, &variable.bytes, image_.module, key.c_str());
+    }
+    if (result != CUDA_SUCCESS) {
+      return core_->note(result);
+    }
+    return variable;
+  }
+
   ~CudaModule() override {
     if (!current()) {
       return;
@@ -776,10 +804,14 @@ private:
       return CUDA_ERROR_NOT_SUPPORTED;
     }
 
-    const std::array<std::pair<CUfunction_attribute, int*>, 3> attributes{{
+    const std::array<std::pair<CUfunction_attribute, int*>, 7> attributes{{
         {CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, &info.maxThreadsPerBlock},
         {CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &info.sharedSizeBytes},
         {CU_FUNC_ATTRIBUTE_NUM_REGS, &info.numRegs},
+        {CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, &info.localSizeBytes},
+        {CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES, &info.constSizeBytes},
+        {CU_FUNC_ATTRIBUTE_PTX_VERSION, &info.ptxVersion},
+        {CU_FUNC_ATTRIBUTE_BINARY_VERSION, &info.binaryVersion},
     }};
     for (const auto& [attribute, value] : attributes) {
       if (const CUresult result = core_->note(api.funcGetAttribute(value, attribute, handle));
@@ -1246,7 +1278,13 @@ public:
 
   const DeviceProperties& properties() const override { return core_->properties(); }
 
-  Result<CUdeviceptr> allocate(std::size_t bytes) override {
+  using backend::Device::allocate;
+  using backend::Device::createStreamFor;
+  using backend::Device::loadModule;
+  using backend::Device::registerHostMemory;
+
+  // The owner (address space) is the sim's to enforce: one CUDA context cannot keep kernels apart.
+  Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace /*owner*/) override {
     CUdeviceptr pointer = 0;
     const CUresult result =
         call([&](const DriverApi& api) { return api.memAlloc(&pointer, bytes); });
@@ -1260,7 +1298,8 @@ public:
     return call([&](const DriverApi& api) { return api.memFree(pointer); });
   }
 
-  CUresult registerHostMemory(void* host, std::size_t bytes) override {
+  CUresult registerHostMemory(void* host, std::size_t bytes,
+                              backend::AddressSpace /*owner*/) override {
     std::lock_guard lock(registrations_->mutex);
     if (auto found = registrations_->ranges.find(host); found != registrations_->ranges.end()) {
       ++found->second.users;
@@ -1292,7 +1331,8 @@ public:
     return MemoryInfo{free, total};
   }
 
-  Result<std::unique_ptr<backend::Module>> loadModule(std::span<const std::byte> image) override {
+  Result<std::unique_ptr<backend::Module>> loadModule(std::span<const std::byte> image,
+                                                      backend::AddressSpace /*owner*/) override {
     if (image.empty()) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -1338,8 +1378,9 @@ public:
     return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
   }
 
-  Result<std::unique_ptr<backend::Stream>> createStreamFor(backend::WorkClass workClass,
-                                                           unsigned flags, int priority) override {
+  Result<std::unique_ptr<backend::Stream>> createStreamFor(
+      backend::WorkClass workClass, unsigned flags, int priority,
+      backend::AddressSpace /*owner*/) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }

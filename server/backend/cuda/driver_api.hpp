@@ -61,6 +61,7 @@ namespace gpuproxy::server::cuda {
   X(moduleLoadData, cuModuleLoadData, 2000)                       \
   X(moduleUnload, cuModuleUnload, 2000)                           \
   X(moduleGetFunction, cuModuleGetFunction, 2000)                 \
+  X(moduleGetGlobal, cuModuleGetGlobal, 3020)                     \
   X(funcGetAttribute, cuFuncGetAttribute, 2020)
 
 // Entry points an older driver may lack; null when absent, and every use checks. The green
@@ -73,6 +74,7 @@ namespace gpuproxy::server::cuda {
   X(libraryUnload, cuLibraryUnload, 12000)                         \
   X(libraryGetKernel, cuLibraryGetKernel, 12000)                   \
   X(kernelGetFunction, cuKernelGetFunction, 12000)                 \
+  X(libraryGetGlobal, cuLibraryGetGlobal, 12000)                   \
   X(deviceGetDevResource, cuDeviceGetDevResource, 12040)           \
   X(devSmResourceSplitByCount, cuDevSmResourceSplitByCount, 12040) \
   X(devResourceGenerateDesc, cuDevResourceGenerateDesc, 12040)     \

@@ -72,7 +72,20 @@ bool DeviceArena::releasePendingLocked() const {
   return !quarantined_.empty() || !retired_.empty() || dropping_ > 0;
 }
 
-backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
+void DeviceArena::changedLocked(backend::AddressSpace owner) {
+  Holdings& holdings = holdings_[owner];
+  holdings.version = nextVersion_++;
+  // Versions are never reused, so an owner that holds nothing can be forgotten.
+  if (holdings.allocations.empty() && holdings.hostRanges.empty()) holdings_.erase(owner);
+}
+
+std::uint64_t DeviceArena::generation() const {
+  std::lock_guard lock(mutex_);
+  return generation_;
+}
+
+backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes, backend::AddressSpace owner,
+                                                   std::uint64_t readOnlyFrom) {
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (bytes > capacity_) return CUDA_ERROR_OUT_OF_MEMORY;
   const std::uint64_t reserved = (std::uint64_t{bytes} + kAllocationAlignment - 1) /
@@ -89,7 +102,9 @@ backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes) {
   const auto [size, offset] = *fit;
   eraseFreeLocked(freeByOffset_.find(offset));
   if (size > reserved) insertFreeLocked(offset + reserved, size - reserved);
-  live_.emplace(offset, Allocation{bytes, reserved});
+  live_.emplace(offset, Allocation{bytes, reserved, owner, readOnlyFrom});
+  holdings_[owner].allocations.insert(offset);
+  changedLocked(owner);
   allocated_ += reserved;
   return base_ + offset;
 }
@@ -101,7 +116,10 @@ CUresult DeviceArena::free(CUdeviceptr pointer) {
   const auto found = live_.find(offset);
   if (found == live_.end()) return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t reserved = found->second.reserved;
+  const backend::AddressSpace owner = found->second.owner;
   live_.erase(found);
+  holdings_[owner].allocations.erase(offset);
+  changedLocked(owner);
   allocated_ -= reserved;
   if (accesses_ > 0) {
     quarantined_.emplace_back(offset, reserved);
@@ -175,6 +193,11 @@ void DeviceArena::releaseAll() {
   // A range the dropper is working on must not be handed out (and then wiped) meanwhile.
   released_.wait(lock, [&] { return dropping_ == 0; });
   live_.clear();
+  for (auto& [owner, holdings] : holdings_) {
+    holdings.allocations.clear();
+    holdings.version = nextVersion_++;
+  }
+  ++generation_;
   quarantined_.clear();
   retired_.clear();
   freeByOffset_.clear();
@@ -201,7 +224,7 @@ void DeviceArena::dropPagesLocked(std::uint64_t begin, std::uint64_t end) {
   madvise(host_ + begin, end - begin, MADV_DONTNEED);
 }
 
-CUresult DeviceArena::registerHost(void* host, std::size_t bytes) {
+CUresult DeviceArena::registerHost(void* host, std::size_t bytes, backend::AddressSpace owner) {
   const auto start = reinterpret_cast<std::uintptr_t>(host);
   if (host == nullptr || bytes == 0 || start + bytes < start) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard lock(mutex_);
@@ -211,19 +234,24 @@ CUresult DeviceArena::registerHost(void* host, std::size_t bytes) {
   }
   if (next != hostRanges_.begin()) {
     auto previous = std::prev(next);
-    if (previous->first + previous->second > start) {
+    if (previous->first + previous->second.bytes > start) {
       return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     }
   }
-  hostRanges_.emplace(start, bytes);
+  hostRanges_.emplace(start, HostRange{bytes, owner});
+  holdings_[owner].hostRanges.insert(start);
+  changedLocked(owner);
   return CUDA_SUCCESS;
 }
 
 CUresult DeviceArena::unregisterHost(void* host) {
   std::unique_lock lock(mutex_);
-  if (hostRanges_.erase(reinterpret_cast<std::uintptr_t>(host)) != 1) {
-    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-  }
+  const auto found = hostRanges_.find(reinterpret_cast<std::uintptr_t>(host));
+  if (found == hostRanges_.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  const backend::AddressSpace owner = found->second.owner;
+  holdings_[owner].hostRanges.erase(found->first);
+  hostRanges_.erase(found);
+  changedLocked(owner);
   // The caller may unmap the range as soon as this returns.
   waitForAccessesLocked(lock);
   return CUDA_SUCCESS;
@@ -238,7 +266,7 @@ std::byte* DeviceArena::Access::translate(CUdeviceptr address, std::size_t bytes
     if (holder == arena.hostRanges_.begin()) return nullptr;
     --holder;
     const std::uint64_t offset = address - holder->first;
-    if (offset >= holder->second || bytes > holder->second - offset) return nullptr;
+    if (offset >= holder->second.bytes || bytes > holder->second.bytes - offset) return nullptr;
     return reinterpret_cast<std::byte*>(address);
   }
   const std::uint64_t offset = address - arena.base_;
@@ -249,6 +277,44 @@ std::byte* DeviceArena::Access::translate(CUdeviceptr address, std::size_t bytes
   const std::uint64_t limit = start + holder->second.requested;
   if (offset >= limit || bytes > limit - offset) return nullptr;
   return arena.host_ + offset;
+}
+
+}  // namespace gpuproxy::server::sim
+
+namespace gpuproxy::server::sim {
+
+std::vector<ptx::MemoryRange> DeviceArena::Access::rangesOf(backend::AddressSpace owner,
+                                                            std::uint64_t& version) const {
+  const DeviceArena& arena = *arena_;
+  std::lock_guard lock(arena.mutex_);
+  std::vector<ptx::MemoryRange> ranges;
+  const auto found = arena.holdings_.find(owner);
+  version = found == arena.holdings_.end() ? 0 : found->second.version;
+  if (found == arena.holdings_.end()) return ranges;
+  for (const std::uint64_t offset : found->second.allocations) {
+    const Allocation& allocation = arena.live_.at(offset);
+    const CUdeviceptr begin = arena.base_ + offset;
+    const std::uint64_t writable = std::min(allocation.readOnlyFrom, allocation.requested);
+    if (writable > 0) {
+      ranges.push_back({begin, begin + writable, arena.host_ + offset, true});
+    }
+    if (writable < allocation.requested) {
+      ranges.push_back(
+          {begin + writable, begin + allocation.requested, arena.host_ + offset + writable, false});
+    }
+  }
+  for (const std::uintptr_t start : found->second.hostRanges) {
+    const HostRange& range = arena.hostRanges_.at(start);
+    ranges.push_back({start, start + range.bytes, reinterpret_cast<std::byte*>(start), true});
+  }
+  return ranges;
+}
+
+std::uint64_t DeviceArena::Access::versionOf(backend::AddressSpace owner) const {
+  const DeviceArena& arena = *arena_;
+  std::lock_guard lock(arena.mutex_);
+  const auto found = arena.holdings_.find(owner);
+  return found == arena.holdings_.end() ? 0 : found->second.version;
 }
 
 }  // namespace gpuproxy::server::sim

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "server/backend/backend.hpp"
+#include "server/backend/ptx/ptx_exec.hpp"
 
 namespace gpuproxy::server::sim {
 
@@ -40,18 +41,25 @@ public:
   DeviceArena& operator=(const DeviceArena&) = delete;
 
   // CUDA_ERROR_INVALID_VALUE for 0 bytes, CUDA_ERROR_OUT_OF_MEMORY when no free range fits.
-  backend::Result<CUdeviceptr> allocate(std::size_t bytes);
+  // Kernels of `owner` may touch it; from `readOnlyFrom` bytes on, only read it (a module's
+  // constant memory).
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes,
+                                        backend::AddressSpace owner = backend::kDaemonAddressSpace,
+                                        std::uint64_t readOnlyFrom = ~0ull);
   // CUDA_ERROR_INVALID_VALUE unless `pointer` is the start of a live allocation.
   CUresult free(CUdeviceptr pointer);
   std::uint64_t allocatedBytes() const;
   std::uint64_t capacity() const { return capacity_; }
   // Frees every allocation and returns all pages to the system (registered host memory stays).
   void releaseAll();
+  // Bumped by every reset: memory handed out before a reset must not be freed after it.
+  std::uint64_t generation() const;
 
   // Host memory that kernels may use as device-mapped memory at its own address (pinned memory).
   // unregisterHost waits for any Access in progress, so once it returns no kernel touches the
   // range.
-  CUresult registerHost(void* host, std::size_t bytes);
+  CUresult registerHost(void* host, std::size_t bytes,
+                        backend::AddressSpace owner = backend::kDaemonAddressSpace);
   CUresult unregisterHost(void* host);
 
   // While one is alive, what it translated stays as it was: freed memory is neither reused nor
@@ -66,6 +74,12 @@ public:
     // Host address of [address, address + bytes) when it lies inside one live allocation or one
     // registered host range; nullptr otherwise.
     std::byte* translate(CUdeviceptr address, std::size_t bytes) const;
+    // Everything `owner`'s kernels may touch: its allocations and registered host memory, as
+    // they are now. `version` is set to a number that changes whenever that set does.
+    std::vector<ptx::MemoryRange> rangesOf(backend::AddressSpace owner,
+                                           std::uint64_t& version) const;
+    // The version rangesOf() would report now.
+    std::uint64_t versionOf(backend::AddressSpace owner) const;
 
   private:
     friend class DeviceArena;
@@ -93,7 +107,20 @@ private:
   struct Allocation {
     std::uint64_t requested = 0;  // what the caller asked for: accesses beyond it fault
     std::uint64_t reserved = 0;   // rounded up to kAllocationAlignment: what it costs
+    backend::AddressSpace owner = backend::kDaemonAddressSpace;
+    std::uint64_t readOnlyFrom = ~0ull;
   };
+  struct HostRange {
+    std::size_t bytes = 0;
+    backend::AddressSpace owner = backend::kDaemonAddressSpace;
+  };
+  // What one owner holds, so that a launch gathers its ranges without looking at anyone else's.
+  struct Holdings {
+    std::set<std::uint64_t> allocations;  // offsets in live_
+    std::set<std::uintptr_t> hostRanges;  // starts in hostRanges_
+    std::uint64_t version = 0;
+  };
+  void changedLocked(backend::AddressSpace owner);
 
   const CUdeviceptr base_;
   std::byte* const host_;
@@ -103,9 +130,12 @@ private:
   std::map<std::uint64_t, std::uint64_t> freeByOffset_;           // offset -> size
   std::set<std::pair<std::uint64_t, std::uint64_t>> freeBySize_;  // (size, offset): best fit
   std::uint64_t allocated_ = 0;
-  std::map<std::uintptr_t, std::size_t> hostRanges_;  // registered host memory: start -> bytes
-  unsigned accesses_ = 0;                             // Accesses alive
-  std::uint64_t idleGeneration_ = 0;                  // bumped whenever accesses_ drops to 0
+  std::map<std::uintptr_t, HostRange> hostRanges_;  // registered host memory, by start
+  std::map<backend::AddressSpace, Holdings> holdings_;
+  std::uint64_t nextVersion_ = 1;
+  std::uint64_t generation_ = 0;
+  unsigned accesses_ = 0;             // Accesses alive
+  std::uint64_t idleGeneration_ = 0;  // bumped whenever accesses_ drops to 0
   std::condition_variable idle_;
   // Freed while an Access was alive: (offset, reserved), retired once none is.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> quarantined_;

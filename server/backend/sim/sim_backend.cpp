@@ -18,10 +18,11 @@
 #include <variant>
 
 #include "protocol/cuda_result.hpp"
+#include "server/backend/ptx/ptx_frontend.hpp"
+#include "server/backend/ptx/ptx_interpreter.hpp"
 #include "server/backend/ptx/ptx_parser.hpp"
 #include "server/backend/sim/device_arena.hpp"
 #include "server/backend/sim/device_attributes.hpp"
-#include "server/backend/sim/twins.hpp"
 
 namespace gpuproxy::server::sim {
 namespace {
@@ -50,7 +51,10 @@ constexpr unsigned kMaxGridDimX = 2147483647;
 constexpr unsigned kMaxGridDimY = 65535;
 constexpr unsigned kMaxGridDimZ = 65535;
 constexpr unsigned kMaxSharedBytesPerBlock = 48 * 1024;
-constexpr int kRegistersPerThread = 32;
+constexpr int kMaxRegistersPerThread = 255;
+// Device printf output kept for a client between its synchronisations: cudaLimitPrintfFifoSize's
+// default.
+constexpr std::size_t kPrintfFifoBytes = 1 << 20;
 // cuCtxGetStreamPriorityRange on current NVIDIA GPUs: six levels, 0 (default, least) to -5.
 constexpr int kSimLeastPriority = 0;
 constexpr int kSimGreatestPriority = -5;
@@ -70,9 +74,29 @@ struct EventState {
   std::shared_ptr<RecordState> latest;  // the most recent record; null until the first
 };
 
+class DeviceCore;
+
+// A loaded module: its decoded program, placed in device memory (its variables in one
+// allocation of the owner's), shared by its functions and by launches still queued when the
+// Module is destroyed.
+struct ModuleImage {
+  ModuleImage() = default;
+  ModuleImage(const ModuleImage&) = delete;
+  ModuleImage& operator=(const ModuleImage&) = delete;
+  ~ModuleImage();
+
+  std::shared_ptr<const ptx::Program> program;
+  std::unique_ptr<ptx::Executable> executable;
+  std::shared_ptr<DeviceCore> core;
+  CUdeviceptr variables = 0;          // the allocation holding them (0: none)
+  std::uint64_t arenaGeneration = 0;  // a reset since frees it with everything else
+  backend::AddressSpace owner = backend::kDaemonAddressSpace;
+};
+
 struct FunctionData {
   std::string name;
-  const Twin* twin = nullptr;
+  std::shared_ptr<const ModuleImage> module;
+  std::uint32_t kernel = 0;  // function index in module->program
   FunctionInfo info;
 };
 
@@ -103,6 +127,7 @@ struct LaunchOp {
   LaunchConfig config;
   std::vector<std::byte> parameters;
   KernelCallback done;
+  backend::AddressSpace owner = backend::kDaemonAddressSpace;  // the stream's
 };
 struct RecordOp {
   std::shared_ptr<RecordState> record;
@@ -131,6 +156,7 @@ struct Outcome {
   CUresult status = CUDA_SUCCESS;
   std::uint64_t nanoseconds = 0;
   Clock::time_point time;
+  std::string detail;  // a kernel fault: what, where, whose
 };
 
 std::string describe(CUresult status) {
@@ -143,6 +169,18 @@ std::string describe(CUresult status) {
     case CUDA_ERROR_CONTEXT_IS_DESTROYED:
       name = "CUDA_ERROR_CONTEXT_IS_DESTROYED";
       break;
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+      name = "CUDA_ERROR_MISALIGNED_ADDRESS";
+      break;
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+      name = "CUDA_ERROR_ILLEGAL_INSTRUCTION";
+      break;
+    case CUDA_ERROR_LAUNCH_FAILED:
+      name = "CUDA_ERROR_LAUNCH_FAILED";
+      break;
+    case CUDA_ERROR_ASSERT:
+      name = "CUDA_ERROR_ASSERT";
+      break;
     default:
       break;
   }
@@ -154,8 +192,9 @@ std::string describe(CUresult status) {
 // object outliving its Device (a caller bug) finds a stopped engine rather than freed memory.
 class DeviceCore final {
 public:
-  DeviceCore(int index, std::unique_ptr<DeviceArena> arena)
-      : index_(index), arena_(std::move(arena)) {
+  DeviceCore(int index, std::unique_ptr<DeviceArena> arena,
+             std::shared_ptr<ptx::Interpreter> interpreter)
+      : index_(index), arena_(std::move(arena)), interpreter_(std::move(interpreter)) {
     engine_ = std::thread([this] { engineMain(); });
   }
   ~DeviceCore() { shutdown(); }
@@ -185,6 +224,31 @@ public:
   CUresult sticky() {
     std::lock_guard lock(mutex_);
     return sticky_;
+  }
+
+  std::string stickyDetail() {
+    std::lock_guard lock(mutex_);
+    return sticky_ != CUDA_SUCCESS ? stickyDetail_ : std::string();
+  }
+
+  // Printf output of `owner`'s completed kernels since the last call.
+  std::string takeOutput(backend::AddressSpace owner) {
+    std::unique_ptr<ptx::PrintfBuffer> buffer;
+    {
+      std::lock_guard lock(outputMutex_);
+      const auto found = outputs_.find(owner);
+      if (found == outputs_.end()) return {};
+      buffer = std::move(found->second);
+      outputs_.erase(found);
+    }
+    if (const std::uint64_t lost = buffer->takeLostBytes(); lost > 0) {
+      spdlog::warn(
+          "sim device {}: {} bytes of device printf output of address space {} were dropped: "
+          "its kernels printed more than the {} bytes a GPU's printf buffer holds between "
+          "synchronisations",
+          index_, lost, owner, kPrintfFifoBytes);
+    }
+    return buffer->take();
   }
 
   std::shared_ptr<StreamQueue> addQueue() {
@@ -281,25 +345,19 @@ public:
     abandonLocked();
     workCv_.notify_all();
     idleCv_.wait(lock, [&] { return idleLocked(); });
-    {
-      std::lock_guard interruptLock(interruptMutex_);
-      interrupted_ = false;
-    }
+    stop_.store(false);
     if (sticky_ != CUDA_SUCCESS) {
       spdlog::info("sim device {}: reset clears sticky {}", index_, describe(sticky_));
     }
     sticky_ = CUDA_SUCCESS;
+    stickyDetail_.clear();
+    memoryMaps_.clear();
     arena_->releaseAll();
+    {
+      std::lock_guard outputLock(outputMutex_);
+      outputs_.clear();
+    }
     return CUDA_SUCCESS;
-  }
-
-  // For the spin twin: sleeps until `deadline` unless a reset or shutdown interrupts it.
-  bool sleepUntil(Clock::time_point deadline) {
-    std::unique_lock lock(interruptMutex_);
-    // A deadline already past must not reach the kernel: a timed futex wait is rounded up by the
-    // thread's timer slack (50 us by default), which made every short kernel take that long.
-    if (Clock::now() >= deadline) return !interrupted_;
-    return !interruptCv_.wait_until(lock, deadline, [&] { return interrupted_; });
   }
 
 private:
@@ -308,13 +366,12 @@ private:
     return sticky_;
   }
 
-  // Everything queued so far is dropped rather than run; a running kernel is interrupted.
+  // Everything queued so far is dropped rather than run; a running kernel is stopped at its
+  // next backward branch, nanosleep or block.
   void abandonLocked() {
     abandonBefore_ = nextSequence_;
     abandonStatus_ = sticky_ != CUDA_SUCCESS ? sticky_ : CUDA_ERROR_CONTEXT_IS_DESTROYED;
-    std::lock_guard interruptLock(interruptMutex_);
-    interrupted_ = true;
-    interruptCv_.notify_all();
+    stop_.store(true);
   }
 
   bool idleLocked() const {
@@ -374,8 +431,10 @@ private:
       if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS &&
           skipWith == CUDA_SUCCESS) {
         sticky_ = outcome.status;
-        spdlog::error("sim device {}: {} faulted with {}; the device is poisoned until reset",
-                      index_, describeOp(op), describe(outcome.status));
+        stickyDetail_ = outcome.detail;
+        spdlog::error("sim device {}: {} faulted with {}{}; the device is poisoned until reset",
+                      index_, describeOp(op), describe(outcome.status),
+                      outcome.detail.empty() ? "" : ": " + outcome.detail);
       }
       // A host callback is part of its stream's work, as in CUDA: the stream is not idle until
       // the callback has returned.
@@ -495,8 +554,17 @@ private:
   CUresult execute(WaitOp&, Outcome&) { return CUDA_SUCCESS; }
   CUresult execute(CallbackOp&, Outcome&) { return CUDA_SUCCESS; }
 
+  // The memory map of an owner's launches, rebuilt only when the owner's memory changed.
+  const ptx::MemoryMap& memoryFor(backend::AddressSpace owner, const DeviceArena::Access& access);
+
   const int index_;
   const std::unique_ptr<DeviceArena> arena_;
+  const std::shared_ptr<ptx::Interpreter> interpreter_;
+  struct CachedMap {
+    std::uint64_t version = 0;
+    ptx::MemoryMap map;
+  };
+  std::map<backend::AddressSpace, CachedMap> memoryMaps_;  // engine thread only
 
   std::mutex mutex_;
   std::condition_variable workCv_;  // new work, or stop
@@ -507,54 +575,78 @@ private:
   std::uint64_t abandonBefore_ = 0;  // ops with a lower sequence are dropped, not run
   CUresult abandonStatus_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
   CUresult sticky_ = CUDA_SUCCESS;
+  std::string stickyDetail_;
   bool stopping_ = false;
+  // Tells a running kernel to stop (reset, shutdown), without the engine lock.
+  std::atomic<bool> stop_{false};
 
-  // Separate from mutex_ so a sleeping spin kernel can be woken without the engine lock.
-  std::mutex interruptMutex_;
-  std::condition_variable interruptCv_;
-  bool interrupted_ = false;
+  std::mutex outputMutex_;
+  std::map<backend::AddressSpace, std::unique_ptr<ptx::PrintfBuffer>> outputs_;
 
   std::thread engine_;  // last: starts after everything it uses is constructed
 };
 
-// The view a twin gets of its launch.
-class TwinContext final : public KernelContext {
-public:
-  TwinContext(const LaunchOp& launch, DeviceCore& core) : launch_(launch), core_(core) {
-    if (launch.function->twin->touchesMemory) access_.emplace(core.arena().access());
-  }
-
-  const LaunchConfig& config() const override { return launch_.config; }
-
-  std::span<const std::byte> parameter(std::size_t index) const override {
-    const std::vector<backend::KernelParameter>& layout = launch_.function->info.parameters;
-    if (index >= layout.size()) return {};
-    return std::span<const std::byte>(launch_.parameters)
-        .subspan(layout[index].offset, layout[index].size);
-  }
-
-  std::byte* translate(CUdeviceptr address, std::size_t bytes) override {
-    return access_ ? access_->translate(address, bytes) : nullptr;
-  }
-
-  bool sleepUntil(Clock::time_point deadline) override { return core_.sleepUntil(deadline); }
-
-private:
-  const LaunchOp& launch_;
-  DeviceCore& core_;
-  std::optional<DeviceArena::Access> access_;  // holds device memory still while the twin runs
-};
+const ptx::MemoryMap& DeviceCore::memoryFor(backend::AddressSpace owner,
+                                            const DeviceArena::Access& access) {
+  const std::uint64_t version = access.versionOf(owner);
+  auto found = memoryMaps_.find(owner);
+  if (found != memoryMaps_.end() && found->second.version == version) return found->second.map;
+  // Owners that hold nothing any more are forgotten, so the cache follows the live clients.
+  std::erase_if(memoryMaps_, [&](const auto& entry) {
+    return entry.first != owner && access.versionOf(entry.first) == 0;
+  });
+  CachedMap& cached = memoryMaps_[owner];
+  std::uint64_t current = 0;
+  cached.map = ptx::MemoryMap(access.rangesOf(owner, current));
+  cached.version = current;
+  return cached.map;
+}
 
 CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
   const Clock::time_point start = Clock::now();
-  CUresult status = CUDA_SUCCESS;
+  const FunctionData& function = *launch.function;
+  ptx::LaunchOutcome result;
+  ptx::PrintfBuffer output(kPrintfFifoBytes);
   {
-    TwinContext context(launch, *this);
-    status = launch.function->twin->run(context);
+    // Holds device memory still while the kernel runs: nothing it may touch is reused meanwhile.
+    const DeviceArena::Access access = arena_->access();
+    ptx::LaunchRequest request;
+    request.executable = function.module->executable.get();
+    request.kernel = function.kernel;
+    request.grid[0] = launch.config.grid.x;
+    request.grid[1] = launch.config.grid.y;
+    request.grid[2] = launch.config.grid.z;
+    request.block[0] = launch.config.block.x;
+    request.block[1] = launch.config.block.y;
+    request.block[2] = launch.config.block.z;
+    request.dynamicSharedBytes = launch.config.sharedMemBytes;
+    request.parameters = launch.parameters;
+    request.memory = &memoryFor(launch.owner, access);
+    request.stop = &stop_;
+    request.printf = &output;
+    result = interpreter_->run(request);
   }
   outcome.nanoseconds = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-  return status;
+  if (!output.empty()) {
+    std::lock_guard lock(outputMutex_);
+    std::unique_ptr<ptx::PrintfBuffer>& buffer = outputs_[launch.owner];
+    if (!buffer) buffer = std::make_unique<ptx::PrintfBuffer>(kPrintfFifoBytes);
+    const std::uint64_t lost = output.takeLostBytes();
+    buffer->append(output.take());
+    if (lost > 0) buffer->noteLost(lost);
+  }
+  if (result.status != CUDA_SUCCESS && result.status != CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+    outcome.detail = result.message + " (address space " + std::to_string(launch.owner) + ")";
+  }
+  return result.status;
+}
+
+ModuleImage::~ModuleImage() {
+  // A reset frees every allocation; the range may belong to someone else by now.
+  if (variables != 0 && core && core->arena().generation() == arenaGeneration) {
+    core->arena().free(variables);
+  }
 }
 
 class SimFunction final : public Function {
@@ -572,13 +664,14 @@ private:
 
 class SimModule final : public Module {
 public:
-  SimModule(std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions,
-            std::uint64_t imageBytes)
-      : functions_(std::move(functions)), imageBytes_(imageBytes) {}
+  SimModule(std::shared_ptr<const ModuleImage> image,
+            std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions,
+            std::uint64_t deviceBytes)
+      : image_(std::move(image)), functions_(std::move(functions)), deviceBytes_(deviceBytes) {}
 
-  // The sim holds no device memory for a module; it reports the image size as the stand-in for
-  // the code and data a GPU would load, so that module memory is accounted for like on a GPU.
-  std::uint64_t deviceBytes() const override { return imageBytes_; }
+  // The image size stands in for the code a GPU would load, plus the module's variables, which
+  // live in device memory: module memory is accounted for like on a GPU.
+  std::uint64_t deviceBytes() const override { return deviceBytes_; }
 
   Result<Function*> function(std::string_view name) override {
     const auto found = functions_.find(name);
@@ -586,9 +679,24 @@ public:
     return static_cast<Function*>(found->second.get());
   }
 
+  Result<backend::GlobalVariable> global(std::string_view name) override {
+    const ptx::Program& program = *image_->program;
+    for (std::size_t v = 0; v < program.variables.size(); ++v) {
+      const ptx::Variable& variable = program.variables[v];
+      if (variable.name != name || variable.external ||
+          (variable.space != ptx::Space::kGlobal && variable.space != ptx::Space::kConst)) {
+        continue;
+      }
+      return backend::GlobalVariable{image_->variables + program.globalOffsets[v],
+                                     static_cast<std::size_t>(variable.bytes)};
+    }
+    return CUDA_ERROR_NOT_FOUND;
+  }
+
 private:
+  std::shared_ptr<const ModuleImage> image_;
   std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions_;
-  std::uint64_t imageBytes_;
+  std::uint64_t deviceBytes_;
 };
 
 class SimEvent final : public Event {
@@ -617,8 +725,8 @@ private:
 
 class SimStream final : public Stream {
 public:
-  SimStream(std::shared_ptr<DeviceCore> core, int priority)
-      : core_(std::move(core)), queue_(core_->addQueue()), priority_(priority) {}
+  SimStream(std::shared_ptr<DeviceCore> core, int priority, backend::AddressSpace owner)
+      : core_(std::move(core)), queue_(core_->addQueue()), priority_(priority), owner_(owner) {}
   ~SimStream() override { core_->releaseQueue(queue_); }
 
   CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
@@ -668,6 +776,14 @@ public:
     const std::uint64_t maxThreads = std::min<std::uint64_t>(
         kMaxThreadsPerBlock, static_cast<std::uint64_t>(info.maxThreadsPerBlock));
     if (threads > maxThreads) return CUDA_ERROR_INVALID_VALUE;
+    // .reqntid: the kernel was compiled for exactly this block shape.
+    const std::uint32_t* required = simFunction->data()
+                                        ->module->program->functions[simFunction->data()->kernel]
+                                        .requiredThreads;
+    if (required[0] != 0 &&
+        (block.x != required[0] || block.y != required[1] || block.z != required[2])) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     if (grid.x > kMaxGridDimX || grid.y > kMaxGridDimY || grid.z > kMaxGridDimZ) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -676,10 +792,10 @@ public:
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (parameters.size() != info.parameterBytes) return CUDA_ERROR_INVALID_VALUE;
-    return core_->enqueue(
-        *queue_,
-        LaunchOp{simFunction->data(), config,
-                 std::vector<std::byte>(parameters.begin(), parameters.end()), std::move(done)});
+    return core_->enqueue(*queue_,
+                          LaunchOp{simFunction->data(), config,
+                                   std::vector<std::byte>(parameters.begin(), parameters.end()),
+                                   std::move(done), owner_});
   }
 
   CUresult record(Event& event) override {
@@ -706,6 +822,7 @@ private:
   std::shared_ptr<DeviceCore> core_;
   std::shared_ptr<StreamQueue> queue_;
   const int priority_;
+  const backend::AddressSpace owner_;  // whose memory its kernels may touch
 };
 
 bool startsWith(std::span<const std::byte> image, std::initializer_list<unsigned char> magic) {
@@ -715,19 +832,11 @@ bool startsWith(std::span<const std::byte> image, std::initializer_list<unsigned
   });
 }
 
-std::string twinNames() {
-  std::string names;
-  for (const Twin& twin : allTwins()) {
-    if (!names.empty()) names += ", ";
-    names += twin.name;
-  }
-  return names;
-}
-
 class SimDevice final : public Device {
 public:
-  SimDevice(int index, std::uint64_t memoryBytes, std::unique_ptr<DeviceArena> arena)
-      : core_(std::make_shared<DeviceCore>(index, std::move(arena))) {
+  SimDevice(int index, std::uint64_t memoryBytes, std::unique_ptr<DeviceArena> arena,
+            std::shared_ptr<ptx::Interpreter> interpreter)
+      : core_(std::make_shared<DeviceCore>(index, std::move(arena), std::move(interpreter))) {
     properties_.name = "gpuproxy sim device " + std::to_string(index);
     // Reads "gpuproxy-sim" followed by the index: stable across runs and plainly not a real GPU.
     constexpr char kPrefix[] = "gpuproxy-sim";
@@ -744,9 +853,14 @@ public:
 
   const DeviceProperties& properties() const override { return properties_; }
 
-  Result<CUdeviceptr> allocate(std::size_t bytes) override {
+  using Device::allocate;
+  using Device::createStreamFor;
+  using Device::loadModule;
+  using Device::registerHostMemory;
+
+  Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override {
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
-    return core_->arena().allocate(bytes);
+    return core_->arena().allocate(bytes, owner);
   }
 
   CUresult free(CUdeviceptr pointer) override {
@@ -754,8 +868,8 @@ public:
     return core_->arena().free(pointer);
   }
 
-  CUresult registerHostMemory(void* host, std::size_t bytes) override {
-    return core_->arena().registerHost(host, bytes);
+  CUresult registerHostMemory(void* host, std::size_t bytes, backend::AddressSpace owner) override {
+    return core_->arena().registerHost(host, bytes, owner);
   }
 
   CUresult unregisterHostMemory(void* host) override { return core_->arena().unregisterHost(host); }
@@ -765,14 +879,15 @@ public:
     return MemoryInfo{capacity - core_->arena().allocatedBytes(), capacity};
   }
 
-  Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) override {
+  Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image,
+                                             backend::AddressSpace owner) override {
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     const int index = core_->index();
     if (startsWith(image, {0x7f, 'E', 'L', 'F'}) || startsWith(image, {0x50, 0xed, 0x55, 0xba}) ||
         startsWith(image, {0xb1, 0x43, 0x62, 0x46})) {
       spdlog::warn(
           "sim device {}: refusing a cubin/fatbin module image: the sim backend runs PTX only "
-          "(kernels as CPU twins); build the kernels to PTX or use the cuda backend",
+          "(its interpreter executes PTX text); build the kernels to PTX or use the cuda backend",
           index);
       return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -780,43 +895,72 @@ public:
       spdlog::warn("sim device {}: module image is neither PTX nor cubin/fatbin", index);
       return CUDA_ERROR_INVALID_IMAGE;
     }
-    const ptx::PtxParseResult parsed = ptx::parsePtx(image);
-    if (!parsed.ok()) {
-      spdlog::warn("sim device {}: malformed PTX: {}", index, parsed.error);
-      return CUDA_ERROR_INVALID_IMAGE;
+    ptx::DecodeResult decoded =
+        ptx::decodePtx(std::string_view(reinterpret_cast<const char*>(image.data()), image.size()));
+    if (decoded.status == CUDA_ERROR_NOT_SUPPORTED) {
+      spdlog::warn("sim device {}: cannot run this module: {}", index, decoded.message);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (!decoded.ok()) {
+      spdlog::warn("sim device {}: malformed PTX: {}", index, decoded.message);
+      return CUDA_ERROR_INVALID_PTX;
+    }
+    auto moduleImage = std::make_shared<ModuleImage>();
+    moduleImage->program = std::shared_ptr<const ptx::Program>(std::move(decoded.program));
+    moduleImage->core = core_;
+    moduleImage->owner = owner;
+    const ptx::Program& program = *moduleImage->program;
+    std::uint64_t variableBytes = 0;
+    if (program.globalBytes > 0) {
+      // The module's variables are the owner's device memory; its constant ones read-only.
+      auto allocated = core_->arena().allocate(program.globalBytes, owner, program.constOffset);
+      if (!allocated.ok()) return allocated.code();
+      moduleImage->variables = allocated.value();
+      moduleImage->arenaGeneration = core_->arena().generation();
+      variableBytes = (program.globalBytes + kAllocationAlignment - 1) / kAllocationAlignment *
+                      kAllocationAlignment;
+    }
+    moduleImage->executable =
+        std::make_unique<ptx::Executable>(moduleImage->program, moduleImage->variables);
+    if (program.globalBytes > 0) {
+      const std::vector<std::byte> initial = moduleImage->executable->initialImage();
+      const DeviceArena::Access access = core_->arena().access();
+      std::byte* memory = access.translate(moduleImage->variables, initial.size());
+      if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+      std::memcpy(memory, initial.data(), initial.size());
+    }
+    std::uint64_t constBytes = 0;
+    for (const ptx::Variable& variable : program.variables) {
+      if (variable.space == ptx::Space::kConst) constBytes += variable.bytes;
     }
     std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions;
-    for (const ptx::PtxEntry& entry : parsed.module.entries) {
-      const Twin* twin = findTwin(entry.name);
-      if (twin == nullptr) {
-        spdlog::warn("sim device {}: kernel '{}' has no CPU twin; the sim backend can run only: {}",
-                     index, entry.name, twinNames());
-        return CUDA_ERROR_NOT_FOUND;
-      }
-      bool matches = entry.parameters.size() == twin->parameterSizes.size();
-      for (std::size_t i = 0; matches && i < entry.parameters.size(); ++i) {
-        matches = entry.parameters[i].size == twin->parameterSizes[i];
-      }
-      if (!matches) {
-        spdlog::warn(
-            "sim device {}: kernel '{}' in the PTX has a parameter list that differs from its CPU "
-            "twin's (see tests/programs/kernels/test_kernels.cu)",
-            index, entry.name);
-        return CUDA_ERROR_INVALID_IMAGE;
-      }
+    for (std::uint32_t f = 0; f < program.functions.size(); ++f) {
+      const ptx::Function& kernel = program.functions[f];
+      if (!kernel.isKernel || !kernel.defined) continue;
       auto data = std::make_shared<FunctionData>();
-      data->name = entry.name;
-      data->twin = twin;
-      data->info.parameterBytes = entry.parameterBytes;
-      for (const ptx::PtxParameter& parameter : entry.parameters) {
-        data->info.parameters.push_back({parameter.offset, parameter.size});
+      data->name = kernel.name;
+      data->module = moduleImage;
+      data->kernel = f;
+      FunctionInfo& info = data->info;
+      info.parameterBytes = kernel.kernelParameterBytes;
+      for (const ptx::KernelParameter& parameter : kernel.kernelParameters) {
+        info.parameters.push_back({parameter.offset, parameter.size});
       }
-      data->info.maxThreadsPerBlock = static_cast<int>(kMaxThreadsPerBlock);
-      data->info.sharedSizeBytes = 0;
-      data->info.numRegs = kRegistersPerThread;
-      functions.emplace(entry.name, std::make_unique<SimFunction>(std::move(data), *core_));
+      info.maxThreadsPerBlock =
+          static_cast<int>(kernel.maxThreads != 0 ? std::min(kernel.maxThreads, kMaxThreadsPerBlock)
+                                                  : kMaxThreadsPerBlock);
+      info.sharedSizeBytes = static_cast<int>(kernel.ownSharedBytes);
+      // Registers as declared in the PTX (ptxas would allocate its own, usually fewer).
+      info.numRegs =
+          static_cast<int>(std::min<std::uint32_t>(kernel.registerRows, kMaxRegistersPerThread));
+      info.localSizeBytes = static_cast<int>(kernel.localBytes);
+      info.constSizeBytes = static_cast<int>(std::min<std::uint64_t>(constBytes, 1u << 30));
+      info.ptxVersion = static_cast<int>(program.ptxMajor * 10 + program.ptxMinor);
+      info.binaryVersion = static_cast<int>(program.smVersion);
+      functions.emplace(kernel.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
-    return std::unique_ptr<Module>(std::make_unique<SimModule>(std::move(functions), image.size()));
+    return std::unique_ptr<Module>(std::make_unique<SimModule>(
+        std::move(moduleImage), std::move(functions), image.size() + variableBytes));
   }
 
   Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) override {
@@ -827,13 +971,14 @@ public:
   // the engine runs ops in submission order. The priority is clamped and kept, as CUDA keeps it,
   // so that what the dispatcher chose can be seen.
   Result<std::unique_ptr<Stream>> createStreamFor(backend::WorkClass /*workClass*/, unsigned flags,
-                                                  int priority) override {
+                                                  int priority,
+                                                  backend::AddressSpace owner) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     const int clamped = std::clamp(priority, kSimGreatestPriority, kSimLeastPriority);
-    return std::unique_ptr<Stream>(std::make_unique<SimStream>(core_, clamped));
+    return std::unique_ptr<Stream>(std::make_unique<SimStream>(core_, clamped, owner));
   }
 
   backend::StreamPriorityRange streamPriorityRange() const override {
@@ -853,6 +998,10 @@ public:
   }
 
   CUresult stickyError() override { return core_->sticky(); }
+  std::string stickyErrorDetail() override { return core_->stickyDetail(); }
+  std::string takeDeviceOutput(backend::AddressSpace owner) override {
+    return core_->takeOutput(owner);
+  }
   CUresult reset() override { return core_->reset(); }
 
 private:
@@ -864,7 +1013,8 @@ class SimBackend final : public backend::Backend {
 public:
   explicit SimBackend(const SimOptions& options)
       : devices_(options.devices),
-        memoryBytes_(options.memoryBytes / kAllocationAlignment * kAllocationAlignment) {}
+        memoryBytes_(options.memoryBytes / kAllocationAlignment * kAllocationAlignment),
+        interpreter_(std::make_shared<ptx::Interpreter>(workerThreads(options))) {}
 
   std::string_view name() const override { return "sim"; }
   int driverVersion() const override { return CUDA_VERSION; }
@@ -891,12 +1041,21 @@ public:
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return std::unique_ptr<Device>(
-        std::make_unique<SimDevice>(index, memoryBytes_, std::move(arena)));
+        std::make_unique<SimDevice>(index, memoryBytes_, std::move(arena), interpreter_));
   }
 
 private:
+  // Helpers beside each engine thread, which runs blocks too: one per further core by default.
+  static unsigned workerThreads(const SimOptions& options) {
+    if (options.workerThreads >= 0) return static_cast<unsigned>(options.workerThreads);
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    return cores - 1;
+  }
+
   const int devices_;
   const std::uint64_t memoryBytes_;
+  // Shared by every device: blocks of concurrent launches share the host's cores.
+  const std::shared_ptr<ptx::Interpreter> interpreter_;
 };
 
 }  // namespace

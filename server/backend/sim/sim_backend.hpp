@@ -3,9 +3,10 @@
 // names itself "sim" and its devices "gpuproxy sim device N" everywhere they are reported.
 //
 // What is real: device memory (a host arena with device-like addresses and exact capacity),
-// copies, memsets, stream ordering, events, callbacks, sticky faults. What is simulated: kernels,
-// which run as CPU twins looked up by entry name (see twins.hpp); PTX naming any other kernel is
-// refused at load time rather than pretended.
+// copies, memsets, stream ordering, events, callbacks, sticky faults. What is simulated: the GPU
+// itself. Kernels are PTX, run by an interpreter with a GPU's semantics (server/backend/ptx): a
+// kernel may touch only the memory of its launching client's address space, and PTX that the
+// interpreter cannot execute is refused at load time rather than pretended.
 
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,9 @@ namespace gpuproxy::server::sim {
 struct SimOptions {
   int devices = 1;                          // 0..256
   std::uint64_t memoryBytes = 16ull << 30;  // per device; 1 byte .. 1 TiB, rounded down to 256
+  // Threads that run a launch's blocks beside the device's engine thread; -1: one per core
+  // beyond the first.
+  int workerThreads = -1;
 };
 
 // Throws std::invalid_argument when the options are out of range.

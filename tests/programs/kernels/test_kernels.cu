@@ -1,6 +1,5 @@
-// Kernels used by the tests, built to PTX (compute_75) at build time. The sim backend runs each of
-// them as a CPU twin (server/backend/sim/twins.cpp) that must behave identically: same parameters,
-// same thread coverage, same faults. Change both together.
+// Kernels used by the tests, built to PTX (compute_75) at build time: the same PTX runs on a GPU
+// and on the sim backend's PTX interpreter.
 
 // c[i] = a[i] + b[i] for every i < n covered by a thread (x dimension only; no grid-stride loop,
 // so a launch with too few threads leaves the tail untouched).
@@ -22,15 +21,21 @@ __device__ __forceinline__ unsigned long long globalTimer() {
   return now;
 }
 
-// Occupies the GPU for at least ns nanoseconds of wall-clock time.
+// Occupies the GPU for at least ns nanoseconds of wall-clock time. It sleeps rather than spins
+// (__nanosleep sleeps at most about 1 ms), so that on the sim, where the GPU is a CPU, a waiting
+// kernel does not burn a core.
 extern "C" __global__ void spin(unsigned long long ns) {
   const unsigned long long start = globalTimer();
-  while (globalTimer() - start < ns) {
+  for (;;) {
+    const unsigned long long elapsed = globalTimer() - start;
+    if (elapsed >= ns) break;
+    const unsigned long long left = ns - elapsed;
+    __nanosleep(left < 1000000ull ? static_cast<unsigned>(left) : 1000000u);
   }
 }
 
-// Faults with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error), as the sim's twin does. A store to an
-// unmapped address rather than the `trap` instruction, which a GPU reports as a different error.
+// Faults with CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error). A store to an unmapped address rather
+// than the `trap` instruction, which a GPU reports as a different error.
 extern "C" __global__ void trap() {
   *reinterpret_cast<volatile int*>(8) = 1;
 }

@@ -1,0 +1,146 @@
+#pragma once
+// The PTX interpreter: runs one kernel launch of a decoded Program with a GPU's semantics.
+//
+// Threads: all threads of a block, each with its own registers, grouped in warps of 32 that
+// execute every instruction together (one dispatch per warp-instruction, a loop over its lanes).
+// Divergence: a warp is a set of groups (lanes at one pc in one call frame); the deepest frame
+// runs first, and within it the group with the lowest pc, so lanes that branched apart meet
+// again wherever their paths do, for any control flow. Warps of a block run cooperatively on one
+// worker thread: a warp runs until it waits (a barrier, a warp-synchronous instruction whose
+// lanes are elsewhere, nanosleep), exits, or has taken enough backward branches to let the others
+// run. Blocks of a launch are spread over a pool of worker threads; the calling thread works too.
+//
+// Memory: each access is checked against the launch's MemoryMap (global and constant memory),
+// the block's shared memory, the thread's local memory and the parameter space; the first fault
+// stops the launch (every worker stops at its next block or backward branch).
+
+#include <cuda.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/backend/ptx/ptx_exec.hpp"
+#include "server/backend/ptx/ptx_program.hpp"
+
+namespace gpuproxy::server::ptx {
+
+// A decoded module placed in device memory: its variables live at globalBase. Everything a
+// launch needs that depends on where the module sits is computed here once, at load.
+class Executable {
+public:
+  Executable(std::shared_ptr<const Program> program, std::uint64_t globalBase);
+
+  const Program& program() const { return *program_; }
+  std::uint64_t globalBase() const { return globalBase_; }
+  // The module's variables' initial bytes, relocations applied (for the loader to copy).
+  std::vector<std::byte> initialImage() const;
+  // Values of function `index`'s constant rows; rows listed in localRows() add the frame's
+  // local base.
+  const std::vector<std::uint64_t>& constants(std::uint32_t index) const {
+    return constants_[index];
+  }
+  const std::vector<std::uint32_t>& localRows(std::uint32_t index) const {
+    return localRows_[index];
+  }
+  // Bytes of local memory each thread of a launch of `kernel` needs: its own frame, plus a stack
+  // for the calls it makes (fixed when the call graph recurses).
+  std::uint32_t localBytesPerThread(std::uint32_t kernel) const { return stackBytes_[kernel]; }
+  std::uint64_t addressOf(const Constant& constant) const;
+
+private:
+  std::shared_ptr<const Program> program_;
+  std::uint64_t globalBase_;
+  std::vector<std::vector<std::uint64_t>> constants_;
+  std::vector<std::vector<std::uint32_t>> localRows_;
+  std::vector<std::uint32_t> stackBytes_;
+};
+
+// Bytes of call stack each thread gets when the kernel's call graph recurses; deeper recursion
+// stops the launch, as a GPU does when a thread overflows its stack.
+inline constexpr std::uint32_t kRecursionStackBytes = 4096;
+// What each call costs on that stack beyond the callee's .local variables (a return address and
+// saved registers on a GPU).
+inline constexpr std::uint32_t kCallFrameBytes = 16;
+inline constexpr std::uint32_t kMaxCallDepth = 1024;
+
+// Device printf output of one launch: bounded, as the GPU's printf FIFO is (1 MiB by default,
+// cudaLimitPrintfFifoSize). When a launch writes more, the oldest output is dropped, as on a GPU,
+// whose buffer is circular; `lostBytes` counts what was dropped.
+class PrintfBuffer {
+public:
+  explicit PrintfBuffer(std::size_t capacity) : capacity_(capacity) {}
+  void append(std::string_view text);
+  std::string take();
+  std::uint64_t takeLostBytes();
+  // Output dropped on the way here (a launch's own buffer overflowed).
+  void noteLost(std::uint64_t bytes);
+  bool empty() const;
+
+private:
+  mutable std::mutex mutex_;
+  std::size_t capacity_;
+  std::string text_;
+  std::uint64_t lost_ = 0;
+};
+
+struct LaunchRequest {
+  const Executable* executable = nullptr;
+  std::uint32_t kernel = 0;  // function index
+  std::uint32_t grid[3] = {1, 1, 1};
+  std::uint32_t block[3] = {1, 1, 1};
+  std::uint32_t dynamicSharedBytes = 0;
+  std::span<const std::byte> parameters;  // the packed buffer, kernelParameterBytes long
+  const MemoryMap* memory = nullptr;
+  // Set by another thread to abandon the launch (a reset or shutdown); checked at backward
+  // branches, nanosleep and between blocks.
+  const std::atomic<bool>* stop = nullptr;
+  PrintfBuffer* printf = nullptr;  // may be null: output is dropped
+};
+
+struct LaunchOutcome {
+  CUresult status = CUDA_SUCCESS;
+  std::string message;  // for a fault: what, where, which thread
+  std::uint64_t faultAddress = 0;
+  std::uint64_t threadInstructions = 0;  // lanes x instructions executed (for benchmarks)
+};
+
+class BlockRunner;
+
+// Runs launches on a pool of worker threads, shared by every device of a backend.
+class Interpreter {
+public:
+  // `workers` helper threads (0: none, the calling thread runs every block).
+  explicit Interpreter(unsigned workers);
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+
+  // Blocks until the launch has finished, failed or been stopped.
+  LaunchOutcome run(const LaunchRequest& request);
+  unsigned workers() const { return static_cast<unsigned>(threads_.size()); }
+
+  struct Launch;
+
+private:
+  void workerMain(unsigned index);
+  std::unique_ptr<BlockRunner> acquireRunner();
+  void releaseRunner(std::unique_ptr<BlockRunner> runner);
+  void work(Launch& launch, BlockRunner& runner, unsigned workerIndex);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Launch*> active_;
+  bool stopping_ = false;
+  std::vector<std::unique_ptr<BlockRunner>> idleRunners_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace gpuproxy::server::ptx

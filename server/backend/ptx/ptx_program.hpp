@@ -1,0 +1,180 @@
+#pragma once
+// The decoded form of a PTX module: what the front end (ptx_frontend.hpp) makes of the text once,
+// at module load, and what the interpreter (ptx_interpreter.hpp) executes. Nothing here refers to
+// text: registers are rows of a frame, labels are instruction indices, symbols are resolved to
+// offsets or to module variables, immediates are constant rows, and every instruction carries the
+// handler that executes it.
+//
+// Register model: every function has a frame of 64-bit rows, each holding one value per lane of a
+// warp (rows are lane-major: row r, lane l at regs[r * 32 + l]). A writer stores the full 64 bits
+// (zero- or sign-extended); a reader reads only the bits of its type, so a 32-bit register never
+// needs masking. Predicates are one 32-bit lane mask each. Immediates and symbol addresses are
+// constant rows filled when a frame is made.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gpuproxy::server::ptx {
+
+inline constexpr std::uint32_t kWarpSize = 32;
+inline constexpr std::uint32_t kNoRegister = 0xffffffffu;
+inline constexpr std::uint32_t kNoPredicate = 0xffffffffu;
+
+// State spaces of memory instructions and of variables.
+enum class Space : std::uint8_t { kGeneric, kGlobal, kShared, kLocal, kConst, kParam };
+
+// How the interpreter must treat an instruction beyond its handler.
+enum class Flow : std::uint8_t {
+  kPlain,     // the handler does everything; the next instruction follows
+  kMemory,    // as kPlain, but the handler may fault (returns false)
+  kBranch,    // bra: target in `target`
+  kCall,      // call: callee in `callee` (or indirect through op[0])
+  kReturn,    // ret
+  kExit,      // exit
+  kBarrier,   // bar.sync / barrier.sync / bar.red / bar.arrive
+  kWarpSync,  // shfl.sync, vote.sync, match.sync, redux.sync, bar.warp.sync: needs its mask's lanes
+  kSleep,     // nanosleep
+  kTrap,      // trap
+  kBreakpoint  // brkpt: a no-op without a debugger
+};
+
+struct Instruction;
+struct ExecContext;
+// Executes `instruction` for the lanes in `mask`. Returns false when it faulted (the fault is
+// recorded in the context).
+using Handler = bool (*)(ExecContext& context, const Instruction& instruction, std::uint32_t mask);
+
+// One decoded instruction. Operands are frame rows (registers, constants) or predicate indices,
+// as the handler expects them.
+struct Instruction {
+  Handler handler = nullptr;
+  Flow flow = Flow::kPlain;
+  std::uint8_t guardNegated = 0;       // the guard is @!p
+  std::uint8_t space = 0;              // Space of a memory access
+  std::uint8_t width = 0;              // bytes per element of a memory access (or type width)
+  std::uint8_t vector = 1;             // elements of a vector access
+  std::uint8_t flags = 0;              // handler-specific
+  std::uint8_t predicateOps = 0;       // bit k: op[k] is a predicate index, not a row
+  std::uint16_t source = 0;            // index into Function::sourceLines (for messages)
+  std::uint32_t guard = kNoPredicate;  // predicate index
+  std::uint32_t op[6] = {kNoRegister, kNoRegister, kNoRegister,
+                         kNoRegister, kNoRegister, kNoRegister};
+  std::int64_t immediate = 0;  // address offset, shift, lut, barrier id, ...
+  std::uint32_t target = 0;    // branch target (instruction index) or callee
+  std::uint32_t extra = 0;     // handler-specific (call site index, special register)
+};
+
+// A module-scope variable (.global, .const) or a per-kernel/per-module .shared one.
+struct Variable {
+  std::string name;
+  Space space = Space::kGlobal;
+  std::uint64_t bytes = 0;
+  std::uint32_t alignment = 1;
+  std::vector<std::uint8_t> initializer;  // empty: zeros
+  // Addresses of variables or functions to patch into the initializer once they are known: the
+  // address of `symbol` (a variable, or a function when `function`) plus `addend`, shifted right
+  // by `shift` bits, stored in `bytes` bytes at `offset`.
+  struct Relocation {
+    std::uint64_t offset = 0;
+    std::uint32_t symbol = 0;
+    bool function = false;
+    bool generic = false;  // generic(sym): a .shared/.local symbol's generic address
+    std::int64_t addend = 0;
+    std::uint8_t bytes = 8;
+    std::uint8_t shift = 0;
+  };
+  std::vector<Relocation> relocations;
+  std::uint64_t sharedOffset = 0;  // .shared: offset in the block's shared memory
+  bool external = false;           // .extern .shared (dynamic shared memory) or .extern .global
+};
+
+// A constant row of a frame: an immediate, an address of a variable or function, or a local
+// (stack) address that depends on where the frame sits.
+struct Constant {
+  enum class Kind : std::uint8_t { kValue, kVariableAddress, kFunctionAddress, kLocalAddress };
+  Kind kind = Kind::kValue;
+  std::uint64_t value = 0;   // kValue: the bits; kLocalAddress: offset in the frame
+  std::uint32_t symbol = 0;  // variable or function index
+  std::int64_t addend = 0;
+};
+
+// A call's arguments and results: slots of the caller's parameter block (its call-site .param
+// declarations), copied at call to the callee's parameters in order and back from its results at
+// return.
+struct CallSite {
+  struct Slot {
+    std::uint32_t callerOffset = 0;
+    std::uint32_t bytes = 0;
+  };
+  std::vector<Slot> arguments;
+  std::vector<Slot> results;
+};
+
+struct KernelParameter {
+  std::string name;
+  std::uint32_t offset = 0;
+  std::uint32_t size = 0;
+  std::uint32_t alignment = 1;
+};
+
+struct Function {
+  std::string name;
+  bool isKernel = false;
+  bool defined = false;  // has a body
+  bool builtin = false;  // extern function the interpreter provides (vprintf, ...)
+  std::uint32_t builtinId = 0;
+  std::vector<Instruction> code;
+  std::vector<Constant> constants;  // rows registerRows .. registerRows + constants.size()
+  std::uint32_t registerRows = 0;   // declared registers (and hidden ones: carry)
+  std::uint32_t predicates = 0;
+  std::uint32_t carryRow = kNoRegister;
+  std::uint32_t rows() const { return registerRows + static_cast<std::uint32_t>(constants.size()); }
+  // Parameter block per lane: own parameters and results first, then call-site declarations.
+  std::uint32_t parameterBytes = 0;
+  std::vector<std::uint32_t> parameterOffsets;  // .func: its incoming parameters
+  std::vector<std::uint32_t> parameterSizes;
+  std::vector<std::uint32_t> resultOffsets;  // .func: its results
+  std::vector<std::uint32_t> resultSizes;
+  std::uint32_t localBytes = 0;  // its .local variables (stack frame)
+  std::uint32_t localAlignment = 8;
+  std::vector<CallSite> callSites;
+  // Kernels only.
+  std::vector<KernelParameter> kernelParameters;
+  std::uint32_t kernelParameterBytes = 0;
+  std::uint32_t maxThreads = 0;                  // from .maxntid / .reqntid; 0: none
+  std::uint32_t requiredThreads[3] = {0, 0, 0};  // .reqntid; 0: none
+  std::uint32_t ownSharedBytes = 0;              // this kernel's own .shared variables
+  // Lines of the source for messages ("ld.global.f32 %f1, [%rd4]" at line N).
+  std::vector<std::string> sourceLines;
+};
+
+// Everything a module holds, decoded.
+struct Program {
+  std::vector<Function> functions;
+  std::vector<Variable> variables;  // .global, .const and .shared
+  std::uint32_t ptxMajor = 0;
+  std::uint32_t ptxMinor = 0;
+  std::uint32_t smVersion = 0;  // .target sm_XX
+  // Shared memory: module-wide layout. Every .shared variable has one offset; dynamic shared
+  // memory (.extern .shared) starts at dynamicSharedOffset for every kernel.
+  std::uint64_t staticSharedBytes = 0;
+  std::uint64_t dynamicSharedOffset = 0;
+  // The module's .global/.const variables, laid out in one device allocation.
+  std::uint64_t globalBytes = 0;
+  std::uint64_t constOffset = 0;             // .const variables from here on: read-only to kernels
+  std::vector<std::uint64_t> globalOffsets;  // per variable (shared ones: unused)
+  // Longest call chain's local bytes is unknown with recursion; the interpreter gives each thread
+  // a stack and faults when a call would overflow it.
+  bool usesPrintf = false;
+
+  const Function* findFunction(const std::string& name) const;
+  const Variable* findVariable(const std::string& name) const;
+};
+
+// Builtin extern functions the interpreter provides.
+enum class Builtin : std::uint32_t { kNone = 0, kVprintf, kAssertFail };
+
+}  // namespace gpuproxy::server::ptx

@@ -1,0 +1,175 @@
+// The interpreter driven directly: PTX decoded and launched over host memory, results checked.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "server/backend/ptx/ptx_frontend.hpp"
+#include "server/backend/ptx/ptx_interpreter.hpp"
+
+#if __has_include("test_kernels_ptx.hpp")
+#include "test_kernels_ptx.hpp"
+#define GPUPROXY_HAVE_TEST_KERNELS 1
+#endif
+
+namespace gpuproxy::server::ptx {
+namespace {
+
+constexpr char kHeader[] = ".version 8.0\n.target sm_75\n.address_size 64\n";
+
+// A decoded module whose variables live in host memory, and a launcher over host buffers.
+class Harness {
+public:
+  explicit Harness(std::string_view text, unsigned workers = 0) : interpreter_(workers) {
+    DecodeResult decoded = decodePtx(text);
+    status_ = decoded.status;
+    message_ = decoded.message;
+    if (!decoded.ok()) return;
+    program_ = std::shared_ptr<const Program>(std::move(decoded.program));
+    globals_.resize(std::max<std::uint64_t>(program_->globalBytes, 1));
+    executable_ =
+        std::make_unique<Executable>(program_, reinterpret_cast<std::uint64_t>(globals_.data()));
+    const std::vector<std::byte> image = executable_->initialImage();
+    std::memcpy(globals_.data(), image.data(), image.size());
+    addRange(globals_.data(), globals_.size());
+  }
+
+  CUresult status() const { return status_; }
+  const std::string& message() const { return message_; }
+  const Program& program() const { return *program_; }
+
+  // Lets kernels touch [data, data + bytes).
+  void addRange(void* data, std::size_t bytes) {
+    auto* begin = static_cast<std::byte*>(data);
+    ranges_.push_back(MemoryRange{reinterpret_cast<std::uint64_t>(begin),
+                                  reinterpret_cast<std::uint64_t>(begin) + bytes, begin, true});
+  }
+
+  template <typename T>
+  void addRange(std::vector<T>& buffer) {
+    addRange(buffer.data(), buffer.size() * sizeof(T));
+  }
+
+  LaunchOutcome launch(const std::string& kernel, std::array<std::uint32_t, 3> grid,
+                       std::array<std::uint32_t, 3> block, const std::vector<std::uint64_t>& args,
+                       std::uint32_t dynamicShared = 0) {
+    const Function* function = program_->findFunction(kernel);
+    EXPECT_NE(function, nullptr) << kernel;
+    if (function == nullptr) return {};
+    std::vector<std::byte> parameters(function->kernelParameterBytes);
+    EXPECT_EQ(args.size(), function->kernelParameters.size());
+    for (std::size_t i = 0; i < args.size() && i < function->kernelParameters.size(); ++i) {
+      const KernelParameter& parameter = function->kernelParameters[i];
+      std::memcpy(parameters.data() + parameter.offset, &args[i],
+                  std::min<std::size_t>(parameter.size, 8));
+    }
+    memory_ = MemoryMap(ranges_);
+    LaunchRequest request;
+    request.executable = executable_.get();
+    request.kernel = static_cast<std::uint32_t>(function - program_->functions.data());
+    for (int d = 0; d < 3; ++d) {
+      request.grid[d] = grid[static_cast<std::size_t>(d)];
+      request.block[d] = block[static_cast<std::size_t>(d)];
+    }
+    request.dynamicSharedBytes = dynamicShared;
+    request.parameters = parameters;
+    request.memory = &memory_;
+    request.printf = &printf_;
+    return interpreter_.run(request);
+  }
+
+  std::string output() { return printf_.take(); }
+  std::byte* globals() { return globals_.data(); }
+
+private:
+  Interpreter interpreter_;
+  CUresult status_ = CUDA_SUCCESS;
+  std::string message_;
+  std::shared_ptr<const Program> program_;
+  std::vector<std::byte> globals_;
+  std::unique_ptr<Executable> executable_;
+  std::vector<MemoryRange> ranges_;
+  MemoryMap memory_;
+  PrintfBuffer printf_{1 << 20};
+};
+
+std::uint64_t address(const void* pointer) {
+  return reinterpret_cast<std::uint64_t>(pointer);
+}
+
+#ifdef GPUPROXY_HAVE_TEST_KERNELS
+
+TEST(PtxInterpreter, VectorAddFromNvcc) {
+  Harness harness(testing::kTestKernelsPtx);
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  constexpr int kCount = 1000;
+  std::vector<float> a(kCount), b(kCount), c(kCount, -1.0f);
+  for (int i = 0; i < kCount; ++i) {
+    a[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    b[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i);
+  }
+  harness.addRange(a);
+  harness.addRange(b);
+  harness.addRange(c);
+  const LaunchOutcome outcome =
+      harness.launch("vector_add", {4, 1, 1}, {256, 1, 1},
+                     {address(a.data()), address(b.data()), address(c.data()), kCount});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  for (int i = 0; i < kCount; ++i) {
+    EXPECT_EQ(c[static_cast<std::size_t>(i)], 1.5f * static_cast<float>(i)) << i;
+  }
+  EXPECT_GT(outcome.threadInstructions, 1000u * 10);
+}
+
+TEST(PtxInterpreter, StoreOutsideTheClientsMemoryFaults) {
+  Harness harness(testing::kTestKernelsPtx);
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  const LaunchOutcome outcome = harness.launch("trap", {1, 1, 1}, {1, 1, 1}, {});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(outcome.faultAddress, 8u);
+  EXPECT_NE(outcome.message.find("trap"), std::string::npos) << outcome.message;
+}
+
+#endif
+
+TEST(PtxInterpreter, DivergentLoopsReconverge) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .reg .pred %p<3>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [out];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, 0;
+  mov.u32 %r3, 0;
+$loop:
+  setp.ge.u32 %p1, %r3, %r1;
+  @%p1 bra $done;
+  add.u32 %r2, %r2, %r3;
+  add.u32 %r3, %r3, 1;
+  bra.uni $loop;
+$done:
+  activemask.b32 %r4;
+  mul.wide.u32 %rd2, %r1, 8;
+  add.u64 %rd3, %rd1, %rd2;
+  st.global.v2.u32 [%rd3], {%r2, %r4};
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(2 * 64, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {64, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  for (std::uint32_t t = 0; t < 64; ++t) {
+    EXPECT_EQ(out[2 * t], t == 0 ? 0 : t * (t - 1) / 2) << t;
+    // After the loop every lane of the warp is back together.
+    EXPECT_EQ(out[2 * t + 1], 0xffffffffu) << t;
+  }
+}
+
+}  // namespace
+}  // namespace gpuproxy::server::ptx
