@@ -13,6 +13,17 @@
 
 #include "ipc/unique_fd.hpp"
 
+#if defined(__SANITIZE_THREAD__)
+#define GPUPROXY_THREAD_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GPUPROXY_THREAD_SANITIZER 1
+#endif
+#endif
+#ifndef GPUPROXY_THREAD_SANITIZER
+#define GPUPROXY_THREAD_SANITIZER 0
+#endif
+
 namespace gpuproxy::ipc {
 
 // A range of this process's address space held by an inaccessible (PROT_NONE) mapping, so that
@@ -32,9 +43,19 @@ namespace gpuproxy::ipc {
 // often; the default hint sits far from both the heap and the mmap area of a typical process.
 class AddressReservation {
 public:
+#if GPUPROXY_THREAD_SANITIZER
+  // ThreadSanitizer keeps most of the address space for its shadow memory and refuses mappings
+  // there; its "high application" range, from 0x7e8000000000 up, is open to the program.
+  static constexpr std::uintptr_t kDefaultHint = 0x7e8000000000;
+  static constexpr unsigned kHintSlots = 1u << 9;
+#else
   // Where `reserve` starts looking: 32 TiB, well above brk and below the top-down mmap area of a
   // 47-bit address space.
   static constexpr std::uintptr_t kDefaultHint = std::uintptr_t{1} << 45;
+  // How many 1 GiB slots above kDefaultHint a caller may pick from at random (forked processes
+  // that all start at the same hint would otherwise collide in the daemon).
+  static constexpr unsigned kHintSlots = 1u << 14;
+#endif
   // Candidates are aligned to 2 MiB so that huge pages stay possible.
   static constexpr std::size_t kAlignment = std::size_t{2} << 20;
 
@@ -51,8 +72,12 @@ public:
   AddressReservation(const AddressReservation&) = delete;
   AddressReservation& operator=(const AddressReservation&) = delete;
 
-  void* address() const { return address_; }
-  std::size_t size() const { return bytes_; }
+  void* address() const {
+    return address_;
+  }
+  std::size_t size() const {
+    return bytes_;
+  }
   // Forgets the range without unmapping it (a segment has been mapped over it and owns it now).
   void* release();
 

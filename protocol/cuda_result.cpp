@@ -21,28 +21,32 @@ constexpr ResultInfo kResults[] = {
 static_assert(std::ranges::is_sorted(kResults, {}, &ResultInfo::result),
               "gen.py emits the table sorted by value, for binary search");
 
-const ResultInfo* find(CUresult result) {
-  const auto* it = std::ranges::lower_bound(kResults, result, {}, &ResultInfo::result);
-  if (it == std::end(kResults) || it->result != result) return nullptr;
+int codeOf(const ResultInfo& info) {
+  return static_cast<int>(info.result);
+}
+
+const ResultInfo* find(int code) {
+  const auto* it = std::ranges::lower_bound(kResults, code, {}, codeOf);
+  if (it == std::end(kResults) || codeOf(*it) != code) return nullptr;
   return it;
 }
 
 }  // namespace
 
-std::optional<std::string_view> cudaResultName(CUresult result) {
-  const ResultInfo* info = find(result);
+std::optional<std::string_view> cudaResultName(int code) {
+  const ResultInfo* info = find(code);
   if (info == nullptr) return std::nullopt;
   return info->name;
 }
 
-std::optional<std::string_view> cudaResultDescription(CUresult result) {
-  const ResultInfo* info = find(result);
+std::optional<std::string_view> cudaResultDescription(int code) {
+  const ResultInfo* info = find(code);
   if (info == nullptr) return std::nullopt;
   return info->description;
 }
 
-std::string_view cudaResultNameOr(CUresult result, std::string_view fallback) {
-  const ResultInfo* info = find(result);
+std::string_view cudaResultNameOr(int code, std::string_view fallback) {
+  const ResultInfo* info = find(code);
   return info != nullptr ? info->name : fallback;
 }
 

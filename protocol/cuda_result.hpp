@@ -9,14 +9,17 @@
 
 namespace gpuproxy::protocol {
 
+// The lookups take the code as an int: a CUresult from an application may hold any integer, and
+// an enum object holding a value outside its enumerators' range is undefined behaviour.
+
 // "CUDA_ERROR_INVALID_VALUE" for CUDA_ERROR_INVALID_VALUE; nullopt for a value cuda.h lacks.
-std::optional<std::string_view> cudaResultName(CUresult result);
+std::optional<std::string_view> cudaResultName(int code);
 
 // A short human description ("invalid argument"); nullopt for a value cuda.h lacks.
-std::optional<std::string_view> cudaResultDescription(CUresult result);
+std::optional<std::string_view> cudaResultDescription(int code);
 
 // For logs: the name, or "CUresult(N)" for an unknown value.
-std::string_view cudaResultNameOr(CUresult result, std::string_view fallback);
+std::string_view cudaResultNameOr(int code, std::string_view fallback);
 
 // Whether `result` is one of the errors after which the driver's context is unusable and every
 // later call in it fails the same way until the context is destroyed or reset (a kernel fault:

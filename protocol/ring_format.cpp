@@ -1,5 +1,7 @@
 #include "protocol/ring_format.hpp"
 
+#include "protocol/cuda_result.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -420,6 +422,8 @@ std::string_view describe(DecodeFailure failure) {
       return "handle must be zero for this kind";
     case DecodeFailure::kBadFlags:
       return "CUDA flags the API does not accept";
+    case DecodeFailure::kUnknownResult:
+      return "result is not a CUresult";
   }
   return "unknown decode failure";
 }
@@ -458,6 +462,16 @@ DecodedCommand decodeCommand(std::span<const std::byte> record, const SegmentLim
   return reader.shapeError(DecodeFailure::kUnknownOpcode);
 }
 
+namespace {
+
+// Only a value cuda.h defines may become a CUresult: any other in an enum object is undefined
+// behaviour, and no daemon sends one.
+bool isKnownResult(std::int32_t result) {
+  return cudaResultName(result).has_value();
+}
+
+}  // namespace
+
 DecodedCompletion decodeCompletion(std::span<const std::byte> record, const SegmentLimits& limits) {
   constexpr std::size_t kHeaderBytes = sizeof(wire::CompletionHeader);
   if (record.size() < kHeaderBytes) return framingError(DecodeFailure::kTruncated);
@@ -475,6 +489,9 @@ DecodedCompletion decodeCompletion(std::span<const std::byte> record, const Segm
       }
       const auto wire = load<wire::CompletionBody>(body, 0);
       if (wire.reserved != 0) return framingError(DecodeFailure::kReservedNotZero, header.kind);
+      if (!isKnownResult(wire.result)) {
+        return framingError(DecodeFailure::kUnknownResult, header.kind);
+      }
       return Completion{wire.token, static_cast<CUresult>(wire.result)};
     }
     case CompletionKind::kAsyncError: {
@@ -486,6 +503,9 @@ DecodedCompletion decodeCompletion(std::span<const std::byte> record, const Segm
       // The daemon only reports commands it could frame, so the opcode is one it knows.
       if (!isKnownOpcode(wire.opcode)) {
         return framingError(DecodeFailure::kUnknownOpcode, header.kind);
+      }
+      if (!isKnownResult(wire.result)) {
+        return framingError(DecodeFailure::kUnknownResult, header.kind);
       }
       return AsyncError{wire.sequence, wire.context, wire.stream,
                         static_cast<CUresult>(wire.result), wire.opcode};

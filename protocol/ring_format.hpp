@@ -408,6 +408,7 @@ enum class DecodeFailure : std::uint8_t {
   kUnknownFlags,      // a flag bit this version does not define
   kWrongLength,       // length does not match what the opcode and its fields imply
   kReservedNotZero,   // reserved field or padding set (a newer or broken peer)
+  kUnknownResult,     // a completion's result is not a CUresult cuda.h defines
   // Values: the record is well-formed, its arguments are not; fail this command only.
   kParameterBytesTooLarge,
   kBadRegion,           // host region not staging or pinned heap

@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 
+#include <cstring>
 #include <optional>
 #include <string_view>
 
@@ -23,11 +24,20 @@ CUresult answer(std::optional<std::string_view> text, const char** pStr) noexcep
   return CUDA_SUCCESS;
 }
 
+// The application may pass any integer as a CUresult; read it as one, since an enum holding a
+// value outside its enumerators' range is undefined behaviour.
+int codeOf(const CUresult& error) noexcept {
+  static_assert(sizeof(CUresult) == sizeof(int));
+  int code;
+  std::memcpy(&code, &error, sizeof code);
+  return code;
+}
+
 }  // namespace
 
 GPUPROXY_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
   try {
-    return answer(gpuproxy::protocol::cudaResultName(error), pStr);
+    return answer(gpuproxy::protocol::cudaResultName(codeOf(error)), pStr);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }
@@ -35,7 +45,7 @@ GPUPROXY_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
 
 GPUPROXY_EXPORT CUresult cuGetErrorString(CUresult error, const char** pStr) {
   try {
-    return answer(gpuproxy::protocol::cudaResultDescription(error), pStr);
+    return answer(gpuproxy::protocol::cudaResultDescription(codeOf(error)), pStr);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }

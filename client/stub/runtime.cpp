@@ -50,8 +50,8 @@ constexpr int kMappingAttempts = 8;
 // attempt starts at a random 1 GiB slot of a 16 TiB window above ipc's default hint.
 std::uintptr_t randomSegmentHint() {
   std::random_device random;
-  const std::uint64_t slot =
-      ((static_cast<std::uint64_t>(random()) << 32) | random()) % (std::uint64_t{1} << 14);
+  const std::uint64_t slot = ((static_cast<std::uint64_t>(random()) << 32) | random()) %
+                             ipc::AddressReservation::kHintSlots;
   return ipc::AddressReservation::kDefaultHint + slot * (std::uint64_t{1} << 30);
 }
 

@@ -124,7 +124,9 @@ std::span<std::byte> ClientChannel::hostBytes(const ring::HostLocation& location
 }
 
 void ClientChannel::markBroken(std::string reason) {
-  if (!broken_) broken_ = std::move(reason);
+  if (broken_) return;
+  broken_ = std::move(reason);
+  executor_.channelBroken(*broken_);
 }
 
 void ClientChannel::post(Answer answer) {

@@ -39,6 +39,10 @@ public:
   // False while the client has so much work queued that the channel should leave its further
   // commands in the ring (backpressure: the client's ring fills and its writes wait).
   virtual bool readyForCommands() const { return true; }
+  // The client broke the format (a corrupt ring index or length, a record that cannot be framed):
+  // nothing more can be read from it. Called once, on the event loop thread; the executor ends the
+  // client's session so that what it held is reclaimed and its stub learns it is cut off.
+  virtual void channelBroken(const std::string& reason) = 0;
 };
 
 struct ChannelSizes {
@@ -97,7 +101,8 @@ public:
   // client may change them at any moment: copy them before relying on them.
   std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location, std::uint64_t bytes);
 
-  // A framing error: the client broke the format. The channel stops reading and keeps the reason.
+  // A framing error: the client broke the format. The channel stops reading, keeps the reason and
+  // tells its executor (once).
   void markBroken(std::string reason);
   bool broken() const { return broken_.has_value(); }
 

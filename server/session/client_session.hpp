@@ -80,6 +80,7 @@ private:
   // CommandExecutor (server/session/ring_commands.cpp)
   void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) override;
   bool readyForCommands() const override;
+  void channelBroken(const std::string& reason) override;
   // kj::TaskSet::ErrorHandler, for the ring commands that answer later
   void taskFailed(kj::Exception&& exception) override;
 
@@ -90,7 +91,7 @@ private:
   CUresult streamWaitEvent(std::uint64_t context, std::uint64_t stream, std::uint64_t event,
                            std::uint32_t flags);
   GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
-  // Ends this client's connection: it broke the ring format.
+  // Ends this client's connection: it broke the ring format (channelBroken follows).
   void evict(const std::string& reason);
 
   // Pinned host memory (server/session/pinned_memory.cpp).

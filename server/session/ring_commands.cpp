@@ -131,9 +131,12 @@ void ClientSession::taskFailed(kj::Exception&& exception) {
 }
 
 void ClientSession::evict(const std::string& reason) {
+  channel_->markBroken(reason);
+}
+
+void ClientSession::channelBroken(const std::string& reason) {
   spdlog::warn("pid {} ({}) broke the data-plane format ({}): disconnecting it",
                stats_->identity.pid, stats_->identity.command, reason);
-  channel_->markBroken(reason);
   state_.connections.endConnection(connectionId_);
 }
 

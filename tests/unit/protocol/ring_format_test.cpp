@@ -664,6 +664,14 @@ TEST(RingCompletion, RejectsMalformedRecords) {
   Bytes unknown = completion;
   poke(unknown, 0, std::uint16_t{4});
   EXPECT_EQ(errorOfCompletion(unknown).failure, DecodeFailure::kUnknownOpcode);
+  // A result cuda.h does not define cannot become a CUresult.
+  Bytes notAResult = completion;
+  poke(notAResult, 8 + 8, std::int32_t{33554433});
+  EXPECT_EQ(errorOfCompletion(notAResult).failure, DecodeFailure::kUnknownResult);
+  Bytes asyncNotAResult = encoded(AsyncError{1, 2, 3, CUDA_ERROR_INVALID_VALUE,
+                                             static_cast<std::uint16_t>(Opcode::kLaunchKernel)});
+  poke(asyncNotAResult, 8 + 24, std::int32_t{-7});
+  EXPECT_EQ(errorOfCompletion(asyncNotAResult).failure, DecodeFailure::kUnknownResult);
   Bytes wrongKind = completion;  // a Completion's length under the AsyncError kind
   poke(wrongKind, 0, static_cast<std::uint16_t>(CompletionKind::kAsyncError));
   EXPECT_EQ(errorOfCompletion(wrongKind).failure, DecodeFailure::kWrongLength);
