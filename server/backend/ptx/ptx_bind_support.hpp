@@ -86,8 +86,9 @@ bool bindControl(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
 
 // setp/set: the optional .and/.or/.xor and its predicate, the parsed operand at `combineIndex`
 // (op[3]; flags bits 0-2 as compareHandler reads them).
-bool bindCombine(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
-                 Instruction& instruction, std::size_t combineIndex);
+// `combine` is the qualifier, taken before the others were checked (Qualifiers::takeAny).
+bool bindCombine(const ParsedInstruction& parsed, std::string_view combine,
+                 OperandResolver& resolver, Instruction& instruction, std::size_t combineIndex);
 
 // Whether the family handles this base opcode.
 bool isIntegerOpcode(std::string_view base);

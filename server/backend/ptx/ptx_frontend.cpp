@@ -195,6 +195,9 @@ private:
     if (isWordChar(c)) {
       while (position_ < text_.size()) {
         const char d = text_[position_];
+        if (d == '.' && c == '.' && position_ > start) {
+          break;  // directives and qualifiers are words of their own: ".reg.b32" is ".reg .b32"
+        }
         if (isWordChar(d)) {
           ++position_;
         } else if (d == ':' && position_ + 2 < text_.size() && text_[position_ + 1] == ':' &&
@@ -1370,6 +1373,11 @@ public:
         return constant(bits);
       }
       case Operand::Kind::kSymbol:
+        // Registers may be named without a '%' (inline asm declares "lo", "hi" and the like).
+        if (const Symbol* symbol = lookup(operand.name);
+            symbol != nullptr && symbol->kind == SymbolKind::kRegister && operand.integer == 0) {
+          return symbol->row;
+        }
         return symbolAddress(operand.name, operand.integer, false);
       default:
         error_ = "unexpected operand";
@@ -1379,7 +1387,8 @@ public:
 
   std::uint32_t destination(const Operand& operand, Type /*type*/) override {
     if (operand.kind == Operand::Kind::kSink) return sinkRow();
-    if (operand.kind != Operand::Kind::kRegister) {
+    if (operand.kind != Operand::Kind::kRegister &&
+        !(operand.kind == Operand::Kind::kSymbol && operand.integer == 0)) {
       error_ = "destination is not a register";
       return kNoRegister;
     }
@@ -1398,8 +1407,10 @@ public:
 
   std::uint32_t predicate(const Operand& operand) override {
     if (operand.kind == Operand::Kind::kSink) return sinkPredicate();
-    const Symbol* symbol =
-        operand.kind == Operand::Kind::kRegister ? lookup(operand.name) : nullptr;
+    const Symbol* symbol = operand.kind == Operand::Kind::kRegister ||
+                                   (operand.kind == Operand::Kind::kSymbol && operand.integer == 0)
+                               ? lookup(operand.name)
+                               : nullptr;
     if (symbol == nullptr || symbol->kind != SymbolKind::kPredicate) {
       error_ = shown(operand.name) + " is not a declared predicate";
       return kNoPredicate;
@@ -1426,8 +1437,9 @@ public:
       address.isConstant = true;
       return address;
     }
-    if (operand.baseIsRegister) {
-      const Symbol* symbol = lookup(operand.name);
+    const Symbol* named = lookup(operand.name);
+    if (operand.baseIsRegister || (named != nullptr && named->kind == SymbolKind::kRegister)) {
+      const Symbol* symbol = named;
       if (symbol == nullptr || symbol->kind != SymbolKind::kRegister) {
         error_ = "address register " + shown(operand.name) + " is not declared";
         return std::nullopt;
@@ -1878,6 +1890,8 @@ private:
 Builtin builtinFor(std::string_view name) {
   if (name == "vprintf") return Builtin::kVprintf;
   if (name == "__assertfail") return Builtin::kAssertFail;
+  if (name == "malloc") return Builtin::kMalloc;
+  if (name == "free") return Builtin::kFree;
   return Builtin::kNone;
 }
 
@@ -1931,6 +1945,10 @@ public:
         }
         if (callee.builtin && callee.builtinId == static_cast<std::uint32_t>(Builtin::kVprintf)) {
           program_->usesPrintf = true;
+        }
+        if (callee.builtin && (callee.builtinId == static_cast<std::uint32_t>(Builtin::kMalloc) ||
+                               callee.builtinId == static_cast<std::uint32_t>(Builtin::kFree))) {
+          program_->usesHeap = true;
         }
       }
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
@@ -155,6 +156,52 @@ std::vector<std::byte> Executable::initialImage() const {
     }
   }
   return image;
+}
+
+// ---- Device heap -----------------------------------------------------------------------------
+
+DeviceHeap::DeviceHeap(std::uint64_t base, std::uint64_t bytes) : base_(base) {
+  if (bytes > 0) free_.emplace(0, bytes);
+}
+
+std::uint64_t DeviceHeap::allocate(std::uint64_t bytes) {
+  // malloc's alignment on a GPU: 16 bytes.
+  const std::uint64_t size = alignUp(std::max<std::uint64_t>(bytes, 1), 16);
+  if (size < bytes) return 0;
+  std::lock_guard lock(mutex_);
+  for (auto block = free_.begin(); block != free_.end(); ++block) {
+    if (block->second < size) continue;
+    const auto [offset, available] = *block;
+    free_.erase(block);
+    if (available > size) free_.emplace(offset + size, available - size);
+    used_.emplace(offset, size);
+    return base_ + offset;
+  }
+  return 0;
+}
+
+void DeviceHeap::release(std::uint64_t address) {
+  if (address < base_) return;
+  std::lock_guard lock(mutex_);
+  const auto used = used_.find(address - base_);
+  if (used == used_.end()) return;
+  std::uint64_t offset = used->first;
+  std::uint64_t size = used->second;
+  used_.erase(used);
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && next->first == offset + size) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto previous = std::prev(next);
+    if (previous->first + previous->second == offset) {
+      offset = previous->first;
+      size += previous->second;
+      free_.erase(previous);
+    }
+  }
+  free_.emplace(offset, size);
 }
 
 // ---- Printf buffer ---------------------------------------------------------------------------
@@ -702,12 +749,12 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
     }
     return value;
   };
-  auto result = [&](std::uint32_t lane, std::int32_t value) {
+  auto result = [&](std::uint32_t lane, std::uint64_t value) {
     if (site.results.empty()) return;
     const CallSite::Slot& slot = site.results[0];
     std::memcpy(
         frame->params + std::size_t{lane} * frame->function->parameterBytes + slot.callerOffset,
-        &value, std::min<std::uint32_t>(slot.bytes, 4));
+        &value, std::min<std::uint32_t>(slot.bytes, 8));
   };
   switch (builtin) {
     case Builtin::kVprintf: {
@@ -721,7 +768,7 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
           return;
         }
         if (launch_->request->printf != nullptr) launch_->request->printf->append(printed.text);
-        result(lane, printed.arguments);
+        result(lane, static_cast<std::uint64_t>(static_cast<std::int64_t>(printed.arguments)));
       });
       if (!ok) {
         step = faultAt(call, warp, lanes);
@@ -750,6 +797,17 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
       step = stop(CUDA_ERROR_ASSERT, "assertion `" + message + "` failed", warp, lane);
       return false;
     }
+    case Builtin::kMalloc:
+      forLanes(lanes, [&](std::uint32_t lane) {
+        DeviceHeap* heap = launch_->request->heap;
+        result(lane, heap != nullptr ? heap->allocate(argument(lane, 0)) : 0);
+      });
+      return true;
+    case Builtin::kFree:
+      forLanes(lanes, [&](std::uint32_t lane) {
+        if (launch_->request->heap != nullptr) launch_->request->heap->release(argument(lane, 0));
+      });
+      return true;
     default:
       step = stop(CUDA_ERROR_NOT_SUPPORTED, "call to external function '" + callee.name + "'", warp,
                   static_cast<std::uint32_t>(std::countr_zero(lanes)));

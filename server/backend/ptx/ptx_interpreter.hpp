@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -91,6 +92,27 @@ private:
   std::uint64_t lost_ = 0;
 };
 
+// The device heap kernels allocate from with malloc and free (new and delete): a range of device
+// memory whose bookkeeping lives here, out of the kernels' reach. CUDA gives a context one heap of
+// cudaLimitMallocHeapSize bytes (8 MiB by default); the sim gives each module that calls malloc
+// or free one of that size.
+class DeviceHeap {
+public:
+  DeviceHeap(std::uint64_t base, std::uint64_t bytes);
+  // 0 when no block of `bytes` is free (as malloc returns NULL on a GPU).
+  std::uint64_t allocate(std::uint64_t bytes);
+  // Frees a block allocate() returned; anything else is ignored (free(NULL) among them).
+  void release(std::uint64_t address);
+
+private:
+  std::mutex mutex_;
+  std::uint64_t base_;
+  std::map<std::uint64_t, std::uint64_t> free_;  // offset -> bytes
+  std::map<std::uint64_t, std::uint64_t> used_;
+};
+
+inline constexpr std::uint64_t kDeviceHeapBytes = 8ull << 20;
+
 struct LaunchRequest {
   const Executable* executable = nullptr;
   std::uint32_t kernel = 0;  // function index
@@ -103,6 +125,7 @@ struct LaunchRequest {
   // branches, nanosleep and between blocks.
   const std::atomic<bool>* stop = nullptr;
   PrintfBuffer* printf = nullptr;  // may be null: output is dropped
+  DeviceHeap* heap = nullptr;      // may be null: malloc returns NULL
 };
 
 struct LaunchOutcome {

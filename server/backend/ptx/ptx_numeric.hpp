@@ -74,7 +74,8 @@ inline float roundToFloat(double value, Rounding rounding) {
   const int saved = std::fegetround();
   std::fesetround(fenvRounding(rounding));
   volatile double in = value;
-  const float out = static_cast<float>(in);
+  // Volatile, or the compiler may convert after the mode is restored.
+  volatile float out = static_cast<float>(in);
   std::fesetround(saved);
   return out;
 }
@@ -119,7 +120,7 @@ F intToFloat(I value, Rounding rounding) {
   const int saved = std::fegetround();
   std::fesetround(fenvRounding(rounding));
   volatile I in = value;
-  const F out = static_cast<F>(in);
+  volatile F out = static_cast<F>(in);
   std::fesetround(saved);
   return out;
 }

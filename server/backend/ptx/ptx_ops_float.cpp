@@ -311,6 +311,7 @@ bool bindFloat(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandR
                               "geu", "num", "nan"});
     if (cmp.empty()) return bindError(resolver, "missing comparison");
   }
+  const std::string_view combine = qualifiers.takeAny({"and", "or", "xor"});
   bool integral = false;
   const Rounding rounding = qualifiers.takeRounding(integral);
   const bool ftz = qualifiers.take("ftz");
@@ -351,7 +352,7 @@ bool bindFloat(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandR
   };
   Handler handler = nullptr;
   if (base == "setp" || set) {
-    if (!bindCombine(parsed, qualifiers, resolver, instruction, 3)) return false;
+    if (!bindCombine(parsed, combine, resolver, instruction, 3)) return false;
     if (set) {
       if (!bindDestination(instruction, 0, operands[0], destination, resolver)) return false;
     } else {

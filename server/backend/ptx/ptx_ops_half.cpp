@@ -115,6 +115,42 @@ bool halfSignHandler(ExecContext& context, const Instruction& instruction, std::
   return true;
 }
 
+// The comparisons in the order setp and set name them: eq ne lt le gt ge, their unordered "u"
+// forms, num, nan.
+bool compareHalves(unsigned cmp, double x, double y) {
+  const bool unordered = std::isnan(x) || std::isnan(y);
+  switch (cmp) {
+    case 0:
+      return !unordered && x == y;
+    case 1:
+      return !unordered && x != y;
+    case 2:
+      return !unordered && x < y;
+    case 3:
+      return !unordered && x <= y;
+    case 4:
+      return !unordered && x > y;
+    case 5:
+      return !unordered && x >= y;
+    case 6:
+      return unordered || x == y;
+    case 7:
+      return unordered || x != y;
+    case 8:
+      return unordered || x < y;
+    case 9:
+      return unordered || x <= y;
+    case 10:
+      return unordered || x > y;
+    case 11:
+      return unordered || x >= y;
+    case 12:
+      return !unordered;
+    default:
+      return unordered;
+  }
+}
+
 // setp on halves: op[0] the predicate of the low half, op[4] of the high half (x2 forms) or the
 // complement (scalar d|q form). flags bits 0-2 as compareHandler; the comparison in `extra`.
 template <bool Bf16, bool Packed>
@@ -126,39 +162,8 @@ bool halfCompareHandler(ExecContext& context, const Instruction& instruction, st
   std::uint32_t other = combine != 0 ? context.preds[instruction.op[3]] : 0;
   if ((instruction.flags & 4) != 0) other = ~other;
   const std::uint8_t ftzFlag = (instruction.flags & 8) != 0 ? kHalfFtz : 0;
-  auto compare = [&](double x, double y) {
-    const bool unordered = std::isnan(x) || std::isnan(y);
-    switch (cmp) {
-      case 0:
-        return !unordered && x == y;
-      case 1:
-        return !unordered && x != y;
-      case 2:
-        return !unordered && x < y;
-      case 3:
-        return !unordered && x <= y;
-      case 4:
-        return !unordered && x > y;
-      case 5:
-        return !unordered && x >= y;
-      case 6:
-        return unordered || x == y;
-      case 7:
-        return unordered || x != y;
-      case 8:
-        return unordered || x < y;
-      case 9:
-        return unordered || x <= y;
-      case 10:
-        return unordered || x > y;
-      case 11:
-        return unordered || x >= y;
-      case 12:
-        return !unordered;
-      default:
-        return unordered;
-    }
-  };
+  auto compare = [&](double x, double y) { return compareHalves(cmp, x, y); };
+  ;
   auto combined = [&](bool value, std::uint32_t lane) {
     const bool c = ((other >> lane) & 1) != 0;
     if (combine == 1) return value && c;
@@ -191,6 +196,47 @@ bool halfCompareHandler(ExecContext& context, const Instruction& instruction, st
   return true;
 }
 
+// set on halves: each half of the result is the comparison as a half (1.0 or 0.0; `extra` bit
+// 8 clear) or as an integer mask (all ones or 0; bit 8 set; bit 9: one 32-bit mask for a scalar
+// source), written to the halves of the result. flags bits 0-2 combine as compareHandler; bit 3
+// .ftz.
+template <bool Bf16, bool Packed>
+bool halfSetHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
+  std::uint64_t* d = context.row(instruction.op[0]);
+  const std::uint64_t* a = context.row(instruction.op[1]);
+  const std::uint64_t* b = context.row(instruction.op[2]);
+  const unsigned cmp = instruction.extra & 0xff;
+  const bool integerResult = (instruction.extra & 0x100) != 0;
+  const bool wideResult = (instruction.extra & 0x200) != 0;
+  const unsigned combine = instruction.flags & 3;
+  std::uint32_t other = combine != 0 ? context.preds[instruction.op[3]] : 0;
+  if ((instruction.flags & 4) != 0) other = ~other;
+  const std::uint8_t ftzFlag = (instruction.flags & 8) != 0 ? kHalfFtz : 0;
+  const std::uint16_t one = Bf16 ? 0x3f80 : 0x3c00;
+  forLanes(mask, [&](std::uint32_t lane) {
+    std::uint64_t result = 0;
+    for (unsigned part = 0; part < (Packed ? 2u : 1u); ++part) {
+      const unsigned shift = 16 * part;
+      const double x = decode<Bf16>(static_cast<std::uint16_t>(a[lane] >> shift), ftzFlag);
+      const double y = decode<Bf16>(static_cast<std::uint16_t>(b[lane] >> shift), ftzFlag);
+      bool value = compareHalves(cmp, x, y);
+      const bool c = ((other >> lane) & 1) != 0;
+      if (combine == 1) value = value && c;
+      if (combine == 2) value = value || c;
+      if (combine == 3) value = value != c;
+      std::uint64_t bits = 0;
+      if (integerResult) {
+        bits = value ? (Packed || !wideResult ? 0xffffu : 0xffffffffu) : 0;
+      } else {
+        bits = value ? one : 0;
+      }
+      result |= bits << shift;
+    }
+    d[lane] = result;
+  });
+  return true;
+}
+
 template <typename Op, int Sources>
 Handler halfFor(bool bf16, bool packed) {
   if (bf16)
@@ -204,11 +250,12 @@ bool bindHalf(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandRe
               Instruction& instruction, bool& unsupported) {
   const std::string_view base = qualifiers.base();
   std::string_view cmp;
-  if (base == "setp") {
+  if (base == "setp" || base == "set") {
     cmp = qualifiers.takeAny({"eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "leu", "gtu",
                               "geu", "num", "nan"});
     if (cmp.empty()) return bindError(resolver, "missing comparison");
   }
+  const std::string_view combine = qualifiers.takeAny({"and", "or", "xor"});
   bool integral = false;
   const Rounding rounding = qualifiers.takeRounding(integral);
   const bool ftz = qualifiers.take("ftz");
@@ -216,8 +263,14 @@ bool bindHalf(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandRe
   const bool relu = qualifiers.take("relu");
   const bool nan = qualifiers.take("NaN");
   const bool approx = qualifiers.take("approx");
-  const std::vector<Type> types = qualifiers.takeTypes();
+  std::vector<Type> types = qualifiers.takeTypes();
   if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+  Type setResult = Type::kNone;
+  if (base == "set") {
+    if (types.size() != 2) return bindError(resolver, "set needs a result and a source type");
+    setResult = types[0];
+    types.erase(types.begin());
+  }
   if (types.size() != 1) return unsupportedBinding(resolver, unsupported, "mixed half types");
   if (integral || (rounding != Rounding::kDefault && rounding != Rounding::kNearest)) {
     return unsupportedBinding(resolver, unsupported, "a rounding mode other than .rn on halves");
@@ -259,15 +312,35 @@ bool bindHalf(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandRe
   } else if ((base == "ex2" || base == "tanh") && approx) {
     if (!bindAll(1)) return false;
     handler = base == "ex2" ? halfFor<HEx2, 1>(bf16, packed) : halfFor<HTanh, 1>(bf16, packed);
-  } else if (base == "setp") {
+  } else if (base == "setp" || base == "set") {
     static constexpr std::string_view kComparisons[] = {
         "eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
     instruction.extra = static_cast<std::uint32_t>(
         std::find(std::begin(kComparisons), std::end(kComparisons), cmp) -
         std::begin(kComparisons));
     instruction.flags = 0;
-    if (!bindCombine(parsed, qualifiers, resolver, instruction, 3)) return false;
+    if (!bindCombine(parsed, combine, resolver, instruction, 3)) return false;
     if (ftz) instruction.flags |= 8;
+    if (base == "set") {
+      const bool integerResult = isInteger(setResult);
+      if (!integerResult && setResult != Type::kF16 && setResult != Type::kF16x2 &&
+          setResult != Type::kBf16 && setResult != Type::kBf16x2) {
+        return unsupportedBinding(resolver, unsupported, "set with this result type");
+      }
+      if (integerResult) instruction.extra |= 0x100;
+      if (integerResult && typeBytes(setResult) == 4) instruction.extra |= 0x200;
+      if (!bindDestination(instruction, 0, operands[0], setResult, resolver) ||
+          !bindSource(instruction, 1, operands[1], type, resolver) ||
+          !bindSource(instruction, 2, operands[2], type, resolver)) {
+        return false;
+      }
+      if (bf16) {
+        instruction.handler = packed ? &halfSetHandler<true, true> : &halfSetHandler<true, false>;
+      } else {
+        instruction.handler = packed ? &halfSetHandler<false, true> : &halfSetHandler<false, false>;
+      }
+      return true;
+    }
     if (!bindPredicate(instruction, 0, operands[0], resolver)) return false;
     if (operands[0].pairedPredicate) {
       Operand paired;

@@ -599,9 +599,8 @@ bool isIntegerOpcode(std::string_view base) {
 
 // Binds the comparison part of setp/set: the comparison name and the optional .and/.or/.xor with
 // its predicate operand at `combineIndex` of the parsed operands.
-bool bindCombine(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
-                 Instruction& instruction, std::size_t combineIndex) {
-  const std::string_view combine = qualifiers.takeAny({"and", "or", "xor"});
+bool bindCombine(const ParsedInstruction& parsed, std::string_view combine,
+                 OperandResolver& resolver, Instruction& instruction, std::size_t combineIndex) {
   if (combine.empty()) {
     if (parsed.operands.size() != combineIndex) {
       return bindError(resolver, "expected " + std::to_string(combineIndex) + " operands");
@@ -624,6 +623,7 @@ bool bindIntegerCompare(const ParsedInstruction& parsed, Qualifiers& qualifiers,
   const std::string_view cmp =
       qualifiers.takeAny({"eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs"});
   if (cmp.empty()) return bindError(resolver, "missing comparison");
+  const std::string_view combine = qualifiers.takeAny({"and", "or", "xor"});
   std::vector<Type> types = qualifiers.takeTypes();
   Type destination = Type::kPred;
   if (set) {
@@ -640,7 +640,7 @@ bool bindIntegerCompare(const ParsedInstruction& parsed, Qualifiers& qualifiers,
     if (type == Type::kS32) type = Type::kU32;
     if (type == Type::kS64) type = Type::kU64;
   }
-  if (!bindCombine(parsed, qualifiers, resolver, instruction, 3)) return false;
+  if (!bindCombine(parsed, combine, resolver, instruction, 3)) return false;
   if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
   if (set) {
     if (!bindDestination(instruction, 0, parsed.operands[0], destination, resolver)) return false;

@@ -396,9 +396,8 @@ bool cvtaHandler(ExecContext& context, const Instruction& instruction, std::uint
   if (S == Space::kParam) window = kParamWindow;
   forLanes(mask, [&](std::uint32_t lane) {
     const std::uint64_t value = narrow ? static_cast<std::uint32_t>(a[lane]) : a[lane];
-    // A null pointer stays null both ways, as on a GPU.
-    std::uint64_t out = 0;
-    if (value != 0) out = To ? value - window : value + window;
+    // No special case for 0: offset 0 of a state space is a valid address (its first variable).
+    const std::uint64_t out = To ? value - window : value + window;
     d[lane] = narrow ? static_cast<std::uint32_t>(out) : out;
   });
   return true;

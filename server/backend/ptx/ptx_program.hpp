@@ -169,12 +169,13 @@ struct Program {
   // Longest call chain's local bytes is unknown with recursion; the interpreter gives each thread
   // a stack and faults when a call would overflow it.
   bool usesPrintf = false;
+  bool usesHeap = false;  // calls malloc or free: needs a device heap
 
   const Function* findFunction(const std::string& name) const;
   const Variable* findVariable(const std::string& name) const;
 };
 
 // Builtin extern functions the interpreter provides.
-enum class Builtin : std::uint32_t { kNone = 0, kVprintf, kAssertFail };
+enum class Builtin : std::uint32_t { kNone = 0, kVprintf, kAssertFail, kMalloc, kFree };
 
 }  // namespace gpuproxy::server::ptx

@@ -88,7 +88,10 @@ struct ModuleImage {
   std::shared_ptr<const ptx::Program> program;
   std::unique_ptr<ptx::Executable> executable;
   std::shared_ptr<DeviceCore> core;
-  CUdeviceptr variables = 0;          // the allocation holding them (0: none)
+  CUdeviceptr variables = 0;  // the allocation holding them (0: none)
+  // Its device heap (malloc/free in kernels), when it calls them: one allocation of the owner's.
+  CUdeviceptr heapMemory = 0;
+  std::unique_ptr<ptx::DeviceHeap> heap;
   std::uint64_t arenaGeneration = 0;  // a reset since frees it with everything else
   backend::AddressSpace owner = backend::kDaemonAddressSpace;
 };
@@ -624,6 +627,7 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
     request.memory = &memoryFor(launch.owner, access);
     request.stop = &stop_;
     request.printf = &output;
+    request.heap = function.module->heap.get();
     result = interpreter_->run(request);
   }
   outcome.nanoseconds = static_cast<std::uint64_t>(
@@ -644,8 +648,9 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
 
 ModuleImage::~ModuleImage() {
   // A reset frees every allocation; the range may belong to someone else by now.
-  if (variables != 0 && core && core->arena().generation() == arenaGeneration) {
-    core->arena().free(variables);
+  if (core && core->arena().generation() == arenaGeneration) {
+    if (variables != 0) core->arena().free(variables);
+    if (heapMemory != 0) core->arena().free(heapMemory);
   }
 }
 
@@ -919,6 +924,15 @@ public:
       moduleImage->arenaGeneration = core_->arena().generation();
       variableBytes = (program.globalBytes + kAllocationAlignment - 1) / kAllocationAlignment *
                       kAllocationAlignment;
+    }
+    if (program.usesHeap) {
+      auto allocated = core_->arena().allocate(ptx::kDeviceHeapBytes, owner);
+      if (!allocated.ok()) return allocated.code();
+      moduleImage->heapMemory = allocated.value();
+      moduleImage->arenaGeneration = core_->arena().generation();
+      moduleImage->heap =
+          std::make_unique<ptx::DeviceHeap>(allocated.value(), ptx::kDeviceHeapBytes);
+      variableBytes += ptx::kDeviceHeapBytes;
     }
     moduleImage->executable =
         std::make_unique<ptx::Executable>(moduleImage->program, moduleImage->variables);
