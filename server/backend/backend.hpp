@@ -8,6 +8,8 @@
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
 // Module returns at once, and work already queued that uses it still completes (as in CUDA).
 
+#include "server/backend/stream_operation.hpp"
+
 #include <cuda.h>
 
 #include <array>
@@ -150,17 +152,25 @@ public:
 class Stream {
 public:
   virtual ~Stream() = default;
-  // Asynchronous, ordered on this stream. Host pointers must stay valid until the work has
-  // completed (follow with addCallback to learn when). Errors returned here are launch-time errors;
-  // errors of the work itself arrive through callbacks, query() and the device's sticky error.
-  virtual CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                                    std::size_t bytes) = 0;
-  virtual CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) = 0;
-  virtual CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                                      std::size_t bytes) = 0;
+  // Asynchronous, ordered on this stream: a copy or memset (stream_operation.hpp). Host pointers
+  // must stay valid until the work has completed (follow with addCallback to learn when). Errors
+  // returned here are launch-time errors (checkOperation's rules first); errors of the work
+  // itself arrive through callbacks, query() and the device's sticky error.
+  virtual CUresult enqueue(const MemoryOperation& operation) = 0;
+  CUresult copyHostToDevice(CUdeviceptr destination, const void* source, std::size_t bytes) {
+    return enqueue(CopyHostToDevice{destination, source, bytes});
+  }
+  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) {
+    return enqueue(CopyDeviceToHost{destination, source, bytes});
+  }
+  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source, std::size_t bytes) {
+    return enqueue(CopyDeviceToDevice{destination, source, bytes});
+  }
   // elementSize is 1, 2 or 4; value holds the element in its low bytes.
-  virtual CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                          std::size_t count) = 0;
+  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
+                  std::size_t count) {
+    return enqueue(Memset{destination, value, elementSize, count});
+  }
   // `parameters` is the packed buffer laid out as Function::info() says; it is copied.
   // `done` may be empty.
   virtual CUresult launch(Function& function, const LaunchConfig& config,

@@ -45,27 +45,6 @@ std::unique_ptr<scheduler::Scheduler> newScheduler(const DispatchOptions& option
 // State shared between the proxies and the dispatcher
 
 struct ScheduledDevice::Operation {
-  struct HostToDevice {
-    CUdeviceptr destination;
-    const void* source;
-    std::size_t bytes;
-  };
-  struct DeviceToHost {
-    void* destination;
-    CUdeviceptr source;
-    std::size_t bytes;
-  };
-  struct DeviceToDevice {
-    CUdeviceptr destination;
-    CUdeviceptr source;
-    std::size_t bytes;
-  };
-  struct Memset {
-    CUdeviceptr destination;
-    std::uint32_t value;
-    unsigned elementSize;
-    std::size_t count;
-  };
   struct Launch {
     backend::Function* function;
     backend::LaunchConfig config;
@@ -85,8 +64,7 @@ struct ScheduledDevice::Operation {
   struct Callback {
     backend::CompletionCallback done;
   };
-  std::variant<HostToDevice, DeviceToHost, DeviceToDevice, Memset, Launch, Record, Wait, Callback>
-      body;
+  std::variant<backend::MemoryOperation, Launch, Record, Wait, Callback> body;
 };
 
 struct ScheduledDevice::StreamState {
@@ -180,28 +158,11 @@ public:
   ProxyStream(const ProxyStream&) = delete;
   ProxyStream& operator=(const ProxyStream&) = delete;
 
-  CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                            std::size_t bytes) override {
-    if (bytes != 0 && source == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return device_.push(state_, Operation{Operation::HostToDevice{destination, source, bytes}});
-  }
-
-  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) override {
-    if (bytes != 0 && destination == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return device_.push(state_, Operation{Operation::DeviceToHost{destination, source, bytes}});
-  }
-
-  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                              std::size_t bytes) override {
-    return device_.push(state_, Operation{Operation::DeviceToDevice{destination, source, bytes}});
-  }
-
-  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                  std::size_t count) override {
-    if (elementSize != 1 && elementSize != 2 && elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
-    if (destination % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
-    return device_.push(state_,
-                        Operation{Operation::Memset{destination, value, elementSize, count}});
+  CUresult enqueue(const backend::MemoryOperation& operation) override {
+    if (CUresult checked = backend::checkOperation(operation); checked != CUDA_SUCCESS) {
+      return checked;
+    }
+    return device_.push(state_, Operation{operation});
   }
 
   CUresult launch(backend::Function& function, const backend::LaunchConfig& config,
@@ -415,14 +376,8 @@ CUresult ScheduledDevice::push(const std::shared_ptr<StreamState>& stream, Opera
         [&](auto& body) {
           using Body = std::decay_t<decltype(body)>;
           StreamState& s = *stream;
-          if constexpr (std::is_same_v<Body, Operation::HostToDevice>) {
-            status = s.real->copyHostToDevice(body.destination, body.source, body.bytes);
-          } else if constexpr (std::is_same_v<Body, Operation::DeviceToHost>) {
-            status = s.real->copyDeviceToHost(body.destination, body.source, body.bytes);
-          } else if constexpr (std::is_same_v<Body, Operation::DeviceToDevice>) {
-            status = s.real->copyDeviceToDevice(body.destination, body.source, body.bytes);
-          } else if constexpr (std::is_same_v<Body, Operation::Memset>) {
-            status = s.real->memset(body.destination, body.value, body.elementSize, body.count);
+          if constexpr (std::is_same_v<Body, backend::MemoryOperation>) {
+            status = s.real->enqueue(body);
           } else if constexpr (std::is_same_v<Body, Operation::Record>) {
             status = s.real->record(*body.event->real);
             recordReleased(*body.event, body.sequence, status);
@@ -518,14 +473,8 @@ void ScheduledDevice::submit(StreamState& stream, Operation& operation) {
   std::visit(
       [&](auto& body) {
         using Body = std::decay_t<decltype(body)>;
-        if constexpr (std::is_same_v<Body, Operation::HostToDevice>) {
-          status = stream.real->copyHostToDevice(body.destination, body.source, body.bytes);
-        } else if constexpr (std::is_same_v<Body, Operation::DeviceToHost>) {
-          status = stream.real->copyDeviceToHost(body.destination, body.source, body.bytes);
-        } else if constexpr (std::is_same_v<Body, Operation::DeviceToDevice>) {
-          status = stream.real->copyDeviceToDevice(body.destination, body.source, body.bytes);
-        } else if constexpr (std::is_same_v<Body, Operation::Memset>) {
-          status = stream.real->memset(body.destination, body.value, body.elementSize, body.count);
+        if constexpr (std::is_same_v<Body, backend::MemoryOperation>) {
+          status = stream.real->enqueue(body);
         } else if constexpr (std::is_same_v<Body, Operation::Launch>) {
           // Kernels go through submitKernel; one here is a bug.
           status = CUDA_ERROR_UNKNOWN;
@@ -774,10 +723,7 @@ std::size_t ScheduledDevice::heldMemoryOperations(backend::Stream& stream) const
         return std::visit(
             [](const auto& body) {
               using Body = std::decay_t<decltype(body)>;
-              return std::is_same_v<Body, Operation::HostToDevice> ||
-                     std::is_same_v<Body, Operation::DeviceToHost> ||
-                     std::is_same_v<Body, Operation::DeviceToDevice> ||
-                     std::is_same_v<Body, Operation::Memset> ||
+              return std::is_same_v<Body, backend::MemoryOperation> ||
                      std::is_same_v<Body, Operation::Launch>;
             },
             operation.body);

@@ -310,9 +310,10 @@ kj::Promise<void> ClientSession::memcpyDtoD(MemcpyDtoDContext context) {
   auto params = context.getParams();
   return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
                    CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
-                     return client.copyDeviceToDevice(params.getContext(), params.getStream(),
-                                                      params.getDestination(), params.getSource(),
-                                                      params.getBytes());
+                     return client.enqueue(
+                         params.getContext(), params.getStream(),
+                         backend::CopyDeviceToDevice{params.getDestination(), params.getSource(),
+                                                     params.getBytes()});
                    });
 }
 
@@ -320,9 +321,10 @@ kj::Promise<void> ClientSession::memset(MemsetContext context) {
   auto params = context.getParams();
   return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
                    CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
-                     return client.memset(params.getContext(), params.getStream(),
-                                          params.getDestination(), params.getValue(),
-                                          params.getElementSize(), params.getCount());
+                     return client.enqueue(
+                         params.getContext(), params.getStream(),
+                         backend::Memset{params.getDestination(), params.getValue(),
+                                         params.getElementSize(), params.getCount()});
                    });
 }
 

@@ -246,16 +246,18 @@ void ClientSession::execute(const ring::DecodedCommand& command, ClientChannel& 
             GpuClient* client = clientFor(copy.context, HandleKind::kContext);
             report(client == nullptr
                        ? CUDA_ERROR_INVALID_CONTEXT
-                       : client->copyDeviceToDevice(copy.context, copy.stream, copy.destination,
-                                                    copy.source, copy.bytes),
+                       : client->enqueue(copy.context, copy.stream,
+                                         backend::CopyDeviceToDevice{copy.destination, copy.source,
+                                                                     copy.bytes}),
                    copy, ring::Opcode::kCopyDeviceToDevice);
           },
           [&](const ring::Memset& memset) {
             GpuClient* client = clientFor(memset.context, HandleKind::kContext);
             report(client == nullptr
                        ? CUDA_ERROR_INVALID_CONTEXT
-                       : client->memset(memset.context, memset.stream, memset.destination,
-                                        memset.value, memset.elementSize, memset.count),
+                       : client->enqueue(memset.context, memset.stream,
+                                         backend::Memset{memset.destination, memset.value,
+                                                         memset.elementSize, memset.count}),
                    memset, ring::Opcode::kMemset);
           },
           [&](const ring::EventRecord& record) {

@@ -1,5 +1,7 @@
 #include "server/backend/cuda/cuda_backend.hpp"
 
+#include "protocol/overloaded.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -985,40 +987,25 @@ public:
     }
   }
 
-  CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                            std::size_t bytes) override {
+  CUresult enqueue(const backend::MemoryOperation& operation) override {
+    if (CUresult checked = backend::checkOperation(operation); checked != CUDA_SUCCESS) {
+      return checked;
+    }
     return submit([&](const DriverApi& api) {
-      return api.memcpyHtoDAsync(destination, source, bytes, stream_);
-    });
-  }
-
-  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) override {
-    return submit([&](const DriverApi& api) {
-      return api.memcpyDtoHAsync(destination, source, bytes, stream_);
-    });
-  }
-
-  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                              std::size_t bytes) override {
-    return submit([&](const DriverApi& api) {
-      return api.memcpyDtoDAsync(destination, source, bytes, stream_);
-    });
-  }
-
-  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                  std::size_t count) override {
-    return submit([&](const DriverApi& api) {
-      switch (elementSize) {
-        case 1:
-          return api.memsetD8Async(destination, static_cast<unsigned char>(value), count, stream_);
-        case 2:
-          return api.memsetD16Async(destination, static_cast<unsigned short>(value), count,
-                                    stream_);
-        case 4:
-          return api.memsetD32Async(destination, value, count, stream_);
-        default:
-          return CUDA_ERROR_INVALID_VALUE;
-      }
+      return std::visit(
+          protocol::Overloaded{
+              [&](const backend::CopyHostToDevice& copy) {
+                return api.memcpyHtoDAsync(copy.destination, copy.source, copy.bytes, stream_);
+              },
+              [&](const backend::CopyDeviceToHost& copy) {
+                return api.memcpyDtoHAsync(copy.destination, copy.source, copy.bytes, stream_);
+              },
+              [&](const backend::CopyDeviceToDevice& copy) {
+                return api.memcpyDtoDAsync(copy.destination, copy.source, copy.bytes, stream_);
+              },
+              [&](const backend::Memset& memset) { return enqueueMemset(api, memset); },
+          },
+          operation);
     });
   }
 
@@ -1193,6 +1180,20 @@ public:
   }
 
 private:
+  CUresult enqueueMemset(const DriverApi& api, const backend::Memset& memset) {
+    switch (memset.elementSize) {
+      case 1:
+        return api.memsetD8Async(memset.destination, static_cast<unsigned char>(memset.value),
+                                 memset.count, stream_);
+      case 2:
+        return api.memsetD16Async(memset.destination, static_cast<unsigned short>(memset.value),
+                                  memset.count, stream_);
+      case 4:
+        return api.memsetD32Async(memset.destination, memset.value, memset.count, stream_);
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   // Why nothing may be queued now: the context is poisoned or this stream belongs to one that
   // was reset.
   CUresult refuse() const {
