@@ -55,13 +55,14 @@ std::optional<std::uint64_t> regionBytes(std::uint8_t region, const SegmentLimit
       return limits.stagingBytes;
     case HostRegion::kPinnedHeap:
       return limits.pinnedHeapBytes;
+    case HostRegion::kMessage:
+      return limits.messageBytes;
   }
   return std::nullopt;
 }
 
 bool isKnownOpcode(std::uint16_t opcode) {
-  return opcode >= static_cast<std::uint16_t>(Opcode::kLaunchKernel) &&
-         opcode <= static_cast<std::uint16_t>(Opcode::kSynchronize);
+  return Commands::knows(opcode);
 }
 
 DecodeError framingError(DecodeFailure failure, std::uint16_t opcode = 0,
@@ -209,8 +210,10 @@ std::variant<HostCopy, DecodeError> decodeHostCopy(const CommandReader& reader,
   if (region == HostRegion::kPinnedHeap && (body.chunkIndex != 0 || !lastChunk)) {
     return fail(DecodeFailure::kBadChunk);
   }
-  // Without a completion the client could never tell when staged D2H bytes are there to read.
-  if (completionRequiredForStaging && region == HostRegion::kStaging && body.completionToken == 0) {
+  // Without a completion the client could never tell when staged D2H bytes are there to read (nor
+  // the daemon when to answer the call whose payload they fill).
+  if (completionRequiredForStaging && region != HostRegion::kPinnedHeap &&
+      body.completionToken == 0) {
     return fail(DecodeFailure::kMissingCompletionToken);
   }
   return HostCopy{body, HostLocation{region, body.hostOffset}, lastChunk};
@@ -399,7 +402,7 @@ std::string_view describe(DecodeFailure failure) {
     case DecodeFailure::kParameterBytesTooLarge:
       return "kernel parameters exceed 32764 bytes";
     case DecodeFailure::kBadRegion:
-      return "host region is neither staging nor pinned heap";
+      return "host region unknown, or not available where the record came from";
     case DecodeFailure::kRangeOutsideRegion:
       return "host range lies outside its region";
     case DecodeFailure::kRangeOverflow:
@@ -782,7 +785,7 @@ std::optional<wire::SegmentHeader> planSegment(const SegmentPlan& plan) {
 }
 
 SegmentLimits limitsOf(const wire::SegmentHeader& header) {
-  return SegmentLimits{header.staging.bytes, header.pinnedHeap.bytes};
+  return SegmentLimits{header.staging.bytes, header.pinnedHeap.bytes, std::nullopt};
 }
 
 }  // namespace gpuproxy::protocol::ring

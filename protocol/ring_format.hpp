@@ -26,7 +26,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // Bumped on every change that makes one side read a record or the header differently from the
 // other (RING_FORMAT.md, "Versioning").
-inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kFormatVersion = 2;
 // "GPXYRING" as bytes in memory.
 inline constexpr std::uint64_t kSegmentMagic = 0x474E495259585047ull;
 
@@ -248,7 +248,9 @@ inline constexpr std::uint16_t kCopyLastChunk = 1u << 0;
 // cuStreamQuery / cuEventQuery do.
 inline constexpr std::uint16_t kSynchronizeQuery = 1u << 0;
 
-enum class HostRegion : std::uint8_t { kStaging = 1, kPinnedHeap = 2 };
+// Where the host side of a copy (or by-reference kernel parameters) lies: the segment's staging
+// area or pinned heap, or (records carried by Session.submit only) the call's own payload.
+enum class HostRegion : std::uint8_t { kStaging = 1, kPinnedHeap = 2, kMessage = 3 };
 enum class SynchronizeKind : std::uint8_t { kStream = 1, kEvent = 2, kContext = 3 };
 
 inline constexpr std::uint32_t kCommandHeaderBytes = sizeof(wire::CommandHeader);
@@ -281,6 +283,7 @@ struct HostLocation {
 };
 
 struct LaunchKernel {
+  static constexpr Opcode kOpcode = Opcode::kLaunchKernel;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle function = 0;
@@ -296,6 +299,7 @@ struct LaunchKernel {
 };
 
 struct CopyHostToDevice {
+  static constexpr Opcode kOpcode = Opcode::kCopyHostToDevice;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -309,6 +313,7 @@ struct CopyHostToDevice {
 };
 
 struct CopyDeviceToHost {
+  static constexpr Opcode kOpcode = Opcode::kCopyDeviceToHost;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -322,6 +327,7 @@ struct CopyDeviceToHost {
 };
 
 struct CopyDeviceToDevice {
+  static constexpr Opcode kOpcode = Opcode::kCopyDeviceToDevice;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -332,6 +338,7 @@ struct CopyDeviceToDevice {
 };
 
 struct Memset {
+  static constexpr Opcode kOpcode = Opcode::kMemset;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -343,6 +350,7 @@ struct Memset {
 };
 
 struct EventRecord {
+  static constexpr Opcode kOpcode = Opcode::kEventRecord;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle event = 0;
@@ -352,6 +360,7 @@ struct EventRecord {
 };
 
 struct StreamWaitEvent {
+  static constexpr Opcode kOpcode = Opcode::kStreamWaitEvent;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -361,6 +370,7 @@ struct StreamWaitEvent {
 };
 
 struct Synchronize {
+  static constexpr Opcode kOpcode = Opcode::kSynchronize;
   std::uint64_t sequence = 0;
   Handle context = 0;
   SynchronizeKind kind = SynchronizeKind::kStream;
@@ -441,9 +451,23 @@ struct DecodeError {
   std::uint64_t completionToken = 0;  // nonzero when someone waits for this command's answer
 };
 
-using DecodedCommand =
-    std::variant<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice, Memset,
-                 EventRecord, StreamWaitEvent, Synchronize, DecodeError>;
+// The record table: every command, in opcode order. A command is its wire body and decoded
+// struct above (with its kOpcode), its line here, and its decoder and encoder in
+// ring_format.cpp; the variants, the opcode check and the generic encode() follow from this list.
+template <typename... Commands>
+struct CommandTable {
+  using Command = std::variant<Commands...>;
+  using Decoded = std::variant<Commands..., DecodeError>;
+  static constexpr bool knows(std::uint16_t opcode) {
+    return ((opcode == static_cast<std::uint16_t>(Commands::kOpcode)) || ...);
+  }
+};
+using Commands = CommandTable<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice,
+                              Memset, EventRecord, StreamWaitEvent, Synchronize>;
+
+// Any one command, as the stub hands it to its command sink.
+using Command = Commands::Command;
+using DecodedCommand = Commands::Decoded;
 using DecodedCompletion = std::variant<Completion, AsyncError, StagingRelease, DecodeError>;
 
 // The sizes of the host regions, in bytes, as the daemon laid them out (never re-read from the
@@ -451,6 +475,9 @@ using DecodedCompletion = std::variant<Completion, AsyncError, StagingRelease, D
 struct SegmentLimits {
   std::uint64_t stagingBytes = 0;
   std::uint64_t pinnedHeapBytes = 0;
+  // The payload of the Session.submit call that carries the records; nullopt for records read
+  // from a ring, which cannot name one (HostRegion::kMessage is then a bad region).
+  std::optional<std::uint64_t> messageBytes;
 };
 
 // The fixed header fields, for a ring that needs a record's length or sequence before decoding

@@ -22,6 +22,8 @@
 
 #include "client/stub/data_plane.hpp"
 #include "client/stub/log.hpp"
+#include "client/stub/ring_sink.hpp"
+#include "client/stub/rpc_sink.hpp"
 #include "ipc/shared_segment.hpp"
 #include "protocol/byte_size.hpp"
 #include "protocol/cuda_result.hpp"
@@ -171,7 +173,14 @@ CUresult Runtime::initialize() {
   return CUDA_SUCCESS;
 }
 
-Runtime::Runtime(std::string socketPath) : socketPath_(std::move(socketPath)) {}
+Runtime::Runtime(std::string socketPath)
+    : socketPath_(std::move(socketPath)),
+      rpcSink_(std::make_unique<RpcSink>(*this)),
+      commands_(rpcSink_.get()) {}
+
+PinnedHeap* Runtime::pinnedHeap() const noexcept {
+  return dataPlane_ && dataPlane_->pinnedHeap().usable() ? &dataPlane_->pinnedHeap() : nullptr;
+}
 
 Runtime::~Runtime() {
   // Only reached when start() failed, after the loop thread has exited.
@@ -356,6 +365,8 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
                                               *reservation)
                     : ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
     dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbellFd), lost_);
+    ringSink_ = std::make_unique<RingSink>(*dataPlane_, *rpcSink_);
+    commands_ = ringSink_.get();
     GPUPROXY_STUB_LOG(kDebug, "asynchronous calls go through the shared-memory ring");
   } catch (const kj::Exception& error) {
     GPUPROXY_STUB_LOG(kWarn, "no shared-memory data plane (%s); every call goes over RPC",

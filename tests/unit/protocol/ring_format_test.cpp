@@ -18,7 +18,7 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
-constexpr SegmentLimits kLimits{1u << 20, 16u << 20};
+constexpr SegmentLimits kLimits{1u << 20, 16u << 20, std::nullopt};
 
 // Body field offsets in a record: the header comes first.
 constexpr std::size_t kBody = kCommandHeaderBytes;
@@ -631,6 +631,44 @@ TEST(RingDecode, AFailedCommandSaysWhomToTell) {
   Bytes framing = encoded(copyOnDevice());
   poke(framing, 2, std::uint16_t{1});
   EXPECT_EQ(errorOf(framing).sequence, 45u);
+}
+
+TEST(RingDecode, TheCallsPayloadIsARegionOnlyForRecordsCarriedByACall) {
+  CopyHostToDevice toDevice = copyToDevice();
+  toDevice.source = {HostRegion::kMessage, 0};
+  toDevice.bytes = 4096;
+  CopyDeviceToHost toHost = copyToHost();
+  toHost.destination = {HostRegion::kMessage, 4096};
+  // From a ring there is no call, so no payload: the region is unknown there.
+  EXPECT_EQ(errorOf(encoded(toDevice)).failure, DecodeFailure::kBadRegion);
+  EXPECT_EQ(errorOf(encoded(toHost)).failure, DecodeFailure::kBadRegion);
+  // Carried by Session.submit with 8 KiB of payload: inside it, fine; past it, a range error.
+  SegmentLimits call = kLimits;
+  call.messageBytes = 8192;
+  EXPECT_EQ(std::get<CopyHostToDevice>(decodeCommand(encoded(toDevice), call)), toDevice);
+  EXPECT_EQ(std::get<CopyDeviceToHost>(decodeCommand(encoded(toHost), call)), toHost);
+  toHost.bytes = 4097;
+  const auto past = decodeCommand(encoded(toHost), call);
+  ASSERT_TRUE(std::holds_alternative<DecodeError>(past));
+  EXPECT_EQ(std::get<DecodeError>(past).failure, DecodeFailure::kRangeOutsideRegion);
+  EXPECT_FALSE(std::get<DecodeError>(past).disconnect);
+  // Bytes coming back in the answer need a token to say when the answer may go.
+  toHost.bytes = 4096;
+  toHost.completionToken = 0;
+  const auto untokened = decodeCommand(encoded(toHost), call);
+  ASSERT_TRUE(std::holds_alternative<DecodeError>(untokened));
+  EXPECT_EQ(std::get<DecodeError>(untokened).failure, DecodeFailure::kMissingCompletionToken);
+}
+
+TEST(RingRecordTable, KnowsEveryOpcodeAndNothingElse) {
+  for (std::uint16_t opcode = 0; opcode < 64; ++opcode) {
+    const bool listed = opcode >= static_cast<std::uint16_t>(Opcode::kLaunchKernel) &&
+                        opcode <= static_cast<std::uint16_t>(Opcode::kSynchronize);
+    EXPECT_EQ(Commands::knows(opcode), listed) << opcode;
+  }
+  // The table's order is the variant's, so every alternative carries its own opcode.
+  std::visit([](const auto& command) { EXPECT_NE(static_cast<int>(command.kOpcode), 0); },
+             Command{Synchronize{}});
 }
 
 TEST(RingDecode, EveryFailureHasADescription) {
