@@ -280,6 +280,42 @@ DecodedCommand decodeMemset(const CommandReader& reader) {
                 body.count,        body.value,   size};
 }
 
+DecodedCommand decodeMemset2D(const CommandReader& reader) {
+  if (auto error = reader.checkShape<wire::Memset2DBody>(0)) return *error;
+  const auto body = load<wire::Memset2DBody>(reader.body(), 0);
+  if (!allZero(body.reserved)) return reader.shapeError(DecodeFailure::kReservedNotZero);
+  auto fail = [&](DecodeFailure failure) {
+    return reader.valueError(failure, body.context, body.stream);
+  };
+  const std::uint8_t size = body.elementSize;
+  if (size != 1 && size != 2 && size != 4) return fail(DecodeFailure::kBadElementSize);
+  if (size < 4 && (body.value >> (8 * size)) != 0) return fail(DecodeFailure::kValueTooWide);
+  // The bytes from the first row's start to the last row's end must be a range that exists.
+  if (body.width > kU64Max / size) return fail(DecodeFailure::kRangeOverflow);
+  const std::uint64_t rowBytes = body.width * size;
+  if (body.height > 1) {
+    if (body.pitch > (kU64Max - rowBytes) / (body.height - 1)) {
+      return fail(DecodeFailure::kRangeOverflow);
+    }
+    if (wraps(body.destination, body.pitch * (body.height - 1) + rowBytes)) {
+      return fail(DecodeFailure::kRangeOverflow);
+    }
+  } else if (wraps(body.destination, rowBytes)) {
+    return fail(DecodeFailure::kRangeOverflow);
+  }
+  Memset2D command;
+  command.sequence = reader.sequence();
+  command.context = body.context;
+  command.stream = body.stream;
+  command.destination = body.destination;
+  command.pitch = body.pitch;
+  command.width = body.width;
+  command.height = body.height;
+  command.value = body.value;
+  command.elementSize = size;
+  return command;
+}
+
 DecodedCommand decodeEventRecord(const CommandReader& reader) {
   if (auto error = reader.checkShape<wire::EventRecordBody>(0)) return *error;
   const auto body = load<wire::EventRecordBody>(reader.body(), 0);
@@ -457,6 +493,8 @@ DecodedCommand decodeCommand(std::span<const std::byte> record, const SegmentLim
       return decodeStreamWaitEvent(reader);
     case Opcode::kSynchronize:
       return decodeSynchronize(reader);
+    case Opcode::kMemset2D:
+      return decodeMemset2D(reader);
   }
   return reader.shapeError(DecodeFailure::kUnknownOpcode);
 }
@@ -537,6 +575,9 @@ std::uint32_t encodedSize(const StreamWaitEvent&) {
 }
 std::uint32_t encodedSize(const Synchronize&) {
   return commandBytes(sizeof(wire::SynchronizeBody));
+}
+std::uint32_t encodedSize(const Memset2D&) {
+  return commandBytes(sizeof(wire::Memset2DBody));
 }
 std::uint32_t encodedSize(const Completion&) {
   return sizeof(wire::CompletionHeader) + sizeof(wire::CompletionBody);
@@ -641,6 +682,19 @@ std::size_t encodeSynchronize(const Synchronize& command, std::span<std::byte> o
   body.kind = static_cast<std::uint8_t>(command.kind);
   return writeCommand(Opcode::kSynchronize, command.query ? kSynchronizeQuery : 0, command.sequence,
                       body, out);
+}
+
+std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out) {
+  wire::Memset2DBody body{};
+  body.context = command.context;
+  body.stream = command.stream;
+  body.destination = command.destination;
+  body.pitch = command.pitch;
+  body.width = command.width;
+  body.height = command.height;
+  body.value = command.value;
+  body.elementSize = command.elementSize;
+  return writeCommand(Opcode::kMemset2D, 0, command.sequence, body, out);
 }
 
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out) {

@@ -149,6 +149,23 @@ static_assert(sizeof(MemsetBody) == 40);
 static_assert(offsetof(MemsetBody, value) == 32);
 static_assert(offsetof(MemsetBody, elementSize) == 36);
 
+// cuMemsetD2D8/16/32: `height` rows of `width` elements, `pitch` bytes apart.
+struct Memset2DBody {
+  std::uint64_t context;
+  std::uint64_t stream;
+  std::uint64_t destination;
+  std::uint64_t pitch;   // bytes from one row's start to the next's
+  std::uint64_t width;   // elements per row
+  std::uint64_t height;  // rows
+  std::uint32_t value;   // only the low elementSize bytes may be set
+  std::uint8_t elementSize;
+  std::uint8_t reserved[3];
+};
+static_assert(sizeof(Memset2DBody) == 56);
+static_assert(offsetof(Memset2DBody, pitch) == 24);
+static_assert(offsetof(Memset2DBody, value) == 48);
+static_assert(offsetof(Memset2DBody, elementSize) == 52);
+
 struct EventRecordBody {
   std::uint64_t context;
   std::uint64_t event;
@@ -232,6 +249,7 @@ enum class Opcode : std::uint16_t {
   kEventRecord = 6,
   kStreamWaitEvent = 7,
   kSynchronize = 8,
+  kMemset2D = 9,
 };
 
 enum class CompletionKind : std::uint16_t {
@@ -349,6 +367,20 @@ struct Memset {
   friend bool operator==(const Memset&, const Memset&) = default;
 };
 
+struct Memset2D {
+  static constexpr Opcode kOpcode = Opcode::kMemset2D;
+  std::uint64_t sequence = 0;
+  Handle context = 0;
+  Handle stream = 0;
+  std::uint64_t destination = 0;
+  std::uint64_t pitch = 0;   // bytes between row starts (unused with one row)
+  std::uint64_t width = 0;   // elements per row
+  std::uint64_t height = 0;  // rows
+  std::uint32_t value = 0;
+  std::uint8_t elementSize = 1;  // 1, 2 or 4 (cuMemsetD2D8/D2D16/D2D32)
+  friend bool operator==(const Memset2D&, const Memset2D&) = default;
+};
+
 struct EventRecord {
   static constexpr Opcode kOpcode = Opcode::kEventRecord;
   std::uint64_t sequence = 0;
@@ -463,7 +495,7 @@ struct CommandTable {
   }
 };
 using Commands = CommandTable<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice,
-                              Memset, EventRecord, StreamWaitEvent, Synchronize>;
+                              Memset, EventRecord, StreamWaitEvent, Synchronize, Memset2D>;
 
 // Any one command, as the stub hands it to its command sink.
 using Command = Commands::Command;
@@ -506,6 +538,7 @@ std::uint32_t encodedSize(const Memset& command);
 std::uint32_t encodedSize(const EventRecord& command);
 std::uint32_t encodedSize(const StreamWaitEvent& command);
 std::uint32_t encodedSize(const Synchronize& command);
+std::uint32_t encodedSize(const Memset2D& command);
 std::uint32_t encodedSize(const Completion& completion);
 std::uint32_t encodedSize(const AsyncError& completion);
 std::uint32_t encodedSize(const StagingRelease& completion);
@@ -518,6 +551,7 @@ std::size_t encodeMemset(const Memset& command, std::span<std::byte> out);
 std::size_t encodeEventRecord(const EventRecord& command, std::span<std::byte> out);
 std::size_t encodeStreamWaitEvent(const StreamWaitEvent& command, std::span<std::byte> out);
 std::size_t encodeSynchronize(const Synchronize& command, std::span<std::byte> out);
+std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out);
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out);
 std::size_t encodeAsyncError(const AsyncError& completion, std::span<std::byte> out);
 std::size_t encodeStagingRelease(const StagingRelease& completion, std::span<std::byte> out);
@@ -546,6 +580,9 @@ inline std::size_t encode(const StreamWaitEvent& c, std::span<std::byte> out) {
 }
 inline std::size_t encode(const Synchronize& c, std::span<std::byte> out) {
   return encodeSynchronize(c, out);
+}
+inline std::size_t encode(const Memset2D& c, std::span<std::byte> out) {
+  return encodeMemset2D(c, out);
 }
 inline std::size_t encode(const Completion& c, std::span<std::byte> out) {
   return encodeCompletion(c, out);

@@ -46,8 +46,19 @@ struct Memset {
   std::size_t count = 0;
 };
 
+// cuMemsetD2D8/D2D16/D2D32: `height` rows of `width` elements of `elementSize` bytes, each row
+// starting `pitch` bytes after the one before (the pitch does not matter with one row).
+struct Memset2D {
+  CUdeviceptr destination = 0;
+  std::size_t pitch = 0;
+  std::uint32_t value = 0;
+  unsigned elementSize = 1;
+  std::size_t width = 0;
+  std::size_t height = 0;
+};
+
 using MemoryOperation =
-    std::variant<CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice, Memset>;
+    std::variant<CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice, Memset, Memset2D>;
 
 // A span of device addresses an operation reads or writes.
 struct DeviceRange {

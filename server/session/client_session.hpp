@@ -76,6 +76,9 @@ private:
   void taskFailed(kj::Exception&& exception) override;
 
   // One command each (command_execution.cpp).
+  // A command that only touches device memory (a device-to-device copy, a memset).
+  template <typename Command>
+  void executeOnDevice(const Command& command, CommandPort& port);
   void executeLaunch(const protocol::ring::LaunchKernel& launch, CommandPort& port);
   void executeCopyToDevice(const protocol::ring::CopyHostToDevice& copy, CommandPort& port);
   void executeCopyToHost(const protocol::ring::CopyDeviceToHost& copy, CommandPort& port);

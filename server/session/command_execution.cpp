@@ -179,6 +179,19 @@ void answer(CommandPort& port, CUresult result, std::uint64_t token, const Comma
   }
 }
 
+// The device-only commands (no host memory, no answer but a failure) as the stream operations
+// the backends run (server/backend/stream_operation.hpp).
+backend::MemoryOperation toOperation(const ring::CopyDeviceToDevice& copy) {
+  return backend::CopyDeviceToDevice{copy.destination, copy.source, copy.bytes};
+}
+backend::MemoryOperation toOperation(const ring::Memset& memset) {
+  return backend::Memset{memset.destination, memset.value, memset.elementSize, memset.count};
+}
+backend::MemoryOperation toOperation(const ring::Memset2D& memset) {
+  return backend::Memset2D{memset.destination, memset.pitch, memset.value,
+                           memset.elementSize, memset.width, memset.height};
+}
+
 }  // namespace
 
 // The CommandPort of one Session.submit call: host bytes of HostRegion::kMessage are the call's
@@ -331,26 +344,9 @@ void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& po
           [&](const ring::LaunchKernel& launch) { executeLaunch(launch, port); },
           [&](const ring::CopyHostToDevice& copy) { executeCopyToDevice(copy, port); },
           [&](const ring::CopyDeviceToHost& copy) { executeCopyToHost(copy, port); },
-          [&](const ring::CopyDeviceToDevice& copy) {
-            GpuClient* client = clientFor(copy.context, HandleKind::kContext);
-            report(port,
-                   client == nullptr
-                       ? CUDA_ERROR_INVALID_CONTEXT
-                       : client->enqueue(copy.context, copy.stream,
-                                         backend::CopyDeviceToDevice{copy.destination, copy.source,
-                                                                     copy.bytes}),
-                   copy);
-          },
-          [&](const ring::Memset& memset) {
-            GpuClient* client = clientFor(memset.context, HandleKind::kContext);
-            report(port,
-                   client == nullptr
-                       ? CUDA_ERROR_INVALID_CONTEXT
-                       : client->enqueue(memset.context, memset.stream,
-                                         backend::Memset{memset.destination, memset.value,
-                                                         memset.elementSize, memset.count}),
-                   memset);
-          },
+          [&](const ring::CopyDeviceToDevice& copy) { executeOnDevice(copy, port); },
+          [&](const ring::Memset& memset) { executeOnDevice(memset, port); },
+          [&](const ring::Memset2D& memset) { executeOnDevice(memset, port); },
           [&](const ring::EventRecord& record) {
             GpuClient* client = clientFor(record.event, HandleKind::kEvent);
             report(port,
@@ -373,6 +369,15 @@ void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& po
           },
       },
       command);
+}
+
+template <typename Command>
+void ClientSession::executeOnDevice(const Command& command, CommandPort& port) {
+  GpuClient* client = clientFor(command.context, HandleKind::kContext);
+  report(port,
+         client == nullptr ? CUDA_ERROR_INVALID_CONTEXT
+                           : client->enqueue(command.context, command.stream, toOperation(command)),
+         command);
 }
 
 void ClientSession::executeLaunch(const ring::LaunchKernel& launch, CommandPort& port) {

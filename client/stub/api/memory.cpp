@@ -128,6 +128,43 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
   });
 }
 
+// cuMemsetD2D8/16/32 and their Async variants: `height` rows of `width` elements, `pitch` bytes
+// apart (the pitch does not matter with one row).
+CUresult memset2DOnStream(const char* entryPoint, CUdeviceptr dstDevice, size_t pitch,
+                          std::uint32_t value, std::uint8_t elementSize, size_t width,
+                          size_t height, CUstream stream, NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    // The driver requires 16- and 32-bit rows to start on an element boundary.
+    if (dstDevice % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (height > 1 && pitch % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (width == 0 || height == 0) return CUDA_SUCCESS;
+    constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+    if (width > kMax / elementSize) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t rowBytes = std::uint64_t{width} * elementSize;
+    if (height > 1 && (pitch < rowBytes || pitch > (kMax - rowBytes) / (height - 1))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t extent = (height > 1 ? std::uint64_t{pitch} * (height - 1) : 0) + rowBytes;
+    if (!runtime.ownsRange(dstDevice, extent)) return CUDA_ERROR_INVALID_VALUE;
+    ring::Command command{ring::Memset2D{}};
+    auto& memset = std::get<ring::Memset2D>(command);
+    memset.context = target.context;
+    memset.stream = target.stream;
+    memset.destination = dstDevice;
+    memset.pitch = pitch;
+    memset.width = width;
+    memset.height = height;
+    memset.value = value;
+    memset.elementSize = elementSize;
+    return runtime.commands().enqueue(command);
+  });
+}
+
 // ---- page-locked host memory -----------------------------------------------------------------
 
 // Host allocations made by cuMemHostAlloc, so that cuMemFreeHost can tell its own pointers from
@@ -448,4 +485,82 @@ GPUPROXY_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui
 GPUPROXY_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                                CUstream hStream) {
   return memsetOnStream(__func__, dstDevice, ui, 4, N, hStream, NullStream::kPerThread);
+}
+
+// ---- 2D memsets ------------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
+                                         size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, nullptr,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
+                                              unsigned char uc, size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, nullptr,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
+                                          size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, nullptr,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
+                                               unsigned short us, size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, nullptr,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
+                                          size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, nullptr,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
+                                               unsigned int ui, size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, nullptr,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
+                                           size_t Width, size_t Height, CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, hStream,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch,
+                                                unsigned char uc, size_t Width, size_t Height,
+                                                CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, hStream,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch,
+                                            unsigned short us, size_t Width, size_t Height,
+                                            CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, hStream,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch,
+                                                 unsigned short us, size_t Width, size_t Height,
+                                                 CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, hStream,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
+                                            size_t Width, size_t Height, CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, hStream,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch,
+                                                 unsigned int ui, size_t Width, size_t Height,
+                                                 CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, hStream,
+                          NullStream::kPerThread);
 }

@@ -1004,6 +1004,7 @@ public:
                 return api.memcpyDtoDAsync(copy.destination, copy.source, copy.bytes, stream_);
               },
               [&](const backend::Memset& memset) { return enqueueMemset(api, memset); },
+              [&](const backend::Memset2D& memset) { return enqueueMemset2D(api, memset); },
           },
           operation);
     });
@@ -1180,6 +1181,24 @@ public:
   }
 
 private:
+  CUresult enqueueMemset2D(const DriverApi& api, const backend::Memset2D& memset) {
+    switch (memset.elementSize) {
+      case 1:
+        return api.memsetD2D8Async(memset.destination, memset.pitch,
+                                   static_cast<unsigned char>(memset.value), memset.width,
+                                   memset.height, stream_);
+      case 2:
+        return api.memsetD2D16Async(memset.destination, memset.pitch,
+                                    static_cast<unsigned short>(memset.value), memset.width,
+                                    memset.height, stream_);
+      case 4:
+        return api.memsetD2D32Async(memset.destination, memset.pitch, memset.value, memset.width,
+                                    memset.height, stream_);
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+
   CUresult enqueueMemset(const DriverApi& api, const backend::Memset& memset) {
     switch (memset.elementSize) {
       case 1:

@@ -453,6 +453,17 @@ private:
     return CUDA_SUCCESS;
   }
 
+  static CUresult execute(const DeviceArena::Access& access, backend::Memset2D& memset) {
+    const backend::DeviceRange extent = backend::deviceRanges(memset).ranges[0];
+    std::byte* destination = access.translate(memset.destination, extent.bytes);
+    if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (std::size_t row = 0; row < memset.height; ++row) {
+      fillElements(destination + row * memset.pitch, memset.value, memset.elementSize,
+                   memset.width);
+    }
+    return CUDA_SUCCESS;
+  }
+
   // `count` elements of `elementSize` bytes, each the low bytes of `value`.
   static void fillElements(std::byte* destination, std::uint32_t value, unsigned elementSize,
                            std::size_t count) {
@@ -605,10 +616,14 @@ public:
       return checked;
     }
     backend::MemoryOperation queued = operation;
-    if (auto* memset = std::get_if<backend::Memset>(&queued)) {
-      memset->value &=
-          memset->elementSize == 4 ? 0xffffffffu : (1u << (8 * memset->elementSize)) - 1;
-    }
+    // A memset sets the low elementSize bytes of its value.
+    std::visit(
+        [](auto& body) {
+          if constexpr (requires { body.elementSize; }) {
+            body.value &= body.elementSize == 4 ? 0xffffffffu : (1u << (8 * body.elementSize)) - 1;
+          }
+        },
+        queued);
     return core_->enqueue(*queue_, std::move(queued));
   }
 
