@@ -21,6 +21,7 @@
 
 #include "benchmarks/bench_support.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
+#include "ipc/unix_socket.hpp"
 #include "protocol/ring_format.hpp"
 
 #include <algorithm>
@@ -140,17 +141,12 @@ public:
 
 private:
   static int connectTo(const std::string& path) {
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(address.sun_path)) failUsage(kProgram, "socket path too long");
-    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-      std::fprintf(stderr, "%s: cannot connect to %s: %s\n", kProgram, path.c_str(),
-                   std::strerror(errno));
+    try {
+      return gpuproxy::ipc::connectUnixSocket(path).release();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "%s: cannot connect to %s: %s\n", kProgram, path.c_str(), error.what());
       std::exit(1);
     }
-    return fd;
   }
 
   static void check(const char* what, std::int32_t result) {

@@ -9,6 +9,8 @@
 // act on except for its handles and device pointers, which the daemon checks against the
 // session's tables.
 
+#include "protocol/limits.hpp"
+
 #include <cuda.h>
 
 #include <bit>
@@ -39,8 +41,8 @@ inline constexpr std::uint64_t kRegionAlignment = 4096;
 inline constexpr std::uint64_t kRegionSizeGranule = 64;
 inline constexpr std::uint32_t kMaxCommandRings = 1024;
 
-// CUDA's limit on a kernel's parameter buffer (12.1+, Volta and later).
-inline constexpr std::uint32_t kMaxParameterBytes = 32764;
+// CUDA's limit on a kernel's parameter buffer.
+inline constexpr std::uint32_t kMaxParameterBytes = kMaxKernelParameterBytes;
 
 // ---------------------------------------------------------------------------------------------
 // Wire layouts. All fields are fixed-width little-endian; all reserved fields must be zero.

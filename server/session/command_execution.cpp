@@ -34,11 +34,6 @@ namespace {
 // cannot grow the daemon without bound.
 constexpr std::int64_t kMaxOperationsInFlight = 4096;
 
-// The largest pinned heap a client gets: address space and (once touched) memory of the daemon's
-// mapping too, so bounded whatever the client asks for. The tenant's pinned_memory_limit bounds
-// what it can actually pin.
-constexpr std::uint64_t kMaxPinnedHeapBytes = std::uint64_t{1} << 30;
-
 // A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
 // duplicate, so it may outlive the session while Cap'n Proto is still sending it.
 class SharedFileServer final : public protocol::SharedFile::Server {
@@ -88,7 +83,8 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     if (params.getAddress() != 0) {
       const std::uint64_t page = ipc::pageSize();
       sizes.pinnedHeapBytes =
-          (std::min(params.getPinnedHeapBytes(), kMaxPinnedHeapBytes) + page - 1) / page * page;
+          (std::min(params.getPinnedHeapBytes(), protocol::kMaxPinnedHeapBytes) + page - 1) / page *
+          page;
       const std::uint64_t needed = ClientChannel::segmentBytesFor(sizes);
       results.setSegmentBytes(needed);
       if (params.getAddress() % page != 0 || needed > params.getReservedBytes()) {

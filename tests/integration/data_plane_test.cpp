@@ -24,6 +24,7 @@
 #include "ipc/doorbell.hpp"
 #include "ipc/shared_segment.hpp"
 #include "ipc/spsc_ring.hpp"
+#include "ipc/unix_socket.hpp"
 #include "protocol/ring_format.hpp"
 #include "tests/support/process.hpp"
 
@@ -34,15 +35,7 @@ namespace ring = protocol::ring;
 using namespace std::chrono_literals;
 
 int connectTo(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+  return ipc::connectUnixSocket(path).release();
 }
 
 // A client that attaches, takes the primary context of device 0 and opens its data plane.

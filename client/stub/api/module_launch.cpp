@@ -207,14 +207,9 @@ GPUPROXY_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* fname) {
                             std::istreambuf_iterator<char>());
     if (file.bad()) return CUDA_ERROR_FILE_NOT_FOUND;
     // A PTX file is text without the NUL that cuModuleLoadData's PTX images end with.
-    const bool binary = image.size() >= 4 && (std::memcmp(image.data(),
-                                                          "\x7f"
-                                                          "ELF",
-                                                          4) == 0 ||
-                                              (static_cast<unsigned char>(image[0]) == 0x50 &&
-                                               static_cast<unsigned char>(image[1]) == 0xED &&
-                                               static_cast<unsigned char>(image[2]) == 0x55 &&
-                                               static_cast<unsigned char>(image[3]) == 0xBA));
+    const bool binary =
+        gpuproxy::protocol::moduleImageKind(std::as_bytes(std::span<const char>(image))) !=
+        gpuproxy::protocol::ModuleImageKind::kPtx;
     if (!binary && (image.empty() || image.back() != '\0')) image.push_back('\0');
     return loadModule(runtime, module, image.data(), image.size());
   });

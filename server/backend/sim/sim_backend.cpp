@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "protocol/cuda_result.hpp"
+#include "protocol/module_image.hpp"
 #include "server/backend/ptx/ptx_parser.hpp"
 #include "server/backend/sim/device_arena.hpp"
 #include "server/backend/sim/device_attributes.hpp"
@@ -686,13 +687,6 @@ private:
   const int priority_;
 };
 
-bool startsWith(std::span<const std::byte> image, std::initializer_list<unsigned char> magic) {
-  if (image.size() < magic.size()) return false;
-  return std::equal(magic.begin(), magic.end(), image.begin(), [](unsigned char a, std::byte b) {
-    return a == static_cast<unsigned char>(b);
-  });
-}
-
 std::string twinNames() {
   std::string names;
   for (const Twin& twin : allTwins()) {
@@ -746,8 +740,7 @@ public:
   Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) override {
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     const int index = core_->index();
-    if (startsWith(image, {0x7f, 'E', 'L', 'F'}) || startsWith(image, {0x50, 0xed, 0x55, 0xba}) ||
-        startsWith(image, {0xb1, 0x43, 0x62, 0x46})) {
+    if (protocol::moduleImageKind(image) != protocol::ModuleImageKind::kPtx) {
       spdlog::warn(
           "sim device {}: refusing a cubin/fatbin module image: the sim backend runs PTX only "
           "(kernels as CPU twins); build the kernels to PTX or use the cuda backend",
