@@ -8,6 +8,7 @@
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
 // Module returns at once, and work already queued that uses it still completes (as in CUDA).
 
+#include "scheduler/tenant_class.hpp"
 #include "server/backend/stream_operation.hpp"
 
 #include <cuda.h>
@@ -51,10 +52,10 @@ struct DeviceProperties {
   std::vector<std::pair<int, int>> attributes;
 };
 
-// The class of work a stream carries: its owner's tenant class. The dispatcher chooses the
+// The class of work a stream carries is its owner's tenant class: the dispatcher chooses the
 // stream's priority from it; with an SM partition the `cuda` backend also places the stream in
 // the class's green context.
-enum class WorkClass : std::uint8_t { kLatencyCritical, kBestEffort };
+using scheduler::TenantClass;
 
 // cuCtxGetStreamPriorityRange's answer. CUDA's convention: lower numbers are higher priorities, so
 // greatest <= least; 0 is the default priority and usually the least.
@@ -212,7 +213,7 @@ public:
   // partition the stream may only use its class's SMs. createStream(flags, priority) is the
   // daemon's own work, placed as best-effort.
   virtual Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) = 0;
-  virtual Result<std::unique_ptr<Stream>> createStreamFor(WorkClass workClass, unsigned flags,
+  virtual Result<std::unique_ptr<Stream>> createStreamFor(TenantClass workClass, unsigned flags,
                                                           int priority) = 0;
   virtual StreamPriorityRange streamPriorityRange() const = 0;
   // The SM partition this device was opened with (DeviceOptions), as the driver made it.

@@ -16,10 +16,7 @@ namespace {
 
 scheduler::TenantSpec specOf(const Tenant& tenant) {
   const TenantLimits& limits = tenant.limits();
-  return scheduler::TenantSpec{std::max<std::uint32_t>(limits.weight, 1),
-                               limits.tenantClass == TenantClass::kLatencyCritical
-                                   ? scheduler::TenantClass::kLatencyCritical
-                                   : scheduler::TenantClass::kBestEffort};
+  return scheduler::TenantSpec{std::max<std::uint32_t>(limits.weight, 1), limits.tenantClass};
 }
 
 bool sameSpec(const scheduler::TenantSpec& a, const scheduler::TenantSpec& b) {
@@ -71,7 +68,7 @@ struct ScheduledDevice::StreamState {
   scheduler::StreamId id = 0;
   StreamOwner owner;
   std::unique_ptr<backend::Stream> real;
-  backend::WorkClass workClass = backend::WorkClass::kBestEffort;
+  backend::TenantClass workClass = backend::TenantClass::kBestEffort;
   int requestedPriority = 0;  // the client's, clamped to the device's range
   // Operations not yet on the real stream, in order.
   std::deque<Operation> held;
@@ -291,22 +288,18 @@ backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(
     const StreamOwner& owner, unsigned flags, int priority) {
   // The class is read now: a stream keeps the band and partition it was made in, so a tenant
   // whose class changes gets the new one for the streams its clients make afterwards.
-  const bool latencyCritical =
-      owner.stats && owner.stats->tenant &&
-      owner.stats->tenant->limits().tenantClass == TenantClass::kLatencyCritical;
-  return makeStream(
-      owner,
-      latencyCritical ? backend::WorkClass::kLatencyCritical : backend::WorkClass::kBestEffort,
-      flags, priority);
+  return makeStream(owner,
+                    owner.tenant ? owner.tenant->limits().tenantClass : TenantClass::kBestEffort,
+                    flags, priority);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStreamFor(
-    backend::WorkClass workClass, unsigned flags, int priority) {
+    backend::TenantClass workClass, unsigned flags, int priority) {
   return makeStream(StreamOwner{}, workClass, flags, priority);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::makeStream(
-    const StreamOwner& owner, backend::WorkClass workClass, unsigned flags, int priority) {
+    const StreamOwner& owner, backend::TenantClass workClass, unsigned flags, int priority) {
   const backend::StreamPriorityRange range = device_->streamPriorityRange();
   auto real =
       device_->createStreamFor(workClass, flags, devicePriority(range, workClass, priority));
@@ -521,7 +514,7 @@ void ScheduledDevice::fail(StreamState& stream, Operation& operation, CUresult s
 void ScheduledDevice::submitKernel(StreamState& stream, Operation& operation,
                                    scheduler::ItemId item) {
   auto& launch = std::get<Operation::Launch>(operation.body);
-  inFlight_.emplace(item, InFlight{stream.owner.stats});
+  inFlight_.emplace(item, InFlight{stream.owner.tenant});
   // The completion comes back to this thread through a cross-thread fulfiller; the client's own
   // callback runs on the backend thread as it did without a dispatcher.
   auto paf = kj::newPromiseAndCrossThreadFulfiller<KernelDone>();
@@ -617,20 +610,20 @@ void ScheduledDevice::armWake(scheduler::Nanos nowNanos) {
 }
 
 void ScheduledDevice::kernelDone(scheduler::ItemId item, KernelDone done) {
-  std::shared_ptr<ClientStats> stats;
+  std::shared_ptr<Tenant> tenant;
   if (auto found = inFlight_.find(item); found != inFlight_.end()) {
-    stats = std::move(found->second.stats);
+    tenant = std::move(found->second.tenant);
     inFlight_.erase(found);
   }
   const scheduler::Nanos time = now();
   scheduler_->complete(item, static_cast<scheduler::Nanos>(done.nanoseconds), time);
-  if (stats && stats->tenant) stats->tenant->gpuTimeWindow.add(time, done.nanoseconds);
+  if (tenant) tenant->gpuTimeWindow.add(time, done.nanoseconds);
   pump();
 }
 
 scheduler::TenantId ScheduledDevice::tenantFor(const StreamOwner& owner) {
-  if (!owner.stats || !owner.stats->tenant) return 0;
-  const std::shared_ptr<Tenant>& tenant = owner.stats->tenant;
+  if (!owner.tenant) return 0;
+  const std::shared_ptr<Tenant>& tenant = owner.tenant;
   auto found = tenants_.find(tenant.get());
   if (found != tenants_.end() && found->second.tenant.lock() != tenant) {
     // A tenant that is gone, whose address a new one now has.

@@ -52,7 +52,7 @@ Handle GpuClient::newHandle(HandleKind kind) {
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  auto nullStream = worker_.dispatcher().createStream({stats_, schedulingId_}, 0, 0);
+  auto nullStream = worker_.dispatcher().createStream({stats_->tenant, schedulingId_}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Handle handle = newHandle(HandleKind::kContext);
   Context& context = contexts_[handle];
@@ -250,7 +250,8 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto created = worker_.dispatcher().createStream({stats_, schedulingId_}, flags, priority);
+  auto created =
+      worker_.dispatcher().createStream({stats_->tenant, schedulingId_}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
   Stream& stream = streams_[handle];

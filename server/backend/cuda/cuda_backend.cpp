@@ -187,12 +187,12 @@ public:
     }
     return green_[laneIndex(lane) - 1].context;
   }
-  Lane laneFor(backend::WorkClass workClass) const {
+  Lane laneFor(backend::TenantClass workClass) const {
     if (!partition_.enabled) {
       return Lane::kPrimary;
     }
-    return workClass == backend::WorkClass::kLatencyCritical ? Lane::kLatencyCritical
-                                                             : Lane::kBestEffort;
+    return workClass == backend::TenantClass::kLatencyCritical ? Lane::kLatencyCritical
+                                                               : Lane::kBestEffort;
   }
   CUgreenCtx green(Lane lane) const {
     return lane == Lane::kPrimary || !partition_.enabled ? nullptr
@@ -1355,10 +1355,10 @@ public:
   }
 
   Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags, int priority) override {
-    return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
+    return createStreamFor(backend::TenantClass::kBestEffort, flags, priority);
   }
 
-  Result<std::unique_ptr<backend::Stream>> createStreamFor(backend::WorkClass workClass,
+  Result<std::unique_ptr<backend::Stream>> createStreamFor(backend::TenantClass workClass,
                                                            unsigned flags, int priority) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;

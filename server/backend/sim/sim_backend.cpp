@@ -791,14 +791,14 @@ public:
   }
 
   Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) override {
-    return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
+    return createStreamFor(backend::TenantClass::kBestEffort, flags, priority);
   }
 
   // The class is not modelled (there is no SM partition on sim), and neither is the priority:
   // the engine runs ops in submission order. The priority is clamped and kept, as CUDA keeps it,
   // so that what the dispatcher chose can be seen.
-  Result<std::unique_ptr<Stream>> createStreamFor(backend::WorkClass /*workClass*/, unsigned flags,
-                                                  int priority) override {
+  Result<std::unique_ptr<Stream>> createStreamFor(backend::TenantClass /*workClass*/,
+                                                  unsigned flags, int priority) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }

@@ -245,7 +245,7 @@ TEST(SimBackend, StreamsKeepTheirPriorityClampedToTheRangeOfCurrentGpus) {
   EXPECT_EQ(range.greatest, -5);
   for (const auto& [asked, kept] :
        std::vector<std::pair<int, int>>{{0, 0}, {-3, -3}, {-5, -5}, {-9, -5}, {4, 0}}) {
-    auto stream = device.value()->createStreamFor(backend::WorkClass::kLatencyCritical, 0, asked);
+    auto stream = device.value()->createStreamFor(backend::TenantClass::kLatencyCritical, 0, asked);
     ASSERT_TRUE(stream.ok());
     EXPECT_EQ(stream.value()->priority(), kept) << asked;
   }
