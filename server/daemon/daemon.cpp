@@ -4,7 +4,7 @@
 #include "protocol/cuda_result.hpp"
 #include "protocol/limits.hpp"
 #include "server/admin/admin_service.hpp"
-#include "server/backend/backend_select.hpp"
+#include "server/daemon/backend_select.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/metrics/metrics_server.hpp"
 #include "server/session/client_session.hpp"
