@@ -307,8 +307,9 @@ kj::Promise<void> ClientSession::submit(SubmitContext context) {
       std::min<std::uint64_t>(std::max<std::uint64_t>(payload.size(), params.getPayloadBytes()),
                               protocol::MAX_TRANSFER_CHUNK);
   std::vector<std::byte> buffer(payloadBytes);
-  std::memcpy(buffer.data(), payload.begin(),
-              std::min<std::uint64_t>(payload.size(), payloadBytes));
+  if (const std::uint64_t sent = std::min<std::uint64_t>(payload.size(), payloadBytes); sent != 0) {
+    std::memcpy(buffer.data(), payload.begin(), sent);  // both may be null when empty
+  }
   auto port = std::make_shared<MessagePort>(std::move(buffer), channel_);
   ring::SegmentLimits limits = channel_ ? channel_->limits() : ring::SegmentLimits{};
   limits.messageBytes = payloadBytes;
