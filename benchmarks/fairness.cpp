@@ -170,9 +170,7 @@ private:
   }
 
   std::unique_ptr<server::backend::Stream> stream(const std::shared_ptr<server::Tenant>& tenant) {
-    auto stats = std::make_shared<server::ClientStats>();
-    stats->tenant = tenant;
-    auto created = device_->createStream({stats, device_->newClientId()}, 0, 0);
+    auto created = device_->createStream({tenant, device_->newClientId()}, 0, 0);
     if (!created.ok()) fail("createStream", created.code());
     return std::move(created).value();
   }

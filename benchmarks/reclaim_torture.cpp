@@ -22,11 +22,9 @@
 // including the daemon socket) and the daemon can first know; `detect` is from there until the
 // victim is gone from the client list; `free` is from there until the device's memory_used is
 // back to the survivors' sum.
-#include "benchmarks/bench_support.hpp"
-#include "gpuproxy/protocol/gpuproxy.capnp.h"
+#include "benchmarks/harness_support.hpp"
 #include "tests/support/process.hpp"
 
-#include <capnp/ez-rpc.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -115,82 +113,6 @@ Options parse(int argc, char** argv) {
   return options;
 }
 
-bool isBuildTree(const std::filesystem::path& dir) {
-  std::error_code ignored;
-  return std::filesystem::exists(dir / "bin" / "gpuproxyd", ignored) &&
-         std::filesystem::exists(dir / "tests" / "programs" / "churn", ignored);
-}
-
-// The helpers in tests/support find every binary through $GPUPROXY_BUILD_DIR.
-std::string resolveBuildDir(const Options& options) {
-  std::string chosen = options.buildDir;
-  if (chosen.empty()) {
-    if (const char* env = std::getenv("GPUPROXY_BUILD_DIR")) chosen = env;
-  }
-  if (chosen.empty()) {
-    std::error_code error;
-    auto dir = std::filesystem::read_symlink("/proc/self/exe", error).parent_path();
-    for (; !error && dir.has_relative_path(); dir = dir.parent_path()) {
-      if (isBuildTree(dir)) {
-        chosen = dir.string();
-        break;
-      }
-    }
-  }
-  if (chosen.empty() || !isBuildTree(chosen)) {
-    failUsage(kProgram, "no build tree with bin/gpuproxyd and tests/programs/churn at '" + chosen +
-                            "' (pass --build-dir)");
-  }
-  chosen = std::filesystem::absolute(chosen).string();
-  ::setenv("GPUPROXY_BUILD_DIR", chosen.c_str(), 1);
-  return chosen;
-}
-
-struct Snapshot {
-  std::uint32_t daemonPid = 0;
-  std::string deviceName;
-  std::uint64_t deviceUsed = 0;
-  std::uint64_t clientsUsed = 0;
-  std::map<pid_t, std::uint64_t> clients;  // pid -> memory_used
-};
-
-// One admin connection for the whole run: a fresh gpuproxyctl per poll would cost a fork, an exec
-// and a connect each time, and make the measurement mostly that.
-class AdminConnection {
-public:
-  explicit AdminConnection(const std::string& socket)
-      : rpc_("unix:" + socket), admin_(rpc_.getMain<gpuproxy::protocol::Admin>()) {}
-
-  Snapshot snapshot() {
-    auto start = steady_clock::now();
-    auto response = admin_.statusRequest().send().wait(rpc_.getWaitScope());
-    roundTripsMs_.push_back(msSince(start));
-    auto status = response.getStatus();
-    Snapshot out;
-    out.daemonPid = status.getPid();
-    auto devices = status.getDevices();
-    if (devices.size() > 0) {
-      out.deviceName = devices[0].getName();
-      out.deviceUsed = devices[0].getMemoryUsed();
-    }
-    for (auto client : status.getClients()) {
-      out.clientsUsed += client.getMemoryUsed();
-      out.clients[static_cast<pid_t>(client.getPid())] = client.getMemoryUsed();
-    }
-    return out;
-  }
-  const std::vector<double>& roundTripsMs() const { return roundTripsMs_; }
-
-  static double msSince(steady_clock::time_point start) {
-    return std::chrono::duration<double, std::milli>(steady_clock::now() - start).count();
-  }
-
-private:
-  capnp::EzRpcClient rpc_;
-  gpuproxy::protocol::Admin::Client admin_;
-  std::vector<double> roundTripsMs_;
-};
-
 class ChurnClient {
 public:
   ChurnClient(const testing::Daemon& daemon, const testing::TempDir& directory, std::uint64_t seed,
@@ -253,7 +175,7 @@ private:
   std::unique_ptr<ChurnClient> startClient() {
     return std::make_unique<ChurnClient>(*daemon_, phases_, nextSeed_++, options_.holdBytes);
   }
-  Snapshot checkedSnapshot();
+  DaemonSnapshot checkedSnapshot();
   void killOne(long index);
   void report(double totalSeconds, std::optional<std::uint64_t> leaked,
               const std::string& deviceName);
@@ -270,8 +192,8 @@ private:
   long daemonReplaced_ = 0;
 };
 
-Snapshot Torture::checkedSnapshot() {
-  Snapshot snapshot;
+DaemonSnapshot Torture::checkedSnapshot() {
+  DaemonSnapshot snapshot;
   try {
     snapshot = admin_->snapshot();
   } catch (const kj::Exception& error) {
@@ -301,7 +223,7 @@ void Torture::killOne(long index) {
 
   Kill kill;
   const pid_t pid = victim->process().pid();
-  Snapshot before = checkedSnapshot();
+  DaemonSnapshot before = checkedSnapshot();
   if (auto found = before.clients.find(pid); found != before.clients.end()) {
     kill.victimHeld = found->second;
   }
@@ -321,17 +243,17 @@ void Torture::killOne(long index) {
       return;
     }
     pollfd watch{pidfd, POLLIN, 0};
-    if (::poll(&watch, 1, ms) > 0) exitedMs = AdminConnection::msSince(killedAt);
+    if (::poll(&watch, 1, ms) > 0) exitedMs = msSince(killedAt);
   };
   pause(0);
-  Snapshot seen;
+  DaemonSnapshot seen;
   bool detached = false;
   do {
     seen = checkedSnapshot();
     pause(0);
     if (!detached && seen.clients.count(pid) == 0) {
       detached = true;
-      kill.detachMs = AdminConnection::msSince(killedAt);
+      kill.detachMs = msSince(killedAt);
     }
     if (detached && seen.deviceUsed == seen.clientsUsed) {
       kill.reclaimed = true;
@@ -339,11 +261,11 @@ void Torture::killOne(long index) {
     }
     pause(1);
   } while (steady_clock::now() < deadline);
-  kill.reclaimMs = AdminConnection::msSince(killedAt);
+  kill.reclaimMs = msSince(killedAt);
   if (!exitedMs) {
     pollfd watch{pidfd, POLLIN, 0};
     ::poll(&watch, 1, -1);
-    exitedMs = AdminConnection::msSince(killedAt);
+    exitedMs = msSince(killedAt);
   }
   ::close(pidfd);
   // The daemon cannot have seen the death before the kernel reported it; a snapshot that shows
@@ -364,7 +286,7 @@ void Torture::killOne(long index) {
 }
 
 int Torture::run() {
-  const std::string buildDir = resolveBuildDir(options_);
+  const std::string buildDir = resolveBuildDir(kProgram, options_.buildDir, {"churn"});
   nextSeed_ = static_cast<std::uint64_t>(options_.seed) * 1'000'000 + 1;
   const auto start = steady_clock::now();
   std::fprintf(stderr, "%s: build tree %s; %ld kills among %ld clients\n", kProgram,
@@ -382,14 +304,14 @@ int Torture::run() {
       killOne(i);
       if ((i + 1) % 100 == 0) {
         std::fprintf(stderr, "%s: %ld/%ld kills, %.0f s\n", kProgram, i + 1, options_.kills,
-                     AdminConnection::msSince(start) / 1000);
+                     msSince(start) / 1000);
       }
     }
     // Everyone goes: what the device still holds then was leaked.
     for (auto& client : clients_) client->process().signal(SIGKILL);
     for (auto& client : clients_) client->process().wait();
     clients_.clear();
-    Snapshot last;
+    DaemonSnapshot last;
     auto deadline = steady_clock::now() + milliseconds(options_.timeoutMs);
     do {
       last = checkedSnapshot();
@@ -409,7 +331,7 @@ int Torture::run() {
                  stopped.code, stopped.signal);
     status = 1;
   }
-  report(AdminConnection::msSince(start) / 1000, leaked, deviceName);
+  report(msSince(start) / 1000, leaked, deviceName);
   admin_.reset();
   long unreclaimed =
       std::count_if(kills_.begin(), kills_.end(), [](const Kill& kill) { return !kill.reclaimed; });

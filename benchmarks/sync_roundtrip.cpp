@@ -1,7 +1,8 @@
 // sync_roundtrip: what one synchronising call on an idle stream costs the application thread
-// through the gpuproxy stub (cuStreamQuery, cuStreamSynchronize), against a raw Cap'n Proto call of
-// the same daemon method made directly on the application thread (no stub: what the transport and
-// the daemon cost by themselves), and cuDriverGetVersion, which the stub answers locally.
+// through the gpuproxy stub (cuStreamQuery, cuStreamSynchronize), against a raw Cap'n Proto
+// Session.submit carrying the same Synchronize record, made directly on the application thread (no
+// stub: what the transport and the daemon cost by themselves), and cuDriverGetVersion, which the
+// stub answers locally.
 //
 //   sync_roundtrip [--iterations N] [--warmup N] [--rounds N] [--idle-us US] [--smoke]
 //
@@ -20,8 +21,11 @@
 
 #include "benchmarks/bench_support.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
+#include "ipc/unix_socket.hpp"
+#include "protocol/ring_format.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -90,7 +94,8 @@ Options parse(int argc, char** argv) {
 }
 
 // A second, stub-free connection to the same daemon, driven from this (the application) thread:
-// one attach, one primary context, one idle stream, then bare queryStream/synchronizeStream calls.
+// one attach, one primary context, one idle stream, then bare Session.submit calls carrying one
+// Synchronize record each (what cuStreamQuery/cuStreamSynchronize send without a data plane).
 class RawSession {
 public:
   explicit RawSession(const std::string& socketPath)
@@ -113,33 +118,35 @@ public:
     streamHandle_ = created.getStream();
   }
 
-  void queryStream() {
-    auto request = session_.queryStreamRequest();
-    request.setContext(context_);
-    request.setStream(streamHandle_);
-    check("queryStream", request.send().wait(io_.waitScope).getResult());
-  }
-
-  void synchronizeStream() {
-    auto request = session_.synchronizeStreamRequest();
-    request.setContext(context_);
-    request.setStream(streamHandle_);
-    check("synchronizeStream", request.send().wait(io_.waitScope).getResult());
+  // cuStreamQuery's record (`query`) or cuStreamSynchronize's, carried by Session.submit.
+  void synchronize(bool query) {
+    protocol::ring::Synchronize command;
+    command.context = context_;
+    command.kind = protocol::ring::SynchronizeKind::kStream;
+    command.handle = streamHandle_;
+    command.completionToken = 1;
+    command.query = query;
+    std::array<std::byte, 64> record{};
+    const std::size_t bytes = protocol::ring::encode(command, record);
+    auto request = session_.submitRequest();
+    request.setCommands(kj::arrayPtr(reinterpret_cast<const kj::byte*>(record.data()), bytes));
+    auto response = request.send().wait(io_.waitScope);
+    auto completions = response.getCompletions();
+    auto answer = protocol::ring::decodeCompletion(
+        {reinterpret_cast<const std::byte*>(completions.begin()), completions.size()}, {});
+    auto* completion = std::get_if<protocol::ring::Completion>(&answer);
+    check(query ? "submit(query)" : "submit(synchronize)",
+          completion != nullptr ? completion->result : CUDA_ERROR_UNKNOWN);
   }
 
 private:
   static int connectTo(const std::string& path) {
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(address.sun_path)) failUsage(kProgram, "socket path too long");
-    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-      std::fprintf(stderr, "%s: cannot connect to %s: %s\n", kProgram, path.c_str(),
-                   std::strerror(errno));
+    try {
+      return gpuproxy::ipc::connectUnixSocket(path).release();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "%s: cannot connect to %s: %s\n", kProgram, path.c_str(), error.what());
       std::exit(1);
     }
-    return fd;
   }
 
   static void check(const char* what, std::int32_t result) {
@@ -216,9 +223,9 @@ int main(int argc, char** argv) {
       [&] { CHECK(cuDriverGetVersion(&version)); }, 0);
   if (raw) {
     add(
-        "raw Cap'n Proto queryStream (baseline)", [&] { raw->queryStream(); }, 0);
+        "raw Cap'n Proto query record (baseline)", [&] { raw->synchronize(/*query=*/true); }, 0);
     add(
-        "raw Cap'n Proto synchronizeStream", [&] { raw->synchronizeStream(); }, 0);
+        "raw Cap'n Proto synchronize record", [&] { raw->synchronize(/*query=*/false); }, 0);
   }
   // The ratio column's baseline: the raw Cap'n Proto query, else (native driver) the query below.
   const std::size_t baselineIndex = raw ? 1 : calls.size();
@@ -229,7 +236,8 @@ int main(int argc, char** argv) {
   const std::string idle = " after " + std::to_string(options.idleUs) + " us idle";
   if (raw) {
     add(
-        "raw Cap'n Proto queryStream" + idle, [&] { raw->queryStream(); }, options.idleUs);
+        "raw Cap'n Proto query record" + idle, [&] { raw->synchronize(/*query=*/true); },
+        options.idleUs);
   }
   add(
       "cuStreamQuery" + idle + path, [&] { CHECK(cuStreamQuery(stream)); }, options.idleUs);

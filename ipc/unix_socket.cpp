@@ -27,18 +27,34 @@ std::size_t maxSocketPathLength() {
   return sizeof(sockaddr_un::sun_path) - 1;
 }
 
+UniqueFd connectUnixSocket(const std::string& path) {
+  if (path.empty() || path.size() > maxSocketPathLength()) {
+    throw std::invalid_argument("socket path '" + path + "' is empty or longer than " +
+                                std::to_string(maxSocketPathLength()) + " bytes");
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw std::system_error(errno, std::generic_category(), "socket");
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  int status;
+  do {
+    status = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  } while (status != 0 && errno == EINTR);
+  if (status != 0) throw std::system_error(errno, std::generic_category(), "connect to " + path);
+  return fd;
+}
+
 namespace {
 
 // True when something accepts connections on `path` right now.
 bool someoneListens(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.data(), path.size());
-  bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-  ::close(fd);
-  return connected;
+  try {
+    connectUnixSocket(path);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <sys/types.h>
 
+#include "ipc/unique_fd.hpp"
+
 #include <string>
 #include <string_view>
 
@@ -23,6 +25,11 @@ PeerCredentials peerCredentials(int socketFd);
 // left by a dead daemon. Throws std::runtime_error with a one-line reason when the path is too long
 // for sockaddr_un, is not a socket, or another daemon is still answering on it.
 void prepareListeningPath(const std::string& path);
+
+// A Unix stream socket connected to `path` (close-on-exec). Throws std::system_error with the
+// kernel's reason when it cannot connect, std::invalid_argument when the path cannot be one.
+// The one way every gpuproxy program (the stub, gpuproxyctl's tests, the benchmarks) connects.
+UniqueFd connectUnixSocket(const std::string& path);
 
 // Longest path sockaddr_un holds (107 bytes on Linux).
 std::size_t maxSocketPathLength();

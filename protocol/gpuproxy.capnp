@@ -14,16 +14,10 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("gpuproxy::protocol");
 
-const protocolVersion :UInt32 = 1;
+const protocolVersion :UInt32 = 2;
 
-# Largest `data` a single memcpy call carries; the stub splits larger copies.
+# Largest payload one Session.submit carries; the stub splits larger copies.
 const maxTransferChunk :UInt64 = 4194304;
-
-struct Dim3 {
-  x @0 :UInt32;
-  y @1 :UInt32;
-  z @2 :UInt32;
-}
 
 struct DeviceAttribute {
   attribute @0 :Int32;   # a CUdevice_attribute value
@@ -66,6 +60,11 @@ interface Gateway {
 
 # One attached client process. Everything created through it belongs to it and is freed when the
 # client disconnects, however that happens.
+#
+# Stream operations (launches, copies, memsets, event records and waits, synchronisations and
+# queries) are not methods: they are ring records (protocol/RING_FORMAT.md), written into the
+# client's command ring or carried by `submit`, and the daemon has one decoder and one executor
+# for them whichever way they come.
 interface Session {
   # Contexts: each lives on one device; resources belong to the context that created them.
   createContext @0 (device :UInt32, flags :UInt32) -> (result :Int32, context :UInt64);
@@ -75,45 +74,41 @@ interface Session {
   resetPrimaryContext @4 (device :UInt32) -> (result :Int32);
   setPrimaryContextFlags @5 (device :UInt32, flags :UInt32) -> (result :Int32);
   getPrimaryContextState @6 (device :UInt32) -> (result :Int32, flags :UInt32, active :Bool);
-  synchronizeContext @7 (context :UInt64) -> (result :Int32);
 
-  # Memory. Copies name the context and stream they are ordered on.
-  memAlloc @8 (context :UInt64, bytes :UInt64) -> (result :Int32, pointer :UInt64);
-  memFree @9 (pointer :UInt64) -> (result :Int32);
-  memGetInfo @10 (context :UInt64) -> (result :Int32, free :UInt64, total :UInt64);
-  memcpyHtoD @11 (context :UInt64, stream :UInt64, destination :UInt64, data :Data)
-      -> (result :Int32);
-  memcpyDtoH @12 (context :UInt64, stream :UInt64, source :UInt64, bytes :UInt64)
-      -> (result :Int32, data :Data);
-  memcpyDtoD @13 (context :UInt64, stream :UInt64, destination :UInt64, source :UInt64,
-                  bytes :UInt64) -> (result :Int32);
-  memset @14 (context :UInt64, stream :UInt64, destination :UInt64, value :UInt32,
-              elementSize :UInt8, count :UInt64) -> (result :Int32);
+  # Memory.
+  memAlloc @7 (context :UInt64, bytes :UInt64) -> (result :Int32, pointer :UInt64);
+  memFree @8 (pointer :UInt64) -> (result :Int32);
+  memGetInfo @9 (context :UInt64) -> (result :Int32, free :UInt64, total :UInt64);
 
   # Modules and kernels.
-  loadModule @15 (context :UInt64, image :Data) -> (result :Int32, module :UInt64);
-  unloadModule @16 (module :UInt64) -> (result :Int32);
-  getFunction @17 (module :UInt64, name :Text)
+  loadModule @10 (context :UInt64, image :Data) -> (result :Int32, module :UInt64);
+  unloadModule @11 (module :UInt64) -> (result :Int32);
+  getFunction @12 (module :UInt64, name :Text)
       -> (result :Int32, function :UInt64, layout :KernelLayout);
-  launchKernel @18 (context :UInt64, function :UInt64, grid :Dim3, block :Dim3,
-                    sharedMemBytes :UInt32, stream :UInt64, parameters :Data) -> (result :Int32);
 
   # Streams.
-  createStream @19 (context :UInt64, flags :UInt32, priority :Int32)
+  createStream @13 (context :UInt64, flags :UInt32, priority :Int32)
       -> (result :Int32, stream :UInt64);
-  destroyStream @20 (stream :UInt64) -> (result :Int32);
-  synchronizeStream @21 (context :UInt64, stream :UInt64) -> (result :Int32);
-  queryStream @22 (context :UInt64, stream :UInt64) -> (result :Int32);
-  streamWaitEvent @23 (context :UInt64, stream :UInt64, event :UInt64, flags :UInt32)
-      -> (result :Int32);
+  destroyStream @14 (stream :UInt64) -> (result :Int32);
 
   # Events.
-  createEvent @24 (context :UInt64, flags :UInt32) -> (result :Int32, event :UInt64);
-  destroyEvent @25 (event :UInt64) -> (result :Int32);
-  recordEvent @26 (context :UInt64, event :UInt64, stream :UInt64) -> (result :Int32);
-  synchronizeEvent @27 (event :UInt64) -> (result :Int32);
-  queryEvent @28 (event :UInt64) -> (result :Int32);
-  eventElapsedTime @29 (start :UInt64, end :UInt64) -> (result :Int32, milliseconds :Float32);
+  createEvent @15 (context :UInt64, flags :UInt32) -> (result :Int32, event :UInt64);
+  destroyEvent @16 (event :UInt64) -> (result :Int32);
+  eventElapsedTime @17 (start :UInt64, end :UInt64) -> (result :Int32, milliseconds :Float32);
+
+  # Command records over the socket, for a client without a data plane (GPUPROXY_TRANSPORT=rpc,
+  # no shared segment could be had) or with a record its ring cannot hold. `commands` is one or
+  # more command records back to back, exactly as they would be written into a command ring; they
+  # are executed in order, after every command already published in the client's ring. Host bytes
+  # travel in the call: a record's host region kMessage (3) names `[offset, offset + bytes)` of a
+  # buffer of `payloadBytes` bytes (at most maxTransferChunk) that starts as `payload` and is
+  # zero beyond it; copies to the host write into that buffer. The answer comes once every record
+  # with a completion token has its Completion: `completions` holds the completion records
+  # (Completion, AsyncError) in the order the daemon wrote them, and `payload` the buffer after
+  # the commands ran when any of them wrote into it (else empty). A record that breaks the
+  # format's framing ends the session, as it would on the ring.
+  submit @18 (commands :Data, payload :Data, payloadBytes :UInt64)
+      -> (completions :Data, payload :Data);
 
   # The data plane (protocol/RING_FORMAT.md): a sealed memfd segment holding the command ring,
   # the completion ring, the control words, the staging area and the pinned host heap, and the
@@ -129,7 +124,7 @@ interface Session {
   # both processes. Answers that create nothing and invite a retry:
   # - CUDA_ERROR_INVALID_VALUE with `segmentBytes` set: the segment needs more than `reservedBytes`;
   # - CUDA_ERROR_ALREADY_MAPPED with `segmentBytes` set: the range is taken in the daemon.
-  openDataPlane @30 (pinnedHeapBytes :UInt64, address :UInt64, reservedBytes :UInt64)
+  openDataPlane @19 (pinnedHeapBytes :UInt64, address :UInt64, reservedBytes :UInt64)
       -> (result :Int32, segment :SharedFile, doorbell :SharedFile, segmentBytes :UInt64,
           pinnedHeapBytes :UInt64);
 
@@ -138,10 +133,10 @@ interface Session {
   # heap, overlapping no other: CUDA_ERROR_INVALID_VALUE, or CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
   # for an overlap), charges it to the tenant's pinned memory limit (CUDA_ERROR_OUT_OF_MEMORY, and
   # nothing changes) and registers it with the GPUs as device-mapped host memory.
-  registerPinned @31 (offset :UInt64, bytes :UInt64) -> (result :Int32);
+  registerPinned @20 (offset :UInt64, bytes :UInt64) -> (result :Int32);
   # cuMemFreeHost: the allocation that starts at `offset` is no longer pinned. Answers once the
   # client's work queued before it has completed (it may use the memory), as cuMemFreeHost does.
-  unregisterPinned @32 (offset :UInt64) -> (result :Int32);
+  unregisterPinned @21 (offset :UInt64) -> (result :Int32);
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -57,13 +57,14 @@ std::optional<std::uint64_t> regionBytes(std::uint8_t region, const SegmentLimit
       return limits.stagingBytes;
     case HostRegion::kPinnedHeap:
       return limits.pinnedHeapBytes;
+    case HostRegion::kMessage:
+      return limits.messageBytes;
   }
   return std::nullopt;
 }
 
 bool isKnownOpcode(std::uint16_t opcode) {
-  return opcode >= static_cast<std::uint16_t>(Opcode::kLaunchKernel) &&
-         opcode <= static_cast<std::uint16_t>(Opcode::kSynchronize);
+  return Commands::knows(opcode);
 }
 
 DecodeError framingError(DecodeFailure failure, std::uint16_t opcode = 0,
@@ -211,8 +212,10 @@ std::variant<HostCopy, DecodeError> decodeHostCopy(const CommandReader& reader,
   if (region == HostRegion::kPinnedHeap && (body.chunkIndex != 0 || !lastChunk)) {
     return fail(DecodeFailure::kBadChunk);
   }
-  // Without a completion the client could never tell when staged D2H bytes are there to read.
-  if (completionRequiredForStaging && region == HostRegion::kStaging && body.completionToken == 0) {
+  // Without a completion the client could never tell when staged D2H bytes are there to read (nor
+  // the daemon when to answer the call whose payload they fill).
+  if (completionRequiredForStaging && region != HostRegion::kPinnedHeap &&
+      body.completionToken == 0) {
     return fail(DecodeFailure::kMissingCompletionToken);
   }
   return HostCopy{body, HostLocation{region, body.hostOffset}, lastChunk};
@@ -277,6 +280,42 @@ DecodedCommand decodeMemset(const CommandReader& reader) {
   }
   return Memset{reader.sequence(), body.context, body.stream, body.destination,
                 body.count,        body.value,   size};
+}
+
+DecodedCommand decodeMemset2D(const CommandReader& reader) {
+  if (auto error = reader.checkShape<wire::Memset2DBody>(0)) return *error;
+  const auto body = load<wire::Memset2DBody>(reader.body(), 0);
+  if (!allZero(body.reserved)) return reader.shapeError(DecodeFailure::kReservedNotZero);
+  auto fail = [&](DecodeFailure failure) {
+    return reader.valueError(failure, body.context, body.stream);
+  };
+  const std::uint8_t size = body.elementSize;
+  if (size != 1 && size != 2 && size != 4) return fail(DecodeFailure::kBadElementSize);
+  if (size < 4 && (body.value >> (8 * size)) != 0) return fail(DecodeFailure::kValueTooWide);
+  // The bytes from the first row's start to the last row's end must be a range that exists.
+  if (body.width > kU64Max / size) return fail(DecodeFailure::kRangeOverflow);
+  const std::uint64_t rowBytes = body.width * size;
+  if (body.height > 1) {
+    if (body.pitch > (kU64Max - rowBytes) / (body.height - 1)) {
+      return fail(DecodeFailure::kRangeOverflow);
+    }
+    if (wraps(body.destination, body.pitch * (body.height - 1) + rowBytes)) {
+      return fail(DecodeFailure::kRangeOverflow);
+    }
+  } else if (wraps(body.destination, rowBytes)) {
+    return fail(DecodeFailure::kRangeOverflow);
+  }
+  Memset2D command;
+  command.sequence = reader.sequence();
+  command.context = body.context;
+  command.stream = body.stream;
+  command.destination = body.destination;
+  command.pitch = body.pitch;
+  command.width = body.width;
+  command.height = body.height;
+  command.value = body.value;
+  command.elementSize = size;
+  return command;
 }
 
 DecodedCommand decodeEventRecord(const CommandReader& reader) {
@@ -401,7 +440,7 @@ std::string_view describe(DecodeFailure failure) {
     case DecodeFailure::kParameterBytesTooLarge:
       return "kernel parameters exceed 32764 bytes";
     case DecodeFailure::kBadRegion:
-      return "host region is neither staging nor pinned heap";
+      return "host region unknown, or not available where the record came from";
     case DecodeFailure::kRangeOutsideRegion:
       return "host range lies outside its region";
     case DecodeFailure::kRangeOverflow:
@@ -458,6 +497,8 @@ DecodedCommand decodeCommand(std::span<const std::byte> record, const SegmentLim
       return decodeStreamWaitEvent(reader);
     case Opcode::kSynchronize:
       return decodeSynchronize(reader);
+    case Opcode::kMemset2D:
+      return decodeMemset2D(reader);
   }
   return reader.shapeError(DecodeFailure::kUnknownOpcode);
 }
@@ -554,6 +595,9 @@ std::uint32_t encodedSize(const StreamWaitEvent&) {
 }
 std::uint32_t encodedSize(const Synchronize&) {
   return commandBytes(sizeof(wire::SynchronizeBody));
+}
+std::uint32_t encodedSize(const Memset2D&) {
+  return commandBytes(sizeof(wire::Memset2DBody));
 }
 std::uint32_t encodedSize(const Completion&) {
   return sizeof(wire::CompletionHeader) + sizeof(wire::CompletionBody);
@@ -658,6 +702,19 @@ std::size_t encodeSynchronize(const Synchronize& command, std::span<std::byte> o
   body.kind = static_cast<std::uint8_t>(command.kind);
   return writeCommand(Opcode::kSynchronize, command.query ? kSynchronizeQuery : 0, command.sequence,
                       body, out);
+}
+
+std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out) {
+  wire::Memset2DBody body{};
+  body.context = command.context;
+  body.stream = command.stream;
+  body.destination = command.destination;
+  body.pitch = command.pitch;
+  body.width = command.width;
+  body.height = command.height;
+  body.value = command.value;
+  body.elementSize = command.elementSize;
+  return writeCommand(Opcode::kMemset2D, 0, command.sequence, body, out);
 }
 
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out) {
@@ -802,7 +859,7 @@ std::optional<wire::SegmentHeader> planSegment(const SegmentPlan& plan) {
 }
 
 SegmentLimits limitsOf(const wire::SegmentHeader& header) {
-  return SegmentLimits{header.staging.bytes, header.pinnedHeap.bytes};
+  return SegmentLimits{header.staging.bytes, header.pinnedHeap.bytes, std::nullopt};
 }
 
 }  // namespace gpuproxy::protocol::ring

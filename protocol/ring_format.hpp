@@ -9,6 +9,8 @@
 // act on except for its handles and device pointers, which the daemon checks against the
 // session's tables.
 
+#include "protocol/limits.hpp"
+
 #include <cuda.h>
 
 #include <bit>
@@ -26,7 +28,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // Bumped on every change that makes one side read a record or the header differently from the
 // other (RING_FORMAT.md, "Versioning").
-inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kFormatVersion = 2;
 // "GPXYRING" as bytes in memory.
 inline constexpr std::uint64_t kSegmentMagic = 0x474E495259585047ull;
 
@@ -39,8 +41,8 @@ inline constexpr std::uint64_t kRegionAlignment = 4096;
 inline constexpr std::uint64_t kRegionSizeGranule = 64;
 inline constexpr std::uint32_t kMaxCommandRings = 1024;
 
-// CUDA's limit on a kernel's parameter buffer (12.1+, Volta and later).
-inline constexpr std::uint32_t kMaxParameterBytes = 32764;
+// CUDA's limit on a kernel's parameter buffer.
+inline constexpr std::uint32_t kMaxParameterBytes = kMaxKernelParameterBytes;
 
 // ---------------------------------------------------------------------------------------------
 // Wire layouts. All fields are fixed-width little-endian; all reserved fields must be zero.
@@ -149,6 +151,23 @@ static_assert(sizeof(MemsetBody) == 40);
 static_assert(offsetof(MemsetBody, value) == 32);
 static_assert(offsetof(MemsetBody, elementSize) == 36);
 
+// cuMemsetD2D8/16/32: `height` rows of `width` elements, `pitch` bytes apart.
+struct Memset2DBody {
+  std::uint64_t context;
+  std::uint64_t stream;
+  std::uint64_t destination;
+  std::uint64_t pitch;   // bytes from one row's start to the next's
+  std::uint64_t width;   // elements per row
+  std::uint64_t height;  // rows
+  std::uint32_t value;   // only the low elementSize bytes may be set
+  std::uint8_t elementSize;
+  std::uint8_t reserved[3];
+};
+static_assert(sizeof(Memset2DBody) == 56);
+static_assert(offsetof(Memset2DBody, pitch) == 24);
+static_assert(offsetof(Memset2DBody, value) == 48);
+static_assert(offsetof(Memset2DBody, elementSize) == 52);
+
 struct EventRecordBody {
   std::uint64_t context;
   std::uint64_t event;
@@ -232,6 +251,7 @@ enum class Opcode : std::uint16_t {
   kEventRecord = 6,
   kStreamWaitEvent = 7,
   kSynchronize = 8,
+  kMemset2D = 9,
 };
 
 enum class CompletionKind : std::uint16_t {
@@ -248,7 +268,9 @@ inline constexpr std::uint16_t kCopyLastChunk = 1u << 0;
 // cuStreamQuery / cuEventQuery do.
 inline constexpr std::uint16_t kSynchronizeQuery = 1u << 0;
 
-enum class HostRegion : std::uint8_t { kStaging = 1, kPinnedHeap = 2 };
+// Where the host side of a copy (or by-reference kernel parameters) lies: the segment's staging
+// area or pinned heap, or (records carried by Session.submit only) the call's own payload.
+enum class HostRegion : std::uint8_t { kStaging = 1, kPinnedHeap = 2, kMessage = 3 };
 enum class SynchronizeKind : std::uint8_t { kStream = 1, kEvent = 2, kContext = 3 };
 
 inline constexpr std::uint32_t kCommandHeaderBytes = sizeof(wire::CommandHeader);
@@ -281,6 +303,7 @@ struct HostLocation {
 };
 
 struct LaunchKernel {
+  static constexpr Opcode kOpcode = Opcode::kLaunchKernel;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle function = 0;
@@ -296,6 +319,7 @@ struct LaunchKernel {
 };
 
 struct CopyHostToDevice {
+  static constexpr Opcode kOpcode = Opcode::kCopyHostToDevice;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -309,6 +333,7 @@ struct CopyHostToDevice {
 };
 
 struct CopyDeviceToHost {
+  static constexpr Opcode kOpcode = Opcode::kCopyDeviceToHost;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -322,6 +347,7 @@ struct CopyDeviceToHost {
 };
 
 struct CopyDeviceToDevice {
+  static constexpr Opcode kOpcode = Opcode::kCopyDeviceToDevice;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -332,6 +358,7 @@ struct CopyDeviceToDevice {
 };
 
 struct Memset {
+  static constexpr Opcode kOpcode = Opcode::kMemset;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -342,7 +369,22 @@ struct Memset {
   friend bool operator==(const Memset&, const Memset&) = default;
 };
 
+struct Memset2D {
+  static constexpr Opcode kOpcode = Opcode::kMemset2D;
+  std::uint64_t sequence = 0;
+  Handle context = 0;
+  Handle stream = 0;
+  std::uint64_t destination = 0;
+  std::uint64_t pitch = 0;   // bytes between row starts (unused with one row)
+  std::uint64_t width = 0;   // elements per row
+  std::uint64_t height = 0;  // rows
+  std::uint32_t value = 0;
+  std::uint8_t elementSize = 1;  // 1, 2 or 4 (cuMemsetD2D8/D2D16/D2D32)
+  friend bool operator==(const Memset2D&, const Memset2D&) = default;
+};
+
 struct EventRecord {
+  static constexpr Opcode kOpcode = Opcode::kEventRecord;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle event = 0;
@@ -352,6 +394,7 @@ struct EventRecord {
 };
 
 struct StreamWaitEvent {
+  static constexpr Opcode kOpcode = Opcode::kStreamWaitEvent;
   std::uint64_t sequence = 0;
   Handle context = 0;
   Handle stream = 0;
@@ -361,6 +404,7 @@ struct StreamWaitEvent {
 };
 
 struct Synchronize {
+  static constexpr Opcode kOpcode = Opcode::kSynchronize;
   std::uint64_t sequence = 0;
   Handle context = 0;
   SynchronizeKind kind = SynchronizeKind::kStream;
@@ -442,9 +486,23 @@ struct DecodeError {
   std::uint64_t completionToken = 0;  // nonzero when someone waits for this command's answer
 };
 
-using DecodedCommand =
-    std::variant<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice, Memset,
-                 EventRecord, StreamWaitEvent, Synchronize, DecodeError>;
+// The record table: every command, in opcode order. A command is its wire body and decoded
+// struct above (with its kOpcode), its line here, and its decoder and encoder in
+// ring_format.cpp; the variants, the opcode check and the generic encode() follow from this list.
+template <typename... Commands>
+struct CommandTable {
+  using Command = std::variant<Commands...>;
+  using Decoded = std::variant<Commands..., DecodeError>;
+  static constexpr bool knows(std::uint16_t opcode) {
+    return ((opcode == static_cast<std::uint16_t>(Commands::kOpcode)) || ...);
+  }
+};
+using Commands = CommandTable<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice,
+                              Memset, EventRecord, StreamWaitEvent, Synchronize, Memset2D>;
+
+// Any one command, as the stub hands it to its command sink.
+using Command = Commands::Command;
+using DecodedCommand = Commands::Decoded;
 using DecodedCompletion = std::variant<Completion, AsyncError, StagingRelease, DecodeError>;
 
 // The sizes of the host regions, in bytes, as the daemon laid them out (never re-read from the
@@ -452,6 +510,9 @@ using DecodedCompletion = std::variant<Completion, AsyncError, StagingRelease, D
 struct SegmentLimits {
   std::uint64_t stagingBytes = 0;
   std::uint64_t pinnedHeapBytes = 0;
+  // The payload of the Session.submit call that carries the records; nullopt for records read
+  // from a ring, which cannot name one (HostRegion::kMessage is then a bad region).
+  std::optional<std::uint64_t> messageBytes;
 };
 
 // The fixed header fields, for a ring that needs a record's length or sequence before decoding
@@ -480,6 +541,7 @@ std::uint32_t encodedSize(const Memset& command);
 std::uint32_t encodedSize(const EventRecord& command);
 std::uint32_t encodedSize(const StreamWaitEvent& command);
 std::uint32_t encodedSize(const Synchronize& command);
+std::uint32_t encodedSize(const Memset2D& command);
 std::uint32_t encodedSize(const Completion& completion);
 std::uint32_t encodedSize(const AsyncError& completion);
 std::uint32_t encodedSize(const StagingRelease& completion);
@@ -492,6 +554,7 @@ std::size_t encodeMemset(const Memset& command, std::span<std::byte> out);
 std::size_t encodeEventRecord(const EventRecord& command, std::span<std::byte> out);
 std::size_t encodeStreamWaitEvent(const StreamWaitEvent& command, std::span<std::byte> out);
 std::size_t encodeSynchronize(const Synchronize& command, std::span<std::byte> out);
+std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out);
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out);
 std::size_t encodeAsyncError(const AsyncError& completion, std::span<std::byte> out);
 std::size_t encodeStagingRelease(const StagingRelease& completion, std::span<std::byte> out);
@@ -520,6 +583,9 @@ inline std::size_t encode(const StreamWaitEvent& c, std::span<std::byte> out) {
 }
 inline std::size_t encode(const Synchronize& c, std::span<std::byte> out) {
   return encodeSynchronize(c, out);
+}
+inline std::size_t encode(const Memset2D& c, std::span<std::byte> out) {
+  return encodeMemset2D(c, out);
 }
 inline std::size_t encode(const Completion& c, std::span<std::byte> out) {
   return encodeCompletion(c, out);

@@ -8,6 +8,8 @@
 // the same decisions and tests run on simulated time. Not thread-safe: the daemon calls it from
 // its one dispatcher thread. Policy and fairness bound: scheduler/README.md.
 
+#include "scheduler/tenant_class.hpp"
+
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -23,11 +25,6 @@ using ItemId = std::uint64_t;
 using ClientId = std::uint64_t;
 // A client's stream; only unique together with its ClientId.
 using StreamId = std::uint64_t;
-
-enum class TenantClass : std::uint8_t {
-  kBestEffort,       // shares the GPU with other best-effort tenants by weight
-  kLatencyCritical,  // strict priority over best-effort work
-};
 
 struct TenantSpec {
   std::uint32_t weight = 1;  // must be >= 1

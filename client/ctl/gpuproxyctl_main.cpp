@@ -2,6 +2,7 @@
 #include "client/ctl/status_report.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "protocol/byte_size.hpp"
+#include "protocol/limits.hpp"
 
 #include <capnp/ez-rpc.h>
 #include <CLI/CLI.hpp>
@@ -54,7 +55,7 @@ int report(bool json, const std::string& error, nlohmann::json details, const st
 
 int main(int argc, char** argv) {
   CLI::App app{"gpuproxyctl: inspect and manage gpuproxyd"};
-  std::string adminSocket = "/run/gpuproxy/admin.sock";
+  std::string adminSocket = gpuproxy::protocol::kDefaultAdminSocket;
   app.add_option("--admin-socket", adminSocket, "gpuproxyd's admin socket")->capture_default_str();
   app.require_subcommand(1);
   bool json = false;

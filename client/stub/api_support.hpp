@@ -75,11 +75,6 @@ void forgetPerThreadStream(std::uint64_t context);
 // and _ptsz variants) the calling thread's per-thread default stream.
 enum class NullStream { kLegacy, kPerThread };
 
-struct StreamTarget {
-  std::uint64_t context = 0;
-  std::uint64_t stream = 0;  // 0: the context's legacy NULL stream
-};
-
 // CUDA_ERROR_INVALID_CONTEXT when a default stream is named without a current context,
 // CUDA_ERROR_INVALID_HANDLE for a stream this process does not have.
 CUresult resolveStream(Runtime& runtime, CUstream stream, NullStream nullStream,

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <optional>
 
+#include "protocol/module_image.hpp"
+
 namespace gpuproxy::stub {
 
 enum class ModuleImageKind { kElf, kFatbin, kPtx };
@@ -19,8 +21,8 @@ struct ModuleImage {
   ModuleImageKind kind = ModuleImageKind::kPtx;
 };
 
-inline constexpr std::uint32_t kFatbinMagic = 0xBA55ED50u;         // fatbin data header
-inline constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;  // __fatBinC_Wrapper_t
+using protocol::kFatbinMagic;
+using protocol::kFatbinWrapperMagic;
 
 namespace detail {
 
@@ -110,7 +112,7 @@ inline std::optional<ModuleImage> describeModuleImage(const void* image) {
     return ModuleImage{image, static_cast<std::size_t>(headerSize + fatSize),
                        ModuleImageKind::kFatbin};
   }
-  if (bytes[0] == 0x7F && bytes[1] == 'E' && bytes[2] == 'L' && bytes[3] == 'F') {
+  if (std::memcmp(bytes, protocol::kElfMagic, sizeof(protocol::kElfMagic)) == 0) {
     std::optional<std::size_t> size = detail::elfSize(bytes);
     if (!size) return std::nullopt;
     return ModuleImage{image, *size, ModuleImageKind::kElf};

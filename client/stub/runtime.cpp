@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <capnp/rpc-twoparty.h>
@@ -22,23 +21,21 @@
 
 #include "client/stub/data_plane.hpp"
 #include "client/stub/log.hpp"
+#include "client/stub/ring_sink.hpp"
+#include "client/stub/rpc_sink.hpp"
 #include "ipc/shared_segment.hpp"
+#include "ipc/unix_socket.hpp"
 #include "protocol/byte_size.hpp"
 #include "protocol/cuda_result.hpp"
+#include "protocol/limits.hpp"
 
 namespace gpuproxy::stub {
 
 namespace {
 
-constexpr const char* kDefaultSocket = "/run/gpuproxy/gpuproxy.sock";
 // A daemon that accepts the connection but never answers attach must not hang cuInit forever.
 constexpr kj::Duration kAttachTimeout = 30 * kj::SECONDS;
-// Room for the file descriptors the data plane will pass (memfd segments, doorbells).
-constexpr unsigned kMaxFdsPerMessage = 4;
 
-// The pinned heap asked for when GPUPROXY_PINNED_HEAP does not say. Address space only: its pages
-// cost memory once the application touches them.
-constexpr std::uint64_t kDefaultPinnedHeapBytes = std::uint64_t{256} << 20;
 // Room reserved beyond the heap for the rest of the segment (rings, staging area); when the
 // daemon needs more it says how much and the stub reserves again.
 constexpr std::uint64_t kSegmentAllowance = std::uint64_t{64} << 20;
@@ -59,11 +56,11 @@ std::uintptr_t randomSegmentHint() {
 // none), else the default. The daemon may grant less.
 std::uint64_t pinnedHeapRequest() {
   const char* text = std::getenv("GPUPROXY_PINNED_HEAP");
-  if (text == nullptr || *text == '\0') return kDefaultPinnedHeapBytes;
+  if (text == nullptr || *text == '\0') return protocol::kDefaultPinnedHeapBytes;
   if (auto bytes = protocol::parseByteSize(text)) return *bytes;
   GPUPROXY_STUB_LOG(kWarn, "GPUPROXY_PINNED_HEAP=%s is not a size (try 512MiB); using %llu bytes",
-                    text, static_cast<unsigned long long>(kDefaultPinnedHeapBytes));
-  return kDefaultPinnedHeapBytes;
+                    text, static_cast<unsigned long long>(protocol::kDefaultPinnedHeapBytes));
+  return protocol::kDefaultPinnedHeapBytes;
 }
 
 // constinit: no constructor runs when the library loads, and nothing is torn down at exit.
@@ -73,30 +70,7 @@ constinit std::mutex gInitMutex;
 
 std::string socketPath() {
   const char* path = std::getenv("GPUPROXY_SOCKET");
-  return path != nullptr && *path != '\0' ? path : kDefaultSocket;
-}
-
-// A connected Unix stream socket, or std::runtime_error with the reason in the kernel's words.
-int connectTo(const std::string& path) {
-  sockaddr_un address{};
-  if (path.size() >= sizeof(address.sun_path)) {
-    throw std::runtime_error("socket path is longer than " +
-                             std::to_string(sizeof(address.sun_path) - 1) + " bytes");
-  }
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.data(), path.size());
-  int status;
-  do {
-    status = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  } while (status != 0 && errno == EINTR);
-  if (status != 0) {
-    int error = errno;
-    ::close(fd);
-    throw std::runtime_error(std::strerror(error));
-  }
-  return fd;
+  return path != nullptr && *path != '\0' ? path : protocol::kDefaultClientSocket;
 }
 
 // The loop thread keeps running code from this library until the process ends, so the library
@@ -171,7 +145,14 @@ CUresult Runtime::initialize() {
   return CUDA_SUCCESS;
 }
 
-Runtime::Runtime(std::string socketPath) : socketPath_(std::move(socketPath)) {}
+Runtime::Runtime(std::string socketPath)
+    : socketPath_(std::move(socketPath)),
+      rpcSink_(std::make_unique<RpcSink>(*this)),
+      commands_(rpcSink_.get()) {}
+
+PinnedHeap* Runtime::pinnedHeap() const noexcept {
+  return dataPlane_ && dataPlane_->pinnedHeap().usable() ? &dataPlane_->pinnedHeap() : nullptr;
+}
 
 Runtime::~Runtime() {
   // Only reached when start() failed, after the loop thread has exited.
@@ -216,7 +197,10 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
 
     int fd;
     try {
-      fd = connectTo(socketPath_);
+      fd = ipc::connectUnixSocket(socketPath_).release();
+    } catch (const std::system_error& error) {
+      report({CUDA_ERROR_NO_DEVICE, true, error.code().message()});  // the kernel's words
+      return;
     } catch (const std::exception& error) {
       report({CUDA_ERROR_NO_DEVICE, true, error.what()});
       return;
@@ -224,7 +208,7 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
     kj::Own<kj::AsyncCapabilityStream> stream =
         io.lowLevelProvider->wrapUnixSocketFd(fd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP |
                                                       kj::LowLevelAsyncIoProvider::ALREADY_CLOEXEC);
-    capnp::TwoPartyClient client(*stream, kMaxFdsPerMessage);
+    capnp::TwoPartyClient client(*stream, protocol::kMaxFdsPerMessage);
     auto gateway = client.bootstrap().castAs<protocol::Gateway>();
     auto request = gateway.attachRequest();
     request.setProtocolVersion(protocol::PROTOCOL_VERSION);
@@ -356,6 +340,8 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
                                               *reservation)
                     : ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
     dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbellFd), lost_);
+    ringSink_ = std::make_unique<RingSink>(*dataPlane_, *rpcSink_);
+    commands_ = ringSink_.get();
     GPUPROXY_STUB_LOG(kDebug, "asynchronous calls go through the shared-memory ring");
   } catch (const kj::Exception& error) {
     GPUPROXY_STUB_LOG(kWarn, "no shared-memory data plane (%s); every call goes over RPC",

@@ -28,12 +28,16 @@
 #include <utility>
 #include <vector>
 
+#include "client/stub/command_sink.hpp"
 #include "client/stub/launch_params.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 
 namespace gpuproxy::stub {
 
 class DataPlane;
+class PinnedHeap;
+class RingSink;
+class RpcSink;
 
 struct DeviceRecord {
   std::string name;
@@ -106,9 +110,13 @@ public:
 
   bool connectionLost() const noexcept { return lost_.load(std::memory_order_acquire); }
 
-  // The shared-memory data plane, or null when this process talks to the daemon only by RPC
-  // (GPUPROXY_TRANSPORT=rpc, or a daemon that does not offer one). Set before cuInit returns and
-  // constant afterwards.
+  // Where stream operations go (command_sink.hpp): the shared-memory rings, or the control
+  // socket when this process has no data plane (GPUPROXY_TRANSPORT=rpc, or a daemon that could
+  // not give it one). Chosen before cuInit returns and constant afterwards.
+  CommandSink& commands() const noexcept { return *commands_; }
+  // The segment's pinned host heap when this process has one that is usable, else null.
+  PinnedHeap* pinnedHeap() const noexcept;
+  // The shared-memory data plane, or null (as above).
   DataPlane* dataPlane() const noexcept { return dataPlane_.get(); }
 
   // What the application gets for an exception out of call(): the transport broke (the schema's
@@ -194,6 +202,9 @@ private:
   std::atomic<bool> lost_{false};
   std::atomic<std::uint64_t> nextGeneration_{0};
   std::unique_ptr<DataPlane> dataPlane_;
+  std::unique_ptr<RpcSink> rpcSink_;
+  std::unique_ptr<RingSink> ringSink_;
+  CommandSink* commands_ = nullptr;
 
   // Read on every launch and copy from many threads, written rarely.
   mutable std::shared_mutex tablesMutex_;

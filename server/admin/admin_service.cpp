@@ -49,9 +49,9 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     };
     setBand(device.initStreamPriorities(), range);
     setBand(device.initLatencyCriticalPriorities(),
-            dispatch::priorityBand(range, backend::WorkClass::kLatencyCritical));
+            dispatch::priorityBand(range, backend::TenantClass::kLatencyCritical));
     setBand(device.initBestEffortPriorities(),
-            dispatch::priorityBand(range, backend::WorkClass::kBestEffort));
+            dispatch::priorityBand(range, backend::TenantClass::kBestEffort));
     const backend::SmPartition partition = gpu.dispatcher().smPartition();
     device.setHasSmPartition(partition.enabled);
     if (partition.enabled) {

@@ -8,6 +8,9 @@
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
 // Module returns at once, and work already queued that uses it still completes (as in CUDA).
 
+#include "scheduler/tenant_class.hpp"
+#include "server/backend/stream_operation.hpp"
+
 #include <cuda.h>
 
 #include <array>
@@ -59,10 +62,10 @@ struct DeviceProperties {
 using AddressSpace = std::uint64_t;
 inline constexpr AddressSpace kDaemonAddressSpace = 0;  // the daemon's own (and tests')
 
-// The class of work a stream carries: its owner's tenant class. The dispatcher chooses the
+// The class of work a stream carries is its owner's tenant class: the dispatcher chooses the
 // stream's priority from it; with an SM partition the `cuda` backend also places the stream in
 // the class's green context.
-enum class WorkClass : std::uint8_t { kLatencyCritical, kBestEffort };
+using scheduler::TenantClass;
 
 // cuCtxGetStreamPriorityRange's answer. CUDA's convention: lower numbers are higher priorities, so
 // greatest <= least; 0 is the default priority and usually the least.
@@ -174,17 +177,25 @@ public:
 class Stream {
 public:
   virtual ~Stream() = default;
-  // Asynchronous, ordered on this stream. Host pointers must stay valid until the work has
-  // completed (follow with addCallback to learn when). Errors returned here are launch-time errors;
-  // errors of the work itself arrive through callbacks, query() and the device's sticky error.
-  virtual CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                                    std::size_t bytes) = 0;
-  virtual CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) = 0;
-  virtual CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                                      std::size_t bytes) = 0;
+  // Asynchronous, ordered on this stream: a copy or memset (stream_operation.hpp). Host pointers
+  // must stay valid until the work has completed (follow with addCallback to learn when). Errors
+  // returned here are launch-time errors (checkOperation's rules first); errors of the work
+  // itself arrive through callbacks, query() and the device's sticky error.
+  virtual CUresult enqueue(const MemoryOperation& operation) = 0;
+  CUresult copyHostToDevice(CUdeviceptr destination, const void* source, std::size_t bytes) {
+    return enqueue(CopyHostToDevice{destination, source, bytes});
+  }
+  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) {
+    return enqueue(CopyDeviceToHost{destination, source, bytes});
+  }
+  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source, std::size_t bytes) {
+    return enqueue(CopyDeviceToDevice{destination, source, bytes});
+  }
   // elementSize is 1, 2 or 4; value holds the element in its low bytes.
-  virtual CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                          std::size_t count) = 0;
+  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
+                  std::size_t count) {
+    return enqueue(Memset{destination, value, elementSize, count});
+  }
   // `parameters` is the packed buffer laid out as Function::info() says; it is copied.
   // `done` may be empty.
   virtual CUresult launch(Function& function, const LaunchConfig& config,
@@ -236,9 +247,9 @@ public:
   // in `owner`'s address space. With an SM partition the stream may only use its class's SMs.
   // createStream(flags, priority) is the daemon's own work, placed as best-effort.
   virtual Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) = 0;
-  virtual Result<std::unique_ptr<Stream>> createStreamFor(WorkClass workClass, unsigned flags,
+  virtual Result<std::unique_ptr<Stream>> createStreamFor(TenantClass workClass, unsigned flags,
                                                           int priority, AddressSpace owner) = 0;
-  Result<std::unique_ptr<Stream>> createStreamFor(WorkClass workClass, unsigned flags,
+  Result<std::unique_ptr<Stream>> createStreamFor(TenantClass workClass, unsigned flags,
                                                   int priority) {
     return createStreamFor(workClass, flags, priority, kDaemonAddressSpace);
   }

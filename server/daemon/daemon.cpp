@@ -2,8 +2,9 @@
 
 #include "ipc/unix_socket.hpp"
 #include "protocol/cuda_result.hpp"
+#include "protocol/limits.hpp"
 #include "server/admin/admin_service.hpp"
-#include "server/backend/backend_select.hpp"
+#include "server/daemon/backend_select.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/metrics/metrics_server.hpp"
 #include "server/session/client_session.hpp"
@@ -33,18 +34,13 @@ namespace gpuproxy::server {
 
 namespace {
 
-// Module images (PTX, fatbins) can be large; everything else is small. A client that sends more
-// than this in one message is cut off.
-constexpr std::uint64_t kMaxMessageWords = (256ull << 20) / sizeof(capnp::word);
+constexpr std::uint64_t kMaxMessageWords = protocol::kMaxControlMessageBytes / sizeof(capnp::word);
 
 // How long shutdown waits for clients' in-flight GPU work before freeing regardless.
 constexpr auto kShutdownGrace = 5 * kj::SECONDS;
 
 // Linux >= 6.5 hands out a pidfd of the peer that connected (not yet in Debian 12's headers).
 constexpr int kSoPeerPidfd = 77;
-
-// Descriptors one message may carry: a session's data-plane segment and doorbell.
-constexpr unsigned kMaxFdsPerMessage = 4;
 
 // One accepted connection: its stream and the RPC system serving its bootstrap capability.
 struct RpcConnection {
@@ -55,8 +51,8 @@ struct RpcConnection {
   // A client connection, which passes file descriptors (the data-plane segment).
   RpcConnection(kj::Own<kj::AsyncCapabilityStream> stream, capnp::Capability::Client bootstrap)
       : capabilityStream_(kj::mv(stream)),
-        network_(*capabilityStream_, kMaxFdsPerMessage, capnp::rpc::twoparty::Side::SERVER,
-                 readerOptions()),
+        network_(*capabilityStream_, protocol::kMaxFdsPerMessage,
+                 capnp::rpc::twoparty::Side::SERVER, readerOptions()),
         rpc_(capnp::makeRpcServer(network_, kj::mv(bootstrap))) {}
 
   static capnp::ReaderOptions readerOptions() {

@@ -1,6 +1,8 @@
 #pragma once
 // gpuproxyd's command line.
 
+#include "protocol/limits.hpp"
+
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -9,8 +11,8 @@ namespace gpuproxy::server {
 
 struct DaemonOptions {
   std::string backend = "auto";  // auto | cuda | sim
-  std::string socketPath = "/run/gpuproxy/gpuproxy.sock";
-  std::string adminSocketPath = "/run/gpuproxy/admin.sock";
+  std::string socketPath = protocol::kDefaultClientSocket;
+  std::string adminSocketPath = protocol::kDefaultAdminSocket;
   int simDevices = 1;
   std::uint64_t simMemoryBytes = 16ull << 30;
   std::string logLevel = "info";

@@ -115,6 +115,10 @@ void ClientChannel::postStagingRelease(std::uint64_t offset, std::uint64_t bytes
 std::span<std::byte> ClientChannel::hostBytes(const ring::HostLocation& location,
                                               std::uint64_t bytes) {
   // The decoder has checked offset + bytes against the region's size (limits_).
+  if (location.region != ring::HostRegion::kStaging &&
+      location.region != ring::HostRegion::kPinnedHeap) {
+    throw std::logic_error("a record naming no region of the segment reached the executor");
+  }
   const ring::wire::Region& region =
       location.region == ring::HostRegion::kStaging ? header_.staging : header_.pinnedHeap;
   if (location.offset > region.bytes || bytes > region.bytes - location.offset) {

@@ -15,6 +15,7 @@
 #include "ipc/spsc_ring.hpp"
 #include "ipc/unique_fd.hpp"
 #include "protocol/ring_format.hpp"
+#include "server/data_plane/command_port.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -28,23 +29,6 @@
 
 namespace gpuproxy::server {
 
-class ClientChannel;
-
-class CommandExecutor {
-public:
-  virtual ~CommandExecutor() = default;
-  // Acts on one validated command (a DecodeError included: the executor reports it to the client
-  // or ends the session). Runs on the daemon's event loop thread.
-  virtual void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) = 0;
-  // False while the client has so much work queued that the channel should leave its further
-  // commands in the ring (backpressure: the client's ring fills and its writes wait).
-  virtual bool readyForCommands() const { return true; }
-  // The client broke the format (a corrupt ring index or length, a record that cannot be framed):
-  // nothing more can be read from it. Called once, on the event loop thread; the executor ends the
-  // client's session so that what it held is reclaimed and its stub learns it is cut off.
-  virtual void channelBroken(const std::string& reason) = 0;
-};
-
 struct ChannelSizes {
   std::size_t commandRingCapacity = std::size_t{1} << 20;
   std::size_t completionRingCapacity = std::size_t{1} << 16;
@@ -52,7 +36,7 @@ struct ChannelSizes {
   std::size_t pinnedHeapBytes = 0;  // rounded up to a page
 };
 
-class ClientChannel {
+class ClientChannel final : public CommandPort {
 public:
   // Creates the segment (named `name` in /proc/PID/maps), lays it out and initialises both rings.
   // With `placeInto` (exactly segmentBytesFor(sizes) long) the segment is mapped there, at the
@@ -63,7 +47,7 @@ public:
   // The size of the segment a channel with these sizes has; throws std::invalid_argument when
   // they form no valid layout.
   static std::uint64_t segmentBytesFor(const ChannelSizes& sizes);
-  ~ClientChannel();
+  ~ClientChannel() override;
   ClientChannel(const ClientChannel&) = delete;
   ClientChannel& operator=(const ClientChannel&) = delete;
 
@@ -75,9 +59,8 @@ public:
   std::span<std::byte> pinnedHeap() const {
     return {segment_->data() + header_.pinnedHeap.offset, header_.pinnedHeap.bytes};
   }
-  // Keeps the segment mapped for as long as it is held: for GPU work that writes into it and may
-  // finish after the channel is gone.
-  std::shared_ptr<const void> segmentKeepAlive() const { return segment_; }
+  // The limits the records of this channel's ring are decoded with.
+  const protocol::ring::SegmentLimits& limits() const { return limits_; }
 
   // Executes up to `budget` commands that the client has published; returns how many. Stops early
   // when the channel is broken or too many answers wait for room in the completion ring.
@@ -92,14 +75,14 @@ public:
   void prepareToSleep() { waiter_->prepareToSleep(); }
   void finishSleep() { waiter_->finishSleep(); }
 
-  // Answers to the client, in the order posted.
-  void postCompletion(std::uint64_t token, CUresult result);
-  void postAsyncError(const protocol::ring::AsyncError& error);
-  void postStagingRelease(std::uint64_t offset, std::uint64_t bytes);
-
-  // The bytes of a host location the decoder has already checked against the region sizes. The
-  // client may change them at any moment: copy them before relying on them.
-  std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location, std::uint64_t bytes);
+  // CommandPort: answers go into the completion ring; host bytes are the staging area and the
+  // pinned heap, kept mapped by keepAlive() (the segment) even after the channel is gone.
+  void postCompletion(std::uint64_t token, CUresult result) override;
+  void postAsyncError(const protocol::ring::AsyncError& error) override;
+  void postStagingRelease(std::uint64_t offset, std::uint64_t bytes) override;
+  std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location,
+                                 std::uint64_t bytes) override;
+  std::shared_ptr<const void> keepAlive() override { return segment_; }
 
   // A framing error: the client broke the format. The channel stops reading, keeps the reason and
   // tells its executor (once).

@@ -16,10 +16,7 @@ namespace {
 
 scheduler::TenantSpec specOf(const Tenant& tenant) {
   const TenantLimits& limits = tenant.limits();
-  return scheduler::TenantSpec{std::max<std::uint32_t>(limits.weight, 1),
-                               limits.tenantClass == TenantClass::kLatencyCritical
-                                   ? scheduler::TenantClass::kLatencyCritical
-                                   : scheduler::TenantClass::kBestEffort};
+  return scheduler::TenantSpec{std::max<std::uint32_t>(limits.weight, 1), limits.tenantClass};
 }
 
 bool sameSpec(const scheduler::TenantSpec& a, const scheduler::TenantSpec& b) {
@@ -45,27 +42,6 @@ std::unique_ptr<scheduler::Scheduler> newScheduler(const DispatchOptions& option
 // State shared between the proxies and the dispatcher
 
 struct ScheduledDevice::Operation {
-  struct HostToDevice {
-    CUdeviceptr destination;
-    const void* source;
-    std::size_t bytes;
-  };
-  struct DeviceToHost {
-    void* destination;
-    CUdeviceptr source;
-    std::size_t bytes;
-  };
-  struct DeviceToDevice {
-    CUdeviceptr destination;
-    CUdeviceptr source;
-    std::size_t bytes;
-  };
-  struct Memset {
-    CUdeviceptr destination;
-    std::uint32_t value;
-    unsigned elementSize;
-    std::size_t count;
-  };
   struct Launch {
     backend::Function* function;
     backend::LaunchConfig config;
@@ -85,15 +61,14 @@ struct ScheduledDevice::Operation {
   struct Callback {
     backend::CompletionCallback done;
   };
-  std::variant<HostToDevice, DeviceToHost, DeviceToDevice, Memset, Launch, Record, Wait, Callback>
-      body;
+  std::variant<backend::MemoryOperation, Launch, Record, Wait, Callback> body;
 };
 
 struct ScheduledDevice::StreamState {
   scheduler::StreamId id = 0;
   StreamOwner owner;
   std::unique_ptr<backend::Stream> real;
-  backend::WorkClass workClass = backend::WorkClass::kBestEffort;
+  backend::TenantClass workClass = backend::TenantClass::kBestEffort;
   int requestedPriority = 0;  // the client's, clamped to the device's range
   // Operations not yet on the real stream, in order.
   std::deque<Operation> held;
@@ -180,28 +155,11 @@ public:
   ProxyStream(const ProxyStream&) = delete;
   ProxyStream& operator=(const ProxyStream&) = delete;
 
-  CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                            std::size_t bytes) override {
-    if (bytes != 0 && source == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return device_.push(state_, Operation{Operation::HostToDevice{destination, source, bytes}});
-  }
-
-  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) override {
-    if (bytes != 0 && destination == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return device_.push(state_, Operation{Operation::DeviceToHost{destination, source, bytes}});
-  }
-
-  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                              std::size_t bytes) override {
-    return device_.push(state_, Operation{Operation::DeviceToDevice{destination, source, bytes}});
-  }
-
-  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                  std::size_t count) override {
-    if (elementSize != 1 && elementSize != 2 && elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
-    if (destination % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
-    return device_.push(state_,
-                        Operation{Operation::Memset{destination, value, elementSize, count}});
+  CUresult enqueue(const backend::MemoryOperation& operation) override {
+    if (CUresult checked = backend::checkOperation(operation); checked != CUDA_SUCCESS) {
+      return checked;
+    }
+    return device_.push(state_, Operation{operation});
   }
 
   CUresult launch(backend::Function& function, const backend::LaunchConfig& config,
@@ -331,23 +289,19 @@ backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(
     const StreamOwner& owner, unsigned flags, int priority) {
   // The class is read now: a stream keeps the band and partition it was made in, so a tenant
   // whose class changes gets the new one for the streams its clients make afterwards.
-  const bool latencyCritical =
-      owner.stats && owner.stats->tenant &&
-      owner.stats->tenant->limits().tenantClass == TenantClass::kLatencyCritical;
   // The client's kernels run in its own address space (the sim lets them touch only its memory).
-  return makeStream(
-      owner,
-      latencyCritical ? backend::WorkClass::kLatencyCritical : backend::WorkClass::kBestEffort,
-      flags, priority, owner.stats ? owner.stats->addressSpace : backend::kDaemonAddressSpace);
+  return makeStream(owner,
+                    owner.tenant ? owner.tenant->limits().tenantClass : TenantClass::kBestEffort,
+                    flags, priority, owner.addressSpace);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStreamFor(
-    backend::WorkClass workClass, unsigned flags, int priority, backend::AddressSpace owner) {
+    backend::TenantClass workClass, unsigned flags, int priority, backend::AddressSpace owner) {
   return makeStream(StreamOwner{}, workClass, flags, priority, owner);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::makeStream(
-    const StreamOwner& owner, backend::WorkClass workClass, unsigned flags, int priority,
+    const StreamOwner& owner, backend::TenantClass workClass, unsigned flags, int priority,
     backend::AddressSpace addressSpace) {
   const backend::StreamPriorityRange range = device_->streamPriorityRange();
   auto real = device_->createStreamFor(workClass, flags, devicePriority(range, workClass, priority),
@@ -418,14 +372,8 @@ CUresult ScheduledDevice::push(const std::shared_ptr<StreamState>& stream, Opera
         [&](auto& body) {
           using Body = std::decay_t<decltype(body)>;
           StreamState& s = *stream;
-          if constexpr (std::is_same_v<Body, Operation::HostToDevice>) {
-            status = s.real->copyHostToDevice(body.destination, body.source, body.bytes);
-          } else if constexpr (std::is_same_v<Body, Operation::DeviceToHost>) {
-            status = s.real->copyDeviceToHost(body.destination, body.source, body.bytes);
-          } else if constexpr (std::is_same_v<Body, Operation::DeviceToDevice>) {
-            status = s.real->copyDeviceToDevice(body.destination, body.source, body.bytes);
-          } else if constexpr (std::is_same_v<Body, Operation::Memset>) {
-            status = s.real->memset(body.destination, body.value, body.elementSize, body.count);
+          if constexpr (std::is_same_v<Body, backend::MemoryOperation>) {
+            status = s.real->enqueue(body);
           } else if constexpr (std::is_same_v<Body, Operation::Record>) {
             status = s.real->record(*body.event->real);
             recordReleased(*body.event, body.sequence, status);
@@ -521,14 +469,8 @@ void ScheduledDevice::submit(StreamState& stream, Operation& operation) {
   std::visit(
       [&](auto& body) {
         using Body = std::decay_t<decltype(body)>;
-        if constexpr (std::is_same_v<Body, Operation::HostToDevice>) {
-          status = stream.real->copyHostToDevice(body.destination, body.source, body.bytes);
-        } else if constexpr (std::is_same_v<Body, Operation::DeviceToHost>) {
-          status = stream.real->copyDeviceToHost(body.destination, body.source, body.bytes);
-        } else if constexpr (std::is_same_v<Body, Operation::DeviceToDevice>) {
-          status = stream.real->copyDeviceToDevice(body.destination, body.source, body.bytes);
-        } else if constexpr (std::is_same_v<Body, Operation::Memset>) {
-          status = stream.real->memset(body.destination, body.value, body.elementSize, body.count);
+        if constexpr (std::is_same_v<Body, backend::MemoryOperation>) {
+          status = stream.real->enqueue(body);
         } else if constexpr (std::is_same_v<Body, Operation::Launch>) {
           // Kernels go through submitKernel; one here is a bug.
           status = CUDA_ERROR_UNKNOWN;
@@ -575,7 +517,7 @@ void ScheduledDevice::fail(StreamState& stream, Operation& operation, CUresult s
 void ScheduledDevice::submitKernel(StreamState& stream, Operation& operation,
                                    scheduler::ItemId item) {
   auto& launch = std::get<Operation::Launch>(operation.body);
-  inFlight_.emplace(item, InFlight{stream.owner.stats});
+  inFlight_.emplace(item, InFlight{stream.owner.tenant});
   // The completion comes back to this thread through a cross-thread fulfiller; the client's own
   // callback runs on the backend thread as it did without a dispatcher.
   auto paf = kj::newPromiseAndCrossThreadFulfiller<KernelDone>();
@@ -671,20 +613,20 @@ void ScheduledDevice::armWake(scheduler::Nanos nowNanos) {
 }
 
 void ScheduledDevice::kernelDone(scheduler::ItemId item, KernelDone done) {
-  std::shared_ptr<ClientStats> stats;
+  std::shared_ptr<Tenant> tenant;
   if (auto found = inFlight_.find(item); found != inFlight_.end()) {
-    stats = std::move(found->second.stats);
+    tenant = std::move(found->second.tenant);
     inFlight_.erase(found);
   }
   const scheduler::Nanos time = now();
   scheduler_->complete(item, static_cast<scheduler::Nanos>(done.nanoseconds), time);
-  if (stats && stats->tenant) stats->tenant->gpuTimeWindow.add(time, done.nanoseconds);
+  if (tenant) tenant->gpuTimeWindow.add(time, done.nanoseconds);
   pump();
 }
 
 scheduler::TenantId ScheduledDevice::tenantFor(const StreamOwner& owner) {
-  if (!owner.stats || !owner.stats->tenant) return 0;
-  const std::shared_ptr<Tenant>& tenant = owner.stats->tenant;
+  if (!owner.tenant) return 0;
+  const std::shared_ptr<Tenant>& tenant = owner.tenant;
   auto found = tenants_.find(tenant.get());
   if (found != tenants_.end() && found->second.tenant.lock() != tenant) {
     // A tenant that is gone, whose address a new one now has.
@@ -777,10 +719,7 @@ std::size_t ScheduledDevice::heldMemoryOperations(backend::Stream& stream) const
         return std::visit(
             [](const auto& body) {
               using Body = std::decay_t<decltype(body)>;
-              return std::is_same_v<Body, Operation::HostToDevice> ||
-                     std::is_same_v<Body, Operation::DeviceToHost> ||
-                     std::is_same_v<Body, Operation::DeviceToDevice> ||
-                     std::is_same_v<Body, Operation::Memset> ||
+              return std::is_same_v<Body, backend::MemoryOperation> ||
                      std::is_same_v<Body, Operation::Launch>;
             },
             operation.body);

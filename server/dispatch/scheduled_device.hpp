@@ -26,7 +26,7 @@
 
 #include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
-#include "server/gpu/client_stats.hpp"
+#include "server/tenant/tenant.hpp"
 
 #include <kj/async.h>
 #include <kj/timer.h>
@@ -55,17 +55,19 @@ struct DispatchOptions {
 std::unique_ptr<scheduler::Scheduler> newScheduler(const DispatchOptions& options);
 
 // Whose kernels a stream carries: the scheduling tenant is the client's tenant (its weight and
-// class are read from it at first use and whenever they change).
+// class are read from it at first use and whenever they change; its GPU time is added to it).
 struct StreamOwner {
-  std::shared_ptr<ClientStats> stats;  // null: the daemon's own work, run as a weight-1 tenant
+  std::shared_ptr<Tenant> tenant;  // null: the daemon's own work, run as a weight-1 tenant
   scheduler::ClientId client = 0;
+  // Whose memory the stream's kernels may touch (backend::AddressSpace).
+  backend::AddressSpace addressSpace = backend::kDaemonAddressSpace;
 };
 
 // Where a stream runs: its class (its owner's tenant class when it was made), the priority it
 // runs at on the GPU, and the priority its client asked for (clamped to the device's range),
 // which is what the client is told.
 struct StreamPlacement {
-  backend::WorkClass workClass = backend::WorkClass::kBestEffort;
+  backend::TenantClass workClass = backend::TenantClass::kBestEffort;
   int devicePriority = 0;
   int requestedPriority = 0;
 };
@@ -106,7 +108,7 @@ public:
   backend::Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags,
                                                                  int priority) override;
   backend::Result<std::unique_ptr<backend::Stream>> createStreamFor(
-      backend::WorkClass workClass, unsigned flags, int priority,
+      backend::TenantClass workClass, unsigned flags, int priority,
       backend::AddressSpace owner) override;
   backend::StreamPriorityRange streamPriorityRange() const override {
     return device_->streamPriorityRange();
@@ -168,7 +170,7 @@ private:
     std::shared_ptr<StreamState> stream;
   };
   struct InFlight {
-    std::shared_ptr<ClientStats> stats;
+    std::shared_ptr<Tenant> tenant;
   };
   class ErrorHandler final : public kj::TaskSet::ErrorHandler {
   public:
@@ -177,7 +179,7 @@ private:
 
   static scheduler::Nanos now();
   backend::Result<std::unique_ptr<backend::Stream>> makeStream(const StreamOwner& owner,
-                                                               backend::WorkClass workClass,
+                                                               backend::TenantClass workClass,
                                                                unsigned flags, int priority,
                                                                backend::AddressSpace addressSpace);
   CUresult checkLaunch(const backend::Function& function,

@@ -19,14 +19,14 @@ int clampToRange(const backend::StreamPriorityRange& range, int priority) {
 }
 
 backend::StreamPriorityRange priorityBand(const backend::StreamPriorityRange& range,
-                                          backend::WorkClass workClass) {
+                                          backend::TenantClass workClass) {
   const backend::StreamPriorityRange r = ordered(range);
   if (r.least == r.greatest) return r;
-  if (workClass == backend::WorkClass::kLatencyCritical) return {r.greatest, r.greatest};
+  if (workClass == backend::TenantClass::kLatencyCritical) return {r.greatest, r.greatest};
   return {r.least, r.greatest + 1};
 }
 
-int devicePriority(const backend::StreamPriorityRange& range, backend::WorkClass workClass,
+int devicePriority(const backend::StreamPriorityRange& range, backend::TenantClass workClass,
                    int requested) {
   return clampToRange(priorityBand(range, workClass), requested);
 }

@@ -15,10 +15,10 @@ int clampToRange(const backend::StreamPriorityRange& range, int priority);
 
 // The band of `workClass` in `range`, as [greatest, least] (greatest <= least numerically).
 backend::StreamPriorityRange priorityBand(const backend::StreamPriorityRange& range,
-                                          backend::WorkClass workClass);
+                                          backend::TenantClass workClass);
 
 // The priority a stream of `workClass` whose client asked for `requested` runs at.
-int devicePriority(const backend::StreamPriorityRange& range, backend::WorkClass workClass,
+int devicePriority(const backend::StreamPriorityRange& range, backend::TenantClass workClass,
                    int requested);
 
 }  // namespace gpuproxy::server::dispatch

@@ -52,7 +52,7 @@ Handle GpuClient::newHandle(HandleKind kind) {
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  auto nullStream = worker_.dispatcher().createStream({stats_, schedulingId_}, 0, 0);
+  auto nullStream = worker_.dispatcher().createStream({stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Handle handle = newHandle(HandleKind::kContext);
   Context& context = contexts_[handle];
@@ -250,7 +250,8 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto created = worker_.dispatcher().createStream({stats_, schedulingId_}, flags, priority);
+  auto created =
+      worker_.dispatcher().createStream({stats_->tenant, schedulingId_, stats_->addressSpace}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
   Stream& stream = streams_[handle];
@@ -339,15 +340,17 @@ CUdeviceptr GpuClient::allocationOf(CUdeviceptr pointer) const {
   return after == allocations_.begin() ? 0 : std::prev(after)->first;
 }
 
-void GpuClient::noteTouches(const Target& target, std::initializer_list<CUdeviceptr> pointers) {
+void GpuClient::noteKernelTouches(const Target& target) {
   Touches& touches = touchesOf(target);
   auto [queued, done] = workCounters(target);
   forgetCompleted(touches, *done);
   ++touches.memoryOps;
-  for (CUdeviceptr pointer : pointers) {
-    touches.queued.push_back(
-        Touch{*queued, touches.memoryOps, pointer == 0 ? 0 : allocationOf(pointer)});
-  }
+  // A kernel may follow any pointer: 0 stands for all of the client's memory.
+  touches.queued.push_back(Touch{*queued, touches.memoryOps, 0});
+  boundTouches(touches);
+}
+
+void GpuClient::boundTouches(Touches& touches) {
   if (touches.queued.size() > kMaxTouchesPerStream) {
     // One entry for all of them: done when the newest is, dropped unsubmitted only if the oldest
     // was (what the dispatcher holds is always the newest operations).
@@ -535,26 +538,49 @@ backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
   return device;
 }
 
-CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
-                                     std::span<const std::byte> data) {
+CUresult GpuClient::enqueue(Handle context, Handle stream,
+                            const backend::MemoryOperation& operation) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  if (data.empty()) return CUDA_SUCCESS;
-  if (!rangeIsOwned(destination, data.size())) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
+  return enqueueOn(*target, operation);
+}
+
+CUresult GpuClient::enqueueOn(const Target& target, const backend::MemoryOperation& operation) {
+  if (CUresult checked = backend::checkOperation(operation); checked != CUDA_SUCCESS) {
+    return checked;
+  }
+  if (backend::isEmpty(operation)) return CUDA_SUCCESS;
+  const backend::DeviceRanges ranges = backend::deviceRanges(operation);
+  for (std::size_t i = 0; i < ranges.count; ++i) {
+    if (!rangeIsOwned(ranges.ranges[i].pointer, ranges.ranges[i].bytes)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  if (CUresult rc = orderForLegacyStream(target); rc != CUDA_SUCCESS) return rc;
+  CUresult queued = target.stream->enqueue(operation);
+  if (queued != CUDA_SUCCESS) return queued;
+  Touches& touches = touchesOf(target);
+  auto [queuedWork, done] = workCounters(target);
+  forgetCompleted(touches, *done);
+  ++touches.memoryOps;
+  for (std::size_t i = 0; i < ranges.count; ++i) {
+    touches.queued.push_back(
+        Touch{*queuedWork, touches.memoryOps, allocationOf(ranges.ranges[i].pointer)});
+  }
+  boundTouches(touches);
+  return CUDA_SUCCESS;
+}
+
+CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
+                                     std::span<const std::byte> data) {
   auto staged = std::make_shared<StagedBytes>();
   staged->bytes.assign(data.begin(), data.end());
-  CUresult queued =
-      target->stream->copyHostToDevice(destination, staged->bytes.data(), staged->bytes.size());
-  if (queued != CUDA_SUCCESS) return queued;
-  noteTouches(*target, {destination});
-  // The staged copy lives until the backend has read it.
-  ++stats_->operationsInFlight;
-  std::shared_ptr<ClientStats> stats = stats_;
-  CUresult callback =
-      target->stream->addCallback([staged, stats](CUresult) { --stats->operationsInFlight; });
-  if (callback != CUDA_SUCCESS) --stats_->operationsInFlight;
-  return callback;
+  kj::Promise<CUresult> read = nullptr;
+  CUresult queued = queueHostToDeviceFrom(context, stream, destination, staged->bytes,
+                                          std::shared_ptr<const void>(staged, staged.get()), read);
+  // The staged copy lives until the backend has read it; nobody waits for that.
+  if (queued == CUDA_SUCCESS) read.detach([](kj::Exception&&) {});
+  return queued;
 }
 
 kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle stream,
@@ -578,11 +604,9 @@ CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdevic
     read = CUDA_SUCCESS;
     return CUDA_SUCCESS;
   }
-  if (!rangeIsOwned(destination, source.size())) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  CUresult queued = target->stream->copyHostToDevice(destination, source.data(), source.size());
+  CUresult queued =
+      enqueueOn(*target, backend::CopyHostToDevice{destination, source.data(), source.size()});
   if (queued != CUDA_SUCCESS) return queued;
-  noteTouches(*target, {destination});
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
@@ -620,12 +644,9 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (destination.empty()) return CUDA_SUCCESS;
-  if (!rangeIsOwned(source, destination.size())) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
   CUresult queued =
-      target->stream->copyDeviceToHost(destination.data(), source, destination.size());
+      enqueueOn(*target, backend::CopyDeviceToHost{destination.data(), source, destination.size()});
   if (queued != CUDA_SUCCESS) return queued;
-  noteTouches(*target, {source});
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
@@ -635,38 +656,6 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
       });
   if (callback != CUDA_SUCCESS) return callback;
   return noteCompletion(context, stream, *workCounters(*target).first, kj::mv(paf.promise));
-}
-
-CUresult GpuClient::copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,
-                                       CUdeviceptr source, std::uint64_t bytes) {
-  auto target = resolveStream(context, stream);
-  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  if (bytes == 0) return CUDA_SUCCESS;
-  if (!rangeIsOwned(destination, bytes) || !rangeIsOwned(source, bytes)) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  CUresult queued = target->stream->copyDeviceToDevice(destination, source, bytes);
-  if (queued == CUDA_SUCCESS) noteTouches(*target, {destination, source});
-  return queued;
-}
-
-CUresult GpuClient::memset(Handle context, Handle stream, CUdeviceptr destination,
-                           std::uint32_t value, unsigned elementSize, std::uint64_t count) {
-  auto target = resolveStream(context, stream);
-  if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  if (elementSize != 1 && elementSize != 2 && elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
-  if (count == 0) return CUDA_SUCCESS;
-  if (count > std::numeric_limits<std::uint64_t>::max() / elementSize) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  // CUDA requires element-aligned destinations for 16- and 32-bit memsets.
-  if (destination % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!rangeIsOwned(destination, count * elementSize)) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  CUresult queued = target->stream->memset(destination, value, elementSize, count);
-  if (queued == CUDA_SUCCESS) noteTouches(*target, {destination});
-  return queued;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -752,7 +741,7 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
                              });
   if (launched != CUDA_SUCCESS) --stats_->operationsInFlight;
   if (launched == CUDA_SUCCESS) {
-    noteTouches(*target, {0});
+    noteKernelTouches(*target);
     ++stats_->kernelsLaunched;
     ++stats_->tenant->kernelsLaunched;
   }

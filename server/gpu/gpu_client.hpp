@@ -17,7 +17,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -90,10 +89,10 @@ public:
   kj::Promise<CUresult> copyDeviceToHostInto(Handle context, Handle stream, CUdeviceptr source,
                                              std::span<std::byte> destination,
                                              std::shared_ptr<const void> keepAlive);
-  CUresult copyDeviceToDevice(Handle context, Handle stream, CUdeviceptr destination,
-                              CUdeviceptr source, std::uint64_t bytes);
-  CUresult memset(Handle context, Handle stream, CUdeviceptr destination, std::uint32_t value,
-                  unsigned elementSize, std::uint64_t count);
+  // Queues a copy or memset on (context, stream) once its arguments pass CUDA's rules and every
+  // device range it touches lies inside one of this client's allocations (else
+  // CUDA_ERROR_INVALID_VALUE). Host memory it names must stay valid until it has completed.
+  CUresult enqueue(Handle context, Handle stream, const backend::MemoryOperation& operation);
 
   // Modules and kernels.
   backend::Result<Handle> loadModule(Handle context, std::span<const std::byte> image);
@@ -198,9 +197,11 @@ private:
   // The counters of `target`'s queued and known-completed operations.
   std::pair<std::uint64_t*, std::uint64_t*> workCounters(const Target& target);
   Touches& touchesOf(const Target& target);
-  // Notes a copy, memset or kernel just queued on `target` and the memory it may touch (pointers
-  // inside this client's allocations; 0 for any).
-  void noteTouches(const Target& target, std::initializer_list<CUdeviceptr> pointers);
+  CUresult enqueueOn(const Target& target, const backend::MemoryOperation& operation);
+  // Notes a kernel just queued on `target`: it may touch any of the client's memory.
+  void noteKernelTouches(const Target& target);
+  // Keeps a stream's list of touches bounded for a client that never synchronises.
+  static void boundTouches(Touches& touches);
   // Forgets what operations up to `done` on `touches`' stream touch: they have completed.
   static void forgetCompleted(Touches& touches, std::uint64_t done);
   // The start of the allocation holding `pointer` (which must lie in one).

@@ -22,10 +22,6 @@ std::span<const std::byte> bytesOf(capnp::Data::Reader data) {
   return {reinterpret_cast<const std::byte*>(data.begin()), data.size()};
 }
 
-backend::Dim3 dim3Of(protocol::Dim3::Reader dim) {
-  return backend::Dim3{dim.getX(), dim.getY(), dim.getZ()};
-}
-
 // Answers `results` with `promise`'s CUresult once it resolves.
 template <typename Context>
 kj::Promise<void> answerLater(Context context, kj::Promise<CUresult> promise) {
@@ -230,13 +226,6 @@ kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateCo
   return kj::READY_NOW;
 }
 
-kj::Promise<void> ClientSession::synchronizeContext(SynchronizeContextContext context) {
-  std::uint64_t handle = context.getParams().getContext();
-  return answerWhenDone(context, clientFor(handle, HandleKind::kContext),
-                        CUDA_ERROR_INVALID_CONTEXT,
-                        [&](GpuClient& client) { return client.synchronizeContext(handle); });
-}
-
 // ---------------------------------------------------------------------------------------------
 // Memory
 
@@ -269,61 +258,6 @@ kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
     results.setTotal(info.value().total);
   }
   return kj::READY_NOW;
-}
-
-kj::Promise<void> ClientSession::memcpyHtoD(MemcpyHtoDContext context) {
-  auto params = context.getParams();
-  return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
-                   CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
-                     return client.copyHostToDevice(params.getContext(), params.getStream(),
-                                                    params.getDestination(),
-                                                    bytesOf(params.getData()));
-                   });
-}
-
-kj::Promise<void> ClientSession::memcpyDtoH(MemcpyDtoHContext context) {
-  auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  if (params.getBytes() > protocol::MAX_TRANSFER_CHUNK) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_VALUE);
-    return kj::READY_NOW;
-  }
-  return client
-      ->copyDeviceToHost(params.getContext(), params.getStream(), params.getSource(),
-                         params.getBytes())
-      .then([context](backend::Result<std::vector<std::byte>> bytes) mutable {
-        auto results = context.getResults();
-        results.setResult(bytes.code());
-        if (bytes.ok()) {
-          const auto& data = bytes.value();
-          results.setData(
-              kj::arrayPtr(reinterpret_cast<const capnp::byte*>(data.data()), data.size()));
-        }
-      });
-}
-
-kj::Promise<void> ClientSession::memcpyDtoD(MemcpyDtoDContext context) {
-  auto params = context.getParams();
-  return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
-                   CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
-                     return client.copyDeviceToDevice(params.getContext(), params.getStream(),
-                                                      params.getDestination(), params.getSource(),
-                                                      params.getBytes());
-                   });
-}
-
-kj::Promise<void> ClientSession::memset(MemsetContext context) {
-  auto params = context.getParams();
-  return answerNow(context, clientFor(params.getContext(), HandleKind::kContext),
-                   CUDA_ERROR_INVALID_CONTEXT, [&](GpuClient& client) {
-                     return client.memset(params.getContext(), params.getStream(),
-                                          params.getDestination(), params.getValue(),
-                                          params.getElementSize(), params.getCount());
-                   });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,24 +305,6 @@ kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
   return kj::READY_NOW;
 }
 
-kj::Promise<void> ClientSession::launchKernel(LaunchKernelContext context) {
-  auto params = context.getParams();
-  backend::LaunchConfig config{dim3Of(params.getGrid()), dim3Of(params.getBlock()),
-                               params.getSharedMemBytes()};
-  context.getResults().setResult(launchKernel(params.getContext(), params.getFunction(), config,
-                                              params.getStream(), bytesOf(params.getParameters())));
-  return kj::READY_NOW;
-}
-
-CUresult ClientSession::launchKernel(std::uint64_t context, std::uint64_t function,
-                                     const backend::LaunchConfig& config, std::uint64_t stream,
-                                     std::span<const std::byte> parameters) {
-  GpuClient* client = clientFor(context, HandleKind::kContext);
-  if (client == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (handleDevice(function) != client->deviceIndex()) return CUDA_ERROR_INVALID_HANDLE;
-  return client->launchKernel(context, function, config, stream, parameters);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Streams
 
@@ -415,47 +331,6 @@ GpuClient* ClientSession::clientForStream(std::uint64_t context, std::uint64_t s
                      : clientFor(stream, HandleKind::kStream);
 }
 
-kj::Promise<void> ClientSession::synchronizeStream(SynchronizeStreamContext context) {
-  auto params = context.getParams();
-  CUresult missing;
-  GpuClient* client = clientForStream(params.getContext(), params.getStream(), missing);
-  return answerWhenDone(context, client, missing, [&](GpuClient& found) {
-    return found.synchronizeStream(params.getContext(), params.getStream());
-  });
-}
-
-kj::Promise<void> ClientSession::queryStream(QueryStreamContext context) {
-  auto params = context.getParams();
-  CUresult missing;
-  GpuClient* client = clientForStream(params.getContext(), params.getStream(), missing);
-  return answerNow(context, client, missing, [&](GpuClient& found) {
-    return found.queryStream(params.getContext(), params.getStream());
-  });
-}
-
-kj::Promise<void> ClientSession::streamWaitEvent(StreamWaitEventContext context) {
-  auto params = context.getParams();
-  context.getResults().setResult(streamWaitEvent(params.getContext(), params.getStream(),
-                                                 params.getEvent(), params.getFlags()));
-  return kj::READY_NOW;
-}
-
-CUresult ClientSession::streamWaitEvent(std::uint64_t context, std::uint64_t stream,
-                                        std::uint64_t event, std::uint32_t flags) {
-  CUresult missing;
-  GpuClient* client = clientForStream(context, stream, missing);
-  if (client == nullptr) return missing;
-  if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-  if (!client->ownsEvent(event)) {
-    // An event of this client on another GPU would need a cross-device wait, which the daemon
-    // does not do yet; anything else is simply not this client's event.
-    GpuClient* owner = clientFor(event, HandleKind::kEvent);
-    return (owner != nullptr && owner->ownsEvent(event)) ? CUDA_ERROR_NOT_SUPPORTED
-                                                         : CUDA_ERROR_INVALID_HANDLE;
-  }
-  return client->streamWaitEvent(context, stream, event);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Events
 
@@ -471,27 +346,6 @@ kj::Promise<void> ClientSession::destroyEvent(DestroyEventContext context) {
   std::uint64_t handle = context.getParams().getEvent();
   return answerNow(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
                    [&](GpuClient& client) { return client.destroyEvent(handle); });
-}
-
-kj::Promise<void> ClientSession::recordEvent(RecordEventContext context) {
-  auto params = context.getParams();
-  return answerNow(context, clientFor(params.getEvent(), HandleKind::kEvent),
-                   CUDA_ERROR_INVALID_HANDLE, [&](GpuClient& client) {
-                     return client.recordEvent(params.getContext(), params.getEvent(),
-                                               params.getStream());
-                   });
-}
-
-kj::Promise<void> ClientSession::synchronizeEvent(SynchronizeEventContext context) {
-  std::uint64_t handle = context.getParams().getEvent();
-  return answerWhenDone(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
-                        [&](GpuClient& client) { return client.synchronizeEvent(handle); });
-}
-
-kj::Promise<void> ClientSession::queryEvent(QueryEventContext context) {
-  std::uint64_t handle = context.getParams().getEvent();
-  return answerNow(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
-                   [&](GpuClient& client) { return client.queryEvent(handle); });
 }
 
 kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext context) {

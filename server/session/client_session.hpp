@@ -49,47 +49,42 @@ protected:
   kj::Promise<void> resetPrimaryContext(ResetPrimaryContextContext context) override;
   kj::Promise<void> setPrimaryContextFlags(SetPrimaryContextFlagsContext context) override;
   kj::Promise<void> getPrimaryContextState(GetPrimaryContextStateContext context) override;
-  kj::Promise<void> synchronizeContext(SynchronizeContextContext context) override;
   kj::Promise<void> memAlloc(MemAllocContext context) override;
   kj::Promise<void> memFree(MemFreeContext context) override;
   kj::Promise<void> memGetInfo(MemGetInfoContext context) override;
-  kj::Promise<void> memcpyHtoD(MemcpyHtoDContext context) override;
-  kj::Promise<void> memcpyDtoH(MemcpyDtoHContext context) override;
-  kj::Promise<void> memcpyDtoD(MemcpyDtoDContext context) override;
-  kj::Promise<void> memset(MemsetContext context) override;
   kj::Promise<void> loadModule(LoadModuleContext context) override;
   kj::Promise<void> unloadModule(UnloadModuleContext context) override;
   kj::Promise<void> getFunction(GetFunctionContext context) override;
-  kj::Promise<void> launchKernel(LaunchKernelContext context) override;
   kj::Promise<void> createStream(CreateStreamContext context) override;
   kj::Promise<void> destroyStream(DestroyStreamContext context) override;
-  kj::Promise<void> synchronizeStream(SynchronizeStreamContext context) override;
-  kj::Promise<void> queryStream(QueryStreamContext context) override;
-  kj::Promise<void> streamWaitEvent(StreamWaitEventContext context) override;
   kj::Promise<void> createEvent(CreateEventContext context) override;
   kj::Promise<void> destroyEvent(DestroyEventContext context) override;
-  kj::Promise<void> recordEvent(RecordEventContext context) override;
-  kj::Promise<void> synchronizeEvent(SynchronizeEventContext context) override;
-  kj::Promise<void> queryEvent(QueryEventContext context) override;
   kj::Promise<void> eventElapsedTime(EventElapsedTimeContext context) override;
+  kj::Promise<void> submit(SubmitContext context) override;
   kj::Promise<void> openDataPlane(OpenDataPlaneContext context) override;
   kj::Promise<void> registerPinned(RegisterPinnedContext context) override;
   kj::Promise<void> unregisterPinned(UnregisterPinnedContext context) override;
 
 private:
-  // CommandExecutor (server/session/ring_commands.cpp)
-  void execute(const protocol::ring::DecodedCommand& command, ClientChannel& channel) override;
+  class MessagePort;
+
+  // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
+  // or from submit(), is executed here.
+  void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
   // kj::TaskSet::ErrorHandler, for the ring commands that answer later
   void taskFailed(kj::Exception&& exception) override;
 
-  // The checks and the work shared by a control call and its ring record.
-  CUresult launchKernel(std::uint64_t context, std::uint64_t function,
-                        const backend::LaunchConfig& config, std::uint64_t stream,
-                        std::span<const std::byte> parameters);
-  CUresult streamWaitEvent(std::uint64_t context, std::uint64_t stream, std::uint64_t event,
-                           std::uint32_t flags);
+  // One command each (command_execution.cpp).
+  // A command that only touches device memory (a device-to-device copy, a memset).
+  template <typename Command>
+  void executeOnDevice(const Command& command, CommandPort& port);
+  void executeLaunch(const protocol::ring::LaunchKernel& launch, CommandPort& port);
+  void executeCopyToDevice(const protocol::ring::CopyHostToDevice& copy, CommandPort& port);
+  void executeCopyToHost(const protocol::ring::CopyDeviceToHost& copy, CommandPort& port);
+  void executeSynchronize(const protocol::ring::Synchronize& sync, CommandPort& port);
+  CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
   // Ends this client's connection: it broke the ring format (channelBroken follows).
   void evict(const std::string& reason);
@@ -116,7 +111,7 @@ private:
   std::vector<std::uint32_t> devicesUsed_;
   // The data plane, once the client asked for it. The tasks finish ring commands that answer
   // later (synchronisations, device-to-host copies) and are dropped before the channel.
-  std::unique_ptr<ClientChannel> channel_;
+  std::shared_ptr<ClientChannel> channel_;
   kj::Own<kj::TaskSet> ringTasks_;
   // Pinned allocations in the channel's pinned heap: offset -> bytes. Each is charged to the
   // tenant and registered with every GPU until it is unregistered and the work before that has

@@ -127,7 +127,7 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
   pinned_.clear();
   retiring_.clear();
   state_.reaper->add(drained.then([gpus = allGpus(state_), ranges = std::move(ranges), total,
-                                   stats = stats_, segment = channel_->segmentKeepAlive()]() {
+                                   stats = stats_, segment = channel_->keepAlive()]() {
     for (const auto& [host, bytes] : ranges) unregisterFromAll(gpus, host);
     stats->tenant->creditPinned(total);
     stats->pinnedMemoryUsed -= total;

@@ -60,14 +60,4 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> Tenant::memoryInfo(
   return std::make_pair(std::min(headroom, deviceFree), *limit);
 }
 
-const char* tenantClassName(TenantClass tenantClass) {
-  return tenantClass == TenantClass::kLatencyCritical ? "latency-critical" : "best-effort";
-}
-
-std::optional<TenantClass> parseTenantClass(const std::string& text) {
-  if (text == "best-effort") return TenantClass::kBestEffort;
-  if (text == "latency-critical") return TenantClass::kLatencyCritical;
-  return std::nullopt;
-}
-
 }  // namespace gpuproxy::server

@@ -9,6 +9,7 @@
 // registry and every client session of the tenant, because a tenant removed by a config reload
 // lives on until its last client has gone.
 
+#include "scheduler/tenant_class.hpp"
 #include "server/tenant/gpu_time_window.hpp"
 
 #include <atomic>
@@ -20,7 +21,7 @@
 
 namespace gpuproxy::server {
 
-enum class TenantClass { kBestEffort, kLatencyCritical };
+using scheduler::TenantClass;
 
 struct TenantLimits {
   std::optional<std::uint64_t> memoryLimit;  // bytes per device; nullopt = no limit
@@ -79,7 +80,7 @@ private:
   std::uint64_t pinnedMemoryUsed_ = 0;
 };
 
-const char* tenantClassName(TenantClass tenantClass);  // "best-effort" / "latency-critical"
-std::optional<TenantClass> parseTenantClass(const std::string& text);
+using scheduler::parseTenantClass;
+using scheduler::tenantClassName;
 
 }  // namespace gpuproxy::server

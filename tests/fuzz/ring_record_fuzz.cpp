@@ -19,7 +19,7 @@ namespace ring = gpuproxy::protocol::ring;
 namespace {
 
 // Region sizes the seeds' offsets fit in; small enough that the fuzzer reaches both edges.
-constexpr ring::SegmentLimits kLimits{1u << 20, 16u << 20};
+constexpr ring::SegmentLimits kLimits{1u << 20, 16u << 20, std::nullopt};
 
 void requireReencodes(std::span<const std::byte> input, const auto& decoded) {
   std::vector<std::byte> out(input.size() + 64, std::byte{0xAA});

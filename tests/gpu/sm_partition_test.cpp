@@ -41,7 +41,7 @@ using backend::FunctionInfo;
 using backend::LaunchConfig;
 using backend::Module;
 using backend::Stream;
-using backend::WorkClass;
+using backend::TenantClass;
 
 constexpr std::chrono::seconds kWait{30};
 // The share of the SMs the partitioned runs give best-effort work.
@@ -114,7 +114,7 @@ protected:
 
   bool partitioned() const { return GetParam(); }
 
-  std::unique_ptr<Stream> newStream(WorkClass workClass, int priority = 0) {
+  std::unique_ptr<Stream> newStream(TenantClass workClass, int priority = 0) {
     auto created = device_->createStreamFor(workClass, 0, priority);
     EXPECT_TRUE(created.ok()) << "createStreamFor: " << created.code();
     return created.ok() ? std::move(created).value() : nullptr;
@@ -191,13 +191,13 @@ TEST_P(SmPartitionTest, ThePartitionIsWhatWasAskedForAndCoversEverySm) {
 }
 
 TEST_P(SmPartitionTest, ABestEffortKernelRunsOnItsStreamAndComputesTheRightResult) {
-  auto stream = newStream(WorkClass::kBestEffort);
+  auto stream = newStream(TenantClass::kBestEffort);
   ASSERT_NE(stream, nullptr);
   addVectorsOn(*stream);
 }
 
 TEST_P(SmPartitionTest, ALatencyCriticalKernelRunsOnItsStreamAndComputesTheRightResult) {
-  auto stream = newStream(WorkClass::kLatencyCritical);
+  auto stream = newStream(TenantClass::kLatencyCritical);
   ASSERT_NE(stream, nullptr);
   addVectorsOn(*stream);
 }
@@ -205,9 +205,9 @@ TEST_P(SmPartitionTest, ALatencyCriticalKernelRunsOnItsStreamAndComputesTheRight
 TEST_P(SmPartitionTest, StreamsRunAtThePriorityTheyWereMadeWith) {
   const backend::StreamPriorityRange range = device_->streamPriorityRange();
   EXPECT_LE(range.greatest, range.least);
-  auto high = newStream(WorkClass::kLatencyCritical, range.greatest);
-  auto low = newStream(WorkClass::kBestEffort, range.least);
-  auto beyond = newStream(WorkClass::kBestEffort, range.greatest - 10);
+  auto high = newStream(TenantClass::kLatencyCritical, range.greatest);
+  auto low = newStream(TenantClass::kBestEffort, range.least);
+  auto beyond = newStream(TenantClass::kBestEffort, range.greatest - 10);
   ASSERT_TRUE(high && low && beyond);
   // What the driver says (cuStreamGetPriority), for green-context streams too.
   EXPECT_EQ(high->priority(), range.greatest);
@@ -225,9 +225,7 @@ TEST_P(SmPartitionTest, TheDispatcherGivesLatencyCriticalTenantsTheHighestPriori
   auto tenant = [](const char* name, TenantClass tenantClass) {
     TenantLimits limits;
     limits.tenantClass = tenantClass;
-    auto stats = std::make_shared<ClientStats>();
-    stats->tenant = std::make_shared<Tenant>(TenantDefinition{name, "/unused", limits});
-    return stats;
+    return std::make_shared<Tenant>(TenantDefinition{name, "/unused", limits});
   };
   const dispatch::StreamOwner critical{tenant("critical", TenantClass::kLatencyCritical),
                                        dispatcher.newClientId()};
@@ -249,8 +247,8 @@ TEST_P(SmPartitionTest, TheDispatcherGivesLatencyCriticalTenantsTheHighestPriori
 }
 
 TEST_P(SmPartitionTest, EventsOrderWorkAcrossTheTwoClassesStreams) {
-  auto producer = newStream(WorkClass::kBestEffort);
-  auto consumer = newStream(WorkClass::kLatencyCritical);
+  auto producer = newStream(TenantClass::kBestEffort);
+  auto consumer = newStream(TenantClass::kLatencyCritical);
   auto created = device_->createEvent(CU_EVENT_DEFAULT);
   ASSERT_TRUE(producer && consumer && created.ok());
   std::unique_ptr<Event> done = std::move(created).value();
@@ -310,7 +308,7 @@ TEST_P(SmPartitionTest, AfterAFaultAndAResetPinnedMemoryAndThePartitionAreStillT
   ASSERT_NE(pinned.data, MAP_FAILED);
   ASSERT_EQ(device_->registerHostMemory(pinned.data, pinned.size), CUDA_SUCCESS);
 
-  auto stream = newStream(WorkClass::kBestEffort);
+  auto stream = newStream(TenantClass::kBestEffort);
   ASSERT_NE(stream, nullptr);
   backend::Function& trap = function("trap");
   ASSERT_EQ(stream->launch(trap, LaunchConfig{}, {}, {}), CUDA_SUCCESS);
@@ -327,12 +325,12 @@ TEST_P(SmPartitionTest, AfterAFaultAndAResetPinnedMemoryAndThePartitionAreStillT
   auto reloaded = device_->loadModule(testKernelsImage());
   ASSERT_TRUE(reloaded.ok()) << reloaded.code();
   module_ = std::move(reloaded).value();
-  for (const WorkClass workClass : {WorkClass::kBestEffort, WorkClass::kLatencyCritical}) {
+  for (const TenantClass workClass : {TenantClass::kBestEffort, TenantClass::kLatencyCritical}) {
     auto again = newStream(workClass);
     ASSERT_NE(again, nullptr);
     // A kernel writes the pinned pages straight through their host address (device-mapped,
     // unified addressing): only a registration that survived the reset lets it.
-    const unsigned value = workClass == WorkClass::kBestEffort ? 5u : 6u;
+    const unsigned value = workClass == TenantClass::kBestEffort ? 5u : 6u;
     backend::Function& fill = function("fill_u32");
     ASSERT_EQ(again->launch(fill, linear(kWords),
                             ParameterPacker(fill.info())

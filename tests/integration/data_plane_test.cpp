@@ -24,6 +24,7 @@
 #include "ipc/doorbell.hpp"
 #include "ipc/shared_segment.hpp"
 #include "ipc/spsc_ring.hpp"
+#include "ipc/unix_socket.hpp"
 #include "protocol/ring_format.hpp"
 #include "tests/support/process.hpp"
 
@@ -34,15 +35,7 @@ namespace ring = protocol::ring;
 using namespace std::chrono_literals;
 
 int connectTo(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+  return ipc::connectUnixSocket(path).release();
 }
 
 // A client that attaches, takes the primary context of device 0 and opens its data plane.
@@ -109,6 +102,33 @@ public:
   void sendRaw(std::span<const std::byte> record) {
     ASSERT_EQ(commands_->tryWrite(record), ipc::RingStatus::kOk);
     ipc::DoorbellRinger(commands_->consumerSleeping(), doorbell_.get()).ring();
+  }
+
+  // Sends `records` in one Session.submit call and returns the answer's completion records and
+  // payload.
+  std::pair<std::vector<ring::DecodedCompletion>, std::vector<std::byte>> submit(
+      std::span<const std::byte> records, std::span<const std::byte> payload = {},
+      std::uint64_t payloadBytes = 0) {
+    auto request = session_.submitRequest();
+    request.setCommands(
+        kj::arrayPtr(reinterpret_cast<const kj::byte*>(records.data()), records.size()));
+    request.setPayload(
+        kj::arrayPtr(reinterpret_cast<const kj::byte*>(payload.data()), payload.size()));
+    request.setPayloadBytes(payloadBytes);
+    auto response = request.send().wait(io_.waitScope);
+    std::vector<ring::DecodedCompletion> answers;
+    auto completions = response.getCompletions();
+    std::span<const std::byte> rest(reinterpret_cast<const std::byte*>(completions.begin()),
+                                    completions.size());
+    while (rest.size() >= sizeof(ring::wire::CompletionHeader)) {
+      ring::wire::CompletionHeader header{};
+      std::memcpy(&header, rest.data(), sizeof(header));
+      answers.push_back(ring::decodeCompletion(rest.first(header.length), {}));
+      rest = rest.subspan(header.length);
+    }
+    auto data = response.getPayload();
+    return {answers, std::vector<std::byte>(reinterpret_cast<const std::byte*>(data.begin()),
+                                            reinterpret_cast<const std::byte*>(data.end()))};
   }
 
   // The next completion-ring record, waiting up to 10 s.
@@ -222,15 +242,29 @@ TEST(DataPlane, ControlCallsSeeEveryCommandPublishedBeforeThem) {
   const std::uint64_t buffer = client.alloc(1 << 20);
   for (std::uint32_t round = 1; round <= 50; ++round) {
     client.send(fill(client.context(), buffer, round, (1 << 20) / 4));
-    // Straight to the control plane, without waiting for anything on the ring.
-    auto request = client.session().memcpyDtoHRequest();
-    request.setContext(client.context());
-    request.setSource(buffer + (1 << 20) - 4);
-    request.setBytes(4);
+    // Straight to the control socket, without waiting for anything on the ring: a copy record
+    // carried by Session.submit, its bytes coming back in the call's payload.
+    ring::CopyDeviceToHost copy;
+    copy.context = client.context();
+    copy.source = buffer + (1 << 20) - 4;
+    copy.destination = ring::HostLocation{ring::HostRegion::kMessage, 0};
+    copy.bytes = 4;
+    copy.completionToken = 1;
+    std::vector<std::byte> record(ring::encodedSize(copy));
+    ASSERT_EQ(ring::encode(copy, record), record.size());
+    auto request = client.session().submitRequest();
+    request.setCommands(
+        kj::arrayPtr(reinterpret_cast<const kj::byte*>(record.data()), record.size()));
+    request.setPayloadBytes(4);
     auto response = request.send().wait(client.waitScope());
-    ASSERT_EQ(response.getResult(), CUDA_SUCCESS);
+    auto completions = response.getCompletions();
+    auto answer = ring::decodeCompletion(
+        {reinterpret_cast<const std::byte*>(completions.begin()), completions.size()}, {});
+    ASSERT_TRUE(std::holds_alternative<ring::Completion>(answer));
+    ASSERT_EQ(std::get<ring::Completion>(answer).result, CUDA_SUCCESS);
+    ASSERT_EQ(response.getPayload().size(), 4u);
     std::uint32_t value = 0;
-    std::memcpy(&value, response.getData().begin(), 4);
+    std::memcpy(&value, response.getPayload().begin(), 4);
     ASSERT_EQ(value, round);
   }
 }
@@ -264,6 +298,70 @@ TEST(DataPlane, BadArgumentsFailOneCommandAndTheClientGoesOn) {
 
   client.send(fill(client.context(), buffer, 42, 1024));
   EXPECT_EQ(client.readBack(buffer, 1024)[1023], 42u);
+}
+
+// Without a ring (GPUPROXY_TRANSPORT=rpc) the same records travel in Session.submit calls and
+// meet the same decoder and executor: host bytes come in and go out with the call.
+TEST(DataPlane, SubmitCarriesTheSameRecordsUnderTheSameRules) {
+  Daemon daemon;
+  auto io = kj::setupAsyncIo();
+  RawClient client(io, daemon.socketPath());
+  const std::uint64_t buffer = client.alloc(8192);
+  auto encodedRecord = [](auto command) {
+    std::vector<std::byte> record(ring::encodedSize(command));
+    EXPECT_EQ(ring::encode(command, record), record.size());
+    return record;
+  };
+  // Two records in one call: bytes in from the call's payload, then a memset over part of them.
+  std::vector<std::byte> bytes(8192);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i % 251);
+  ring::CopyHostToDevice in;
+  in.context = client.context();
+  in.destination = buffer;
+  in.source = ring::HostLocation{ring::HostRegion::kMessage, 0};
+  in.bytes = bytes.size();
+  std::vector<std::byte> records = encodedRecord(in);
+  const auto memset = encodedRecord(fill(client.context(), buffer + 4096, 0x01020304, 16));
+  records.insert(records.end(), memset.begin(), memset.end());
+  auto [answers, none] = client.submit(records, bytes);
+  EXPECT_TRUE(answers.empty());  // nothing failed, nobody waited
+  EXPECT_TRUE(none.empty());
+
+  // And out again into the answer's payload, behind a bad-argument record that fails alone.
+  std::vector<std::byte> batch = encodedRecord(fill(client.context(), 0x1234'0000, 7, 16));
+  ring::CopyDeviceToHost out;
+  out.context = client.context();
+  out.source = buffer;
+  out.destination = ring::HostLocation{ring::HostRegion::kMessage, 0};
+  out.bytes = bytes.size();
+  out.completionToken = 5;
+  const auto outRecord = encodedRecord(out);
+  batch.insert(batch.end(), outRecord.begin(), outRecord.end());
+  auto [results, payload] = client.submit(batch, {}, bytes.size());
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_TRUE(std::holds_alternative<ring::AsyncError>(results[0]));
+  EXPECT_EQ(std::get<ring::AsyncError>(results[0]).result, CUDA_ERROR_INVALID_VALUE);
+  ASSERT_TRUE(std::holds_alternative<ring::Completion>(results[1]));
+  EXPECT_EQ(std::get<ring::Completion>(results[1]), (ring::Completion{5, CUDA_SUCCESS}));
+  ASSERT_EQ(payload.size(), bytes.size());
+  EXPECT_TRUE(std::equal(payload.begin(), payload.begin() + 4096, bytes.begin()));
+  for (std::size_t i = 4096; i < 4096 + 64; i += 4) {
+    std::uint32_t value = 0;
+    std::memcpy(&value, payload.data() + i, 4);
+    EXPECT_EQ(value, 0x01020304u) << i;
+  }
+
+  // A copy past the call's payload fails as a range outside its region; the client goes on.
+  out.bytes = protocol::MAX_TRANSFER_CHUNK + 1;
+  auto [tooFar, empty] = client.submit(encodedRecord(out), {}, out.bytes);
+  ASSERT_EQ(tooFar.size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<ring::Completion>(tooFar[0]));
+  EXPECT_EQ(std::get<ring::Completion>(tooFar[0]).result, CUDA_ERROR_INVALID_VALUE);
+
+  // Garbage breaks the framing: the client is cut off, as on its ring.
+  std::vector<std::byte> garbage(40, std::byte{0x5a});
+  EXPECT_ANY_THROW(client.submit(garbage));
+  EXPECT_TRUE(eventually([&] { return daemon.status()["clients"].size() == 0; }));
 }
 
 TEST(DataPlane, AClientThatBreaksTheFormatIsCutOffAndOthersGoOn) {

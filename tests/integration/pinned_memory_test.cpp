@@ -25,6 +25,7 @@
 
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "ipc/shared_segment.hpp"
+#include "ipc/unix_socket.hpp"
 #include "protocol/ring_format.hpp"
 #include "tests/support/process.hpp"
 
@@ -163,15 +164,7 @@ TEST_F(PinnedTenants, TheLimitRefusesPinnedMemoryAndAKilledClientGivesItBack) {
 // ---- the daemon's checks, from a hand-written client ----
 
 int connectTo(const std::string& path) {
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+  return ipc::connectUnixSocket(path).release();
 }
 
 // The start of the first mapping of process `pid`: an address certainly in use there.

@@ -93,6 +93,16 @@ TEST_F(StubRing, ThreadsCopyingAtOnceShareTheStagingArea) {
   EXPECT_NE(result.output.find("staging-threads OK 4"), std::string::npos) << result.output;
 }
 
+TEST_F(StubRing, Memset2DSetsEveryRowAndKeepsTheDriversRules) {
+  RunResult result = probe({"memset-2d"});
+  EXPECT_NE(result.output.find("misaligned-pitch CUDA_ERROR_INVALID_VALUE"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("pitch-below-row CUDA_ERROR_INVALID_VALUE"), std::string::npos);
+  EXPECT_NE(result.output.find("past-the-allocation CUDA_ERROR_INVALID_VALUE"), std::string::npos);
+  EXPECT_NE(result.output.find("empty CUDA_SUCCESS"), std::string::npos);
+  EXPECT_NE(result.output.find("synchronize CUDA_SUCCESS"), std::string::npos);
+}
+
 TEST_F(StubRing, BadArgumentsFailAtTheCallAndLeaveNothingLatched) {
   auto got = answers(probe({"sync-errors"}).output);
   EXPECT_EQ(got["launch(bad function)"], "CUDA_ERROR_INVALID_HANDLE");

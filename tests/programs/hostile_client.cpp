@@ -5,9 +5,18 @@
 // what happened.
 //
 //   hostile_client corrupt-ring
+//   hostile_client tiny-allocs COUNT          COUNT one-byte cuMemAlloc calls, then holds them
+//   hostile_client queue-flood memset|event SECONDS
+//                                             queues asynchronous work behind a kernel that
+//                                             outlasts it, as fast as the calls return
+//   hostile_client create-flood stream|event|module|context COUNT
+//   hostile_client big-module MIB             cuModuleLoadData of a valid PTX image of MIB MiB
+//
+// Every scenario but corrupt-ring ends with "holding": it then keeps what it made until killed.
 #include <cuda.h>
 
 #include "protocol/ring_format.hpp"
+#include "test_kernels_ptx.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +28,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -97,6 +107,117 @@ int corruptRing() {
   return 0;
 }
 
+void count(const char* counter, unsigned long long value) {
+  std::printf("%s %llu\n", counter, value);
+  std::fflush(stdout);
+}
+
+[[noreturn]] void holdForever() {
+  std::printf("holding\n");
+  std::fflush(stdout);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// Many allocations far smaller than the device's allocation granularity: what they occupy, not
+// what they asked for, is what the tenant's limit must count.
+int tinyAllocs(unsigned long long howMany) {
+  setUp();
+  unsigned long long made = 0;
+  CUresult result = CUDA_SUCCESS;
+  for (; made < howMany; ++made) {
+    CUdeviceptr pointer;
+    if ((result = cuMemAlloc(&pointer, 1)) != CUDA_SUCCESS) break;
+  }
+  count("allocations", made);
+  report("last", result);
+  std::size_t free = 0;
+  std::size_t total = 0;
+  CHECK(cuMemGetInfo(&free, &total));
+  count("free", free);
+  holdForever();
+}
+
+CUfunction loadSpin() {
+  CUmodule module;
+  CHECK(cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+  CUfunction spin;
+  CHECK(cuModuleGetFunction(&spin, module, "spin"));
+  return spin;
+}
+
+// Asynchronous work that cannot start (a kernel ahead of it on the stream runs far longer than
+// the flood), queued as fast as the calls return: the daemon must bound what it keeps for the
+// client, and the client waits in its own ring once it has queued that much.
+int queueFlood(const std::string& kind, long long seconds) {
+  setUp();
+  CUfunction spin = loadSpin();
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  unsigned long long ns = static_cast<unsigned long long>(seconds + 600) * 1000000000ull;
+  void* parameters[] = {&ns};
+  CHECK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, parameters, nullptr));
+  CUdeviceptr buffer;
+  CHECK(cuMemAlloc(&buffer, 4096));
+  CUevent event;
+  CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+  std::printf("flooding\n");
+  std::fflush(stdout);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  unsigned long long calls = 0;
+  CUresult result = CUDA_SUCCESS;
+  while (std::chrono::steady_clock::now() < until) {
+    result = kind == "event"
+                 ? cuEventRecord(event, stream)
+                 : cuMemsetD8Async(buffer, static_cast<unsigned char>(calls), 4096, stream);
+    if (result != CUDA_SUCCESS) break;
+    ++calls;
+  }
+  count("calls", calls);
+  report("last", result);
+  holdForever();
+}
+
+// Creates objects that cost the daemon memory (and the sim work) until refused.
+int createFlood(const std::string& kind, unsigned long long howMany) {
+  setUp();
+  CUdevice device;
+  CHECK(cuDeviceGet(&device, 0));
+  unsigned long long made = 0;
+  CUresult result = CUDA_SUCCESS;
+  for (; made < howMany; ++made) {
+    if (kind == "stream") {
+      CUstream stream;
+      result = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    } else if (kind == "event") {
+      CUevent event;
+      result = cuEventCreate(&event, CU_EVENT_DEFAULT);
+    } else if (kind == "module") {
+      CUmodule module;
+      result = cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx);
+    } else if (kind == "context") {
+      CUcontext context;
+      result = cuCtxCreate(&context, nullptr, 0, device);
+    } else {
+      die("unknown kind " + kind);
+    }
+    if (result != CUDA_SUCCESS) break;
+  }
+  count("created", made);
+  report("last", result);
+  holdForever();
+}
+
+// A module image of `mebibytes` MiB: the test kernels, padded with PTX comments.
+int bigModule(unsigned long long mebibytes) {
+  setUp();
+  std::string image(gpuproxy::testing::kTestKernelsPtx);
+  const std::string line = "// " + std::string(76, 'x') + "\n";
+  while (image.size() + line.size() < mebibytes << 20) image += line;
+  CUmodule module;
+  report("cuModuleLoadData", cuModuleLoadData(&module, image.c_str()));
+  holdForever();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,7 +226,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
+  auto number = [&](int index) {
+    if (argc <= index) die("scenario " + scenario + " needs more arguments");
+    return std::strtoull(argv[index], nullptr, 0);
+  };
+  auto word = [&](int index) -> std::string {
+    if (argc <= index) die("scenario " + scenario + " needs more arguments");
+    return argv[index];
+  };
   if (scenario == "corrupt-ring") return corruptRing();
+  if (scenario == "tiny-allocs") return tinyAllocs(number(2));
+  if (scenario == "queue-flood") return queueFlood(word(2), static_cast<long long>(number(3)));
+  if (scenario == "create-flood") return createFlood(word(2), number(3));
+  if (scenario == "big-module") return bigModule(number(2));
   std::fprintf(stderr, "hostile_client: unknown scenario %s\n", scenario.c_str());
   return 2;
 }

@@ -13,6 +13,7 @@
 //   ring_probe sync-errors
 //   ring_probe wait-on-dead-daemon
 //   ring_probe launch-forever BYTES
+//   ring_probe memset-2d
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
@@ -523,6 +524,54 @@ int launchForever(std::size_t bytes) {
 
 }  // namespace
 
+// cuMemsetD2D8/16/32(Async) on a pitched buffer: every row set, the bytes between rows and
+// around the region untouched; the driver's argument rules answered at the call.
+int memset2D() {
+  setUp();
+  constexpr std::size_t kPitch = 256;
+  constexpr std::size_t kRows = 8;
+  constexpr std::size_t kBytes = kPitch * kRows;
+  CUdeviceptr buffer;
+  CHECK(cuMemAlloc(&buffer, kBytes));
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemsetD8(buffer, 0x11, kBytes));
+  // Rows 1..6: bytes 8..40 as 0x22, then 16-bit elements over bytes 64..96 of rows 2..5, then
+  // 32-bit ones over 128..160 of rows 3..4 on another stream, ordered by a synchronisation.
+  CHECK(cuMemsetD2D8(buffer + kPitch + 8, kPitch, 0x22, 32, 6));
+  CHECK(cuMemsetD2D16(buffer + 2 * kPitch + 64, kPitch, 0xBEEF, 16, 4));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemsetD2D32Async(buffer + 3 * kPitch + 128, kPitch, 0x01020304, 8, 2, stream));
+  CHECK(cuStreamSynchronize(stream));
+  std::vector<unsigned char> got(kBytes);
+  CHECK(cuMemcpyDtoH(got.data(), buffer, kBytes));
+  std::vector<unsigned char> want(kBytes, 0x11);
+  for (std::size_t row = 1; row <= 6; ++row) {
+    for (std::size_t i = 8; i < 40; ++i) want[row * kPitch + i] = 0x22;
+  }
+  for (std::size_t row = 2; row <= 5; ++row) {
+    for (std::size_t i = 64; i < 96; i += 2) {
+      want[row * kPitch + i] = 0xEF;
+      want[row * kPitch + i + 1] = 0xBE;
+    }
+  }
+  for (std::size_t row = 3; row <= 4; ++row) {
+    for (std::size_t i = 128; i < 160; i += 4) {
+      want[row * kPitch + i] = 0x04;
+      want[row * kPitch + i + 1] = 0x03;
+      want[row * kPitch + i + 2] = 0x02;
+      want[row * kPitch + i + 3] = 0x01;
+    }
+  }
+  expectEqual(got, want, "2D memsets");
+  report("misaligned-pitch", cuMemsetD2D32(buffer, kPitch + 2, 0, 4, 2));
+  report("pitch-below-row", cuMemsetD2D8(buffer, 16, 0, 32, 2));
+  report("past-the-allocation", cuMemsetD2D8(buffer, kPitch, 0, 32, kRows + 1));
+  report("empty", cuMemsetD2D16Async(buffer, kPitch, 0, 0, kRows, stream));
+  report("synchronize", cuCtxSynchronize());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: ring_probe SCENARIO [ARGS]\n");
@@ -544,6 +593,7 @@ int main(int argc, char** argv) {
   }
   if (scenario == "trap-async" && argc > 2) return trapAsync(argv[2]);
   if (scenario == "sync-errors") return syncErrors();
+  if (scenario == "memset-2d") return memset2D();
   if (scenario == "fault-poisons-context") return faultPoisonsContext();
   if (scenario == "wait-on-dead-daemon") return waitOnDeadDaemon();
   if (scenario == "launch-forever") {

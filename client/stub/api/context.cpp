@@ -4,14 +4,12 @@
 #include <cuda.h>
 
 #include "client/stub/api_support.hpp"
-#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::contextStack;
 using gpuproxy::stub::currentContext;
-using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::DeviceRecord;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::handleValue;
@@ -63,7 +61,7 @@ CUresult destroyContext(const char* entryPoint, CUcontext ctx) {
     });
     if (result != CUDA_SUCCESS) return result;
     runtime.forgetContextResources(context, /*destroyed=*/true);
-    if (DataPlane* plane = runtime.dataPlane()) plane->forgetContext(context);
+    runtime.commands().contextGone(context);
     gpuproxy::stub::forgetPerThreadStream(context);
     auto& stack = contextStack();
     if (!stack.empty() && stack.back() == context) stack.pop_back();
@@ -96,7 +94,7 @@ CUresult popContext(const char* entryPoint, CUcontext* pctx) {
 void primaryContextWiped(Runtime& runtime, CUdevice dev) {
   if (auto context = runtime.primaryContext(static_cast<std::uint32_t>(dev))) {
     runtime.forgetContextResources(*context, /*destroyed=*/false);
-    if (DataPlane* plane = runtime.dataPlane()) plane->forgetContext(*context);
+    runtime.commands().contextGone(*context);
   }
 }
 
@@ -337,15 +335,8 @@ GPUPROXY_EXPORT CUresult cuCtxSynchronize(void) {
   return guarded(__func__, [&](Runtime& runtime) {
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (DataPlane* plane = runtime.dataPlane()) {
-      return plane->synchronize(context, gpuproxy::protocol::ring::SynchronizeKind::kContext, 0,
-                                /*query=*/false);
-    }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.synchronizeContextRequest();
-      request.setContext(context);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    return runtime.commands().synchronize(
+        context, gpuproxy::protocol::ring::SynchronizeKind::kContext, 0, /*query=*/false);
   });
 }
 

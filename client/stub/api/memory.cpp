@@ -1,11 +1,13 @@
 // Device memory, copies and memsets, and page-locked host memory.
 //
-// With the shared-memory data plane, copies and memsets are records in the command ring. Pageable
-// host copies pass through the segment's staging area in pipelined chunks. Host → device returns
-// once every chunk is in the staging area (the application's buffer is free again then, as CUDA
-// promises for pageable memory); device → host returns once the bytes are in the application's
-// buffer. Without the data plane (GPUPROXY_TRANSPORT=rpc) each call waits for the daemon's answer:
-// completing an asynchronous call early is legal CUDA behaviour and keeps host buffers safe.
+// Copies and memsets are command records handed to the process's command sink (command_sink.hpp),
+// after the checks the daemon would make against this process's own allocations. With the
+// shared-memory data plane, pageable host copies pass through the segment's staging area in
+// pipelined chunks: host → device returns once every chunk is staged (the application's buffer
+// is free again then, as CUDA promises for pageable memory); device → host once the bytes are in
+// the application's buffer. Without it (GPUPROXY_TRANSPORT=rpc) each call waits for the daemon's
+// answer: completing an asynchronous call early is legal CUDA behaviour and keeps host buffers
+// safe.
 //
 // Page-locked memory (cuMemAllocHost, cuMemHostAlloc) comes from the segment's pinned heap, which
 // the daemon maps at the same address and registers with the GPU, charged to the tenant. A copy
@@ -18,11 +20,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <kj/vector.h>
-
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -30,236 +29,21 @@
 #include <unordered_map>
 
 #include "client/stub/api_support.hpp"
-#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
+#include "client/stub/pinned_heap.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
-using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
-using gpuproxy::stub::StagingAllocator;
 using gpuproxy::stub::StreamTarget;
 using gpuproxy::stub::toResult;
 
 namespace ring = gpuproxy::protocol::ring;
 
 namespace {
-
-constexpr std::size_t kChunk = gpuproxy::protocol::MAX_TRANSFER_CHUNK;
-// Chunks in flight at once for a large copy: enough to keep the socket busy while the daemon
-// copies, few enough that a 1 GiB copy does not build 1 GiB of messages before the first answer.
-constexpr std::size_t kChunksInFlight = 4;
-
-// A request message sized for `dataBytes` of payload, so that building it allocates one segment.
-capnp::MessageSize messageSizeFor(std::size_t dataBytes) {
-  return capnp::MessageSize{dataBytes / sizeof(capnp::word) + 64, 0};
-}
-
-CUresult firstFailure(const kj::Array<CUresult>& results) {
-  for (CUresult result : results) {
-    if (result != CUDA_SUCCESS) return result;
-  }
-  return CUDA_SUCCESS;
-}
-
-CUresult copyHostToDevice(Runtime& runtime, const StreamTarget& target, CUdeviceptr destination,
-                          const void* source, std::size_t bytes) {
-  const auto* from = static_cast<const unsigned char*>(source);
-  for (std::size_t group = 0; group < bytes; group += kChunk * kChunksInFlight) {
-    const std::size_t groupEnd = std::min(bytes, group + kChunk * kChunksInFlight);
-    CUresult result = runtime.call([&](Session::Client& session) {
-      kj::Vector<kj::Promise<CUresult>> replies;
-      for (std::size_t offset = group; offset < groupEnd; offset += kChunk) {
-        const std::size_t length = std::min(kChunk, groupEnd - offset);
-        auto request = session.memcpyHtoDRequest(messageSizeFor(length));
-        request.setContext(target.context);
-        request.setStream(target.stream);
-        request.setDestination(destination + offset);
-        request.setData(kj::arrayPtr(from + offset, length));
-        replies.add(
-            request.send().then([](auto response) { return toResult(response.getResult()); }));
-      }
-      return kj::joinPromises(replies.releaseAsArray()).then([](kj::Array<CUresult> results) {
-        return firstFailure(results);
-      });
-    });
-    if (result != CUDA_SUCCESS) return result;
-  }
-  return CUDA_SUCCESS;
-}
-
-CUresult copyDeviceToHost(Runtime& runtime, const StreamTarget& target, void* destination,
-                          CUdeviceptr source, std::size_t bytes) {
-  auto* to = static_cast<unsigned char*>(destination);
-  for (std::size_t group = 0; group < bytes; group += kChunk * kChunksInFlight) {
-    const std::size_t groupEnd = std::min(bytes, group + kChunk * kChunksInFlight);
-    CUresult result = runtime.call([&](Session::Client& session) {
-      kj::Vector<kj::Promise<CUresult>> replies;
-      for (std::size_t offset = group; offset < groupEnd; offset += kChunk) {
-        const std::size_t length = std::min(kChunk, groupEnd - offset);
-        auto request = session.memcpyDtoHRequest();
-        request.setContext(target.context);
-        request.setStream(target.stream);
-        request.setSource(source + offset);
-        request.setBytes(length);
-        // Runs on the loop thread while the calling thread waits, so writing into its buffer
-        // here is safe.
-        replies.add(request.send().then([to, offset, length](auto response) {
-          const auto result = toResult(response.getResult());
-          if (result != CUDA_SUCCESS) return result;
-          auto data = response.getData();
-          if (data.size() != length) {
-            GPUPROXY_STUB_LOG(kError, "memcpyDtoH: gpuproxyd sent %zu bytes for %zu requested",
-                              data.size(), length);
-            return CUDA_ERROR_UNKNOWN;
-          }
-          std::memcpy(to + offset, data.begin(), length);
-          return CUDA_SUCCESS;
-        }));
-      }
-      return kj::joinPromises(replies.releaseAsArray()).then([](kj::Array<CUresult> results) {
-        return firstFailure(results);
-      });
-    });
-    if (result != CUDA_SUCCESS) return result;
-  }
-  return CUDA_SUCCESS;
-}
-
-// ---- through the data plane -------------------------------------------------------------------
-
-// The data plane when it can carry host copies (it has a staging area), else null.
-DataPlane* stagingPlane(Runtime& runtime) {
-  DataPlane* plane = runtime.dataPlane();
-  return plane != nullptr && plane->chunkBytes() > 0 ? plane : nullptr;
-}
-
-// Chunk by chunk through the staging area: fill a range, publish its record, go on with the next
-// chunk while the daemon moves this one. The daemon gives each range back once it has copied the
-// bytes out.
-CUresult stagedHostToDevice(DataPlane& plane, const StreamTarget& target, CUdeviceptr destination,
-                            const void* source, std::size_t bytes) {
-  const auto* from = static_cast<const std::byte*>(source);
-  const std::uint64_t chunk = plane.chunkBytes();
-  std::uint32_t index = 0;
-  for (std::size_t position = 0; position < bytes; ++index) {
-    const std::size_t length =
-        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
-    std::optional<StagingAllocator::Range> range = plane.allocateStaging(length, nullptr);
-    if (!range) return CUDA_ERROR_MPS_CONNECTION_FAILED;
-    std::memcpy(plane.staging().data() + range->offset, from + position, length);
-    ring::CopyHostToDevice command;
-    command.context = target.context;
-    command.stream = target.stream;
-    command.destination = destination + position;
-    command.source = ring::HostLocation{ring::HostRegion::kStaging, range->offset};
-    command.bytes = length;
-    command.chunkIndex = index;
-    command.lastChunk = position + length == bytes;
-    CUresult submitted = plane.submitCommand(command);
-    if (submitted != CUDA_SUCCESS) {
-      plane.releaseStaging(*range);
-      return submitted;
-    }
-    position += length;
-  }
-  return CUDA_SUCCESS;
-}
-
-// Chunk by chunk the other way: each chunk's record carries a token the daemon answers once the
-// bytes are in the staging area; they are copied out in order, and the range reused. Up to a
-// staging area's worth of chunks is in flight.
-CUresult stagedDeviceToHost(DataPlane& plane, const StreamTarget& target, void* destination,
-                            CUdeviceptr source, std::size_t bytes) {
-  auto* to = static_cast<std::byte*>(destination);
-  struct InFlight {
-    StagingAllocator::Range range;
-    std::uint64_t token = 0;
-    std::size_t position = 0;
-  };
-  std::deque<InFlight> inFlight;
-  CUresult failure = CUDA_SUCCESS;
-  // Lands the oldest chunk; false when none is in flight.
-  auto finishOldest = [&]() {
-    if (inFlight.empty()) return false;
-    const InFlight chunk = inFlight.front();
-    inFlight.pop_front();
-    const CUresult result = plane.waitFor(chunk.token);
-    if (result != CUDA_SUCCESS) {
-      if (failure == CUDA_SUCCESS) failure = result;
-    } else if (failure == CUDA_SUCCESS) {
-      std::memcpy(to + chunk.position, plane.staging().data() + chunk.range.offset,
-                  chunk.range.bytes);
-    }
-    plane.releaseStaging(chunk.range);
-    return true;
-  };
-  const std::uint64_t chunk = plane.chunkBytes();
-  std::uint32_t index = 0;
-  for (std::size_t position = 0; position < bytes && failure == CUDA_SUCCESS; ++index) {
-    const std::size_t length =
-        static_cast<std::size_t>(std::min<std::uint64_t>(chunk, bytes - position));
-    std::optional<StagingAllocator::Range> range = plane.allocateStaging(length, finishOldest);
-    if (!range) {
-      failure = CUDA_ERROR_MPS_CONNECTION_FAILED;
-      break;
-    }
-    if (failure != CUDA_SUCCESS) {
-      plane.releaseStaging(*range);
-      break;
-    }
-    ring::CopyDeviceToHost command;
-    command.context = target.context;
-    command.stream = target.stream;
-    command.source = source + position;
-    command.destination = ring::HostLocation{ring::HostRegion::kStaging, range->offset};
-    command.bytes = length;
-    command.completionToken = plane.newToken();
-    command.chunkIndex = index;
-    command.lastChunk = position + length == bytes;
-    CUresult submitted = plane.submitCommand(command);
-    if (submitted != CUDA_SUCCESS) {
-      plane.releaseStaging(*range);
-      failure = submitted;
-      break;
-    }
-    inFlight.push_back(InFlight{*range, command.completionToken, position});
-    position += length;
-  }
-  while (finishOldest()) {
-  }
-  if (failure != CUDA_SUCCESS) return failure;
-  // A blocking copy reports what earlier asynchronous work in this context ran into.
-  return plane.takeAsyncError(target.context);
-}
-
-// A copy between device memory and one pinned allocation: one record naming the pinned heap.
-// `blocking`: wait for the copy to complete (and report earlier asynchronous errors of the
-// context, as a synchronising call); otherwise return once the record is in the ring.
-template <typename Command>
-CUresult pinnedCopy(DataPlane& plane, const StreamTarget& target, Command& command, bool blocking) {
-  command.context = target.context;
-  command.stream = target.stream;
-  command.chunkIndex = 0;
-  command.lastChunk = true;
-  command.completionToken = blocking ? plane.newToken() : 0;
-  if (CUresult submitted = plane.submitCommand(command); submitted != CUDA_SUCCESS) {
-    return submitted;
-  }
-  if (!blocking) return CUDA_SUCCESS;
-  const CUresult result = plane.waitFor(command.completionToken);
-  if (result != CUDA_SUCCESS) return result;
-  return plane.takeAsyncError(target.context);
-}
-
-// The offset of a host range in the pinned heap when it lies inside one pinned allocation.
-std::optional<std::uint64_t> pinnedOffset(DataPlane* plane, const void* host, std::size_t bytes) {
-  if (plane == nullptr) return std::nullopt;
-  return plane->pinnedHeap().offsetInAllocation(host, bytes);
-}
 
 CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* srcHost,
                     size_t byteCount, CUstream stream, NullStream nullStream, bool blocking) {
@@ -270,20 +54,10 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
-    if (srcHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (auto offset = pinnedOffset(runtime.dataPlane(), srcHost, byteCount)) {
-      if (!runtime.ownsRange(dstDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
-      ring::CopyHostToDevice command;
-      command.destination = dstDevice;
-      command.source = ring::HostLocation{ring::HostRegion::kPinnedHeap, *offset};
-      command.bytes = byteCount;
-      return pinnedCopy(*runtime.dataPlane(), target, command, blocking);
+    if (srcHost == nullptr || !runtime.ownsRange(dstDevice, byteCount)) {
+      return CUDA_ERROR_INVALID_VALUE;
     }
-    if (DataPlane* plane = stagingPlane(runtime)) {
-      if (!runtime.ownsRange(dstDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
-      return stagedHostToDevice(*plane, target, dstDevice, srcHost, byteCount);
-    }
-    return copyHostToDevice(runtime, target, dstDevice, srcHost, byteCount);
+    return runtime.commands().copyHostToDevice(target, dstDevice, srcHost, byteCount, blocking);
   });
 }
 
@@ -296,20 +70,10 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
-    if (dstHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (auto offset = pinnedOffset(runtime.dataPlane(), dstHost, byteCount)) {
-      if (!runtime.ownsRange(srcDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
-      ring::CopyDeviceToHost command;
-      command.source = srcDevice;
-      command.destination = ring::HostLocation{ring::HostRegion::kPinnedHeap, *offset};
-      command.bytes = byteCount;
-      return pinnedCopy(*runtime.dataPlane(), target, command, blocking);
+    if (dstHost == nullptr || !runtime.ownsRange(srcDevice, byteCount)) {
+      return CUDA_ERROR_INVALID_VALUE;
     }
-    if (DataPlane* plane = stagingPlane(runtime)) {
-      if (!runtime.ownsRange(srcDevice, byteCount)) return CUDA_ERROR_INVALID_VALUE;
-      return stagedDeviceToHost(*plane, target, dstHost, srcDevice, byteCount);
-    }
-    return copyDeviceToHost(runtime, target, dstHost, srcDevice, byteCount);
+    return runtime.commands().copyDeviceToHost(target, dstHost, srcDevice, byteCount, blocking);
   });
 }
 
@@ -322,27 +86,17 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
-    if (DataPlane* plane = runtime.dataPlane()) {
-      if (!runtime.ownsRange(dstDevice, byteCount) || !runtime.ownsRange(srcDevice, byteCount)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      ring::CopyDeviceToDevice command;
-      command.context = target.context;
-      command.stream = target.stream;
-      command.destination = dstDevice;
-      command.source = srcDevice;
-      command.bytes = byteCount;
-      return plane->submitCommand(command);
+    if (!runtime.ownsRange(dstDevice, byteCount) || !runtime.ownsRange(srcDevice, byteCount)) {
+      return CUDA_ERROR_INVALID_VALUE;
     }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.memcpyDtoDRequest();
-      request.setContext(target.context);
-      request.setStream(target.stream);
-      request.setDestination(dstDevice);
-      request.setSource(srcDevice);
-      request.setBytes(byteCount);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    ring::Command command{ring::CopyDeviceToDevice{}};
+    auto& copy = std::get<ring::CopyDeviceToDevice>(command);
+    copy.context = target.context;
+    copy.stream = target.stream;
+    copy.destination = dstDevice;
+    copy.source = srcDevice;
+    copy.bytes = byteCount;
+    return runtime.commands().enqueue(command);
   });
 }
 
@@ -358,30 +112,56 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
     // The driver requires 16- and 32-bit memsets to be aligned to their element.
     if (dstDevice % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
     if (count == 0) return CUDA_SUCCESS;
-    if (DataPlane* plane = runtime.dataPlane()) {
-      if (count > std::numeric_limits<std::uint64_t>::max() / elementSize ||
-          !runtime.ownsRange(dstDevice, std::uint64_t{count} * elementSize)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      ring::Memset command;
-      command.context = target.context;
-      command.stream = target.stream;
-      command.destination = dstDevice;
-      command.count = count;
-      command.value = value;
-      command.elementSize = elementSize;
-      return plane->submitCommand(command);
+    if (count > std::numeric_limits<std::uint64_t>::max() / elementSize ||
+        !runtime.ownsRange(dstDevice, std::uint64_t{count} * elementSize)) {
+      return CUDA_ERROR_INVALID_VALUE;
     }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.memsetRequest();
-      request.setContext(target.context);
-      request.setStream(target.stream);
-      request.setDestination(dstDevice);
-      request.setValue(value);
-      request.setElementSize(elementSize);
-      request.setCount(count);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    ring::Command command{ring::Memset{}};
+    auto& memset = std::get<ring::Memset>(command);
+    memset.context = target.context;
+    memset.stream = target.stream;
+    memset.destination = dstDevice;
+    memset.count = count;
+    memset.value = value;
+    memset.elementSize = elementSize;
+    return runtime.commands().enqueue(command);
+  });
+}
+
+// cuMemsetD2D8/16/32 and their Async variants: `height` rows of `width` elements, `pitch` bytes
+// apart (the pitch does not matter with one row).
+CUresult memset2DOnStream(const char* entryPoint, CUdeviceptr dstDevice, size_t pitch,
+                          std::uint32_t value, std::uint8_t elementSize, size_t width,
+                          size_t height, CUstream stream, NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    // The driver requires 16- and 32-bit rows to start on an element boundary.
+    if (dstDevice % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (height > 1 && pitch % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (width == 0 || height == 0) return CUDA_SUCCESS;
+    constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+    if (width > kMax / elementSize) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t rowBytes = std::uint64_t{width} * elementSize;
+    if (height > 1 && (pitch < rowBytes || pitch > (kMax - rowBytes) / (height - 1))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t extent = (height > 1 ? std::uint64_t{pitch} * (height - 1) : 0) + rowBytes;
+    if (!runtime.ownsRange(dstDevice, extent)) return CUDA_ERROR_INVALID_VALUE;
+    ring::Command command{ring::Memset2D{}};
+    auto& memset = std::get<ring::Memset2D>(command);
+    memset.context = target.context;
+    memset.stream = target.stream;
+    memset.destination = dstDevice;
+    memset.pitch = pitch;
+    memset.width = width;
+    memset.height = height;
+    memset.value = value;
+    memset.elementSize = elementSize;
+    return runtime.commands().enqueue(command);
   });
 }
 
@@ -397,12 +177,6 @@ struct HostAllocations {
 HostAllocations& hostAllocations() {
   static auto* allocations = new HostAllocations;
   return *allocations;
-}
-
-// The pinned heap, when this process has one.
-gpuproxy::stub::PinnedHeap* pinnedHeap(Runtime& runtime) {
-  DataPlane* plane = runtime.dataPlane();
-  return plane != nullptr && plane->pinnedHeap().usable() ? &plane->pinnedHeap() : nullptr;
 }
 
 // Pinned memory from the shared heap: allocated here, then registered with (and charged by) the
@@ -441,7 +215,7 @@ CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned 
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if (gpuproxy::stub::PinnedHeap* heap = pinnedHeap(runtime)) {
+    if (gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap()) {
       return pinnedAlloc(runtime, *heap, pp, bytesize);
     }
     if ((flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0) {
@@ -547,7 +321,7 @@ GPUPROXY_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int
 GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (p == nullptr) return CUDA_SUCCESS;
-    if (gpuproxy::stub::PinnedHeap* heap = pinnedHeap(runtime)) {
+    if (gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap()) {
       if (auto allocation = heap->lookup(p)) {
         // The daemon answers once the work queued before this call, which may use the memory,
         // has completed; only then may the range be handed out again.
@@ -582,7 +356,7 @@ GPUPROXY_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* 
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
     // Unified addressing: a pinned buffer's device address is its host address, for any pointer
     // inside the allocation.
-    gpuproxy::stub::PinnedHeap* heap = pinnedHeap(runtime);
+    gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap();
     if (heap == nullptr || !heap->offsetInAllocation(p, 1)) {
       HostAllocations& allocations = hostAllocations();
       std::lock_guard lock(allocations.mutex);
@@ -711,4 +485,82 @@ GPUPROXY_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui
 GPUPROXY_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                                CUstream hStream) {
   return memsetOnStream(__func__, dstDevice, ui, 4, N, hStream, NullStream::kPerThread);
+}
+
+// ---- 2D memsets ------------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
+                                         size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, nullptr,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
+                                              unsigned char uc, size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, nullptr,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
+                                          size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, nullptr,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
+                                               unsigned short us, size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, nullptr,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
+                                          size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, nullptr,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
+                                               unsigned int ui, size_t Width, size_t Height) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, nullptr,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc,
+                                           size_t Width, size_t Height, CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, hStream,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch,
+                                                unsigned char uc, size_t Width, size_t Height,
+                                                CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, uc, 1, Width, Height, hStream,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch,
+                                            unsigned short us, size_t Width, size_t Height,
+                                            CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, hStream,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch,
+                                                 unsigned short us, size_t Width, size_t Height,
+                                                 CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, us, 2, Width, Height, hStream,
+                          NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui,
+                                            size_t Width, size_t Height, CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, hStream,
+                          NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch,
+                                                 unsigned int ui, size_t Width, size_t Height,
+                                                 CUstream hStream) {
+  return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, hStream,
+                          NullStream::kPerThread);
 }

@@ -12,14 +12,12 @@
 #include <vector>
 
 #include "client/stub/api_support.hpp"
-#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/launch_params.hpp"
 #include "client/stub/module_image.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
-using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::describeModuleImage;
 using gpuproxy::stub::DeviceRecord;
 using gpuproxy::stub::guarded;
@@ -175,55 +173,25 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
     }
     // A kernel runs in the context its module was loaded into (the daemon says the same).
     if (target.context != kernel->context) return CUDA_ERROR_INVALID_HANDLE;
-    // Reused by the thread's next launch: packing allocates nothing once it has grown. A named
-    // reference, so that the RPC path's lambda (run on the loop thread) sees this thread's buffer.
-    thread_local std::vector<std::byte> threadParameters;
-    std::vector<std::byte>& parameters = threadParameters;
+    // Reused by the thread's next launch: packing allocates nothing once it has grown.
+    thread_local std::vector<std::byte> parameters;
     if (CUresult packed = gpuproxy::stub::packKernelParameters(
             kernel->parameters, kernel->parameterBytes, kernelParams, extra, parameters);
         packed != CUDA_SUCCESS) {
       return packed;
     }
-    if (DataPlane* plane = runtime.dataPlane()) {
-      namespace ring = gpuproxy::protocol::ring;
-      ring::LaunchKernel command;
-      command.context = target.context;
-      command.function = handleValue(f);
-      command.stream = target.stream;
-      command.grid = ring::Dim3{gridDimX, gridDimY, gridDimZ};
-      command.block = ring::Dim3{blockDimX, blockDimY, blockDimZ};
-      command.sharedMemBytes = sharedMemBytes;
-      command.parameterBytes = static_cast<std::uint32_t>(parameters.size());
-      command.inlineParameters = parameters;
-      const std::uint32_t bytes = ring::encodedSize(command);
-      // A ring too small for this many parameters: the control socket takes it, after the
-      // daemon has run everything already in the ring.
-      if (parameters.size() <= ring::kMaxParameterBytes && plane->fits(bytes)) {
-        return plane->submit(command.context, bytes,
-                             [&](std::uint64_t sequence, std::span<std::byte> out) {
-                               command.sequence = sequence;
-                               return ring::encodeLaunchKernel(command, out);
-                             });
-      }
-    }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.launchKernelRequest();
-      request.setContext(target.context);
-      request.setFunction(handleValue(f));
-      auto gridDim = request.initGrid();
-      gridDim.setX(gridDimX);
-      gridDim.setY(gridDimY);
-      gridDim.setZ(gridDimZ);
-      auto blockDim = request.initBlock();
-      blockDim.setX(blockDimX);
-      blockDim.setY(blockDimY);
-      blockDim.setZ(blockDimZ);
-      request.setSharedMemBytes(sharedMemBytes);
-      request.setStream(target.stream);
-      request.setParameters(
-          kj::arrayPtr(reinterpret_cast<const kj::byte*>(parameters.data()), parameters.size()));
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    namespace ring = gpuproxy::protocol::ring;
+    ring::Command command{ring::LaunchKernel{}};
+    auto& launch = std::get<ring::LaunchKernel>(command);
+    launch.context = target.context;
+    launch.function = handleValue(f);
+    launch.stream = target.stream;
+    launch.grid = ring::Dim3{gridDimX, gridDimY, gridDimZ};
+    launch.block = ring::Dim3{blockDimX, blockDimY, blockDimZ};
+    launch.sharedMemBytes = sharedMemBytes;
+    launch.parameterBytes = static_cast<std::uint32_t>(parameters.size());
+    launch.inlineParameters = parameters;
+    return runtime.commands().enqueue(command);
   });
 }
 
@@ -239,14 +207,9 @@ GPUPROXY_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* fname) {
                             std::istreambuf_iterator<char>());
     if (file.bad()) return CUDA_ERROR_FILE_NOT_FOUND;
     // A PTX file is text without the NUL that cuModuleLoadData's PTX images end with.
-    const bool binary = image.size() >= 4 && (std::memcmp(image.data(),
-                                                          "\x7f"
-                                                          "ELF",
-                                                          4) == 0 ||
-                                              (static_cast<unsigned char>(image[0]) == 0x50 &&
-                                               static_cast<unsigned char>(image[1]) == 0xED &&
-                                               static_cast<unsigned char>(image[2]) == 0x55 &&
-                                               static_cast<unsigned char>(image[3]) == 0xBA));
+    const bool binary =
+        gpuproxy::protocol::moduleImageKind(std::as_bytes(std::span<const char>(image))) !=
+        gpuproxy::protocol::ModuleImageKind::kPtx;
     if (!binary && (image.empty() || image.back() != '\0')) image.push_back('\0');
     return loadModule(runtime, module, image.data(), image.size());
   });

@@ -6,13 +6,11 @@
 #include <span>
 
 #include "client/stub/api_support.hpp"
-#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::currentContext;
-using gpuproxy::stub::DataPlane;
 using gpuproxy::stub::DeviceRecord;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::handleValue;
@@ -131,43 +129,17 @@ CUresult destroyStream(const char* entryPoint, CUstream hStream) {
   });
 }
 
-CUresult synchronizeStream(const char* entryPoint, CUstream hStream, NullStream nullStream) {
+// cuStreamSynchronize (`query` false) and cuStreamQuery.
+CUresult synchronizeStream(const char* entryPoint, CUstream hStream, NullStream nullStream,
+                           bool query) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    if (DataPlane* plane = runtime.dataPlane()) {
-      return plane->synchronize(target.context, ring::SynchronizeKind::kStream, target.stream,
-                                /*query=*/false);
-    }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.synchronizeStreamRequest();
-      request.setContext(target.context);
-      request.setStream(target.stream);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
-  });
-}
-
-CUresult queryStream(const char* entryPoint, CUstream hStream, NullStream nullStream) {
-  return guarded(entryPoint, [&](Runtime& runtime) {
-    StreamTarget target;
-    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
-        resolved != CUDA_SUCCESS) {
-      return resolved;
-    }
-    if (DataPlane* plane = runtime.dataPlane()) {
-      return plane->synchronize(target.context, ring::SynchronizeKind::kStream, target.stream,
-                                /*query=*/true);
-    }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.queryStreamRequest();
-      request.setContext(target.context);
-      request.setStream(target.stream);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    return runtime.commands().synchronize(target.context, ring::SynchronizeKind::kStream,
+                                          target.stream, query);
   });
 }
 
@@ -183,31 +155,22 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    if (DataPlane* plane = runtime.dataPlane()) {
-      // What the daemon answers on the control socket, answered here before the record goes out.
-      if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-      if (*eventContext != target.context) {
-        auto eventOwner = runtime.context(*eventContext);
-        auto streamOwner = runtime.context(target.context);
-        // Waiting on another device's event is not done yet; within one device, fine.
-        if (!eventOwner || !streamOwner) return CUDA_ERROR_INVALID_HANDLE;
-        if (eventOwner->device != streamOwner->device) return CUDA_ERROR_NOT_SUPPORTED;
-      }
-      ring::StreamWaitEvent command;
-      command.context = target.context;
-      command.stream = target.stream;
-      command.event = event;
-      command.flags = flags;
-      return plane->submitCommand(command);
+    // What the daemon would answer, answered here before the record goes out.
+    if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    if (*eventContext != target.context) {
+      auto eventOwner = runtime.context(*eventContext);
+      auto streamOwner = runtime.context(target.context);
+      // Waiting on another device's event is not done yet; within one device, fine.
+      if (!eventOwner || !streamOwner) return CUDA_ERROR_INVALID_HANDLE;
+      if (eventOwner->device != streamOwner->device) return CUDA_ERROR_NOT_SUPPORTED;
     }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.streamWaitEventRequest();
-      request.setContext(target.context);
-      request.setStream(target.stream);
-      request.setEvent(event);
-      request.setFlags(flags);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    ring::Command command{ring::StreamWaitEvent{}};
+    auto& wait = std::get<ring::StreamWaitEvent>(command);
+    wait.context = target.context;
+    wait.stream = target.stream;
+    wait.event = event;
+    wait.flags = flags;
+    return runtime.commands().enqueue(command);
   });
 }
 
@@ -223,38 +186,26 @@ CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    if (DataPlane* plane = runtime.dataPlane()) {
-      ring::EventRecord command;
-      // The NULL stream of the event's own context, as the daemon reads stream 0 on this call.
-      command.context = target.stream == 0 ? *eventContext : target.context;
-      if (command.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
-      command.event = event;
-      command.stream = target.stream;
-      const CUresult submitted = plane->submitCommand(command);
-      if (submitted == CUDA_SUCCESS) plane->noteEventRecorded(event, target.stream);
-      return submitted;
-    }
-    return runtime.call([&](Session::Client& session) {
-      auto request = session.recordEventRequest();
-      request.setContext(target.context);
-      request.setEvent(event);
-      request.setStream(target.stream);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
+    ring::Command command{ring::EventRecord{}};
+    auto& record = std::get<ring::EventRecord>(command);
+    // The NULL stream of the event's own context, as the daemon reads stream 0 on this call.
+    record.context = target.stream == 0 ? *eventContext : target.context;
+    if (record.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
+    record.event = event;
+    record.stream = target.stream;
+    const CUresult submitted = runtime.commands().enqueue(command);
+    if (submitted == CUDA_SUCCESS) runtime.commands().eventRecorded(event, target.stream);
+    return submitted;
   });
 }
 
-// An event call that names nothing but the event.
-template <typename MakeRequest>
-CUresult eventCall(const char* entryPoint, CUevent hEvent, MakeRequest&& makeRequest) {
+// cuEventSynchronize (`query` false) and cuEventQuery.
+CUresult synchronizeEvent(const char* entryPoint, CUevent hEvent, bool query) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     const std::uint64_t event = handleValue(hEvent);
-    if (event == 0 || !runtime.eventContext(event)) return CUDA_ERROR_INVALID_HANDLE;
-    return runtime.call([&](Session::Client& session) {
-      return makeRequest(session, event).send().then([](auto response) {
-        return toResult(response.getResult());
-      });
-    });
+    std::optional<std::uint64_t> context = event != 0 ? runtime.eventContext(event) : std::nullopt;
+    if (!context) return CUDA_ERROR_INVALID_HANDLE;
+    return runtime.commands().synchronize(*context, ring::SynchronizeKind::kEvent, event, query);
   });
 }
 
@@ -269,7 +220,7 @@ CUresult destroyEvent(const char* entryPoint, CUevent hEvent) {
     });
     if (result == CUDA_SUCCESS) {
       runtime.forgetEvent(event);
-      if (DataPlane* plane = runtime.dataPlane()) plane->forgetEvent(event);
+      runtime.commands().eventDestroyed(event);
     }
     return result;
   });
@@ -346,19 +297,19 @@ GPUPROXY_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
 }
 
 GPUPROXY_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
-  return synchronizeStream(__func__, hStream, NullStream::kLegacy);
+  return synchronizeStream(__func__, hStream, NullStream::kLegacy, /*query=*/false);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
-  return synchronizeStream(__func__, hStream, NullStream::kPerThread);
+  return synchronizeStream(__func__, hStream, NullStream::kPerThread, /*query=*/false);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamQuery(CUstream hStream) {
-  return queryStream(__func__, hStream, NullStream::kLegacy);
+  return synchronizeStream(__func__, hStream, NullStream::kLegacy, /*query=*/true);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream) {
-  return queryStream(__func__, hStream, NullStream::kPerThread);
+  return synchronizeStream(__func__, hStream, NullStream::kPerThread, /*query=*/true);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
@@ -407,43 +358,12 @@ GPUPROXY_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   return recordEvent(__func__, hEvent, hStream, NullStream::kPerThread);
 }
 
-namespace {
-
-// cuEventSynchronize and cuEventQuery through the ring; nullopt when there is none.
-std::optional<CUresult> synchronizeEventOnRing(Runtime& runtime, std::uint64_t event, bool query) {
-  DataPlane* plane = runtime.dataPlane();
-  if (plane == nullptr) return std::nullopt;
-  std::optional<std::uint64_t> context = event != 0 ? runtime.eventContext(event) : std::nullopt;
-  if (!context) return CUDA_ERROR_INVALID_HANDLE;
-  return plane->synchronize(*context, ring::SynchronizeKind::kEvent, event, query);
-}
-
-}  // namespace
-
 GPUPROXY_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
-  if (Runtime* runtime = Runtime::instance(); runtime != nullptr && runtime->dataPlane()) {
-    return guarded(__func__, [&](Runtime& attached) {
-      return *synchronizeEventOnRing(attached, handleValue(hEvent), /*query=*/false);
-    });
-  }
-  return eventCall(__func__, hEvent, [](Session::Client& session, std::uint64_t event) {
-    auto request = session.synchronizeEventRequest();
-    request.setEvent(event);
-    return request;
-  });
+  return synchronizeEvent(__func__, hEvent, /*query=*/false);
 }
 
 GPUPROXY_EXPORT CUresult cuEventQuery(CUevent hEvent) {
-  if (Runtime* runtime = Runtime::instance(); runtime != nullptr && runtime->dataPlane()) {
-    return guarded(__func__, [&](Runtime& attached) {
-      return *synchronizeEventOnRing(attached, handleValue(hEvent), /*query=*/true);
-    });
-  }
-  return eventCall(__func__, hEvent, [](Session::Client& session, std::uint64_t event) {
-    auto request = session.queryEventRequest();
-    request.setEvent(event);
-    return request;
-  });
+  return synchronizeEvent(__func__, hEvent, /*query=*/true);
 }
 
 GPUPROXY_EXPORT CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {

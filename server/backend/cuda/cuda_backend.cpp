@@ -1,5 +1,7 @@
 #include "server/backend/cuda/cuda_backend.hpp"
 
+#include "protocol/overloaded.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -185,12 +187,12 @@ public:
     }
     return green_[laneIndex(lane) - 1].context;
   }
-  Lane laneFor(backend::WorkClass workClass) const {
+  Lane laneFor(backend::TenantClass workClass) const {
     if (!partition_.enabled) {
       return Lane::kPrimary;
     }
-    return workClass == backend::WorkClass::kLatencyCritical ? Lane::kLatencyCritical
-                                                             : Lane::kBestEffort;
+    return workClass == backend::TenantClass::kLatencyCritical ? Lane::kLatencyCritical
+                                                               : Lane::kBestEffort;
   }
   CUgreenCtx green(Lane lane) const {
     return lane == Lane::kPrimary || !partition_.enabled ? nullptr
@@ -1017,40 +1019,26 @@ public:
     }
   }
 
-  CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                            std::size_t bytes) override {
+  CUresult enqueue(const backend::MemoryOperation& operation) override {
+    if (CUresult checked = backend::checkOperation(operation); checked != CUDA_SUCCESS) {
+      return checked;
+    }
     return submit([&](const DriverApi& api) {
-      return api.memcpyHtoDAsync(destination, source, bytes, stream_);
-    });
-  }
-
-  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) override {
-    return submit([&](const DriverApi& api) {
-      return api.memcpyDtoHAsync(destination, source, bytes, stream_);
-    });
-  }
-
-  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                              std::size_t bytes) override {
-    return submit([&](const DriverApi& api) {
-      return api.memcpyDtoDAsync(destination, source, bytes, stream_);
-    });
-  }
-
-  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                  std::size_t count) override {
-    return submit([&](const DriverApi& api) {
-      switch (elementSize) {
-        case 1:
-          return api.memsetD8Async(destination, static_cast<unsigned char>(value), count, stream_);
-        case 2:
-          return api.memsetD16Async(destination, static_cast<unsigned short>(value), count,
-                                    stream_);
-        case 4:
-          return api.memsetD32Async(destination, value, count, stream_);
-        default:
-          return CUDA_ERROR_INVALID_VALUE;
-      }
+      return std::visit(
+          protocol::Overloaded{
+              [&](const backend::CopyHostToDevice& copy) {
+                return api.memcpyHtoDAsync(copy.destination, copy.source, copy.bytes, stream_);
+              },
+              [&](const backend::CopyDeviceToHost& copy) {
+                return api.memcpyDtoHAsync(copy.destination, copy.source, copy.bytes, stream_);
+              },
+              [&](const backend::CopyDeviceToDevice& copy) {
+                return api.memcpyDtoDAsync(copy.destination, copy.source, copy.bytes, stream_);
+              },
+              [&](const backend::Memset& memset) { return enqueueMemset(api, memset); },
+              [&](const backend::Memset2D& memset) { return enqueueMemset2D(api, memset); },
+          },
+          operation);
     });
   }
 
@@ -1225,6 +1213,38 @@ public:
   }
 
 private:
+  CUresult enqueueMemset2D(const DriverApi& api, const backend::Memset2D& memset) {
+    switch (memset.elementSize) {
+      case 1:
+        return api.memsetD2D8Async(memset.destination, memset.pitch,
+                                   static_cast<unsigned char>(memset.value), memset.width,
+                                   memset.height, stream_);
+      case 2:
+        return api.memsetD2D16Async(memset.destination, memset.pitch,
+                                    static_cast<unsigned short>(memset.value), memset.width,
+                                    memset.height, stream_);
+      case 4:
+        return api.memsetD2D32Async(memset.destination, memset.pitch, memset.value, memset.width,
+                                    memset.height, stream_);
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+
+  CUresult enqueueMemset(const DriverApi& api, const backend::Memset& memset) {
+    switch (memset.elementSize) {
+      case 1:
+        return api.memsetD8Async(memset.destination, static_cast<unsigned char>(memset.value),
+                                 memset.count, stream_);
+      case 2:
+        return api.memsetD16Async(memset.destination, static_cast<unsigned short>(memset.value),
+                                  memset.count, stream_);
+      case 4:
+        return api.memsetD32Async(memset.destination, memset.value, memset.count, stream_);
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   // Why nothing may be queued now: the context is poisoned or this stream belongs to one that
   // was reset.
   CUresult refuse() const {
@@ -1375,11 +1395,11 @@ public:
   }
 
   Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags, int priority) override {
-    return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
+    return createStreamFor(backend::TenantClass::kBestEffort, flags, priority);
   }
 
   Result<std::unique_ptr<backend::Stream>> createStreamFor(
-      backend::WorkClass workClass, unsigned flags, int priority,
+      backend::TenantClass workClass, unsigned flags, int priority,
       backend::AddressSpace /*owner*/) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;

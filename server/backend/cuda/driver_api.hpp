@@ -46,6 +46,9 @@ namespace gpuproxy::server::cuda {
   X(memsetD8Async, cuMemsetD8Async, 3020)                         \
   X(memsetD16Async, cuMemsetD16Async, 3020)                       \
   X(memsetD32Async, cuMemsetD32Async, 3020)                       \
+  X(memsetD2D8Async, cuMemsetD2D8Async, 3020)                     \
+  X(memsetD2D16Async, cuMemsetD2D16Async, 3020)                   \
+  X(memsetD2D32Async, cuMemsetD2D32Async, 3020)                   \
   X(streamCreateWithPriority, cuStreamCreateWithPriority, 5050)   \
   X(streamGetPriority, cuStreamGetPriority, 5050)                 \
   X(ctxGetStreamPriorityRange, cuCtxGetStreamPriorityRange, 5050) \

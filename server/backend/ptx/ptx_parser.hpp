@@ -3,6 +3,8 @@
 // from clients (cuModuleLoadData images), so the parser treats it as hostile: it never recurses,
 // bounds every number it reads, and reports malformed text as an error instead of guessing.
 
+#include "protocol/limits.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -37,7 +39,7 @@ struct PtxParseResult {
 
 // The most parameter space one kernel may declare (CUDA 12.1+ on Volta and later); the driver
 // refuses larger kernels, so the parser does too.
-inline constexpr std::uint32_t kMaxParameterBytes = 32764;
+inline constexpr std::uint32_t kMaxParameterBytes = protocol::kMaxKernelParameterBytes;
 
 // Parses PTX text. Text after the first NUL byte is ignored (cuModuleLoadData reads PTX as a
 // NUL-terminated string).

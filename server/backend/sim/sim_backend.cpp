@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "protocol/cuda_result.hpp"
+#include "protocol/module_image.hpp"
 #include "server/backend/ptx/ptx_frontend.hpp"
 #include "server/backend/ptx/ptx_interpreter.hpp"
 #include "server/backend/ptx/ptx_parser.hpp"
@@ -103,27 +104,6 @@ struct FunctionData {
   FunctionInfo info;
 };
 
-struct HostToDevice {
-  CUdeviceptr destination;
-  const void* source;
-  std::size_t bytes;
-};
-struct DeviceToHost {
-  void* destination;
-  CUdeviceptr source;
-  std::size_t bytes;
-};
-struct DeviceToDevice {
-  CUdeviceptr destination;
-  CUdeviceptr source;
-  std::size_t bytes;
-};
-struct MemsetOp {
-  CUdeviceptr destination;
-  std::uint32_t value;
-  unsigned elementSize;
-  std::size_t count;
-};
 struct LaunchOp {
   // Shared with the Function: a queued launch must survive the Module being destroyed.
   std::shared_ptr<const FunctionData> function;
@@ -141,8 +121,7 @@ struct WaitOp {
 struct CallbackOp {
   CompletionCallback done;
 };
-using OpBody = std::variant<HostToDevice, DeviceToHost, DeviceToDevice, MemsetOp, LaunchOp,
-                            RecordOp, WaitOp, CallbackOp>;
+using OpBody = std::variant<backend::MemoryOperation, LaunchOp, RecordOp, WaitOp, CallbackOp>;
 
 struct Op {
   std::uint64_t sequence = 0;  // global enqueue order across all streams of the device
@@ -466,10 +445,7 @@ private:
     if (const auto* launch = std::get_if<LaunchOp>(&op.body)) {
       return "kernel '" + launch->function->name + "'";
     }
-    if (std::holds_alternative<HostToDevice>(op.body)) return "a host-to-device copy";
-    if (std::holds_alternative<DeviceToHost>(op.body)) return "a device-to-host copy";
-    if (std::holds_alternative<DeviceToDevice>(op.body)) return "a device-to-device copy";
-    return "a memset";
+    return std::string(backend::describe(std::get<backend::MemoryOperation>(op.body)));
   }
 
   void complete(Op& op, const Outcome& outcome, std::vector<CompletionCallback>& waiters) {
@@ -504,27 +480,27 @@ private:
     return outcome;
   }
 
-  CUresult execute(HostToDevice& copy, Outcome&) {
-    if (copy.bytes == 0) return CUDA_SUCCESS;
+  CUresult execute(backend::MemoryOperation& operation, Outcome&) {
+    if (backend::isEmpty(operation)) return CUDA_SUCCESS;
     const DeviceArena::Access access = arena_->access();
+    return std::visit([&](auto& body) { return execute(access, body); }, operation);
+  }
+
+  static CUresult execute(const DeviceArena::Access& access, backend::CopyHostToDevice& copy) {
     std::byte* destination = access.translate(copy.destination, copy.bytes);
     if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
     std::memcpy(destination, copy.source, copy.bytes);
     return CUDA_SUCCESS;
   }
 
-  CUresult execute(DeviceToHost& copy, Outcome&) {
-    if (copy.bytes == 0) return CUDA_SUCCESS;
-    const DeviceArena::Access access = arena_->access();
+  static CUresult execute(const DeviceArena::Access& access, backend::CopyDeviceToHost& copy) {
     const std::byte* source = access.translate(copy.source, copy.bytes);
     if (source == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
     std::memcpy(copy.destination, source, copy.bytes);
     return CUDA_SUCCESS;
   }
 
-  CUresult execute(DeviceToDevice& copy, Outcome&) {
-    if (copy.bytes == 0) return CUDA_SUCCESS;
-    const DeviceArena::Access access = arena_->access();
+  static CUresult execute(const DeviceArena::Access& access, backend::CopyDeviceToDevice& copy) {
     std::byte* destination = access.translate(copy.destination, copy.bytes);
     const std::byte* source = access.translate(copy.source, copy.bytes);
     if (destination == nullptr || source == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -532,23 +508,38 @@ private:
     return CUDA_SUCCESS;
   }
 
-  CUresult execute(MemsetOp& memset, Outcome&) {
-    if (memset.count == 0) return CUDA_SUCCESS;
-    const DeviceArena::Access access = arena_->access();
+  static CUresult execute(const DeviceArena::Access& access, backend::Memset& memset) {
     std::byte* destination =
         access.translate(memset.destination, memset.count * memset.elementSize);
     if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    if (memset.elementSize == 1) {
-      std::memset(destination, static_cast<int>(memset.value & 0xff), memset.count);
-      return CUDA_SUCCESS;
+    fillElements(destination, memset.value, memset.elementSize, memset.count);
+    return CUDA_SUCCESS;
+  }
+
+  static CUresult execute(const DeviceArena::Access& access, backend::Memset2D& memset) {
+    const backend::DeviceRange extent = backend::deviceRanges(memset).ranges[0];
+    std::byte* destination = access.translate(memset.destination, extent.bytes);
+    if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (std::size_t row = 0; row < memset.height; ++row) {
+      fillElements(destination + row * memset.pitch, memset.value, memset.elementSize,
+                   memset.width);
+    }
+    return CUDA_SUCCESS;
+  }
+
+  // `count` elements of `elementSize` bytes, each the low bytes of `value`.
+  static void fillElements(std::byte* destination, std::uint32_t value, unsigned elementSize,
+                           std::size_t count) {
+    if (elementSize == 1) {
+      std::memset(destination, static_cast<int>(value & 0xff), count);
+      return;
     }
     // Little-endian element bytes, as the GPU stores them.
     std::byte pattern[4];
-    std::memcpy(pattern, &memset.value, sizeof(pattern));
-    for (std::size_t i = 0; i < memset.count; ++i) {
-      std::memcpy(destination + i * memset.elementSize, pattern, memset.elementSize);
+    std::memcpy(pattern, &value, sizeof(pattern));
+    for (std::size_t i = 0; i < count; ++i) {
+      std::memcpy(destination + i * elementSize, pattern, elementSize);
     }
-    return CUDA_SUCCESS;
   }
 
   CUresult execute(LaunchOp& launch, Outcome& outcome);
@@ -734,32 +725,20 @@ public:
       : core_(std::move(core)), queue_(core_->addQueue()), priority_(priority), owner_(owner) {}
   ~SimStream() override { core_->releaseQueue(queue_); }
 
-  CUresult copyHostToDevice(CUdeviceptr destination, const void* source,
-                            std::size_t bytes) override {
-    if (bytes != 0 && source == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return core_->enqueue(*queue_, HostToDevice{destination, source, bytes});
-  }
-
-  CUresult copyDeviceToHost(void* destination, CUdeviceptr source, std::size_t bytes) override {
-    if (bytes != 0 && destination == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return core_->enqueue(*queue_, DeviceToHost{destination, source, bytes});
-  }
-
-  CUresult copyDeviceToDevice(CUdeviceptr destination, CUdeviceptr source,
-                              std::size_t bytes) override {
-    return core_->enqueue(*queue_, DeviceToDevice{destination, source, bytes});
-  }
-
-  CUresult memset(CUdeviceptr destination, std::uint32_t value, unsigned elementSize,
-                  std::size_t count) override {
-    if (elementSize != 1 && elementSize != 2 && elementSize != 4) return CUDA_ERROR_INVALID_VALUE;
-    // cuMemsetD16/D32 require a destination aligned to the element.
-    if (destination % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (count > std::numeric_limits<std::size_t>::max() / elementSize) {
-      return CUDA_ERROR_INVALID_VALUE;
+  CUresult enqueue(const backend::MemoryOperation& operation) override {
+    if (CUresult checked = backend::checkOperation(operation); checked != CUDA_SUCCESS) {
+      return checked;
     }
-    const std::uint32_t mask = elementSize == 4 ? 0xffffffffu : (1u << (8 * elementSize)) - 1;
-    return core_->enqueue(*queue_, MemsetOp{destination, value & mask, elementSize, count});
+    backend::MemoryOperation queued = operation;
+    // A memset sets the low elementSize bytes of its value.
+    std::visit(
+        [](auto& body) {
+          if constexpr (requires { body.elementSize; }) {
+            body.value &= body.elementSize == 4 ? 0xffffffffu : (1u << (8 * body.elementSize)) - 1;
+          }
+        },
+        queued);
+    return core_->enqueue(*queue_, std::move(queued));
   }
 
   CUresult launch(Function& function, const LaunchConfig& config,
@@ -830,12 +809,6 @@ private:
   const backend::AddressSpace owner_;  // whose memory its kernels may touch
 };
 
-bool startsWith(std::span<const std::byte> image, std::initializer_list<unsigned char> magic) {
-  if (image.size() < magic.size()) return false;
-  return std::equal(magic.begin(), magic.end(), image.begin(), [](unsigned char a, std::byte b) {
-    return a == static_cast<unsigned char>(b);
-  });
-}
 
 class SimDevice final : public Device {
 public:
@@ -888,8 +861,7 @@ public:
                                              backend::AddressSpace owner) override {
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     const int index = core_->index();
-    if (startsWith(image, {0x7f, 'E', 'L', 'F'}) || startsWith(image, {0x50, 0xed, 0x55, 0xba}) ||
-        startsWith(image, {0xb1, 0x43, 0x62, 0x46})) {
+    if (protocol::moduleImageKind(image) != protocol::ModuleImageKind::kPtx) {
       spdlog::warn(
           "sim device {}: refusing a cubin/fatbin module image: the sim backend runs PTX only "
           "(its interpreter executes PTX text); build the kernels to PTX or use the cuda backend",
@@ -978,13 +950,13 @@ public:
   }
 
   Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) override {
-    return createStreamFor(backend::WorkClass::kBestEffort, flags, priority);
+    return createStreamFor(backend::TenantClass::kBestEffort, flags, priority);
   }
 
   // The class is not modelled (there is no SM partition on sim), and neither is the priority:
   // the engine runs ops in submission order. The priority is clamped and kept, as CUDA keeps it,
   // so that what the dispatcher chose can be seen.
-  Result<std::unique_ptr<Stream>> createStreamFor(backend::WorkClass /*workClass*/, unsigned flags,
+  Result<std::unique_ptr<Stream>> createStreamFor(backend::TenantClass /*workClass*/, unsigned flags,
                                                   int priority,
                                                   backend::AddressSpace owner) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {

@@ -18,7 +18,7 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
-constexpr SegmentLimits kLimits{1u << 20, 16u << 20};
+constexpr SegmentLimits kLimits{1u << 20, 16u << 20, std::nullopt};
 
 // Body field offsets in a record: the header comes first.
 constexpr std::size_t kBody = kCommandHeaderBytes;
@@ -137,6 +137,18 @@ Memset memsetD16() {
   return Memset{46, 0x1000, 0x3000, 0x7f0000040000, 1000, 0xBEEF, 2};
 }
 
+Memset2D memset2D() {
+  return Memset2D{.sequence = 50,
+                  .context = 0x1000,
+                  .stream = 0x3000,
+                  .destination = 0x7f0000050000,
+                  .pitch = 512,
+                  .width = 100,
+                  .height = 16,
+                  .value = 0xCAFEF00D,
+                  .elementSize = 4};
+}
+
 EventRecord eventRecord() {
   return EventRecord{47, 0x1000, 0x4000, 0x3000, 0};
 }
@@ -174,6 +186,7 @@ std::vector<std::pair<std::string, Bytes>> allSamples() {
       {"copy_d2h_staged", encoded(copyToHost())},
       {"copy_d2d", encoded(copyOnDevice())},
       {"memset", encoded(memsetD16())},
+      {"memset_2d", encoded(memset2D())},
       {"event_record", encoded(eventRecord())},
       {"stream_wait_event", encoded(streamWaitEvent())},
       {"synchronize", encoded(synchronizeStream())},
@@ -234,6 +247,17 @@ TEST(RingRoundTrip, MemsetEveryElementSize) {
     memset.value = value;
     EXPECT_EQ(decodedAs<Memset>(encoded(memset)), memset);
   }
+}
+
+TEST(RingRoundTrip, Memset2D) {
+  EXPECT_EQ(encoded(memset2D()).size(), 72u);
+  EXPECT_EQ(decodedAs<Memset2D>(encoded(memset2D())), memset2D());
+  Memset2D oneRow = memset2D();
+  oneRow.height = 1;
+  oneRow.pitch = 0;  // unused with one row
+  oneRow.elementSize = 1;
+  oneRow.value = 0x7F;
+  EXPECT_EQ(decodedAs<Memset2D>(encoded(oneRow)), oneRow);
 }
 
 TEST(RingRoundTrip, EventsAndWaits) {
@@ -429,6 +453,7 @@ std::vector<Rejection> rejections() {
   using HB = wire::HostCopyBody;
   using DB = wire::CopyDeviceToDeviceBody;
   using MB = wire::MemsetBody;
+  using M2 = wire::Memset2DBody;
   using EB = wire::EventRecordBody;
   using WB = wire::StreamWaitEventBody;
   using SB = wire::SynchronizeBody;
@@ -438,6 +463,7 @@ std::vector<Rejection> rejections() {
   auto h2dPinned = [] { return encoded(copyToDeviceFromPinned()); };
   auto d2h = [] { return encoded(copyToHost()); };
   auto d2d = [] { return encoded(copyOnDevice()); };
+  auto memset2d = [] { return encoded(memset2D()); };
   auto memset = [] { return encoded(memsetD16()); };
   auto event = [] { return encoded(eventRecord()); };
   auto wait = [] { return encoded(streamWaitEvent()); };
@@ -455,7 +481,7 @@ std::vector<Rejection> rejections() {
       // Framing and shape: disconnect.
       {"opcode 0", d2d, set<std::uint16_t>(0, 0), DecodeFailure::kUnknownOpcode, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
-      {"opcode 9", d2d, set<std::uint16_t>(0, 9), DecodeFailure::kUnknownOpcode, kDisconnect,
+      {"opcode 10", d2d, set<std::uint16_t>(0, 10), DecodeFailure::kUnknownOpcode, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
       {"opcode 0xFFFF", d2d, set<std::uint16_t>(0, 0xFFFF), DecodeFailure::kUnknownOpcode,
        kDisconnect, CUDA_ERROR_NOT_SUPPORTED},
@@ -582,6 +608,22 @@ std::vector<Rejection> rejections() {
       {"memset destination + bytes wraps", memset,
        set<std::uint64_t>(at(&MB::destination), kU64Max - 1000), DecodeFailure::kRangeOverflow,
        kFail},
+      {"2D memset reserved byte", memset2d, set<std::uint8_t>(at(&M2::reserved), 1),
+       DecodeFailure::kReservedNotZero, kDisconnect},
+      {"2D memset element size 3", memset2d, set<std::uint8_t>(at(&M2::elementSize), 3),
+       DecodeFailure::kBadElementSize, kFail},
+      {"2D memset D16 value 0x10000", memset2d,
+       both(set<std::uint8_t>(at(&M2::elementSize), 2),
+            set<std::uint32_t>(at(&M2::value), 0x10000)),
+       DecodeFailure::kValueTooWide, kFail},
+      {"2D memset width * size overflows", memset2d,
+       set<std::uint64_t>(at(&M2::width), std::uint64_t{1} << 63), DecodeFailure::kRangeOverflow,
+       kFail},
+      {"2D memset pitch * rows overflows", memset2d,
+       set<std::uint64_t>(at(&M2::pitch), std::uint64_t{1} << 61), DecodeFailure::kRangeOverflow,
+       kFail},
+      {"2D memset extent wraps", memset2d, set<std::uint64_t>(at(&M2::destination), kU64Max - 4096),
+       DecodeFailure::kRangeOverflow, kFail},
       {"event record flags 2", event, set<std::uint32_t>(at(&EB::recordFlags), 2),
        DecodeFailure::kBadFlags, kFail},
       {"stream wait flags 0x80000000", wait, set<std::uint32_t>(at(&WB::waitFlags), 0x80000000),
@@ -631,6 +673,44 @@ TEST(RingDecode, AFailedCommandSaysWhomToTell) {
   Bytes framing = encoded(copyOnDevice());
   poke(framing, 2, std::uint16_t{1});
   EXPECT_EQ(errorOf(framing).sequence, 45u);
+}
+
+TEST(RingDecode, TheCallsPayloadIsARegionOnlyForRecordsCarriedByACall) {
+  CopyHostToDevice toDevice = copyToDevice();
+  toDevice.source = {HostRegion::kMessage, 0};
+  toDevice.bytes = 4096;
+  CopyDeviceToHost toHost = copyToHost();
+  toHost.destination = {HostRegion::kMessage, 4096};
+  // From a ring there is no call, so no payload: the region is unknown there.
+  EXPECT_EQ(errorOf(encoded(toDevice)).failure, DecodeFailure::kBadRegion);
+  EXPECT_EQ(errorOf(encoded(toHost)).failure, DecodeFailure::kBadRegion);
+  // Carried by Session.submit with 8 KiB of payload: inside it, fine; past it, a range error.
+  SegmentLimits call = kLimits;
+  call.messageBytes = 8192;
+  EXPECT_EQ(std::get<CopyHostToDevice>(decodeCommand(encoded(toDevice), call)), toDevice);
+  EXPECT_EQ(std::get<CopyDeviceToHost>(decodeCommand(encoded(toHost), call)), toHost);
+  toHost.bytes = 4097;
+  const auto past = decodeCommand(encoded(toHost), call);
+  ASSERT_TRUE(std::holds_alternative<DecodeError>(past));
+  EXPECT_EQ(std::get<DecodeError>(past).failure, DecodeFailure::kRangeOutsideRegion);
+  EXPECT_FALSE(std::get<DecodeError>(past).disconnect);
+  // Bytes coming back in the answer need a token to say when the answer may go.
+  toHost.bytes = 4096;
+  toHost.completionToken = 0;
+  const auto untokened = decodeCommand(encoded(toHost), call);
+  ASSERT_TRUE(std::holds_alternative<DecodeError>(untokened));
+  EXPECT_EQ(std::get<DecodeError>(untokened).failure, DecodeFailure::kMissingCompletionToken);
+}
+
+TEST(RingRecordTable, KnowsEveryOpcodeAndNothingElse) {
+  for (std::uint16_t opcode = 0; opcode < 64; ++opcode) {
+    const bool listed = opcode >= static_cast<std::uint16_t>(Opcode::kLaunchKernel) &&
+                        opcode <= static_cast<std::uint16_t>(Opcode::kMemset2D);
+    EXPECT_EQ(Commands::knows(opcode), listed) << opcode;
+  }
+  // The table's order is the variant's, so every alternative carries its own opcode.
+  std::visit([](const auto& command) { EXPECT_NE(static_cast<int>(command.kOpcode), 0); },
+             Command{Synchronize{}});
 }
 
 TEST(RingDecode, EveryFailureHasADescription) {

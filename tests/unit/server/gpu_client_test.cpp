@@ -134,7 +134,7 @@ TEST_F(GpuClientTest, CopiesMustStayInsideOneOfTheClientsAllocations) {
             CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(client->copyHostToDevice(context.value(), 0, pointer.value() - 1, data),
             CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(client->memset(context.value(), 0, pointer.value() + 2, 0, 4, 4),
+  EXPECT_EQ(client->enqueue(context.value(), 0, backend::Memset{pointer.value() + 2, 0, 4, 4}),
             CUDA_ERROR_INVALID_VALUE);  // misaligned 32-bit memset
   auto back = wait(client->copyDeviceToHost(context.value(), 0, pointer.value(), 1024));
   ASSERT_TRUE(back.ok());
@@ -199,7 +199,8 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
   // Another client's kernel is on the device, so the scheduler holds this client's kernel back;
   // its copy before that reaches the device.
   launchSpin(*busy, busyContext.value(), 0, 1'000'000);
-  ASSERT_EQ(client->copyDeviceToDevice(context.value(), 0, target.value(), source.value(), kMiB),
+  ASSERT_EQ(client->enqueue(context.value(), 0,
+                            backend::CopyDeviceToDevice{target.value(), source.value(), kMiB}),
             CUDA_SUCCESS);
   launchSpin(*client, context.value(), 0, 1'000'000);
   const std::uint64_t moduleBytes = stats_[1]->moduleBytes;

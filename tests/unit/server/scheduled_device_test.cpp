@@ -86,9 +86,7 @@ protected:
   }
 
   StreamOwner owner(const std::shared_ptr<Tenant>& tenant) {
-    auto stats = std::make_shared<ClientStats>();
-    stats->tenant = tenant;
-    return StreamOwner{stats, device_->newClientId()};
+    return StreamOwner{tenant, device_->newClientId()};
   }
 
   backend::Stream& stream(const StreamOwner& who) {
@@ -382,20 +380,21 @@ TEST_F(ScheduledDeviceTest, TenantClassChoosesTheStreamsPriorityBand) {
   struct Case {
     const StreamOwner* who;
     int asked;
-    backend::WorkClass workClass;
+    backend::TenantClass workClass;
     int runsAt;
     int told;
   };
   const std::vector<Case> cases{
       // Latency-critical: the greatest priority, whatever the client asked.
-      {&critical, 0, backend::WorkClass::kLatencyCritical, range.greatest, 0},
-      {&critical, range.least + 100, backend::WorkClass::kLatencyCritical, range.greatest,
+      {&critical, 0, backend::TenantClass::kLatencyCritical, range.greatest, 0},
+      {&critical, range.least + 100, backend::TenantClass::kLatencyCritical, range.greatest,
        range.least},
       // Best-effort: its own priority, clamped below the latency-critical level; a best-effort
       // client asking for the top does not get it.
-      {&batch, 0, backend::WorkClass::kBestEffort, 0, 0},
-      {&batch, range.greatest, backend::WorkClass::kBestEffort, range.greatest + 1, range.greatest},
-      {&batch, range.greatest - 50, backend::WorkClass::kBestEffort, range.greatest + 1,
+      {&batch, 0, backend::TenantClass::kBestEffort, 0, 0},
+      {&batch, range.greatest, backend::TenantClass::kBestEffort, range.greatest + 1,
+       range.greatest},
+      {&batch, range.greatest - 50, backend::TenantClass::kBestEffort, range.greatest + 1,
        range.greatest},
   };
   for (const Case& c : cases) {
@@ -421,8 +420,8 @@ TEST_F(ScheduledDeviceTest, AStreamKeepsTheBandItWasMadeInWhenItsTenantChangesCl
   tenant->setLimits(limits);
   device_->refreshTenants();
   backend::Stream& after = stream(who);
-  EXPECT_EQ(device_->placement(before)->workClass, backend::WorkClass::kBestEffort);
-  EXPECT_EQ(device_->placement(after)->workClass, backend::WorkClass::kLatencyCritical);
+  EXPECT_EQ(device_->placement(before)->workClass, backend::TenantClass::kBestEffort);
+  EXPECT_EQ(device_->placement(after)->workClass, backend::TenantClass::kLatencyCritical);
   EXPECT_LT(device_->placement(after)->devicePriority, device_->placement(before)->devicePriority);
 }
 
@@ -430,7 +429,7 @@ TEST_F(ScheduledDeviceTest, TheDaemonsOwnStreamsAreBestEffort) {
   open("fair");
   auto created = device_->createStream(0, -100);
   ASSERT_TRUE(created.ok());
-  EXPECT_EQ(device_->placement(*created.value())->workClass, backend::WorkClass::kBestEffort);
+  EXPECT_EQ(device_->placement(*created.value())->workClass, backend::TenantClass::kBestEffort);
   EXPECT_GT(device_->placement(*created.value())->devicePriority,
             device_->streamPriorityRange().greatest);
   EXPECT_FALSE(device_->smPartition().enabled);

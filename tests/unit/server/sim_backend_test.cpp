@@ -237,7 +237,7 @@ TEST(SimBackend, StreamsKeepTheirPriorityClampedToTheRangeOfCurrentGpus) {
   EXPECT_EQ(range.greatest, -5);
   for (const auto& [asked, kept] :
        std::vector<std::pair<int, int>>{{0, 0}, {-3, -3}, {-5, -5}, {-9, -5}, {4, 0}}) {
-    auto stream = device.value()->createStreamFor(backend::WorkClass::kLatencyCritical, 0, asked);
+    auto stream = device.value()->createStreamFor(backend::TenantClass::kLatencyCritical, 0, asked);
     ASSERT_TRUE(stream.ok());
     EXPECT_EQ(stream.value()->priority(), kept) << asked;
   }
@@ -372,6 +372,31 @@ TEST_F(SimTest, MemsetWritesElementsOfEachWidth) {
   EXPECT_EQ(stream_->memset(buffer + 1, 0, 2, 1), CUDA_ERROR_INVALID_VALUE);  // misaligned
   EXPECT_EQ(stream_->memset(buffer + 2, 0, 4, 1), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(stream_->memset(buffer, 0, 3, 1), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(SimTest, Memset2DWritesEveryRowAndNothingBetween) {
+  // 4 rows of 3 16-bit elements, 16 bytes apart, in a buffer of 64 bytes of 0x11.
+  const CUdeviceptr buffer = allocate(64);
+  ASSERT_EQ(stream_->memset(buffer, 0x11, 1, 64), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->enqueue(backend::Memset2D{buffer + 2, 16, 0xbeef, 2, 3, 4}), CUDA_SUCCESS);
+  std::vector<std::uint8_t> back(64);
+  ASSERT_EQ(stream_->copyDeviceToHost(back.data(), buffer, back.size()), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  std::vector<std::uint8_t> expected(64, 0x11);
+  for (int row = 0; row < 4; ++row) {
+    for (int element = 0; element < 3; ++element) {
+      expected[2 + 16 * row + 2 * element] = 0xef;
+      expected[3 + 16 * row + 2 * element] = 0xbe;
+    }
+  }
+  EXPECT_EQ(back, expected);
+  // The driver's rules: aligned rows, a pitch that holds a row; the pitch of one row is unused.
+  EXPECT_EQ(stream_->enqueue(backend::Memset2D{buffer + 1, 16, 0, 2, 3, 4}),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stream_->enqueue(backend::Memset2D{buffer, 6, 0, 4, 3, 2}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stream_->enqueue(backend::Memset2D{buffer, 18, 0, 4, 3, 2}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(stream_->enqueue(backend::Memset2D{buffer, 0, 0, 4, 3, 1}), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*stream_), CUDA_SUCCESS);
 }
 
 // ---- streams, ordering, callbacks ------------------------------------------------------------

@@ -9,30 +9,30 @@ namespace gpuproxy::server::dispatch {
 namespace {
 
 using backend::StreamPriorityRange;
-using backend::WorkClass;
+using backend::TenantClass;
 
 // cuCtxGetStreamPriorityRange on Volta and later: 0 (default, least) to -5 (greatest).
 constexpr StreamPriorityRange kSixLevels{0, -5};
 
 TEST(StreamPriority, LatencyCriticalStreamsRunAtTheGreatestPriorityWhateverTheyAskFor) {
   for (int asked : {0, -1, -3, -5, -100, 100}) {
-    EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kLatencyCritical, asked), -5) << asked;
+    EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kLatencyCritical, asked), -5) << asked;
   }
 }
 
 TEST(StreamPriority, BestEffortStreamsStayBelowLatencyCriticalOnes) {
-  EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kBestEffort, 0), 0);
-  EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kBestEffort, -2), -2);
-  EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kBestEffort, -4), -4);
+  EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kBestEffort, 0), 0);
+  EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kBestEffort, -2), -2);
+  EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kBestEffort, -4), -4);
   // Asking for the top is clamped into the band, never raised to the latency-critical level.
-  EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kBestEffort, -5), -4);
-  EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kBestEffort, -1000), -4);
-  EXPECT_EQ(devicePriority(kSixLevels, WorkClass::kBestEffort, 7), 0);
+  EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kBestEffort, -5), -4);
+  EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kBestEffort, -1000), -4);
+  EXPECT_EQ(devicePriority(kSixLevels, TenantClass::kBestEffort, 7), 0);
 }
 
 TEST(StreamPriority, BandsSplitTheRangeWithoutOverlap) {
-  const StreamPriorityRange critical = priorityBand(kSixLevels, WorkClass::kLatencyCritical);
-  const StreamPriorityRange bestEffort = priorityBand(kSixLevels, WorkClass::kBestEffort);
+  const StreamPriorityRange critical = priorityBand(kSixLevels, TenantClass::kLatencyCritical);
+  const StreamPriorityRange bestEffort = priorityBand(kSixLevels, TenantClass::kBestEffort);
   EXPECT_EQ(critical.greatest, -5);
   EXPECT_EQ(critical.least, -5);
   EXPECT_EQ(bestEffort.greatest, -4);
@@ -41,14 +41,14 @@ TEST(StreamPriority, BandsSplitTheRangeWithoutOverlap) {
 
 TEST(StreamPriority, OneLevelIsSharedByEveryone) {
   constexpr StreamPriorityRange kFlat{0, 0};
-  EXPECT_EQ(devicePriority(kFlat, WorkClass::kLatencyCritical, -5), 0);
-  EXPECT_EQ(devicePriority(kFlat, WorkClass::kBestEffort, -5), 0);
+  EXPECT_EQ(devicePriority(kFlat, TenantClass::kLatencyCritical, -5), 0);
+  EXPECT_EQ(devicePriority(kFlat, TenantClass::kBestEffort, -5), 0);
 }
 
 TEST(StreamPriority, TwoLevelsGiveEachClassOne) {
   constexpr StreamPriorityRange kTwo{0, -1};
-  EXPECT_EQ(devicePriority(kTwo, WorkClass::kLatencyCritical, 0), -1);
-  EXPECT_EQ(devicePriority(kTwo, WorkClass::kBestEffort, -1), 0);
+  EXPECT_EQ(devicePriority(kTwo, TenantClass::kLatencyCritical, 0), -1);
+  EXPECT_EQ(devicePriority(kTwo, TenantClass::kBestEffort, -1), 0);
 }
 
 TEST(StreamPriority, WhatTheClientSeesIsItsOwnRequestClampedLikeCuda) {

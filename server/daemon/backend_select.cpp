@@ -1,4 +1,4 @@
-#include "server/backend/backend_select.hpp"
+#include "server/daemon/backend_select.hpp"
 
 #include "server/backend/cuda/cuda_backend.hpp"
 #include "server/backend/sim/sim_backend.hpp"

@@ -1,0 +1,31 @@
+#pragma once
+// Limits and defaults both sides of gpuproxy rely on, defined once. Each is either part of the
+// protocol (a value the peer must agree on) or a default the daemon, the stub and gpuproxyctl
+// must share; the format constants of the ring records are in ring_format.hpp.
+
+#include <cstdint>
+
+namespace gpuproxy::protocol {
+
+// Where gpuproxyd listens by default, and so where the stub and gpuproxyctl look.
+inline constexpr const char* kDefaultClientSocket = "/run/gpuproxy/gpuproxy.sock";
+inline constexpr const char* kDefaultAdminSocket = "/run/gpuproxy/admin.sock";
+
+// File descriptors one control message may carry: a session's data-plane segment and doorbell.
+inline constexpr unsigned kMaxFdsPerMessage = 4;
+
+// The largest control message: module images (PTX, fatbins) can be large, everything else is
+// small. A peer that sends more is cut off.
+inline constexpr std::uint64_t kMaxControlMessageBytes = std::uint64_t{256} << 20;
+
+// CUDA's limit on a kernel's parameter buffer (12.1+, Volta and later).
+inline constexpr std::uint32_t kMaxKernelParameterBytes = 32764;
+
+// The pinned host heap of a client's data-plane segment: what the stub asks for unless
+// GPUPROXY_PINNED_HEAP says otherwise, and the most the daemon grants whatever it is asked (it is
+// address space and, once touched, memory of the daemon's mapping too; the tenant's
+// pinned_memory_limit bounds what a client can actually pin).
+inline constexpr std::uint64_t kDefaultPinnedHeapBytes = std::uint64_t{256} << 20;
+inline constexpr std::uint64_t kMaxPinnedHeapBytes = std::uint64_t{1} << 30;
+
+}  // namespace gpuproxy::protocol
