@@ -32,7 +32,7 @@ public:
     executable_ =
         std::make_unique<Executable>(program_, reinterpret_cast<std::uint64_t>(globals_.data()));
     const std::vector<std::byte> image = executable_->initialImage();
-    std::memcpy(globals_.data(), image.data(), image.size());
+    if (!image.empty()) std::memcpy(globals_.data(), image.data(), image.size());
     addRange(globals_.data(), globals_.size());
   }
 
