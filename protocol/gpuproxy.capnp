@@ -137,6 +137,13 @@ interface Session {
   # cuMemFreeHost: the allocation that starts at `offset` is no longer pinned. Answers once the
   # client's work queued before it has completed (it may use the memory), as cuMemFreeHost does.
   unregisterPinned @21 (offset :UInt64) -> (result :Int32);
+
+  # Device printf output of the client's kernels (vprintf on the sim backend): what they printed
+  # up to the last synchronisation, which the stub writes to the application's stdout. A
+  # DeviceOutput completion record says there is some. The daemon keeps at most 1 MiB of it per
+  # client between two calls, as a GPU's printf buffer holds 1 MiB (cudaLimitPrintfFifoSize);
+  # `lostBytes` counts what was dropped, oldest output first, when a client printed more.
+  takeDeviceOutput @22 () -> (text :Data, lostBytes :UInt64);
 }
 
 # ---------------------------------------------------------------------------------------------

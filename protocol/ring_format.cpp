@@ -563,6 +563,12 @@ DecodedCompletion decodeCompletion(std::span<const std::byte> record, const Segm
       }
       return StagingRelease{wire.offset, wire.bytes};
     }
+    case CompletionKind::kDeviceOutput: {
+      if (!expect(sizeof(wire::DeviceOutputBody))) {
+        return framingError(DecodeFailure::kWrongLength, header.kind);
+      }
+      return DeviceOutput{load<wire::DeviceOutputBody>(body, 0).bytes};
+    }
   }
   return framingError(DecodeFailure::kUnknownOpcode, header.kind);
 }
@@ -607,6 +613,10 @@ std::uint32_t encodedSize(const AsyncError&) {
 }
 std::uint32_t encodedSize(const StagingRelease&) {
   return sizeof(wire::CompletionHeader) + sizeof(wire::StagingReleaseBody);
+}
+
+std::uint32_t encodedSize(const DeviceOutput&) {
+  return sizeof(wire::CompletionHeader) + sizeof(wire::DeviceOutputBody);
 }
 
 std::size_t encodeLaunchKernel(const LaunchKernel& command, std::span<std::byte> out) {
@@ -733,6 +743,11 @@ std::size_t encodeAsyncError(const AsyncError& completion, std::span<std::byte> 
 std::size_t encodeStagingRelease(const StagingRelease& completion, std::span<std::byte> out) {
   const wire::StagingReleaseBody body{completion.offset, completion.bytes};
   return writeCompletion(CompletionKind::kStagingRelease, body, out);
+}
+
+std::size_t encodeDeviceOutput(const DeviceOutput& completion, std::span<std::byte> out) {
+  const wire::DeviceOutputBody body{completion.bytes};
+  return writeCompletion(CompletionKind::kDeviceOutput, body, out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // Bumped on every change that makes one side read a record or the header differently from the
 // other (RING_FORMAT.md, "Versioning").
-inline constexpr std::uint32_t kFormatVersion = 2;
+inline constexpr std::uint32_t kFormatVersion = 3;
 // "GPXYRING" as bytes in memory.
 inline constexpr std::uint64_t kSegmentMagic = 0x474E495259585047ull;
 
@@ -236,6 +236,11 @@ struct StagingReleaseBody {
 };
 static_assert(sizeof(StagingReleaseBody) == 16);
 
+struct DeviceOutputBody {
+  std::uint64_t bytes;  // device printf output waiting in the daemon
+};
+static_assert(sizeof(DeviceOutputBody) == 8);
+
 }  // namespace wire
 
 // ---------------------------------------------------------------------------------------------
@@ -258,6 +263,7 @@ enum class CompletionKind : std::uint16_t {
   kCompletion = 1,
   kAsyncError = 2,
   kStagingRelease = 3,
+  kDeviceOutput = 4,
 };
 
 // LaunchKernel: the parameters are in a host region instead of inline.
@@ -439,6 +445,14 @@ struct StagingRelease {
   friend bool operator==(const StagingRelease&, const StagingRelease&) = default;
 };
 
+// The client's kernels printed (device printf): the daemon holds `bytes` of output for it, which
+// the stub fetches with Session.takeDeviceOutput and writes to the application's stdout before
+// the synchronising call this record precedes returns, as a GPU's driver does.
+struct DeviceOutput {
+  std::uint64_t bytes = 0;
+  friend bool operator==(const DeviceOutput&, const DeviceOutput&) = default;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Decoding.
 
@@ -503,7 +517,8 @@ using Commands = CommandTable<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, 
 // Any one command, as the stub hands it to its command sink.
 using Command = Commands::Command;
 using DecodedCommand = Commands::Decoded;
-using DecodedCompletion = std::variant<Completion, AsyncError, StagingRelease, DecodeError>;
+using DecodedCompletion =
+    std::variant<Completion, AsyncError, StagingRelease, DeviceOutput, DecodeError>;
 
 // The sizes of the host regions, in bytes, as the daemon laid them out (never re-read from the
 // segment: see wire::SegmentHeader).
@@ -545,6 +560,7 @@ std::uint32_t encodedSize(const Memset2D& command);
 std::uint32_t encodedSize(const Completion& completion);
 std::uint32_t encodedSize(const AsyncError& completion);
 std::uint32_t encodedSize(const StagingRelease& completion);
+std::uint32_t encodedSize(const DeviceOutput& completion);
 
 std::size_t encodeLaunchKernel(const LaunchKernel& command, std::span<std::byte> out);
 std::size_t encodeCopyHostToDevice(const CopyHostToDevice& command, std::span<std::byte> out);
@@ -558,6 +574,7 @@ std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out);
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out);
 std::size_t encodeAsyncError(const AsyncError& completion, std::span<std::byte> out);
 std::size_t encodeStagingRelease(const StagingRelease& completion, std::span<std::byte> out);
+std::size_t encodeDeviceOutput(const DeviceOutput& completion, std::span<std::byte> out);
 
 // One name for all of the above, for generic code (std::visit over a decoded variant).
 inline std::size_t encode(const LaunchKernel& c, std::span<std::byte> out) {
@@ -595,6 +612,9 @@ inline std::size_t encode(const AsyncError& c, std::span<std::byte> out) {
 }
 inline std::size_t encode(const StagingRelease& c, std::span<std::byte> out) {
   return encodeStagingRelease(c, out);
+}
+inline std::size_t encode(const DeviceOutput& c, std::span<std::byte> out) {
+  return encodeDeviceOutput(c, out);
 }
 
 // ---------------------------------------------------------------------------------------------

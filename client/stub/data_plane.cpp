@@ -152,6 +152,9 @@ void DataPlane::drainLocked() {
                                          static_cast<unsigned long long>(release.bytes));
                      }
                    },
+                   [&](const ring::DeviceOutput&) {
+                     deviceOutputPending_.store(true, std::memory_order_relaxed);
+                   },
                    [&](const ring::DecodeError& error) {
                      GPUPROXY_STUB_LOG(kError, "data plane: undecodable completion record: %s",
                                        std::string(ring::describe(error.failure)).c_str());

@@ -114,6 +114,9 @@ public:
   // asynchronous error reported for it, cleared unless sticky; CUDA_SUCCESS when there is none.
   // Drains the completion ring first.
   CUresult takeAsyncError(std::uint64_t context);
+  // Whether a DeviceOutput record arrived since the last call (the daemon holds device printf
+  // output for this process).
+  bool takeDeviceOutputPending() { return deviceOutputPending_.exchange(false); }
   // The sticky error that made `context` unusable, if the stub has heard of one; CUDA_SUCCESS
   // otherwise. Costs one load of shared memory unless the daemon published something new.
   CUresult stickyError(std::uint64_t context) {
@@ -200,6 +203,7 @@ private:
   // sticky error: what makes stickyError() cheap. Written under completionMutex_.
   std::atomic<std::uint32_t> drainedWord_{0};
   std::atomic<bool> anySticky_{false};
+  std::atomic<bool> deviceOutputPending_{false};
   StagingAllocator stagingAllocator_;
   std::unique_ptr<PinnedHeap> pinnedHeap_;
 };

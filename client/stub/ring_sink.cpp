@@ -7,6 +7,8 @@
 #include <variant>
 
 #include "client/stub/data_plane.hpp"
+#include "client/stub/device_output.hpp"
+#include "client/stub/runtime.hpp"
 
 namespace gpuproxy::stub {
 
@@ -23,7 +25,14 @@ CUresult RingSink::enqueue(ring::Command& command) {
 
 CUresult RingSink::synchronize(std::uint64_t context, ring::SynchronizeKind kind,
                                std::uint64_t handle, bool query) {
-  return plane_.synchronize(context, kind, handle, query);
+  const CUresult result = plane_.synchronize(context, kind, handle, query);
+  printDeviceOutputIfAny();
+  return result;
+}
+
+void RingSink::printDeviceOutputIfAny() {
+  if (!plane_.takeDeviceOutputPending()) return;
+  if (Runtime* runtime = Runtime::instance()) printDeviceOutput(*runtime);
 }
 
 void RingSink::eventRecorded(std::uint64_t event, std::uint64_t stream) {
@@ -65,7 +74,9 @@ CUresult RingSink::copyDeviceToHost(const StreamTarget& target, void* destinatio
   if (plane_.chunkBytes() == 0) {
     return fallback_.copyDeviceToHost(target, destination, source, bytes, blocking);
   }
-  return stagedDeviceToHost(target, destination, source, bytes);
+  const CUresult result = stagedDeviceToHost(target, destination, source, bytes);
+  printDeviceOutputIfAny();
+  return result;
 }
 
 template <typename Command>
@@ -80,6 +91,7 @@ CUresult RingSink::pinnedCopy(const StreamTarget& target, Command& command, bool
   }
   if (!blocking) return CUDA_SUCCESS;
   const CUresult result = plane_.waitFor(command.completionToken);
+  printDeviceOutputIfAny();
   if (result != CUDA_SUCCESS) return result;
   return plane_.takeAsyncError(target.context);
 }

@@ -37,6 +37,9 @@ private:
   // context, as a synchronising call); otherwise return once the record is in the ring.
   template <typename Command>
   CUresult pinnedCopy(const StreamTarget& target, Command& command, bool blocking);
+  // After a synchronising call: prints what the application's kernels printed, if the daemon said
+  // there is something.
+  void printDeviceOutputIfAny();
 
   DataPlane& plane_;
   CommandSink& fallback_;

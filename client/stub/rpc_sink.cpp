@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "client/stub/device_output.hpp"
 #include "client/stub/log.hpp"
 #include "client/stub/runtime.hpp"
 #include "protocol/overloaded.hpp"
@@ -30,6 +31,7 @@ constexpr std::uint64_t kToken = 1;
 struct SubmitAnswer {
   CUresult tokenResult = CUDA_SUCCESS;  // the Completion of kToken, if one was asked for
   CUresult asyncError = CUDA_SUCCESS;   // the first AsyncError, if any command failed
+  bool deviceOutput = false;            // the daemon holds device printf output
 };
 
 // The record `command` encodes to.
@@ -63,6 +65,7 @@ SubmitAnswer readAnswer(capnp::Data::Reader completions) {
                      if (answer.asyncError == CUDA_SUCCESS) answer.asyncError = error.result;
                    },
                    [](const ring::StagingRelease&) {},
+                   [&](const ring::DeviceOutput&) { answer.deviceOutput = true; },
                    [&](const ring::DecodeError& error) {
                      GPUPROXY_STUB_LOG(kError,
                                        "gpuproxyd answered with a record this stub cannot "
@@ -121,12 +124,16 @@ CUresult RpcSink::synchronize(std::uint64_t context, ring::SynchronizeKind kind,
   command.completionToken = kToken;
   command.query = query;
   const std::vector<std::byte> record = encoded(ring::Command{command});
-  return runtime_.call([&](Session::Client& session) {
-    return send(session, record, nullptr, 0).then([](auto response) {
+  bool deviceOutput = false;
+  const CUresult result = runtime_.call([&](Session::Client& session) {
+    return send(session, record, nullptr, 0).then([&](auto response) {
       const SubmitAnswer answer = readAnswer(response.getCompletions());
+      deviceOutput = answer.deviceOutput;
       return answer.asyncError != CUDA_SUCCESS ? answer.asyncError : answer.tokenResult;
     });
   });
+  if (deviceOutput) printDeviceOutput(runtime_);
+  return result;
 }
 
 CUresult RpcSink::copyHostToDevice(const StreamTarget& target, CUdeviceptr destination,
@@ -170,6 +177,11 @@ CUresult RpcSink::copyHostToDevice(const StreamTarget& target, CUdeviceptr desti
 CUresult RpcSink::copyDeviceToHost(const StreamTarget& target, void* destination,
                                    CUdeviceptr source, std::size_t bytes, bool /*blocking*/) {
   auto* to = static_cast<kj::byte*>(destination);
+  // Written by the answers, on the loop thread while this thread waits in call().
+  bool deviceOutput = false;
+  const auto printOutput = [&]() {
+    if (deviceOutput) printDeviceOutput(runtime_);
+  };
   for (std::size_t group = 0; group < bytes; group += kChunk * kChunksInFlight) {
     const std::size_t groupEnd = std::min(bytes, group + kChunk * kChunksInFlight);
     std::vector<std::vector<std::byte>> records;
@@ -192,8 +204,9 @@ CUresult RpcSink::copyDeviceToHost(const StreamTarget& target, void* destination
         // Runs on the loop thread while the calling thread waits, so writing into its buffer
         // here is safe.
         replies.add(
-            send(session, record, nullptr, length).then([to, offset, length](auto response) {
+            send(session, record, nullptr, length).then([&, to, offset, length](auto response) {
               const SubmitAnswer answer = readAnswer(response.getCompletions());
+              deviceOutput = deviceOutput || answer.deviceOutput;
               if (answer.asyncError != CUDA_SUCCESS) return answer.asyncError;
               if (answer.tokenResult != CUDA_SUCCESS) return answer.tokenResult;
               auto data = response.getPayload();
@@ -213,8 +226,12 @@ CUresult RpcSink::copyDeviceToHost(const StreamTarget& target, void* destination
         return firstFailure(results);
       });
     });
-    if (result != CUDA_SUCCESS) return result;
+    if (result != CUDA_SUCCESS) {
+      printOutput();
+      return result;
+    }
   }
+  printOutput();
   return CUDA_SUCCESS;
 }
 

@@ -112,6 +112,10 @@ void ClientChannel::postStagingRelease(std::uint64_t offset, std::uint64_t bytes
   post(ring::StagingRelease{offset, bytes});
 }
 
+void ClientChannel::postDeviceOutput(std::uint64_t bytes) {
+  post(ring::DeviceOutput{bytes});
+}
+
 std::span<std::byte> ClientChannel::hostBytes(const ring::HostLocation& location,
                                               std::uint64_t bytes) {
   // The decoder has checked offset + bytes against the region's size (limits_).

@@ -80,6 +80,7 @@ public:
   void postCompletion(std::uint64_t token, CUresult result) override;
   void postAsyncError(const protocol::ring::AsyncError& error) override;
   void postStagingRelease(std::uint64_t offset, std::uint64_t bytes) override;
+  void postDeviceOutput(std::uint64_t bytes) override;
   std::span<std::byte> hostBytes(const protocol::ring::HostLocation& location,
                                  std::uint64_t bytes) override;
   std::shared_ptr<const void> keepAlive() override { return segment_; }
@@ -93,7 +94,7 @@ public:
 
 private:
   using Answer = std::variant<protocol::ring::Completion, protocol::ring::AsyncError,
-                              protocol::ring::StagingRelease>;
+                              protocol::ring::StagingRelease, protocol::ring::DeviceOutput>;
   void post(Answer answer);
   // Moves parked answers into the completion ring while there is room; wakes the client once.
   void flushAnswers();

@@ -40,6 +40,8 @@ public:
   virtual void postCompletion(std::uint64_t token, CUresult result) = 0;
   virtual void postAsyncError(const protocol::ring::AsyncError& error) = 0;
   virtual void postStagingRelease(std::uint64_t offset, std::uint64_t bytes) = 0;
+  // The client has `bytes` of device printf output waiting (Session.takeDeviceOutput).
+  virtual void postDeviceOutput(std::uint64_t bytes) = 0;
 };
 
 class CommandExecutor {

@@ -64,6 +64,7 @@ protected:
   kj::Promise<void> openDataPlane(OpenDataPlaneContext context) override;
   kj::Promise<void> registerPinned(RegisterPinnedContext context) override;
   kj::Promise<void> unregisterPinned(UnregisterPinnedContext context) override;
+  kj::Promise<void> takeDeviceOutput(TakeDeviceOutputContext context) override;
 
 private:
   class MessagePort;
@@ -84,6 +85,9 @@ private:
   void executeCopyToDevice(const protocol::ring::CopyHostToDevice& copy, CommandPort& port);
   void executeCopyToHost(const protocol::ring::CopyDeviceToHost& copy, CommandPort& port);
   void executeSynchronize(const protocol::ring::Synchronize& sync, CommandPort& port);
+  // Moves what the client's kernels printed from the GPUs into deviceOutput_, and tells the
+  // client through `port` if there is any (a synchronisation is about to be answered).
+  void collectDeviceOutput(CommandPort& port);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
   // Ends this client's connection: it broke the ring format (channelBroken follows).
@@ -118,6 +122,10 @@ private:
   // drained (retiring_ meanwhile), or the session ends.
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
+  // Device printf output not yet fetched by the client (bounded as a GPU's printf buffer is).
+  static constexpr std::size_t kMaxDeviceOutputBytes = 1 << 20;
+  std::string deviceOutput_;
+  std::uint64_t deviceOutputLost_ = 0;
   // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

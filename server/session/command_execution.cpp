@@ -249,6 +249,14 @@ public:
     if (channel_) channel_->postStagingRelease(offset, bytes);
   }
 
+  void postDeviceOutput(std::uint64_t bytes) override {
+    if (!answered_) {
+      append(ring::DeviceOutput{bytes});
+    } else if (channel_) {
+      channel_->postDeviceOutput(bytes);
+    }
+  }
+
   // A command about to be executed carries `token` (0: none).
   void expect(std::uint64_t token) {
     if (token != 0) ++pendingTokens_;
@@ -461,7 +469,9 @@ void ClientSession::executeCopyToHost(const ring::CopyDeviceToHost& copy, Comman
   kj::Promise<CUresult> done =
       client->copyDeviceToHostInto(copy.context, copy.stream, copy.source,
                                    port.hostBytes(copy.destination, copy.bytes), port.keepAlive());
-  ringTasks_->add(done.then([port = port.shared_from_this(), copy](CUresult result) {
+  ringTasks_->add(done.then([this, port = port.shared_from_this(), copy](CUresult result) {
+    // A blocking copy synchronises: what the client's kernels printed comes first.
+    if (copy.completionToken != 0) collectDeviceOutput(*port);
     answer(*port, result, copy.completionToken, copy);
   }));
 }
@@ -469,8 +479,11 @@ void ClientSession::executeCopyToHost(const ring::CopyDeviceToHost& copy, Comman
 void ClientSession::executeSynchronize(const ring::Synchronize& sync, CommandPort& port) {
   const std::uint64_t token = sync.completionToken;
   // Answers `token` once `promise` resolves.
+  // (The tasks are the session's: they never run after it is gone.)
   auto answerLater = [&](kj::Promise<CUresult> promise) {
-    ringTasks_->add(promise.then([port = port.shared_from_this(), token](CUresult result) {
+    ringTasks_->add(promise.then([this, port = port.shared_from_this(), token](CUresult result) {
+      // What the client's kernels printed is printed before the synchronisation returns.
+      collectDeviceOutput(*port);
       port->postCompletion(token, result);
     }));
   };
@@ -526,6 +539,37 @@ CUresult ClientSession::streamWaitEvent(const ring::StreamWaitEvent& wait) {
                                                               : CUDA_ERROR_INVALID_HANDLE;
   }
   return client->streamWaitEvent(wait.context, wait.stream, wait.event);
+}
+
+}  // namespace gpuproxy::server
+
+namespace gpuproxy::server {
+
+void ClientSession::collectDeviceOutput(CommandPort& port) {
+  for (const auto& [device, client] : clients_) {
+    const std::string text = state_.gpus[device]->device().takeDeviceOutput(stats_->addressSpace);
+    if (text.empty()) continue;
+    deviceOutput_ += text;
+    if (deviceOutput_.size() > kMaxDeviceOutputBytes) {
+      // As a GPU's circular printf buffer does: the oldest output goes, whole lines if it can.
+      std::size_t drop = deviceOutput_.size() - kMaxDeviceOutputBytes;
+      const std::size_t newline = deviceOutput_.find('\n', drop);
+      if (newline != std::string::npos) drop = newline + 1;
+      deviceOutputLost_ += drop;
+      deviceOutput_.erase(0, drop);
+    }
+  }
+  if (!deviceOutput_.empty()) port.postDeviceOutput(deviceOutput_.size());
+}
+
+kj::Promise<void> ClientSession::takeDeviceOutput(TakeDeviceOutputContext context) {
+  auto results = context.getResults();
+  results.setText(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(deviceOutput_.data()),
+                               deviceOutput_.size()));
+  results.setLostBytes(deviceOutputLost_);
+  deviceOutput_.clear();
+  deviceOutputLost_ = 0;
+  return kj::READY_NOW;
 }
 
 }  // namespace gpuproxy::server

@@ -12,9 +12,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <variant>
 
 #include "protocol/cuda_result.hpp"
@@ -61,11 +63,14 @@ constexpr int kSimLeastPriority = 0;
 constexpr int kSimGreatestPriority = -5;
 
 // One record of an event on a stream. Guarded by DeviceCore::mutex_.
+struct StreamQueue;
+
 struct RecordState {
   bool completed = false;
   CUresult status = CUDA_SUCCESS;
   Clock::time_point time;
   std::vector<CompletionCallback> waiters;
+  std::vector<StreamQueue*> blockedQueues;  // streams whose next op waits for this record
 };
 
 // Guarded by DeviceCore::mutex_ (except the constant flags).
@@ -129,9 +134,15 @@ struct Op {
 };
 
 // A stream's FIFO. Guarded by DeviceCore::mutex_.
+// The engine keeps only the streams that have work where it looks for the next op: runnable
+// heads in DeviceCore::ready_, heads waiting for an event's record with that record. An idle
+// stream costs nothing per op, however many there are.
 struct StreamQueue {
   std::deque<Op> ops;
   bool released = false;  // the Stream object is gone; drop the queue once it drains
+  bool ready = false;     // its head is in DeviceCore::ready_
+  std::shared_ptr<RecordState> blockedOn;  // its head waits for this record to complete
+  std::list<std::shared_ptr<StreamQueue>>::iterator self;  // its entry in DeviceCore::queues_
 };
 
 struct Outcome {
@@ -236,21 +247,21 @@ public:
   std::shared_ptr<StreamQueue> addQueue() {
     auto queue = std::make_shared<StreamQueue>();
     std::lock_guard lock(mutex_);
-    queues_.push_back(queue);
+    queue->self = queues_.insert(queues_.end(), queue);
     return queue;
   }
 
   void releaseQueue(const std::shared_ptr<StreamQueue>& queue) {
     std::lock_guard lock(mutex_);
     queue->released = true;
-    pruneQueuesLocked();
+    dropIfDoneLocked(*queue);
   }
 
   CUresult enqueue(StreamQueue& queue, OpBody body) {
     {
       std::lock_guard lock(mutex_);
       if (const CUresult status = usableLocked(); status != CUDA_SUCCESS) return status;
-      queue.ops.push_back(Op{nextSequence_++, std::move(body)});
+      pushLocked(queue, std::move(body));
     }
     workCv_.notify_one();
     return CUDA_SUCCESS;
@@ -262,7 +273,7 @@ public:
       if (const CUresult status = usableLocked(); status != CUDA_SUCCESS) return status;
       auto record = std::make_shared<RecordState>();
       event.latest = record;
-      queue.ops.push_back(Op{nextSequence_++, RecordOp{std::move(record)}});
+      pushLocked(queue, RecordOp{std::move(record)});
     }
     workCv_.notify_one();
     return CUDA_SUCCESS;
@@ -275,7 +286,7 @@ public:
       // Only the record that exists now matters; later records of the event do not delay this
       // stream. No record, or a completed one: nothing to wait for.
       if (!event.latest || event.latest->completed) return CUDA_SUCCESS;
-      queue.ops.push_back(Op{nextSequence_++, WaitOp{event.latest}});
+      pushLocked(queue, WaitOp{event.latest});
     }
     workCv_.notify_one();
     return CUDA_SUCCESS;
@@ -354,35 +365,66 @@ private:
     abandonBefore_ = nextSequence_;
     abandonStatus_ = sticky_ != CUDA_SUCCESS ? sticky_ : CUDA_ERROR_CONTEXT_IS_DESTROYED;
     stop_.store(true);
+    // Waits that were queued are dropped like the rest: their streams are runnable again.
+    std::vector<StreamQueue*> blocked(blocked_.begin(), blocked_.end());
+    for (StreamQueue* queue : blocked) {
+      std::erase(queue->blockedOn->blockedQueues, queue);
+      queue->blockedOn.reset();
+      blocked_.erase(queue);
+      scheduleHeadLocked(*queue);
+    }
   }
 
-  bool idleLocked() const {
-    return executing_ == nullptr && std::all_of(queues_.begin(), queues_.end(),
-                                                [](const std::shared_ptr<StreamQueue>& queue) {
-                                                  return queue->ops.empty();
-                                                });
+  bool idleLocked() const { return executing_ == nullptr && queuedOps_ == 0; }
+
+  void pushLocked(StreamQueue& queue, OpBody body) {
+    queue.ops.push_back(Op{nextSequence_++, std::move(body)});
+    ++queuedOps_;
+    if (queue.ops.size() == 1) scheduleHeadLocked(queue);
   }
 
-  void pruneQueuesLocked() {
-    queues_.remove_if([&](const std::shared_ptr<StreamQueue>& queue) {
-      return queue->released && queue->ops.empty() && executing_ != queue.get();
-    });
+  // Puts the queue's head where the engine will find it: among the runnable heads, or with the
+  // record it waits for. A queue whose op is running is scheduled once it has finished.
+  void scheduleHeadLocked(StreamQueue& queue) {
+    if (queue.ops.empty() || queue.ready || queue.blockedOn || executing_ == &queue) return;
+    const Op& head = queue.ops.front();
+    if (head.sequence >= abandonBefore_) {
+      const auto* wait = std::get_if<WaitOp>(&head.body);
+      if (wait != nullptr && !wait->record->completed) {
+        queue.blockedOn = wait->record;
+        wait->record->blockedQueues.push_back(&queue);
+        blocked_.insert(&queue);
+        return;
+      }
+    }
+    queue.ready = true;
+    ready_.emplace(head.sequence, &queue);
+  }
+
+  // A record completed: the streams waiting for it may go on.
+  void recordCompletedLocked(RecordState& record) {
+    const std::vector<StreamQueue*> waiting = std::move(record.blockedQueues);
+    record.blockedQueues.clear();
+    for (StreamQueue* queue : waiting) {
+      queue->blockedOn.reset();
+      blocked_.erase(queue);
+      scheduleHeadLocked(*queue);
+    }
+  }
+
+  // A released stream is forgotten once its last op has run.
+  void dropIfDoneLocked(StreamQueue& queue) {
+    if (queue.released && queue.ops.empty() && executing_ != &queue) queues_.erase(queue.self);
   }
 
   // The runnable stream head with the lowest sequence number: streams interleave in submission
   // order, and a stream blocked on an event does not hold up the others.
   std::shared_ptr<StreamQueue> pickLocked() {
-    std::shared_ptr<StreamQueue> best;
-    for (const std::shared_ptr<StreamQueue>& queue : queues_) {
-      if (queue->ops.empty()) continue;
-      const Op& head = queue->ops.front();
-      if (head.sequence >= abandonBefore_) {
-        const auto* wait = std::get_if<WaitOp>(&head.body);
-        if (wait != nullptr && !wait->record->completed) continue;
-      }
-      if (!best || head.sequence < best->ops.front().sequence) best = queue;
-    }
-    return best;
+    if (ready_.empty()) return nullptr;
+    StreamQueue* queue = ready_.begin()->second;
+    ready_.erase(ready_.begin());
+    queue->ready = false;
+    return *queue->self;
   }
 
   void engineMain() {
@@ -396,6 +438,7 @@ private:
       }
       Op op = std::move(queue->ops.front());
       queue->ops.pop_front();
+      --queuedOps_;
       executing_ = queue.get();
       const CUresult skipWith = op.sequence < abandonBefore_ ? abandonStatus_ : sticky_;
       lock.unlock();
@@ -409,6 +452,7 @@ private:
         record->record->status = outcome.status;
         record->record->time = outcome.time;
         waiters = std::move(record->record->waiters);
+        recordCompletedLocked(*record->record);
       }
       if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS &&
           skipWith == CUDA_SUCCESS) {
@@ -421,7 +465,7 @@ private:
       // A host callback is part of its stream's work, as in CUDA: the stream is not idle until
       // the callback has returned.
       const bool hostCallback = std::holds_alternative<CallbackOp>(op.body);
-      if (!hostCallback) finishExecutingLocked();
+      if (!hostCallback) finishExecutingLocked(*queue);
       const bool idle = !hostCallback && idleLocked();
       lock.unlock();
 
@@ -430,15 +474,16 @@ private:
       complete(op, outcome, waiters);
       lock.lock();
       if (hostCallback) {
-        finishExecutingLocked();
+        finishExecutingLocked(*queue);
         if (idleLocked()) idleCv_.notify_all();
       }
     }
   }
 
-  void finishExecutingLocked() {
+  void finishExecutingLocked(StreamQueue& queue) {
     executing_ = nullptr;
-    pruneQueuesLocked();
+    scheduleHeadLocked(queue);
+    dropIfDoneLocked(queue);
   }
 
   static std::string describeOp(const Op& op) {
@@ -561,9 +606,12 @@ private:
   std::map<backend::AddressSpace, CachedMap> memoryMaps_;  // engine thread only
 
   std::mutex mutex_;
-  std::condition_variable workCv_;  // new work, or stop
-  std::condition_variable idleCv_;  // the engine has drained (reset waits for it)
-  std::list<std::shared_ptr<StreamQueue>> queues_;
+  std::condition_variable workCv_;                  // new work, or stop
+  std::condition_variable idleCv_;                  // the engine has drained (reset waits for it)
+  std::list<std::shared_ptr<StreamQueue>> queues_;  // every stream's, until released and drained
+  std::set<std::pair<std::uint64_t, StreamQueue*>> ready_;  // runnable heads, by sequence
+  std::unordered_set<StreamQueue*> blocked_;                // heads waiting for a record
+  std::size_t queuedOps_ = 0;               // ops in all queues, not counting the running one
   const StreamQueue* executing_ = nullptr;  // the queue whose op runs now
   std::uint64_t nextSequence_ = 0;
   std::uint64_t abandonBefore_ = 0;  // ops with a lower sequence are dropped, not run
@@ -809,7 +857,6 @@ private:
   const backend::AddressSpace owner_;  // whose memory its kernels may touch
 };
 
-
 class SimDevice final : public Device {
 public:
   SimDevice(int index, std::uint64_t memoryBytes, std::unique_ptr<DeviceArena> arena,
@@ -956,8 +1003,8 @@ public:
   // The class is not modelled (there is no SM partition on sim), and neither is the priority:
   // the engine runs ops in submission order. The priority is clamped and kept, as CUDA keeps it,
   // so that what the dispatcher chose can be seen.
-  Result<std::unique_ptr<Stream>> createStreamFor(backend::TenantClass /*workClass*/, unsigned flags,
-                                                  int priority,
+  Result<std::unique_ptr<Stream>> createStreamFor(backend::TenantClass /*workClass*/,
+                                                  unsigned flags, int priority,
                                                   backend::AddressSpace owner) override {
     if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;

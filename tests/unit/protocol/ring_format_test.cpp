@@ -290,10 +290,18 @@ TEST(RingRoundTrip, Completions) {
   const AsyncError asyncError{42, 0x1000, 0x3000, CUDA_ERROR_INVALID_HANDLE,
                               static_cast<std::uint16_t>(Opcode::kLaunchKernel)};
   const StagingRelease release{4096, 65536};
+  const DeviceOutput output{1234};
   auto decode = [](const auto& value) { return decodeCompletion(encoded(value), kLimits); };
   EXPECT_EQ(std::get<Completion>(decode(completion)), completion);
   EXPECT_EQ(std::get<AsyncError>(decode(asyncError)), asyncError);
   EXPECT_EQ(std::get<StagingRelease>(decode(release)), release);
+  EXPECT_EQ(std::get<DeviceOutput>(decode(output)), output);
+  // 16 bytes, as RING_FORMAT.md's table says: kind 4, no flags, then the byte count.
+  const std::vector<std::byte> bytes = encoded(output);
+  ASSERT_EQ(bytes.size(), 16u);
+  EXPECT_EQ(static_cast<int>(bytes[0]), 4);
+  EXPECT_EQ(static_cast<int>(bytes[4]), 16);
+  EXPECT_EQ(static_cast<int>(bytes[8]), 1234 & 0xff);
 }
 
 TEST(RingRoundTrip, WireLayoutIsWhatTheSpecSays) {
@@ -742,7 +750,7 @@ TEST(RingCompletion, RejectsMalformedRecords) {
   poke(reserved, 8 + 12, std::uint32_t{1});
   EXPECT_EQ(errorOfCompletion(reserved).failure, DecodeFailure::kReservedNotZero);
   Bytes unknown = completion;
-  poke(unknown, 0, std::uint16_t{4});
+  poke(unknown, 0, std::uint16_t{5});
   EXPECT_EQ(errorOfCompletion(unknown).failure, DecodeFailure::kUnknownOpcode);
   // A result cuda.h does not define cannot become a CUresult.
   Bytes notAResult = completion;
@@ -895,6 +903,7 @@ TEST(RingSeedCorpus, EverySeedDecodes) {
                      encoded(AsyncError{42, 0x1000, 0x3000, CUDA_ERROR_INVALID_VALUE,
                                         static_cast<std::uint16_t>(Opcode::kLaunchKernel)}));
   seeds.emplace_back("staging_release", encoded(StagingRelease{4096, 65536}));
+  seeds.emplace_back("device_output", encoded(DeviceOutput{42}));
   const char* dir = std::getenv("GPUPROXY_WRITE_RING_CORPUS");
   for (const auto& [name, record] : seeds) {
     SCOPED_TRACE(name);

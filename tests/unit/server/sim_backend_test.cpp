@@ -856,6 +856,73 @@ TEST_F(SimTest, ResetInterruptsRunningWork) {
   EXPECT_EQ(device_->stickyError(), CUDA_SUCCESS);
 }
 
+// The engine looks only at streams with work: 100,000 idle streams of one client slow neither
+// another stream's work nor their own teardown nor the device's. (Before, each op scanned every
+// stream, and each stream's destruction scanned them all again: minutes for this test.)
+TEST_F(SimTest, IdleStreamsCostTheEngineNothing) {
+  constexpr int kIdle = 100000;
+  std::vector<std::unique_ptr<Stream>> idle;
+  idle.reserve(kIdle);
+  for (int i = 0; i < kIdle; ++i) {
+    auto stream = device_->createStream(CU_STREAM_NON_BLOCKING, 0);
+    ASSERT_TRUE(stream.ok());
+    idle.push_back(std::move(stream).value());
+  }
+  const CUdeviceptr buffer = allocate(4096);
+  auto done = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 5000; ++i) {
+      EXPECT_EQ(stream_->memset(buffer, static_cast<std::uint32_t>(i), 4, 1024), CUDA_SUCCESS);
+    }
+    EXPECT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+    idle.clear();  // each stream's teardown is constant time
+  });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "5000 ops beside 100000 idle streams took over a minute";
+  std::uint32_t last = 0;
+  ASSERT_EQ(stream_->copyDeviceToHost(&last, buffer + 4092, 4), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(last, 4999u);
+}
+
+// A kernel that never ends does not keep the device from being destroyed (the daemon's
+// shutdown) or reset (a reclaim after a fault): the interpreter checks for a stop at every
+// backward branch.
+TEST_F(SimTest, AKernelInAnInfiniteLoopIsStoppedByShutdownAndReset) {
+  const std::string ptx = std::string(".version 8.0\n.target sm_75\n.address_size 64\n") + R"(
+.visible .entry forever(.param .u64 p)
+{
+  .reg .b32 %r<2>;
+  mov.u32 %r1, 0;
+$again:
+  add.u32 %r1, %r1, 1;
+  bra.uni $again;
+}
+)";
+  for (const bool reset : {true, false}) {
+    auto module = device_->loadModule(bytesOf(ptx));
+    ASSERT_TRUE(module.ok()) << module.code();
+    Function& forever = *module.value()->function("forever").value();
+    auto finished = std::make_shared<std::promise<CUresult>>();
+    ASSERT_EQ(stream_->launch(
+                  forever, config(8, 64), pack(forever, std::uint64_t{0}),
+                  [finished](CUresult status, std::uint64_t) { finished->set_value(status); }),
+              CUDA_SUCCESS);
+    std::future<CUresult> status = finished->get_future();
+    EXPECT_EQ(status.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+    stream_.reset();
+    module.value().reset();
+    module_.reset();
+    if (reset) {
+      ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+      open({});
+    } else {
+      device_.reset();
+    }
+    ASSERT_EQ(status.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_EQ(status.get(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  }
+}
+
 TEST(SimDevices, AreIndependent) {
   auto backend = newSimBackend({.devices = 2, .memoryBytes = 1 * kGiB});
   auto first = std::move(backend->openDevice(0)).value();
