@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "server/backend/ptx/ptx_bind_support.hpp"
 #include "server/backend/ptx/ptx_ops_common.hpp"
@@ -145,30 +146,39 @@ inline std::uint64_t addressOf(const Instruction& instruction, const std::uint64
   return value + static_cast<std::uint64_t>(instruction.immediate);
 }
 
+// The unsigned integer of `Bytes` bytes.
+template <unsigned Bytes>
+using Word = std::conditional_t<
+    Bytes == 1, std::uint8_t,
+    std::conditional_t<Bytes == 2, std::uint16_t,
+                       std::conditional_t<Bytes == 4, std::uint32_t, std::uint64_t>>>;
+
+// A loaded word as a register holds it: sign- or zero-extended to 64 bits.
 template <unsigned Bytes, bool Signed>
-inline std::uint64_t loadValue(const std::byte* where) {
-  if constexpr (Bytes == 1) {
-    std::uint8_t value;
-    std::memcpy(&value, where, 1);
-    return Signed ? bitsOf(static_cast<std::int8_t>(value)) : value;
-  } else if constexpr (Bytes == 2) {
-    std::uint16_t value;
-    std::memcpy(&value, where, 2);
-    return Signed ? bitsOf(static_cast<std::int16_t>(value)) : value;
-  } else if constexpr (Bytes == 4) {
-    std::uint32_t value;
-    std::memcpy(&value, where, 4);
-    return Signed ? bitsOf(static_cast<std::int32_t>(value)) : value;
+inline std::uint64_t extended(Word<Bytes> value) {
+  if constexpr (Signed && Bytes < 8) {
+    return bitsOf(static_cast<std::make_signed_t<Word<Bytes>>>(value));
   } else {
-    std::uint64_t value;
-    std::memcpy(&value, where, 8);
     return value;
   }
 }
 
+// Global memory is shared by every thread of a launch (blocks run on several workers) and pinned
+// host memory with the application, and kernels race on it as they may on a GPU. Each access is a
+// relaxed atomic of its own width (translate() has checked the alignment): one plain move on
+// x86, and a racing kernel stays defined behaviour in the interpreter.
+template <unsigned Bytes, bool Signed>
+inline std::uint64_t loadValue(const std::byte* where) {
+  auto* word = reinterpret_cast<Word<Bytes>*>(const_cast<std::byte*>(where));
+  return extended<Bytes, Signed>(
+      std::atomic_ref<Word<Bytes>>(*word).load(std::memory_order_relaxed));
+}
+
 template <unsigned Bytes>
 inline void storeValue(std::byte* where, std::uint64_t value) {
-  std::memcpy(where, &value, Bytes);  // little-endian: the low bytes
+  // Little-endian: a narrower store writes the register's low bytes.
+  std::atomic_ref<Word<Bytes>>(*reinterpret_cast<Word<Bytes>*>(where))
+      .store(static_cast<Word<Bytes>>(value), std::memory_order_relaxed);
 }
 
 // ld: op[0..vector-1] destinations, op[4] the address base.
@@ -216,7 +226,10 @@ bool loadKernelParamHandler(ExecContext& context, const Instruction& instruction
                       "load outside the kernel's parameters");
   }
   for (unsigned v = 0; v < vector; ++v) {
-    const std::uint64_t value = loadValue<Bytes, Signed>(context.kernelParams + offset + v * Bytes);
+    // The parameter buffer is this launch's own and may pack a value at any offset: no atomics.
+    Word<Bytes> word;
+    std::memcpy(&word, context.kernelParams + offset + v * Bytes, Bytes);
+    const std::uint64_t value = extended<Bytes, Signed>(word);
     std::uint64_t* d = context.row(instruction.op[v]);
     forLanes(mask, [&](std::uint32_t lane) { d[lane] = value; });
   }
