@@ -47,8 +47,10 @@ struct ExitStatus {
 // A child process with stdout and stderr captured to files.
 class Child {
 public:
-  // Starts argv[0] with the current environment plus `environment` (which overrides).
-  Child(std::vector<std::string> argv, std::map<std::string, std::string> environment = {});
+  // Starts argv[0] with the current environment plus `environment` (which overrides), and with
+  // at most `openFileLimit` descriptors when given (soft and hard limit).
+  Child(std::vector<std::string> argv, std::map<std::string, std::string> environment = {},
+        std::optional<unsigned long> openFileLimit = std::nullopt);
   ~Child();  // kills it (SIGKILL) if still running, and reaps it
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
@@ -83,6 +85,8 @@ public:
     int simDevices = 1;
     std::string simMemory = "16GiB";
     std::vector<std::string> extraArguments;
+    // RLIMIT_NOFILE (soft and hard) to start it with; nullopt: the test's own.
+    std::optional<unsigned long> openFileLimit;
   };
   Daemon();
   explicit Daemon(Options options);
