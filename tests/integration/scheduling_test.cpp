@@ -19,7 +19,7 @@ nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name
   return nullptr;
 }
 
-// `light` (weight 1) and `heavy` (weight 3), each with one client launching 1 ms spin kernels.
+// `light` (weight 1) and `heavy` (weight 3), each with one client launching 4 ms spin kernels.
 class Scheduling : public ::testing::Test {
 protected:
   void start(const std::string& scheduler) {
@@ -35,7 +35,10 @@ protected:
     Daemon::Options options;
     options.extraArguments = {"--config", config_, "--scheduler", scheduler};
     daemon_ = std::make_unique<Daemon>(options);
-    const std::vector<std::string> load{"--kernel-us", "1000", "--depth", "16", "--seconds", "2.5"};
+    // Kernels long enough, and queues deep enough, that both clients stay backlogged even when
+    // they and the daemon get little CPU (a sanitizer build, a loaded machine): shares only hold
+    // between clients that always have work waiting.
+    const std::vector<std::string> load{"--kernel-us", "4000", "--depth", "32", "--seconds", "3"};
     lightClient_ = daemon_->startClientOn(light_, "spin_load", load);
     heavyClient_ = daemon_->startClientOn(heavy_, "spin_load", load);
   }

@@ -35,8 +35,9 @@ constexpr int kMaxAgeMs = 2000;
 // reclaim plus one whole `gpuproxyctl status` (fork, exec, connect), which alone takes 10-300 ms
 // on a loaded 2-core machine; so the target is measured, not asserted, by
 // benchmarks/reclaim_torture over a persistent admin connection, and this bound only has to
-// catch a reclaim that hangs or crawls.
-constexpr milliseconds kReclaimBound{3000};
+// catch a reclaim that hangs: it holds under the sanitizer builds on a loaded machine too, where
+// a victim's kernel still on the device (whose buffers are freed once it ends) can take seconds.
+constexpr milliseconds kReclaimBound{15000};
 // Keeps daemon and client memory modest on CI while buffers still go up to 64 MiB.
 constexpr const char* kHoldBytes = "67108864";
 
