@@ -44,8 +44,8 @@ struct RpcConnection {
   // A client connection, which passes file descriptors (the data-plane segment).
   RpcConnection(kj::Own<kj::AsyncCapabilityStream> stream, capnp::Capability::Client bootstrap)
       : capabilityStream_(kj::mv(stream)),
-        network_(*capabilityStream_, protocol::kMaxFdsPerMessage, capnp::rpc::twoparty::Side::SERVER,
-                 readerOptions()),
+        network_(*capabilityStream_, protocol::kMaxFdsPerMessage,
+                 capnp::rpc::twoparty::Side::SERVER, readerOptions()),
         rpc_(capnp::makeRpcServer(network_, kj::mv(bootstrap))) {}
 
   static capnp::ReaderOptions readerOptions() {

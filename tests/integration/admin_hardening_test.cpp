@@ -25,13 +25,6 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 
-nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
-  for (const auto& tenant : status["tenants"]) {
-    if (tenant["name"] == name) return tenant;
-  }
-  return nullptr;
-}
-
 bool exists(const std::string& path) {
   struct stat info {};
   return ::lstat(path.c_str(), &info) == 0;

@@ -21,24 +21,6 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 
-std::map<std::string, std::string> answers(const std::string& output) {
-  std::map<std::string, std::string> out;
-  std::istringstream lines(output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    auto space = line.rfind(' ');
-    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
-  }
-  return out;
-}
-
-nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
-  for (const auto& tenant : status["tenants"]) {
-    if (tenant["name"] == name) return tenant;
-  }
-  return nullptr;
-}
-
 // A daemon with two tenants, `alpha` limited to 4 MiB per device and `beta` unlimited.
 class Tenants : public ::testing::Test {
 protected:

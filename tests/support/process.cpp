@@ -229,4 +229,26 @@ nlohmann::json Daemon::status() const {
   return nlohmann::json::parse(result.output);
 }
 
+std::map<std::string, std::string> answers(const std::string& output) {
+  std::map<std::string, std::string> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    auto space = line.rfind(' ');
+    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return out;
+}
+
+nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
+  for (const auto& tenant : status["tenants"]) {
+    if (tenant["name"] == name) return tenant;
+  }
+  return nullptr;
+}
+
+bool rpcTransport() {
+  const char* transport = std::getenv("GPUPROXY_TRANSPORT");
+  return transport != nullptr && std::string(transport) == "rpc";
+}
+
 }  // namespace gpuproxy::testing

@@ -128,6 +128,13 @@ private:
   bool stopped_ = false;
 };
 
+// The "<check> <value>" lines the test programs print (tests/programs), by check.
+std::map<std::string, std::string> answers(const std::string& output);
+// The entry of tenant `name` in a `gpuproxyctl status --json`, or null.
+nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name);
+// Whether the test runs with GPUPROXY_TRANSPORT=rpc (ctest's `rpc` re-runs of integration tests).
+bool rpcTransport();
+
 // Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
 bool eventually(const std::function<bool()>& condition,
                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
