@@ -166,8 +166,11 @@ private:
     server::TenantLimits limits;
     limits.weight = weight;
     limits.tenantClass = tenantClass;
-    return std::make_shared<server::Tenant>(server::TenantDefinition{name, "", limits});
+    return std::make_shared<server::Tenant>(nextTenantId_++,
+                                            server::TenantDefinition{name, "", limits});
   }
+
+  server::TenantId nextTenantId_ = 1;
 
   std::unique_ptr<server::backend::Stream> stream(const std::shared_ptr<server::Tenant>& tenant) {
     auto created = device_->createStream({tenant, device_->newClientId()}, 0, 0);

@@ -53,6 +53,9 @@ interface SharedFile {}
 # Bootstrap capability of the client socket. Who the client is comes from the socket (SO_PEERCRED),
 # never from anything it sends.
 interface Gateway {
+  # Once per connection: a second attach on the same connection answers
+  # CUDA_ERROR_ALREADY_ACQUIRED and creates nothing (a process that wants another session opens
+  # another connection, which counts against its tenant's connection limit).
   attach @0 (protocolVersion :UInt32)
       -> (result :Int32, session :Session, backend :Text, driverVersion :Int32,
           devices :List(DeviceInfo));
@@ -195,11 +198,33 @@ struct ClientStatus {
   cgroup @11 :Text;             # its cgroup path (/proc/PID/cgroup) at attach
   moduleBytes @12 :UInt64;      # device memory its loaded modules take (included in memoryUsed)
   pinnedMemoryUsed @13 :UInt64; # pinned host memory it holds (cuMemHostAlloc)
+  tenantId @14 :UInt32;         # the id of `tenant` (TenantStatus.id)
+  podUid @15 :Text;             # Kubernetes pod UID from its cgroup at attach; empty outside a pod
+  containerId @16 :Text;        # container id from its cgroup at attach; empty outside a pod
 }
 
 enum TenantClass {
   bestEffort @0;
   latencyCritical @1;
+}
+
+enum TenantOrigin {
+  config @0;    # from the tenants file (--config); a reload adds, changes and removes these
+  runtime @1;   # created through the admin interface; removed only through it
+}
+
+# The Kubernetes allocation a tenant was created for by the device plugin: the extended resource
+# and the device ids the kubelet allocated. Empty `resource` for every other tenant.
+struct Allocation {
+  resource @0 :Text;
+  deviceIds @1 :List(Text);
+}
+
+# The pod that holds an allocation, in Kubernetes' names (from the kubelet's PodResources API).
+struct PodReference {
+  podNamespace @0 :Text;
+  podName @1 :Text;
+  containers @2 :List(Text);
 }
 
 struct TenantStatus {
@@ -221,6 +246,13 @@ struct TenantStatus {
   pinnedMemoryUsed @15 :UInt64;       # pinned host memory its clients hold
   hasPinnedMemoryLimit @16 :Bool;
   pinnedMemoryLimit @17 :UInt64;      # bytes (meaningful when hasPinnedMemoryLimit)
+  id @18 :UInt32;               # given by the daemon at creation, never given to another tenant
+  origin @19 :TenantOrigin;
+  allocation @20 :Allocation;   # set for a device plugin's allocation
+  pod @21 :PodReference;        # the pod holding that allocation, once the plugin has seen it
+  boundPodUid @22 :Text;        # the pod UID its socket is bound to (first pod seen); empty before
+  connections @23 :UInt32;      # open connections on its socket
+  maxConnections @24 :UInt32;   # how many it may have open at once
 }
 
 struct DaemonStatus {
@@ -249,11 +281,39 @@ struct TenantLimitsUpdate {
   clearPinnedMemoryLimit @9 :Bool;    # no pinned memory limit at all
 }
 
+# A tenant created at run time. The daemon listens for its clients on
+# `<socketDirectory>/gpuproxy.sock`, creating the directories that are missing.
+struct TenantSpec {
+  name @0 :Text;                # letters, digits, '-', '_', '.'; at most 64
+  socketDirectory @1 :Text;     # an absolute path without '..'
+  hasMemoryLimit @2 :Bool;
+  memoryLimit @3 :UInt64;       # bytes per device
+  hasPinnedMemoryLimit @4 :Bool;
+  pinnedMemoryLimit @5 :UInt64;
+  weight @6 :UInt32;            # 1..10000; 0 means the default, 1
+  class @7 :TenantClass;
+  hasDevices @8 :Bool;          # false: every device
+  devices @9 :List(UInt32);     # the daemon's device indices the tenant sees, numbered from 0
+  maxConnections @10 :UInt32;   # 0: the daemon's default
+  allocation @11 :Allocation;   # the device plugin's allocation, if it made the tenant
+}
+
 interface Admin {
   status @0 () -> (status :DaemonStatus);
   # Changes a tenant's limits now. Lowering the memory limit below what the tenant uses blocks its
   # new allocations and frees nothing. `error` is empty on success, else says why nothing changed.
   setTenantLimits @1 (tenant :Text, update :TenantLimitsUpdate) -> (error :Text);
-  # Ends a client's session the way a crash would: everything it held is reclaimed.
+  # Ends a client's session the way a crash would: everything it held is reclaimed. `pid` must be
+  # a process id (1 to 4194304).
   evict @2 (pid :UInt32) -> (error :Text, evicted :UInt32);
+  # Creates a tenant now, with its socket. `error` is empty on success, else says why nothing was
+  # created (name taken or invalid, directory unusable, a limit out of range).
+  createTenant @3 (spec :TenantSpec) -> (error :Text, id :UInt32, socket :Text);
+  # Removes a tenant created at run time: its socket is closed and removed and every client that
+  # came through it is ended, everything it held reclaimed. Tenants from the tenants file are
+  # removed by editing the file and reloading (SIGHUP).
+  removeTenant @4 (name :Text) -> (error :Text, connectionsEnded :UInt32);
+  # Records which pod holds a tenant's allocation (the device plugin, from PodResources), for
+  # status and metrics. An empty `pod.podName` forgets it.
+  setTenantPod @5 (name :Text, pod :PodReference) -> (error :Text);
 }

@@ -4,6 +4,7 @@
 #include "protocol/cuda_result.hpp"
 
 #include <cstdio>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -19,6 +20,44 @@ nlohmann::json bandToJson(protocol::PriorityBand::Reader band) {
 std::string bandToText(protocol::PriorityBand::Reader band) {
   if (band.getGreatest() == band.getLeast()) return std::to_string(band.getGreatest());
   return std::to_string(band.getGreatest()) + ".." + std::to_string(band.getLeast());
+}
+
+std::vector<std::string> textList(capnp::List<capnp::Text>::Reader list) {
+  std::vector<std::string> out;
+  for (auto entry : list) out.emplace_back(entry.cStr());
+  return out;
+}
+
+// {namespace, name, containers}, or null when no pod is known.
+nlohmann::json podToJson(protocol::PodReference::Reader pod) {
+  if (pod.getPodName().size() == 0) return nullptr;
+  return {{"namespace", pod.getPodNamespace().cStr()},
+          {"name", pod.getPodName().cStr()},
+          {"containers", textList(pod.getContainers())}};
+}
+
+// "namespace/pod/container" (containers joined with ','), or "-".
+std::string podToText(protocol::PodReference::Reader pod) {
+  if (pod.getPodName().size() == 0) return "-";
+  std::string text = std::string(pod.getPodNamespace().cStr()) + "/" + pod.getPodName().cStr();
+  std::string containers;
+  for (auto container : pod.getContainers()) {
+    containers += (containers.empty() ? "" : ",") + std::string(container.cStr());
+  }
+  return containers.empty() ? text : text + "/" + containers;
+}
+
+nlohmann::json textOrNull(capnp::Text::Reader text) {
+  return text.size() == 0 ? nlohmann::json(nullptr) : nlohmann::json(text.cStr());
+}
+
+// The tenant a client came through, by id; null when the tenant is gone.
+std::optional<protocol::TenantStatus::Reader> tenantOf(protocol::DaemonStatus::Reader status,
+                                                       protocol::ClientStatus::Reader client) {
+  for (auto tenant : status.getTenants()) {
+    if (tenant.getId() == client.getTenantId()) return tenant;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -65,6 +104,7 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
   for (auto client : status.getClients()) {
     std::vector<std::uint32_t> devices;
     for (auto device : client.getDevices()) devices.push_back(device);
+    const auto tenant = tenantOf(status, client);
     out["clients"].push_back({
         {"pid", client.getPid()},
         {"uid", client.getUid()},
@@ -81,6 +121,10 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"cgroup", client.getCgroup().cStr()},
         {"module_bytes", client.getModuleBytes()},
         {"pinned_memory_used", client.getPinnedMemoryUsed()},
+        {"tenant_id", client.getTenantId()},
+        {"pod_uid", textOrNull(client.getPodUid())},
+        {"container_id", textOrNull(client.getContainerId())},
+        {"pod", tenant ? podToJson(tenant->getPod()) : nlohmann::json(nullptr)},
     });
   }
   return out;
@@ -114,6 +158,17 @@ nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants
         {"pinned_memory_limit", tenant.getHasPinnedMemoryLimit()
                                     ? nlohmann::json(tenant.getPinnedMemoryLimit())
                                     : nlohmann::json(nullptr)},
+        {"id", tenant.getId()},
+        {"origin", tenant.getOrigin() == protocol::TenantOrigin::RUNTIME ? "runtime" : "config"},
+        {"allocation",
+         tenant.getAllocation().getResource().size() == 0
+             ? nlohmann::json(nullptr)
+             : nlohmann::json{{"resource", tenant.getAllocation().getResource().cStr()},
+                              {"device_ids", textList(tenant.getAllocation().getDeviceIds())}}},
+        {"pod", podToJson(tenant.getPod())},
+        {"bound_pod_uid", textOrNull(tenant.getBoundPodUid())},
+        {"connections", tenant.getConnections()},
+        {"max_connections", tenant.getMaxConnections()},
     });
   }
   return out;
@@ -146,9 +201,10 @@ std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants) 
       activeWeights += tenant.getWeight();
     }
   }
-  std::string out = format("%-16s %-24s %-20s %-8s %-17s %-16s %-8s %-8s %-9s %s\n", "TENANT",
-                           "MEMORY USED / LIMIT", "PINNED USED / LIMIT", "WEIGHT", "CLASS",
-                           "GPU 10S (FAIR)", "CLIENTS", "OOMS", "KERNELS", "SOCKET");
+  std::string out =
+      format("%-4s %-16s %-24s %-20s %-8s %-17s %-16s %-8s %-8s %-9s %-40s %s\n", "ID", "TENANT",
+             "MEMORY USED / LIMIT", "PINNED USED / LIMIT", "WEIGHT", "CLASS", "GPU 10S (FAIR)",
+             "CLIENTS", "OOMS", "KERNELS", "SOCKET", "POD");
   for (auto tenant : tenants) {
     std::string share = "-";
     if (tenant.getGpuTimeNs10s() > 0) {
@@ -167,12 +223,13 @@ std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants) 
         (tenant.getHasPinnedMemoryLimit() ? protocol::formatByteSize(tenant.getPinnedMemoryLimit())
                                           : std::string("none"));
     out += format(
-        "%-16s %-24s %-20s %-8u %-17s %-16s %-8u %-8llu %-9llu %s\n", tenant.getName().cStr(),
-        memory.c_str(), pinned.c_str(), tenant.getWeight(),
+        "%-4u %-16s %-24s %-20s %-8u %-17s %-16s %-8u %-8llu %-9llu %-40s %s\n", tenant.getId(),
+        tenant.getName().cStr(), memory.c_str(), pinned.c_str(), tenant.getWeight(),
         tenant.getClass() == protocol::TenantClass::LATENCY_CRITICAL ? "latency-critical"
                                                                      : "best-effort",
         share.c_str(), tenant.getClients(), static_cast<unsigned long long>(tenant.getOomCount()),
-        static_cast<unsigned long long>(tenant.getKernelsLaunched()), tenant.getSocket().cStr());
+        static_cast<unsigned long long>(tenant.getKernelsLaunched()), tenant.getSocket().cStr(),
+        podToText(tenant.getPod()).c_str());
   }
   return out;
 }
@@ -216,18 +273,24 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
     out += "no clients attached\n";
     return out;
   }
-  out +=
-      format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-10s %-10s %s\n", "PID", "COMMAND", "TENANT",
-             "DEVICE", "MEMORY", "PINNED", "KERNELS", "GPU TIME", "CONNECTED", "CGROUP");
+  out += format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-10s %-10s %-40s %s\n", "PID", "COMMAND",
+                "TENANT", "DEVICE", "MEMORY", "PINNED", "KERNELS", "GPU TIME", "CONNECTED", "POD",
+                "CGROUP");
   for (auto client : status.getClients()) {
     std::string device = client.getDevice() < 0 ? "-" : std::to_string(client.getDevice());
-    out += format("%-8u %-16s %-12s %-7s %-12s %-12s %-9llu %-10s %-10s %s\n", client.getPid(),
-                  client.getCommand().cStr(), client.getTenant().cStr(), device.c_str(),
-                  protocol::formatByteSize(client.getMemoryUsed()).c_str(),
+    const auto tenant = tenantOf(status, client);
+    std::string pod = tenant ? podToText(tenant->getPod()) : "-";
+    if (pod == "-" && client.getPodUid().size() > 0) {
+      pod = std::string("uid ") + client.getPodUid().cStr();
+    }
+    out += format("%-8u %-16s %-12s %-7s %-12s %-12s %-9llu %-10s %-10s %-40s %s\n",
+                  client.getPid(), client.getCommand().cStr(), client.getTenant().cStr(),
+                  device.c_str(), protocol::formatByteSize(client.getMemoryUsed()).c_str(),
                   protocol::formatByteSize(client.getPinnedMemoryUsed()).c_str(),
                   static_cast<unsigned long long>(client.getKernelsLaunched()),
                   formatDuration(static_cast<double>(client.getGpuTimeNs()) / 1e9).c_str(),
-                  formatDuration(client.getConnectedSeconds()).c_str(), client.getCgroup().cStr());
+                  formatDuration(client.getConnectedSeconds()).c_str(), pod.c_str(),
+                  client.getCgroup().cStr());
   }
   return out;
 }

@@ -15,13 +15,16 @@ namespace gpuproxy::client {
 // (each [greatest, least]), sm_partition (null = none, else {total_sms, best_effort_sms,
 // latency_critical_sms})}],
 // clients[{pid, uid, gid, command, device, devices, memory_used, kernels_launched, gpu_time_ns,
-// connected_seconds}].
+// connected_seconds, tenant, tenant_id, cgroup, pod_uid, container_id, pod (the tenant's pod:
+// null, or {namespace, name, containers}), module_bytes, pinned_memory_used}].
 nlohmann::json statusToJson(protocol::DaemonStatus::Reader status);
 
 std::string statusToTable(protocol::DaemonStatus::Reader status);
 
-// tenants[{name, socket, memory_limit (null = none), memory_used, memory_used_per_device, weight,
-// class, devices, clients, kernels_launched, gpu_time_ns, oom_count}]
+// tenants[{id, name, origin (config|runtime), socket, memory_limit (null = none), memory_used,
+// memory_used_per_device, weight, class, devices, clients, connections, max_connections,
+// kernels_launched, gpu_time_ns, oom_count, allocation (null, or {resource, device_ids}), pod
+// (null, or {namespace, name, containers}), bound_pod_uid (null until bound), ...}]
 nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants);
 std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants);
 

@@ -2,11 +2,15 @@
 
 #include "server/dispatch/stream_priority.hpp"
 #include "server/session/client_session.hpp"
+#include "server/tenant/tenant_config.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
+#include <string>
+#include <variant>
 #include <vector>
 
 namespace gpuproxy::server {
@@ -17,9 +21,54 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Kubernetes names are at most 253 characters; anything longer is not one.
+constexpr std::size_t kMaxNameLength = 253;
+constexpr std::size_t kMaxListLength = 256;
+
+// Why `text` is not acceptable as `what`, or "" when it is.
+std::string checkText(const std::string& what, capnp::Text::Reader text) {
+  if (text.size() > kMaxNameLength) {
+    return what + " is longer than " + std::to_string(kMaxNameLength) + " characters";
+  }
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return what + " contains control characters";
+    }
+  }
+  return "";
+}
+
+std::string checkList(const std::string& what, capnp::List<capnp::Text>::Reader list) {
+  if (list.size() > kMaxListLength) {
+    return what + " has more than " + std::to_string(kMaxListLength) + " entries";
+  }
+  for (auto entry : list) {
+    if (auto error = checkText(what, entry); !error.empty()) return error;
+  }
+  return "";
+}
+
+void setPodReference(protocol::PodReference::Builder out, const PodReference& pod) {
+  out.setPodNamespace(pod.podNamespace);
+  out.setPodName(pod.podName);
+  auto containers = out.initContainers(static_cast<unsigned>(pod.containers.size()));
+  for (unsigned i = 0; i < pod.containers.size(); ++i) containers.set(i, pod.containers[i]);
+}
+
 }  // namespace
 
-void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status) {
+std::optional<TenantClass> tenantClassFromWire(protocol::TenantClass wire) {
+  switch (wire) {
+    case protocol::TenantClass::BEST_EFFORT:
+      return TenantClass::kBestEffort;
+    case protocol::TenantClass::LATENCY_CRITICAL:
+      return TenantClass::kLatencyCritical;
+  }
+  return std::nullopt;
+}
+
+void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status,
+                      const TenantControl* tenantControl) {
   status.setBackend(state.backendName);
   status.setVersion(GPUPROXY_VERSION);
   status.setPid(static_cast<std::uint32_t>(::getpid()));
@@ -80,6 +129,9 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     client.setGpuTimeNs(stats.gpuTimeNs.load());
     client.setConnectedSeconds(secondsSince(stats.connectedAt));
     client.setTenant(stats.tenant->name());
+    client.setTenantId(stats.tenant->id());
+    client.setPodUid(stats.identity.podUid);
+    client.setContainerId(stats.identity.containerId);
     client.setCgroup(stats.identity.cgroup);
     client.setModuleBytes(stats.moduleBytes.load());
     client.setPinnedMemoryUsed(stats.pinnedMemoryUsed.load());
@@ -90,14 +142,30 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
                                std::chrono::steady_clock::now().time_since_epoch())
                                .count();
   std::uint64_t windowTotal = 0;
-  for (const auto& [name, tenant] : state.tenants) windowTotal += tenant->gpuTimeWindow.total(now);
+  for (const auto& [name, tenant] : state.tenants.byName()) {
+    windowTotal += tenant->gpuTimeWindow.total(now);
+  }
 
   auto tenants = status.initTenants(static_cast<unsigned>(state.tenants.size()));
   unsigned t = 0;
-  for (const auto& [name, tenant] : state.tenants) {
+  for (const auto& [name, tenant] : state.tenants.byName()) {
     auto out = tenants[t++];
     const TenantLimits& limits = tenant->limits();
     out.setName(name);
+    out.setId(tenant->id());
+    out.setOrigin(tenant->origin() == TenantOrigin::kRuntime ? protocol::TenantOrigin::RUNTIME
+                                                             : protocol::TenantOrigin::CONFIG);
+    if (!tenant->allocation().empty()) {
+      auto allocation = out.initAllocation();
+      allocation.setResource(tenant->allocation().resource);
+      const auto& ids = tenant->allocation().deviceIds;
+      auto list = allocation.initDeviceIds(static_cast<unsigned>(ids.size()));
+      for (unsigned i = 0; i < ids.size(); ++i) list.set(i, ids[i]);
+    }
+    if (!tenant->pod().empty()) setPodReference(out.initPod(), tenant->pod());
+    out.setBoundPodUid(tenant->boundPodUid().value_or(""));
+    out.setConnections(tenant->connections);
+    out.setMaxConnections(tenantControl != nullptr ? tenantControl->maxConnections(*tenant) : 0);
     out.setSocket(tenant->socketPath());
     out.setHasMemoryLimit(limits.memoryLimit.has_value());
     out.setMemoryLimit(limits.memoryLimit.value_or(0));
@@ -129,20 +197,36 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
 }
 
 kj::Promise<void> AdminService::status(StatusContext context) {
-  fillDaemonStatus(state_, context.getResults().initStatus());
+  fillDaemonStatus(state_, context.getResults().initStatus(), &tenants_);
   return kj::READY_NOW;
 }
 
-kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) {
-  auto params = context.getParams();
-  std::string name = params.getTenant();
-  auto found = state_.tenants.find(name);
-  if (found == state_.tenants.end()) {
-    context.getResults().setError("no tenant named '" + name + "'");
-    return kj::READY_NOW;
+namespace {
+
+// Why `update` cannot be applied to `limits`, or "" after applying it.
+std::string applyUpdate(protocol::TenantLimitsUpdate::Reader update, TenantLimits& limits) {
+  if (update.getHasMemoryLimit() && update.getClearMemoryLimit()) {
+    return "the memory limit cannot be set and cleared in one request";
   }
-  auto update = params.getUpdate();
-  TenantLimits limits = found->second->limits();
+  if (update.getHasPinnedMemoryLimit() && update.getClearPinnedMemoryLimit()) {
+    return "the pinned memory limit cannot be set and cleared in one request";
+  }
+  if (!update.getHasMemoryLimit() && !update.getClearMemoryLimit() &&
+      !update.getHasPinnedMemoryLimit() && !update.getClearPinnedMemoryLimit() &&
+      !update.getHasWeight() && !update.getHasClass()) {
+    return "the request changes nothing";
+  }
+  if (update.getHasWeight() && (update.getWeight() < 1 || update.getWeight() > kMaxTenantWeight)) {
+    return "weight must be between 1 and " + std::to_string(kMaxTenantWeight);
+  }
+  std::optional<TenantClass> tenantClass;
+  if (update.getHasClass()) {
+    tenantClass = tenantClassFromWire(update.getClass());
+    if (!tenantClass) {
+      return "class " + std::to_string(static_cast<unsigned>(update.getClass())) +
+             " is neither best-effort nor latency-critical";
+    }
+  }
   if (update.getClearMemoryLimit()) {
     limits.memoryLimit.reset();
   } else if (update.getHasMemoryLimit()) {
@@ -153,19 +237,70 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
   } else if (update.getHasPinnedMemoryLimit()) {
     limits.pinnedMemoryLimit = update.getPinnedMemoryLimit();
   }
-  if (update.getHasWeight()) {
-    if (update.getWeight() < 1 || update.getWeight() > 10000) {
-      context.getResults().setError("weight must be between 1 and 10000");
-      return kj::READY_NOW;
+  if (update.getHasWeight()) limits.weight = update.getWeight();
+  if (tenantClass) limits.tenantClass = *tenantClass;
+  return "";
+}
+
+// The tenant `spec` describes, or why it describes none.
+std::variant<TenantDefinition, std::string> definitionOf(protocol::TenantSpec::Reader spec) {
+  TenantDefinition definition;
+  if (auto error = checkText("the tenant name", spec.getName()); !error.empty()) return error;
+  definition.name = spec.getName();
+  if (spec.getSocketDirectory().size() > 4096)
+    return std::string("the socket directory is too long");
+  definition.socketPath = spec.getSocketDirectory();
+  TenantLimits& limits = definition.limits;
+  if (spec.getHasMemoryLimit()) limits.memoryLimit = spec.getMemoryLimit();
+  if (spec.getHasPinnedMemoryLimit()) limits.pinnedMemoryLimit = spec.getPinnedMemoryLimit();
+  limits.weight = spec.getWeight() == 0 ? 1 : spec.getWeight();
+  auto tenantClass = tenantClassFromWire(spec.getClass());
+  if (!tenantClass) {
+    return "class " + std::to_string(static_cast<unsigned>(spec.getClass())) +
+           " is neither best-effort nor latency-critical";
+  }
+  limits.tenantClass = *tenantClass;
+  if (spec.getHasDevices()) {
+    if (spec.getDevices().size() > kMaxListLength) return std::string("too many devices");
+    limits.devices.emplace();
+    for (auto device : spec.getDevices()) limits.devices->push_back(device);
+  }
+  if (spec.getMaxConnections() != 0) limits.maxConnections = spec.getMaxConnections();
+  if (spec.hasAllocation()) {
+    auto allocation = spec.getAllocation();
+    if (auto error = checkText("the allocation's resource", allocation.getResource());
+        !error.empty()) {
+      return error;
     }
-    limits.weight = update.getWeight();
+    if (auto error = checkList("the allocation's device ids", allocation.getDeviceIds());
+        !error.empty()) {
+      return error;
+    }
+    definition.allocation.resource = allocation.getResource();
+    for (auto id : allocation.getDeviceIds()) definition.allocation.deviceIds.emplace_back(id);
+    if (definition.allocation.resource.empty() && !definition.allocation.deviceIds.empty()) {
+      return std::string("an allocation needs its resource name");
+    }
   }
-  if (update.getHasClass()) {
-    limits.tenantClass = update.getClass() == protocol::TenantClass::LATENCY_CRITICAL
-                             ? TenantClass::kLatencyCritical
-                             : TenantClass::kBestEffort;
+  return definition;
+}
+
+}  // namespace
+
+kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) {
+  auto params = context.getParams();
+  std::string name = params.getTenant();
+  std::shared_ptr<Tenant> tenant = state_.tenants.find(name);
+  if (!tenant) {
+    context.getResults().setError("no tenant named '" + name + "'");
+    return kj::READY_NOW;
   }
-  found->second->setLimits(limits);
+  TenantLimits limits = tenant->limits();
+  if (std::string error = applyUpdate(params.getUpdate(), limits); !error.empty()) {
+    context.getResults().setError(error);
+    return kj::READY_NOW;
+  }
+  tenant->setLimits(limits);
   for (auto& gpu : state_.gpus) gpu->dispatcher().refreshTenants();
   spdlog::info(
       "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
@@ -177,13 +312,84 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
 }
 
 kj::Promise<void> AdminService::evict(EvictContext context) {
-  auto pid = static_cast<pid_t>(context.getParams().getPid());
+  const std::uint32_t requested = context.getParams().getPid();
+  if (requested == 0 || requested > kMaxPid) {
+    context.getResults().setError(std::to_string(requested) + " is not a process id (1 to " +
+                                  std::to_string(kMaxPid) + ")");
+    return kj::READY_NOW;
+  }
+  auto pid = static_cast<pid_t>(requested);
   std::uint32_t ended = state_.connections.end(pid);
   context.getResults().setEvicted(ended);
   if (ended == 0) {
     context.getResults().setError("no client with pid " + std::to_string(pid));
   } else {
     spdlog::info("evicting pid {} on an operator's request", pid);
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> AdminService::createTenant(CreateTenantContext context) {
+  auto results = context.getResults();
+  auto parsed = definitionOf(context.getParams().getSpec());
+  if (auto* error = std::get_if<std::string>(&parsed)) {
+    results.setError(*error);
+    return kj::READY_NOW;
+  }
+  try {
+    std::shared_ptr<Tenant> tenant =
+        tenants_.createTenant(std::move(std::get<TenantDefinition>(parsed)));
+    results.setId(tenant->id());
+    results.setSocket(tenant->socketPath());
+    for (auto& gpu : state_.gpus) gpu->dispatcher().refreshTenants();
+  } catch (const TenantError& error) {
+    spdlog::warn("refused to create a tenant: {}", error.what());
+    results.setError(error.what());
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> AdminService::removeTenant(RemoveTenantContext context) {
+  auto results = context.getResults();
+  try {
+    results.setConnectionsEnded(tenants_.removeTenant(context.getParams().getName().cStr()));
+  } catch (const TenantError& error) {
+    results.setError(error.what());
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> AdminService::setTenantPod(SetTenantPodContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  std::shared_ptr<Tenant> tenant = state_.tenants.find(params.getName().cStr());
+  if (!tenant) {
+    results.setError("no tenant named '" + std::string(params.getName().cStr()) + "'");
+    return kj::READY_NOW;
+  }
+  auto pod = params.getPod();
+  for (const auto& error : {checkText("the namespace", pod.getPodNamespace()),
+                            checkText("the pod name", pod.getPodName()),
+                            checkList("the container names", pod.getContainers())}) {
+    if (!error.empty()) {
+      results.setError(error);
+      return kj::READY_NOW;
+    }
+  }
+  PodReference reference;
+  if (pod.getPodName().size() > 0) {
+    reference.podNamespace = pod.getPodNamespace();
+    reference.podName = pod.getPodName();
+    for (auto container : pod.getContainers()) reference.containers.emplace_back(container);
+  }
+  if (!(reference == tenant->pod())) {
+    if (reference.empty()) {
+      spdlog::info("tenant '{}' (id {}): no pod holds it any more", tenant->name(), tenant->id());
+    } else {
+      spdlog::info("tenant '{}' (id {}) is held by pod {}/{}", tenant->name(), tenant->id(),
+                   reference.podNamespace, reference.podName);
+    }
+    tenant->setPod(std::move(reference));
   }
   return kj::READY_NOW;
 }

@@ -1,26 +1,40 @@
 #pragma once
-// The admin plane: what gpuproxyctl asks on the admin socket.
+// The admin plane: what gpuproxyctl and the device plugin ask on the admin socket. Every request
+// is checked before anything changes; a refused one answers `error` and changes nothing.
 
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "server/session/server_state.hpp"
+#include "server/tenant/tenant_control.hpp"
 
 namespace gpuproxy::server {
 
+// The largest process id Linux hands out (PID_MAX_LIMIT on 64-bit systems).
+inline constexpr std::uint32_t kMaxPid = 4194304;
+
 class AdminService final : public protocol::Admin::Server {
 public:
-  explicit AdminService(ServerState& state) : state_(state) {}
+  AdminService(ServerState& state, TenantControl& tenants) : state_(state), tenants_(tenants) {}
 
 protected:
   // gpuproxy::protocol::Admin
   kj::Promise<void> status(StatusContext context) override;
   kj::Promise<void> setTenantLimits(SetTenantLimitsContext context) override;
   kj::Promise<void> evict(EvictContext context) override;
+  kj::Promise<void> createTenant(CreateTenantContext context) override;
+  kj::Promise<void> removeTenant(RemoveTenantContext context) override;
+  kj::Promise<void> setTenantPod(SetTenantPodContext context) override;
 
 private:
   ServerState& state_;
+  TenantControl& tenants_;
 };
 
-// Fills `status` from the daemon's live state (also used by tests and the demo's logs).
-void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status);
+// Fills `status` from the daemon's live state (also used by tests and the demo's logs). Each
+// tenant's connection limit comes from `tenants` (left 0 without it).
+void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status,
+                      const TenantControl* tenants = nullptr);
+
+// A tenant class from the wire: nullopt for a value this daemon does not know.
+std::optional<TenantClass> tenantClassFromWire(protocol::TenantClass wire);
 
 }  // namespace gpuproxy::server

@@ -68,6 +68,11 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
                  "(e.g. 112 or 85%), with green contexts; latency-critical tenants' kernels get "
                  "the other SMs. The driver rounds N up to its partition granularity (8 SMs on "
                  "Hopper). cuda backend only, CUDA 12.5+ driver; refused on sim");
+  app.add_option("--max-connections-per-tenant", options.maxConnectionsPerTenant,
+                 "Connections one tenant may hold open at once (each carries at most one client "
+                 "session) unless its own max_connections says otherwise. Default: a quarter of "
+                 "the descriptors left for clients, at most 1024")
+      ->check(CLI::Range(1, 65536));
   app.add_option("--log-level", options.logLevel, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();

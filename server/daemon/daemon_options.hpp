@@ -24,6 +24,9 @@ struct DaemonOptions {
   // contexts, cuda backend only); latency-critical streams get the rest. At most one is set.
   unsigned bestEffortSms = 0;
   unsigned bestEffortPercent = 0;
+  // Connections one tenant may hold open at once, unless its own `max_connections` says; 0 =
+  // derived from the descriptor limit, so that one tenant can take at most a quarter of it.
+  std::uint32_t maxConnectionsPerTenant = 0;
 };
 
 // Parses --best-effort-sms's value: "N" (SMs, N >= 1) or "P%" (a share of each GPU's SMs,

@@ -627,19 +627,13 @@ void ScheduledDevice::kernelDone(scheduler::ItemId item, KernelDone done) {
 scheduler::TenantId ScheduledDevice::tenantFor(const StreamOwner& owner) {
   if (!owner.tenant) return 0;
   const std::shared_ptr<Tenant>& tenant = owner.tenant;
-  auto found = tenants_.find(tenant.get());
-  if (found != tenants_.end() && found->second.tenant.lock() != tenant) {
-    // A tenant that is gone, whose address a new one now has.
-    scheduler_->removeTenant(found->second.id);
-    tenants_.erase(found);
-    found = tenants_.end();
-  }
+  auto found = tenants_.find(tenant->id());
   const scheduler::TenantSpec spec = specOf(*tenant);
   if (found == tenants_.end()) {
     forgetExpiredTenants();
     const scheduler::TenantId id = nextTenantId_++;
     scheduler_->setTenant(id, spec);
-    tenants_.emplace(tenant.get(), TenantEntry{tenant, id, spec});
+    tenants_.emplace(tenant->id(), TenantEntry{tenant, id, spec});
     return id;
   }
   if (!sameSpec(found->second.spec, spec)) {
@@ -662,7 +656,7 @@ void ScheduledDevice::forgetExpiredTenants() {
 
 void ScheduledDevice::refreshTenants() {
   forgetExpiredTenants();
-  for (auto& [pointer, entry] : tenants_) {
+  for (auto& [tenantId, entry] : tenants_) {
     auto tenant = entry.tenant.lock();
     if (!tenant) continue;
     const scheduler::TenantSpec spec = specOf(*tenant);
@@ -729,7 +723,7 @@ std::size_t ScheduledDevice::heldMemoryOperations(backend::Stream& stream) const
 void ScheduledDevice::abandonAll(CUresult status) {
   // The scheduler forgets the queued heads with their tenants, which are then added again.
   std::vector<std::pair<scheduler::TenantId, scheduler::TenantSpec>> known{{0, {}}};
-  for (const auto& [pointer, entry] : tenants_) known.emplace_back(entry.id, entry.spec);
+  for (const auto& [tenantId, entry] : tenants_) known.emplace_back(entry.id, entry.spec);
   for (const auto& [id, spec] : known) {
     scheduler_->removeTenant(id);
     scheduler_->setTenant(id, spec);

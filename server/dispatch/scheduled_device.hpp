@@ -214,7 +214,8 @@ private:
   std::deque<std::shared_ptr<StreamState>> ready_;  // to advance, in order
   std::unordered_map<scheduler::ItemId, Queued> queued_;
   std::unordered_map<scheduler::ItemId, InFlight> inFlight_;
-  std::map<const Tenant*, TenantEntry> tenants_;
+  // By the daemon's tenant id, which no other tenant ever gets while the daemon runs.
+  std::map<TenantId, TenantEntry> tenants_;
   scheduler::TenantId nextTenantId_ = 1;  // 0: the daemon's own streams
   scheduler::ClientId nextClientId_ = 1;
   scheduler::StreamId nextStreamId_ = 1;

@@ -21,6 +21,9 @@ struct ClientIdentity {
   gid_t gid = 0;
   std::string command;  // /proc/PID/comm when it attached
   std::string cgroup;   // /proc/PID/cgroup when it attached
+  // The Kubernetes pod and container that cgroup belongs to; empty outside a pod.
+  std::string podUid;
+  std::string containerId;
 };
 
 struct ClientStats {

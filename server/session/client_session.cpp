@@ -366,8 +366,13 @@ kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext contex
 // Gateway
 
 ClientGateway::ClientGateway(ServerState& state, ipc::PeerCredentials peer,
-                             std::shared_ptr<Tenant> tenant, std::uint64_t connectionId)
-    : state_(state), peer_(peer), tenant_(std::move(tenant)), connectionId_(connectionId) {}
+                             std::shared_ptr<Tenant> tenant, std::uint64_t connectionId,
+                             PodIdentity pod)
+    : state_(state),
+      peer_(peer),
+      tenant_(std::move(tenant)),
+      connectionId_(connectionId),
+      pod_(std::move(pod)) {}
 
 std::string cgroupOf(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
@@ -400,9 +405,18 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
     results.setResult(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH);
     return kj::READY_NOW;
   }
+  if (attached_) {
+    // Each session costs descriptors and memory; a connection carries one, so a tenant's
+    // connection limit bounds its sessions too.
+    spdlog::warn("pid {} asked to attach twice on one connection: refused", peer_.pid);
+    results.setResult(CUDA_ERROR_ALREADY_ACQUIRED);
+    return kj::READY_NOW;
+  }
+  attached_ = true;
   auto stats = std::make_shared<ClientStats>();
-  stats->identity = ClientIdentity{peer_.pid, peer_.uid, peer_.gid, ipc::processName(peer_.pid),
-                                   cgroupOf(peer_.pid)};
+  stats->identity =
+      ClientIdentity{peer_.pid,           peer_.uid,   peer_.gid,       ipc::processName(peer_.pid),
+                     cgroupOf(peer_.pid), pod_.podUid, pod_.containerId};
   stats->tenant = tenant_;
   // Connection ids are never reused, so neither are address spaces.
   stats->addressSpace = connectionId_;
@@ -410,8 +424,12 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
   for (std::uint32_t i = 0; i < state_.gpus.size(); ++i) {
     if (tenant_->mayUseDevice(i)) visible.push_back(i);
   }
-  spdlog::info("client pid {} ({}, uid {}, cgroup {}) attached as tenant '{}'", peer_.pid,
-               stats->identity.command, peer_.uid, stats->identity.cgroup, tenant_->name());
+  spdlog::info("client pid {} ({}, uid {}, cgroup {}) attached as tenant '{}' (id {}){}", peer_.pid,
+               stats->identity.command, peer_.uid, stats->identity.cgroup, tenant_->name(),
+               tenant_->id(),
+               pod_.podUid.empty() ? std::string()
+                                   : ", pod " + pod_.podUid + " container " +
+                                         (pod_.containerId.empty() ? "?" : pod_.containerId));
   results.setResult(CUDA_SUCCESS);
   results.setSession(kj::heap<ClientSession>(state_, std::move(stats), visible, connectionId_));
   results.setBackend(state_.backendName);

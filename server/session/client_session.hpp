@@ -11,6 +11,7 @@
 #include "server/data_plane/client_channel.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_client.hpp"
+#include "server/session/pod_identity.hpp"
 #include "server/session/server_state.hpp"
 
 #include <map>
@@ -133,8 +134,9 @@ private:
 // Bootstrap capability of one client connection: knows who is on the other end from the socket.
 class ClientGateway final : public protocol::Gateway::Server {
 public:
+  // `pod` is what the peer's cgroup said when it connected.
   ClientGateway(ServerState& state, ipc::PeerCredentials peer, std::shared_ptr<Tenant> tenant,
-                std::uint64_t connectionId = 0);
+                std::uint64_t connectionId = 0, PodIdentity pod = {});
 
 protected:
   // gpuproxy::protocol::Gateway
@@ -145,6 +147,8 @@ private:
   ipc::PeerCredentials peer_;
   std::shared_ptr<Tenant> tenant_;
   std::uint64_t connectionId_;
+  PodIdentity pod_;
+  bool attached_ = false;  // one session per connection
 };
 
 // The cgroup a process runs in, from /proc/PID/cgroup: the unified (v2) path when it says more

@@ -2,10 +2,10 @@
 
 namespace gpuproxy::server {
 
-ConnectionRegistry::Registration ConnectionRegistry::add(pid_t pid) {
+ConnectionRegistry::Registration ConnectionRegistry::add(pid_t pid, TenantId tenant) {
   auto paf = kj::newPromiseAndFulfiller<void>();
   std::uint64_t id = nextId_++;
-  entries_.emplace(id, Entry{pid, kj::mv(paf.fulfiller)});
+  entries_.emplace(id, Entry{pid, tenant, kj::mv(paf.fulfiller)});
   return Registration{id, kj::mv(paf.promise)};
 }
 
@@ -17,6 +17,16 @@ std::uint32_t ConnectionRegistry::end(pid_t pid) {
   std::uint32_t ended = 0;
   for (auto& [id, entry] : entries_) {
     if (entry.pid != pid) continue;
+    entry.ender->fulfill();
+    ++ended;
+  }
+  return ended;
+}
+
+std::uint32_t ConnectionRegistry::endTenant(TenantId tenant) {
+  std::uint32_t ended = 0;
+  for (auto& [id, entry] : entries_) {
+    if (entry.tenant != tenant || !entry.ender->isWaiting()) continue;
     entry.ender->fulfill();
     ++ended;
   }

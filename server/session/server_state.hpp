@@ -6,7 +6,7 @@
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_worker.hpp"
 #include "server/session/connection_registry.hpp"
-#include "server/tenant/tenant.hpp"
+#include "server/tenant/tenant_registry.hpp"
 
 #include <kj/async.h>
 
@@ -35,9 +35,9 @@ struct ServerState {
   kj::TaskSet* reaper = nullptr;
   // Serves every session's command ring; null in tests that run sessions without one.
   DataPlane* dataPlane = nullptr;
-  // The configured tenants by name. A tenant dropped by a reload stays alive through the sessions
-  // that still hold it.
-  std::map<std::string, std::shared_ptr<Tenant>> tenants;
+  // Every tenant, from the tenants file or created at run time. A tenant that is removed stays
+  // alive through the sessions that still hold it.
+  TenantRegistry tenants;
   ConnectionRegistry connections;
 };
 

@@ -8,6 +8,10 @@
 // counters are updated from backend threads (atomics). Shared (std::shared_ptr) between the
 // registry and every client session of the tenant, because a tenant removed by a config reload
 // lives on until its last client has gone.
+//
+// Every tenant has an id the daemon gives it when it is created (TenantRegistry) and never gives
+// another tenant while it runs: status and metrics name tenants by it, and a tenant removed and
+// created again under the same name is a different tenant.
 
 #include "scheduler/tenant_class.hpp"
 #include "server/tenant/gpu_time_window.hpp"
@@ -23,24 +27,57 @@ namespace gpuproxy::server {
 
 using scheduler::TenantClass;
 
+using TenantId = std::uint32_t;
+
+// Where a tenant comes from: the tenants file (a reload adds, changes and removes these) or the
+// admin interface at run time (gpuproxyctl, the device plugin; only the admin interface removes
+// these).
+enum class TenantOrigin { kConfig, kRuntime };
+
+// The Kubernetes allocation a run-time tenant was made for by the device plugin: the extended
+// resource and the device ids the kubelet allocated. Empty for every other tenant.
+struct AllocationIdentity {
+  std::string resource;
+  std::vector<std::string> deviceIds;
+  bool empty() const { return resource.empty(); }
+};
+
+// Which pod holds an allocation, in Kubernetes' names (the device plugin learns them from the
+// kubelet's PodResources API after the kubelet allocated the devices).
+struct PodReference {
+  std::string podNamespace;
+  std::string podName;
+  std::vector<std::string> containers;
+  bool empty() const { return podName.empty(); }
+  bool operator==(const PodReference&) const = default;
+};
+
 struct TenantLimits {
   std::optional<std::uint64_t> memoryLimit;  // bytes per device; nullopt = no limit
   std::uint32_t weight = 1;                  // best-effort share
   TenantClass tenantClass = TenantClass::kBestEffort;
   std::optional<std::vector<std::uint32_t>> devices;  // nullopt = every device
   std::optional<std::uint64_t> pinnedMemoryLimit;     // pinned host bytes; nullopt = no limit
+  // Connections the tenant may hold open at once (each carries at most one session); nullopt =
+  // the daemon's default (--max-connections-per-tenant).
+  std::optional<std::uint32_t> maxConnections{};
 };
 
 struct TenantDefinition {
   std::string name;
   std::string socketPath;
   TenantLimits limits;
+  TenantOrigin origin = TenantOrigin::kConfig;
+  AllocationIdentity allocation{};
 };
 
 class Tenant {
 public:
-  explicit Tenant(TenantDefinition definition) : definition_(std::move(definition)) {}
+  Tenant(TenantId id, TenantDefinition definition) : id_(id), definition_(std::move(definition)) {}
 
+  TenantId id() const { return id_; }
+  TenantOrigin origin() const { return definition_.origin; }
+  const AllocationIdentity& allocation() const { return definition_.allocation; }
   const std::string& name() const { return definition_.name; }
   const std::string& socketPath() const { return definition_.socketPath; }
   const TenantLimits& limits() const { return definition_.limits; }
@@ -66,7 +103,16 @@ public:
   void creditPinned(std::uint64_t bytes);
   std::uint64_t pinnedMemoryUsed() const { return pinnedMemoryUsed_; }
 
-  std::uint32_t clients = 0;  // live sessions
+  // The pod holding the tenant's allocation, as the device plugin last reported it.
+  const PodReference& pod() const { return pod_; }
+  void setPod(PodReference pod) { pod_ = std::move(pod); }
+  // The pod UID an allocation's socket is bound to: the first pod a client of it came from
+  // (nullopt before). Clients from any other pod are refused.
+  const std::optional<std::string>& boundPodUid() const { return boundPodUid_; }
+  void bindPodUid(std::string podUid) { boundPodUid_ = std::move(podUid); }
+
+  std::uint32_t clients = 0;      // live sessions
+  std::uint32_t connections = 0;  // open connections on its socket, attached or not
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
   std::atomic<std::uint64_t> oomCount{0};
@@ -75,7 +121,10 @@ public:
   GpuTimeWindow gpuTimeWindow;
 
 private:
+  TenantId id_;
   TenantDefinition definition_;
+  PodReference pod_;
+  std::optional<std::string> boundPodUid_;
   std::map<std::uint32_t, std::uint64_t> memoryUsed_;
   std::uint64_t pinnedMemoryUsed_ = 0;
 };

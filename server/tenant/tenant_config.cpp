@@ -11,6 +11,12 @@
 
 namespace gpuproxy::server {
 
+bool isValidTenantName(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
 namespace {
 
 [[noreturn]] void refuse(const std::string& where, const std::string& why) {
@@ -23,24 +29,19 @@ std::string describe(const std::string& tenant, const YAML::Node& node) {
   return where;
 }
 
-bool validName(const std::string& name) {
-  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-  });
-}
-
 TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSocket,
                              std::uint32_t deviceCount) {
   if (!node.IsMap()) refuse(describe("", node), "each tenant must be a mapping");
-  static const std::set<std::string> kKeys{"name",  "socket",  "memory_limit",       "weight",
-                                           "class", "devices", "pinned_memory_limit"};
+  static const std::set<std::string> kKeys{
+      "name",  "socket",  "memory_limit",        "weight",
+      "class", "devices", "pinned_memory_limit", "max_connections"};
   TenantDefinition tenant;
   if (!node["name"] || !node["name"].IsScalar()) {
     refuse(describe("", node), "a tenant needs a `name`");
   }
   tenant.name = node["name"].as<std::string>();
   const std::string where = describe(tenant.name, node);
-  if (!validName(tenant.name)) {
+  if (!isValidTenantName(tenant.name)) {
     refuse(where, "names use letters, digits, '-', '_' and '.' (at most 64)");
   }
   for (const auto& entry : node) {
@@ -78,12 +79,30 @@ TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSock
     } catch (const YAML::Exception&) {
       refuse(where, "`weight` must be a whole number");
     }
-    if (value < 1 || value > 10000) refuse(where, "`weight` must be between 1 and 10000");
+    if (value < 1 || value > kMaxTenantWeight) {
+      refuse(where, "`weight` must be between 1 and " + std::to_string(kMaxTenantWeight));
+    }
     tenant.limits.weight = static_cast<std::uint32_t>(value);
+  }
+  if (const auto connections = node["max_connections"]) {
+    long value = 0;
+    try {
+      value = connections.as<long>();
+    } catch (const YAML::Exception&) {
+      refuse(where, "`max_connections` must be a whole number");
+    }
+    if (value < 1 || value > kMaxTenantConnections) {
+      refuse(where,
+             "`max_connections` must be between 1 and " + std::to_string(kMaxTenantConnections));
+    }
+    tenant.limits.maxConnections = static_cast<std::uint32_t>(value);
   }
   if (const auto tenantClass = node["class"]) {
     auto parsed = parseTenantClass(tenantClass.as<std::string>());
-    if (!parsed) refuse(where, "`class` must be best-effort or latency-critical");
+    if (!parsed) {
+      refuse(where, "`class` '" + tenantClass.as<std::string>() +
+                        "' is neither best-effort nor latency-critical");
+    }
     tenant.limits.tenantClass = *parsed;
   }
   if (const auto devices = node["devices"]) {

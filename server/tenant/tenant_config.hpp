@@ -8,6 +8,7 @@
 //       weight: 2                 # best-effort share, default 1
 //       class: best-effort        # or latency-critical
 //       devices: [0]              # default: all
+//       max_connections: 64       # default: gpuproxyd --max-connections-per-tenant
 //
 // A tenant named `default` may omit `socket`: it then serves the daemon's main --socket. Without
 // one, the main socket serves an implicit `default` tenant with no limit.
@@ -21,6 +22,13 @@
 namespace gpuproxy::server {
 
 inline constexpr const char* kDefaultTenantName = "default";
+// A tenant's best-effort weight lies in [1, kMaxTenantWeight].
+inline constexpr std::uint32_t kMaxTenantWeight = 10000;
+// The most connections a tenant's own limit may allow.
+inline constexpr std::uint32_t kMaxTenantConnections = 65536;
+
+// Letters, digits, '-', '_' and '.', at most 64 characters.
+bool isValidTenantName(const std::string& name);
 
 // Why a tenants file was refused, in one line an operator can act on.
 class TenantConfigError : public std::runtime_error {

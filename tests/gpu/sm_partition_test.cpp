@@ -222,10 +222,11 @@ TEST_P(SmPartitionTest, TheDispatcherGivesLatencyCriticalTenantsTheHighestPriori
   dispatch::DispatchOptions options;
   dispatch::ScheduledDevice dispatcher(std::move(device_), dispatch::newScheduler(options),
                                        io.provider->getTimer());
-  auto tenant = [](const char* name, TenantClass tenantClass) {
+  TenantId nextTenantId = 1;
+  auto tenant = [&nextTenantId](const char* name, TenantClass tenantClass) {
     TenantLimits limits;
     limits.tenantClass = tenantClass;
-    return std::make_shared<Tenant>(TenantDefinition{name, "/unused", limits});
+    return std::make_shared<Tenant>(nextTenantId++, TenantDefinition{name, "/unused", limits});
   };
   const dispatch::StreamOwner critical{tenant("critical", TenantClass::kLatencyCritical),
                                        dispatcher.newClientId()};

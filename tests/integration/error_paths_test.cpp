@@ -9,17 +9,6 @@ namespace gpuproxy::testing {
 namespace {
 
 // error_probe prints "<check> <CUresult name>" per line.
-std::map<std::string, std::string> answers(const RunResult& result) {
-  std::map<std::string, std::string> out;
-  std::istringstream lines(result.output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    auto space = line.rfind(' ');
-    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
-  }
-  return out;
-}
-
 class ErrorPaths : public ::testing::Test {
 protected:
   std::map<std::string, std::string> probe(const std::string& scenario,
@@ -27,7 +16,7 @@ protected:
     extra.insert(extra.begin(), scenario);
     RunResult result = daemon_.runClient("error_probe", extra);
     EXPECT_TRUE(result.status.exitedWith(0)) << result.output << result.errors;
-    return answers(result);
+    return answers(result.output);
   }
   void expectDaemonStillServes() {
     RunResult result = daemon_.runClient("vector_add", {"--elements", "1024"});
@@ -42,7 +31,7 @@ TEST(ErrorPathsWithoutDaemon, InitSaysNoDeviceAndNamesTheSocket) {
   RunResult result = run({programBinary("error_probe"), "init"},
                          {{"LD_LIBRARY_PATH", stubDirectory()}, {"GPUPROXY_SOCKET", socket}});
   ASSERT_TRUE(result.status.exitedWith(0)) << result.errors;
-  auto got = answers(result);
+  auto got = answers(result.output);
   EXPECT_EQ(got["cuInit"], "CUDA_ERROR_NO_DEVICE");
   EXPECT_EQ(got["cuDeviceGet"], "CUDA_ERROR_NOT_INITIALIZED");
   EXPECT_NE(result.errors.find(socket), std::string::npos) << result.errors;
@@ -108,7 +97,7 @@ TEST_F(ErrorPaths, AnotherClientsMemoryIsUnreachable) {
   auto owner = daemon_.startClient("error_probe", {"alloc-and-hold", "4096"});
   std::string pointer;
   ASSERT_TRUE(eventually([&] {
-    auto line = answers(RunResult{{}, owner->output(), {}});
+    auto line = answers(owner->output());
     pointer = line["pointer"];
     return !pointer.empty();
   })) << owner->errors();

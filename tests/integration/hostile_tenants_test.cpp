@@ -14,17 +14,6 @@
 namespace gpuproxy::testing {
 namespace {
 
-// "<check> <value>" per line.
-std::map<std::string, std::string> answers(const std::string& output) {
-  std::map<std::string, std::string> out;
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);) {
-    auto space = line.rfind(' ');
-    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
-  }
-  return out;
-}
-
 // Two tenants of 64 MiB each, as a node would give two pods.
 class HostileTenants : public ::testing::Test {
 protected:

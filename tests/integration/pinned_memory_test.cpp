@@ -34,30 +34,6 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1 << 20;
 
-bool rpcTransport() {
-  const char* transport = std::getenv("GPUPROXY_TRANSPORT");
-  return transport != nullptr && std::string(transport) == "rpc";
-}
-
-// "<check> <value>" per line.
-std::map<std::string, std::string> answers(const std::string& output) {
-  std::map<std::string, std::string> out;
-  std::istringstream lines(output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    auto space = line.rfind(' ');
-    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
-  }
-  return out;
-}
-
-nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
-  for (const auto& tenant : status["tenants"]) {
-    if (tenant["name"] == name) return tenant;
-  }
-  return nullptr;
-}
-
 class Pinned : public ::testing::Test {
 protected:
   RunResult probe(std::vector<std::string> arguments) {

@@ -12,13 +12,6 @@
 namespace gpuproxy::testing {
 namespace {
 
-nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
-  for (const auto& tenant : status["tenants"]) {
-    if (tenant["name"] == name) return tenant;
-  }
-  return nullptr;
-}
-
 // `light` (weight 1) and `heavy` (weight 3), each with one client launching 4 ms spin kernels.
 class Scheduling : public ::testing::Test {
 protected:

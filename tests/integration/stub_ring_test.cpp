@@ -18,23 +18,6 @@
 namespace gpuproxy::testing {
 namespace {
 
-// "<check> <CUresult name>" per line.
-std::map<std::string, std::string> answers(const std::string& output) {
-  std::map<std::string, std::string> out;
-  std::istringstream lines(output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    auto space = line.rfind(' ');
-    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
-  }
-  return out;
-}
-
-bool rpcTransport() {
-  const char* transport = std::getenv("GPUPROXY_TRANSPORT");
-  return transport != nullptr && std::string(transport) == "rpc";
-}
-
 std::uint64_t deviceMemoryUsed(const Daemon& daemon) {
   return daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>();
 }

@@ -21,24 +21,6 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 
-std::map<std::string, std::string> answers(const std::string& output) {
-  std::map<std::string, std::string> out;
-  std::istringstream lines(output);
-  std::string line;
-  while (std::getline(lines, line)) {
-    auto space = line.rfind(' ');
-    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
-  }
-  return out;
-}
-
-nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
-  for (const auto& tenant : status["tenants"]) {
-    if (tenant["name"] == name) return tenant;
-  }
-  return nullptr;
-}
-
 // A daemon with two tenants, `alpha` limited to 4 MiB per device and `beta` unlimited.
 class Tenants : public ::testing::Test {
 protected:
@@ -219,7 +201,9 @@ TEST_F(Tenants, EvictReclaimsEverythingTheClientHeld) {
     auto status = daemon_->status();
     return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
   })) << daemon_->status().dump(2);
-  EXPECT_EQ(daemon_->ctl({"evict", "999999999"}).status.code, 1);
+  RunResult nobody = daemon_->ctl({"evict", "4194303"});
+  EXPECT_EQ(nobody.status.code, 1);
+  EXPECT_NE(nobody.errors.find("no client with pid 4194303"), std::string::npos) << nobody.errors;
 }
 
 TEST_F(Tenants, AChildThatInheritedTheSocketDoesNotKeepADeadParentsSessionAlive) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,7 +63,8 @@ ExitStatus decode(int status) {
 
 }  // namespace
 
-Child::Child(std::vector<std::string> argv, std::map<std::string, std::string> environment) {
+Child::Child(std::vector<std::string> argv, std::map<std::string, std::string> environment,
+             std::optional<unsigned long> openFileLimit) {
   std::string out = files_.file("stdout");
   std::string err = files_.file("stderr");
   pid_ = ::fork();
@@ -73,6 +75,10 @@ Child::Child(std::vector<std::string> argv, std::map<std::string, std::string> e
     ::dup2(outFd, STDOUT_FILENO);
     ::dup2(errFd, STDERR_FILENO);
     for (const auto& [name, value] : environment) ::setenv(name.c_str(), value.c_str(), 1);
+    if (openFileLimit) {
+      rlimit limit{*openFileLimit, *openFileLimit};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
+    }
     std::vector<char*> args;
     for (auto& arg : argv) args.push_back(arg.data());
     args.push_back(nullptr);
@@ -154,7 +160,8 @@ Daemon::Daemon(Options options)
       "--sim-memory", options.simMemory, "--log-level",
       "debug"};
   for (auto& argument : options.extraArguments) argv.push_back(argument);
-  process_ = std::make_unique<Child>(std::move(argv));
+  process_ = std::make_unique<Child>(std::move(argv), std::map<std::string, std::string>{},
+                                     options.openFileLimit);
   bool ready = eventually([&] {
     if (!process_->running()) return true;
     return run({ctlBinary(), "--admin-socket", adminSocket_, "status", "--json"}, {},
@@ -220,6 +227,28 @@ nlohmann::json Daemon::status() const {
     throw std::runtime_error("gpuproxyctl status failed: " + result.errors);
   }
   return nlohmann::json::parse(result.output);
+}
+
+std::map<std::string, std::string> answers(const std::string& output) {
+  std::map<std::string, std::string> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    auto space = line.rfind(' ');
+    if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return out;
+}
+
+nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name) {
+  for (const auto& tenant : status["tenants"]) {
+    if (tenant["name"] == name) return tenant;
+  }
+  return nullptr;
+}
+
+bool rpcTransport() {
+  const char* transport = std::getenv("GPUPROXY_TRANSPORT");
+  return transport != nullptr && std::string(transport) == "rpc";
 }
 
 }  // namespace gpuproxy::testing

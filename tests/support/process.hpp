@@ -47,8 +47,10 @@ struct ExitStatus {
 // A child process with stdout and stderr captured to files.
 class Child {
 public:
-  // Starts argv[0] with the current environment plus `environment` (which overrides).
-  Child(std::vector<std::string> argv, std::map<std::string, std::string> environment = {});
+  // Starts argv[0] with the current environment plus `environment` (which overrides), and with
+  // at most `openFileLimit` descriptors when given (soft and hard limit).
+  Child(std::vector<std::string> argv, std::map<std::string, std::string> environment = {},
+        std::optional<unsigned long> openFileLimit = std::nullopt);
   ~Child();  // kills it (SIGKILL) if still running, and reaps it
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
@@ -83,6 +85,8 @@ public:
     int simDevices = 1;
     std::string simMemory = "16GiB";
     std::vector<std::string> extraArguments;
+    // RLIMIT_NOFILE (soft and hard) to start it with; nullopt: the test's own.
+    std::optional<unsigned long> openFileLimit;
   };
   Daemon();
   explicit Daemon(Options options);
@@ -123,6 +127,13 @@ private:
   std::unique_ptr<Child> process_;
   bool stopped_ = false;
 };
+
+// The "<check> <value>" lines the test programs print (tests/programs), by check.
+std::map<std::string, std::string> answers(const std::string& output);
+// The entry of tenant `name` in a `gpuproxyctl status --json`, or null.
+nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name);
+// Whether the test runs with GPUPROXY_TRANSPORT=rpc (ctest's `rpc` re-runs of integration tests).
+bool rpcTransport();
 
 // Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
 bool eventually(const std::function<bool()>& condition,

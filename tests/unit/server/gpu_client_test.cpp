@@ -68,7 +68,7 @@ protected:
   GpuWorker worker_;
   std::vector<std::shared_ptr<ClientStats>> stats_;
   std::shared_ptr<Tenant> tenant_ =
-      std::make_shared<Tenant>(TenantDefinition{"test", "/unused", TenantLimits{}});
+      std::make_shared<Tenant>(1, TenantDefinition{"test", "/unused", TenantLimits{}});
 };
 
 TEST_F(GpuClientTest, AccountsEveryByteAndGivesItBackWhenTheContextGoes) {

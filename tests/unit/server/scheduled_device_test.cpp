@@ -59,7 +59,9 @@ std::shared_ptr<Tenant> makeTenant(const std::string& name, std::uint32_t weight
   TenantLimits limits;
   limits.weight = weight;
   limits.tenantClass = tenantClass;
-  return std::make_shared<Tenant>(TenantDefinition{name, "/unused", limits});
+  // Each a tenant of its own, as the daemon's registry would number them.
+  static TenantId nextId = 1;
+  return std::make_shared<Tenant>(nextId++, TenantDefinition{name, "/unused", limits});
 }
 
 class ScheduledDeviceTest : public ::testing::Test {

@@ -71,7 +71,14 @@ TEST(TenantConfig, RefusesMistakesWithAReason) {
             std::string::npos);
   EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    weight: 0\n").find("`weight`"),
             std::string::npos);
-  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    class: urgent\n").find("`class`"),
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    class: urgent\n")
+                .find("`class` 'urgent' is neither best-effort nor latency-critical"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    max_connections: 0\n")
+                .find("`max_connections` must be between 1 and 65536"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    max_connections: many\n")
+                .find("`max_connections` must be a whole number"),
             std::string::npos);
   EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    devices: [2]\n")
                 .find("device 2 does not exist"),
@@ -89,9 +96,18 @@ TEST(TenantConfig, RefusesMistakesWithAReason) {
             std::string::npos);
 }
 
+TEST(TenantConfig, ATenantMayHaveItsOwnConnectionLimit) {
+  TenantConfig config = parseTenantConfig(
+      "tenants:\n  - name: a\n    socket: /a\n    max_connections: 12\n"
+      "  - name: b\n    socket: /b\n",
+      kMain, 1);
+  EXPECT_EQ(config.tenants[0].limits.maxConnections, 12u);
+  EXPECT_FALSE(config.tenants[1].limits.maxConnections.has_value());
+}
+
 TEST(Tenant, ChargesWithinTheLimitAndCountsRefusals) {
   Tenant tenant(
-      TenantDefinition{"t", "/s", TenantLimits{1000, 1, TenantClass::kBestEffort, {}, {}}});
+      1, TenantDefinition{"t", "/s", TenantLimits{1000, 1, TenantClass::kBestEffort, {}, {}}});
   EXPECT_TRUE(tenant.tryCharge(0, 600));
   EXPECT_FALSE(tenant.tryCharge(0, 401));
   EXPECT_TRUE(tenant.tryCharge(1, 1000));  // per device
@@ -109,7 +125,7 @@ TEST(Tenant, ChargesWithinTheLimitAndCountsRefusals) {
 TEST(Tenant, ChargesPinnedMemoryAgainstItsOwnLimit) {
   TenantLimits limits;
   limits.pinnedMemoryLimit = 8192;
-  Tenant tenant(TenantDefinition{"t", "/s", limits});
+  Tenant tenant(1, TenantDefinition{"t", "/s", limits});
   EXPECT_TRUE(tenant.tryChargePinned(4096));
   EXPECT_FALSE(tenant.tryChargePinned(8192));
   EXPECT_FALSE(tenant.tryChargePinned(UINT64_MAX));
@@ -119,7 +135,7 @@ TEST(Tenant, ChargesPinnedMemoryAgainstItsOwnLimit) {
   EXPECT_EQ(tenant.memoryUsed(), 0u);  // device memory is a separate account
   tenant.creditPinned(8192);
   EXPECT_EQ(tenant.pinnedMemoryUsed(), 0u);
-  Tenant unlimited(TenantDefinition{"u", "/u", TenantLimits{}});
+  Tenant unlimited(2, TenantDefinition{"u", "/u", TenantLimits{}});
   EXPECT_TRUE(unlimited.tryChargePinned(std::uint64_t{1} << 40));
 }
 
