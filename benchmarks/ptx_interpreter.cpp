@@ -41,7 +41,9 @@ public:
     globals_.resize(std::max<std::uint64_t>(program_->globalBytes, 8));
     executable_ = std::make_unique<ptx::Executable>(
         program_, reinterpret_cast<std::uint64_t>(globals_.data()));
-    add(globals_.data(), globals_.size());
+    const std::vector<std::byte> image = executable_->initialImage();
+    std::copy(image.begin(), image.end(), globals_.begin());
+    ranges_ = executable_->variableRanges(globals_.data());
   }
 
   void add(void* data, std::size_t bytes) {

@@ -264,6 +264,12 @@ public:
   // What the backend knows of the fault behind the sticky error, for the log (the kernel, the
   // address, the thread); empty when it knows nothing more.
   virtual std::string stickyErrorDetail() { return {}; }
+  // The client owning `owner` is gone: its work the device has not started is dropped (callbacks
+  // run with CUDA_ERROR_CONTEXT_IS_DESTROYED) and a kernel of its that is running stops, where
+  // the backend can. The `sim` backend can, so a kernel that never ends does not keep a dead
+  // client's memory (or the engine) forever; a GPU cannot stop one kernel without resetting the
+  // context for everyone, so the `cuda` backend does nothing and the work runs to its end.
+  virtual void abandonWorkOf(AddressSpace /*owner*/) {}
   // Device printf output of `owner`'s kernels that have completed since the last call; what a
   // GPU prints on the application's stdout at its next synchronisation. Empty where the backend
   // does not collect it (the `cuda` backend: the driver prints in the daemon).

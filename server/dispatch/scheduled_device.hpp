@@ -117,6 +117,7 @@ public:
   backend::Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override;
   CUresult stickyError() override;
   std::string stickyErrorDetail() override { return device_->stickyErrorDetail(); }
+  void abandonWorkOf(backend::AddressSpace owner) override { device_->abandonWorkOf(owner); }
   std::string takeDeviceOutput(backend::AddressSpace owner) override {
     return device_->takeDeviceOutput(owner);
   }

@@ -52,7 +52,8 @@ Handle GpuClient::newHandle(HandleKind kind) {
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  auto nullStream = worker_.dispatcher().createStream({stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
+  auto nullStream = worker_.dispatcher().createStream(
+      {stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Handle handle = newHandle(HandleKind::kContext);
   Context& context = contexts_[handle];
@@ -250,8 +251,8 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto created =
-      worker_.dispatcher().createStream({stats_->tenant, schedulingId_, stats_->addressSpace}, flags, priority);
+  auto created = worker_.dispatcher().createStream(
+      {stats_->tenant, schedulingId_, stats_->addressSpace}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
   Stream& stream = streams_[handle];
@@ -377,6 +378,9 @@ std::uint64_t GpuClient::abandon() {
   for (Queue& queue : queues) queue.held = dispatcher.heldMemoryOperations(*queue.stream);
   const std::size_t dropped =
       dispatcher.abandonClient(schedulingId_, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  // Where the device can, the work it already has is dropped too and a running kernel stops (the
+  // sim): what drain() waits for then ends soon, even a kernel that would never have.
+  dispatcher.abandonWorkOf(stats_->addressSpace);
 
   // What the work already on the device may still touch: on a stream that is not idle, every
   // operation not known to be done except those just dropped (the newest `held` of them).

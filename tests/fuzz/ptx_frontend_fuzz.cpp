@@ -54,8 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const ptx::Executable placed(program, base);
   const std::vector<std::byte> image = placed.initialImage();
   std::copy(image.begin(), image.end(), variables.begin());
-  const ptx::MemoryMap memory(
-      {ptx::MemoryRange{base, base + variables.size(), variables.data(), true}});
+  const ptx::MemoryMap memory(placed.variableRanges(variables.data()));
   ptx::Interpreter interpreter(0);
   ptx::PrintfBuffer output(1 << 16);
   for (std::uint32_t f = 0; f < program->functions.size(); ++f) {

@@ -94,5 +94,32 @@ TEST(Reclaim, ADaemonShutdownRemovesItsSockets) {
   client->signal(SIGKILL);
 }
 
+// A kernel that never ends: while it occupies device 0, device 1 serves other clients; when its
+// client is killed, the daemon stops the kernel, reclaims what the client held, and device 0
+// serves again.
+TEST(Reclaim, AKernelInAnInfiniteLoopIsReclaimedWhenItsClientDies) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  auto stuck = daemon.startClient("error_probe", {"hang"});
+  ASSERT_TRUE(eventually([&] {
+    return stuck->output().find("cuLaunchKernel CUDA_SUCCESS") != std::string::npos;
+  })) << stuck->output()
+      << daemon.log();
+  // The other device is not held up.
+  const RunResult other = daemon.runClient("vector_add", {"--device", "1", "--elements", "4096"});
+  EXPECT_TRUE(other.status.exitedWith(0)) << other.output << other.errors << daemon.log();
+  stuck->signal(SIGKILL);
+  EXPECT_EQ(stuck->wait().signal, SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    const nlohmann::json status = daemon.status();
+    return status["clients"].empty() && status["devices"][0]["memory_used"] == 0;
+  })) << daemon.status().dump(2)
+      << daemon.log();
+  // Device 0's engine is free again.
+  const RunResult after = daemon.runClient("vector_add", {"--elements", "4096"});
+  EXPECT_TRUE(after.status.exitedWith(0)) << after.output << after.errors << daemon.log();
+}
+
 }  // namespace
 }  // namespace gpuproxy::testing

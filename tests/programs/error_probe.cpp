@@ -133,6 +133,22 @@ int main(int argc, char** argv) {
     report("cuStreamGetPriority(no result)", cuStreamGetPriority(nullptr, nullptr));
     return 0;
   }
+  if (scenario == "hang") {
+    // A kernel that never ends, then a wait for it: the process stays until it is killed.
+    CUmodule module;
+    report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+    CUfunction loop;
+    report("cuModuleGetFunction", cuModuleGetFunction(&loop, module, "loop_forever"));
+    CUdeviceptr flag;
+    report("cuMemAlloc", cuMemAlloc(&flag, sizeof(int)));
+    report("cuMemsetD32", cuMemsetD32(flag, 0, 1));
+    void* arguments[] = {&flag};
+    report("cuLaunchKernel",
+           cuLaunchKernel(loop, 4, 1, 1, 64, 1, 1, 0, nullptr, arguments, nullptr));
+    std::fflush(stdout);
+    report("cuCtxSynchronize", cuCtxSynchronize());
+    return 0;
+  }
   if (scenario == "bad-handle") {
     report("cuStreamSynchronize", cuStreamSynchronize(reinterpret_cast<CUstream>(0xdeadbeef)));
     CUfunction function;

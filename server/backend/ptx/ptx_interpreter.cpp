@@ -129,6 +129,17 @@ std::uint64_t Executable::addressOf(const Constant& constant) const {
   }
 }
 
+std::vector<MemoryRange> Executable::variableRanges(std::byte* host) const {
+  std::vector<MemoryRange> ranges;
+  const std::uint64_t bytes = program_->globalBytes;
+  const std::uint64_t writable = std::min(program_->constOffset, bytes);
+  if (writable > 0) ranges.push_back({globalBase_, globalBase_ + writable, host, true});
+  if (bytes > writable) {
+    ranges.push_back({globalBase_ + writable, globalBase_ + bytes, host + writable, false});
+  }
+  return ranges;
+}
+
 std::vector<std::byte> Executable::initialImage() const {
   std::vector<std::byte> image(program_->globalBytes);
   for (std::size_t v = 0; v < program_->variables.size(); ++v) {

@@ -43,6 +43,9 @@ public:
   std::uint64_t globalBase() const { return globalBase_; }
   // The module's variables' initial bytes, relocations applied (for the loader to copy).
   std::vector<std::byte> initialImage() const;
+  // The module's variables, held at `host`, as a launch may touch them: .global ones writable,
+  // .const ones read-only.
+  std::vector<MemoryRange> variableRanges(std::byte* host) const;
   // Values of function `index`'s constant rows; rows listed in localRows() add the frame's
   // local base.
   const std::vector<std::uint64_t>& constants(std::uint32_t index) const {

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <variant>
 
@@ -142,6 +143,7 @@ struct StreamQueue {
   bool released = false;  // the Stream object is gone; drop the queue once it drains
   bool ready = false;     // its head is in DeviceCore::ready_
   std::shared_ptr<RecordState> blockedOn;  // its head waits for this record to complete
+  backend::AddressSpace owner = backend::kDaemonAddressSpace;
   std::list<std::shared_ptr<StreamQueue>>::iterator self;  // its entry in DeviceCore::queues_
 };
 
@@ -244,11 +246,23 @@ public:
     return buffer->take();
   }
 
-  std::shared_ptr<StreamQueue> addQueue() {
+  std::shared_ptr<StreamQueue> addQueue(backend::AddressSpace owner) {
     auto queue = std::make_shared<StreamQueue>();
+    queue->owner = owner;
     std::lock_guard lock(mutex_);
     queue->self = queues_.insert(queues_.end(), queue);
+    ++queuesPerOwner_[owner];
     return queue;
+  }
+
+  // Backend::abandonWorkOf: the owner's queued ops are skipped when the engine reaches them and
+  // its running kernel, if any, stops at its next backward branch.
+  void abandonOwner(backend::AddressSpace owner) {
+    std::lock_guard lock(mutex_);
+    if (queuesPerOwner_.count(owner) == 0) return;
+    abandonedOwners_.insert(owner);
+    if (executing_ != nullptr && executing_->owner == owner) launchStop_.store(true);
+    workCv_.notify_one();
   }
 
   void releaseQueue(const std::shared_ptr<StreamQueue>& queue) {
@@ -365,6 +379,7 @@ private:
     abandonBefore_ = nextSequence_;
     abandonStatus_ = sticky_ != CUDA_SUCCESS ? sticky_ : CUDA_ERROR_CONTEXT_IS_DESTROYED;
     stop_.store(true);
+    launchStop_.store(true);
     // Waits that were queued are dropped like the rest: their streams are runnable again.
     std::vector<StreamQueue*> blocked(blocked_.begin(), blocked_.end());
     for (StreamQueue* queue : blocked) {
@@ -414,7 +429,13 @@ private:
 
   // A released stream is forgotten once its last op has run.
   void dropIfDoneLocked(StreamQueue& queue) {
-    if (queue.released && queue.ops.empty() && executing_ != &queue) queues_.erase(queue.self);
+    if (!queue.released || !queue.ops.empty() || executing_ == &queue) return;
+    const backend::AddressSpace owner = queue.owner;
+    queues_.erase(queue.self);  // destroys `queue`
+    if (--queuesPerOwner_[owner] == 0) {
+      queuesPerOwner_.erase(owner);
+      abandonedOwners_.erase(owner);
+    }
   }
 
   // The runnable stream head with the lowest sequence number: streams interleave in submission
@@ -440,7 +461,11 @@ private:
       queue->ops.pop_front();
       --queuedOps_;
       executing_ = queue.get();
-      const CUresult skipWith = op.sequence < abandonBefore_ ? abandonStatus_ : sticky_;
+      CUresult skipWith = op.sequence < abandonBefore_ ? abandonStatus_ : sticky_;
+      if (skipWith == CUDA_SUCCESS && abandonedOwners_.count(queue->owner) != 0) {
+        skipWith = CUDA_ERROR_CONTEXT_IS_DESTROYED;  // its client is gone
+      }
+      launchStop_.store(stop_.load());
       lock.unlock();
 
       const Outcome outcome = run(op, skipWith);
@@ -619,8 +644,13 @@ private:
   CUresult sticky_ = CUDA_SUCCESS;
   std::string stickyDetail_;
   bool stopping_ = false;
-  // Tells a running kernel to stop (reset, shutdown), without the engine lock.
+  // A reset or shutdown is under way: kernels stop.
   std::atomic<bool> stop_{false};
+  // Tells the running kernel to stop (a reset or shutdown, or its client is gone), without the
+  // engine lock.
+  std::atomic<bool> launchStop_{false};
+  std::unordered_map<backend::AddressSpace, std::size_t> queuesPerOwner_;
+  std::unordered_set<backend::AddressSpace> abandonedOwners_;
 
   std::mutex outputMutex_;
   std::map<backend::AddressSpace, std::unique_ptr<ptx::PrintfBuffer>> outputs_;
@@ -664,7 +694,7 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
     request.dynamicSharedBytes = launch.config.sharedMemBytes;
     request.parameters = launch.parameters;
     request.memory = &memoryFor(launch.owner, access);
-    request.stop = &stop_;
+    request.stop = &launchStop_;
     request.printf = &output;
     request.heap = function.module->heap.get();
     result = interpreter_->run(request);
@@ -770,7 +800,10 @@ private:
 class SimStream final : public Stream {
 public:
   SimStream(std::shared_ptr<DeviceCore> core, int priority, backend::AddressSpace owner)
-      : core_(std::move(core)), queue_(core_->addQueue()), priority_(priority), owner_(owner) {}
+      : core_(std::move(core)),
+        queue_(core_->addQueue(owner)),
+        priority_(priority),
+        owner_(owner) {}
   ~SimStream() override { core_->releaseQueue(queue_); }
 
   CUresult enqueue(const backend::MemoryOperation& operation) override {
@@ -1031,6 +1064,7 @@ public:
   }
 
   CUresult stickyError() override { return core_->sticky(); }
+  void abandonWorkOf(backend::AddressSpace owner) override { core_->abandonOwner(owner); }
   std::string stickyErrorDetail() override { return core_->stickyDetail(); }
   std::string takeDeviceOutput(backend::AddressSpace owner) override {
     return core_->takeOutput(owner);

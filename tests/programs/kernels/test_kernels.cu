@@ -61,3 +61,10 @@ extern "C" __global__ void copy_words_32k(unsigned* out, Words8000 args) {
     for (int i = 0; i < 8000; ++i) out[i] = args.words[i];
   }
 }
+
+// Never returns while *flag is 0: a kernel stuck in a loop, for the tests of what happens to a
+// GPU's engine when its client dies or the daemon stops meanwhile.
+extern "C" __global__ void loop_forever(const volatile int* flag) {
+  while (*flag == 0) {
+  }
+}

@@ -923,6 +923,114 @@ $again:
   }
 }
 
+// Module variables are device memory of the module's owner, initialised from the PTX, found by
+// name (cuModuleGetGlobal's answer), readable and writable by copies and by the module's kernels.
+TEST_F(SimTest, ModuleGlobalsAreInitialisedDeviceMemory) {
+  const std::string ptx = std::string(".version 8.0\n.target sm_75\n.address_size 64\n") + R"(
+.global .align 4 .u32 counter = 41;
+.const .align 4 .u32 table[4] = {10, 20, 30, 40};
+.visible .entry bump(.param .u32 i) .maxntid 128, 1, 1
+{
+  .local .align 4 .b8 depot[32];
+  .shared .align 4 .b8 tile[512];
+  .reg .b32 %r<5>;
+  .reg .b64 %rd<3>;
+  ld.param.u32 %r1, [i];
+  mul.wide.u32 %rd1, %r1, 4;
+  mov.u64 %rd2, table;
+  add.u64 %rd2, %rd2, %rd1;
+  ld.const.u32 %r2, [%rd2];
+  ld.global.u32 %r3, [counter];
+  add.u32 %r4, %r3, %r2;
+  st.global.u32 [counter], %r4;
+  ret;
+}
+)";
+  auto loaded = device_->loadModule(bytesOf(ptx));
+  ASSERT_TRUE(loaded.ok()) << loaded.code();
+  Module& module = *loaded.value();
+  auto counter = module.global("counter");
+  auto table = module.global("table");
+  ASSERT_TRUE(counter.ok() && table.ok());
+  EXPECT_EQ(counter.value().bytes, 4u);
+  EXPECT_EQ(table.value().bytes, 16u);
+  EXPECT_EQ(module.global("bump").code(), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(module.global("nothing").code(), CUDA_ERROR_NOT_FOUND);
+  // The module's memory is charged like an allocation: its variables are device memory.
+  EXPECT_GE(module.deviceBytes(), 256u);
+
+  std::uint32_t values[4] = {};
+  ASSERT_EQ(stream_->copyDeviceToHost(values, table.value().address, 16), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(values[2], 30u);
+  // cudaMemcpyToSymbol's way: a copy to the variable's address changes what kernels see.
+  const std::uint32_t fresh = 100;
+  ASSERT_EQ(stream_->copyHostToDevice(counter.value().address, &fresh, 4), CUDA_SUCCESS);
+  Function& bump = *module.function("bump").value();
+  ASSERT_EQ(stream_->launch(bump, config(1, 1), pack(bump, std::uint32_t{3}), {}), CUDA_SUCCESS);
+  std::uint32_t result = 0;
+  ASSERT_EQ(stream_->copyDeviceToHost(&result, counter.value().address, 4), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(result, 140u);
+
+  // What cuFuncGetAttribute reports, from the PTX.
+  const backend::FunctionInfo& info = bump.info();
+  EXPECT_EQ(info.maxThreadsPerBlock, 128);
+  EXPECT_EQ(info.sharedSizeBytes, 512);
+  EXPECT_EQ(info.localSizeBytes, 32);
+  EXPECT_EQ(info.constSizeBytes, 16);
+  EXPECT_GT(info.numRegs, 0);
+  EXPECT_EQ(info.ptxVersion, 80);
+  EXPECT_EQ(info.binaryVersion, 75);
+  // More threads than .maxntid allows is a launch error, as with the driver.
+  EXPECT_EQ(stream_->launch(bump, config(1, 129), pack(bump, std::uint32_t{0}), {}),
+            CUDA_ERROR_INVALID_VALUE);
+}
+
+// On the sim a kernel reaches only its own client's memory: a pointer into another address
+// space's allocation or registered host memory faults (the sticky CUDA_ERROR_ILLEGAL_ADDRESS)
+// and the other's bytes stay as they were.
+TEST_F(SimTest, KernelsCannotTouchAnotherAddressSpacesMemory) {
+  constexpr backend::AddressSpace kVictim = 1;
+  constexpr backend::AddressSpace kAttacker = 2;
+  alignas(4096) static std::uint32_t victimPinned[1024];
+  std::fill(std::begin(victimPinned), std::end(victimPinned), 5u);
+  ASSERT_EQ(device_->registerHostMemory(victimPinned, sizeof(victimPinned), kVictim), CUDA_SUCCESS);
+  auto victimMemory = device_->allocate(1024, kVictim);
+  auto attackerMemory = device_->allocate(1024, kAttacker);
+  ASSERT_TRUE(victimMemory.ok() && attackerMemory.ok());
+  const CUdeviceptr victimTargets[] = {victimMemory.value(),
+                                       reinterpret_cast<CUdeviceptr>(victimPinned)};
+  for (const CUdeviceptr target : victimTargets) {
+    auto attackerStream =
+        device_->createStreamFor(backend::TenantClass::kBestEffort, 0, 0, kAttacker);
+    ASSERT_TRUE(attackerStream.ok());
+    Stream& stream = *attackerStream.value();
+    auto module = device_->loadModule(bytesOf(kTestKernels), kAttacker);
+    ASSERT_TRUE(module.ok());
+    Function& fill = *module.value()->function("fill_u32").value();
+    // Its own memory: fine.
+    ASSERT_EQ(stream.launch(fill, config(1, 64), pack(fill, attackerMemory.value(), 9u, 64ull), {}),
+              CUDA_SUCCESS);
+    ASSERT_EQ(synchronize(stream), CUDA_SUCCESS);
+    // The victim's: a fault, with the offender named in the device's detail.
+    ASSERT_EQ(stream.launch(fill, config(1, 64), pack(fill, target, 9u, 64ull), {}), CUDA_SUCCESS);
+    EXPECT_EQ(synchronize(stream), CUDA_ERROR_ILLEGAL_ADDRESS);
+    EXPECT_NE(device_->stickyErrorDetail().find("address space 2"), std::string::npos)
+        << device_->stickyErrorDetail();
+    attackerStream.value().reset();
+    module.value().reset();
+    stream_.reset();
+    module_.reset();
+    ASSERT_EQ(device_->reset(), CUDA_SUCCESS);
+    victimMemory = device_->allocate(1024, kVictim);
+    attackerMemory = device_->allocate(1024, kAttacker);
+    ASSERT_TRUE(victimMemory.ok() && attackerMemory.ok());
+  }
+  EXPECT_EQ(std::count(std::begin(victimPinned), std::end(victimPinned), 5u), 1024);
+  EXPECT_EQ(device_->unregisterHostMemory(victimPinned), CUDA_SUCCESS);
+}
+
 TEST(SimDevices, AreIndependent) {
   auto backend = newSimBackend({.devices = 2, .memoryBytes = 1 * kGiB});
   auto first = std::move(backend->openDevice(0)).value();

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -33,7 +34,9 @@ public:
         std::make_unique<Executable>(program_, reinterpret_cast<std::uint64_t>(globals_.data()));
     const std::vector<std::byte> image = executable_->initialImage();
     if (!image.empty()) std::memcpy(globals_.data(), image.data(), image.size());
-    addRange(globals_.data(), globals_.size());
+    for (const MemoryRange& range : executable_->variableRanges(globals_.data())) {
+      ranges_.push_back(range);
+    }
   }
 
   CUresult status() const { return status_; }
@@ -169,6 +172,192 @@ $done:
     // After the loop every lane of the warp is back together.
     EXPECT_EQ(out[2 * t + 1], 0xffffffffu) << t;
   }
+}
+
+// Faults are exact, and each is the error a GPU reports.
+TEST(PtxInterpreter, FaultsAreTheErrorsAGpuReports) {
+  struct Case {
+    const char* name;
+    std::string body;
+    CUresult expected;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"misaligned",
+       ".reg .b64 %rd<3>;\nld.param.u64 %rd1, [p];\nadd.u64 %rd2, %rd1, 2;\n"
+       "st.global.u32 [%rd2], 7;",
+       CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned"},
+      {"outside", ".reg .b64 %rd<3>;\nld.param.u64 %rd1, [p];\nst.global.u32 [%rd1+4096], 7;",
+       CUDA_ERROR_ILLEGAL_ADDRESS, "not memory of this client"},
+      {"null", ".reg .b64 %rd<2>;\nmov.u64 %rd1, 0;\nld.u32 %rd1, [%rd1];",
+       CUDA_ERROR_ILLEGAL_ADDRESS, "generic address 0x0"},
+      {"shared past the end", ".shared .align 4 .b8 tile[16];\nst.shared.u32 [tile+16], 1;",
+       CUDA_ERROR_ILLEGAL_ADDRESS, "shared memory"},
+      {"trap", "trap;", CUDA_ERROR_ILLEGAL_INSTRUCTION, "trap"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Harness harness(std::string(kHeader) + ".visible .entry k(.param .u64 p)\n{\n" + c.body +
+                    "\nret;\n}\n");
+    ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+    std::vector<std::uint32_t> buffer(1024);
+    harness.addRange(buffer);
+    const LaunchOutcome outcome =
+        harness.launch("k", {1, 1, 1}, {32, 1, 1}, {address(buffer.data())});
+    EXPECT_EQ(outcome.status, c.expected) << outcome.message;
+    EXPECT_NE(outcome.message.find(c.message), std::string::npos) << outcome.message;
+    EXPECT_NE(outcome.message.find("kernel 'k'"), std::string::npos) << outcome.message;
+  }
+}
+
+// Constant memory is read-only to kernels, as on a GPU.
+TEST(PtxInterpreter, ConstantMemoryIsReadOnly) {
+  Harness harness(std::string(kHeader) + R"(
+.const .align 4 .u32 table[4] = {1, 2, 3, 4};
+.visible .entry k(.param .u64 out)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [out];
+  ld.const.u32 %r1, [table+8];
+  st.global.u32 [%rd1], %r1;
+  mov.u64 %rd2, table;
+  cvta.const.u64 %rd3, %rd2;
+  st.u32 [%rd3], 9;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(1);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {address(out.data())});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_NE(outcome.message.find("read-only"), std::string::npos) << outcome.message;
+  EXPECT_EQ(out[0], 3u);
+}
+
+// Unbounded recursion overflows the thread's stack and stops the launch instead of the daemon.
+TEST(PtxInterpreter, RunawayRecursionOverflowsTheStack) {
+  Harness harness(std::string(kHeader) + R"(
+.func (.param .b32 r) down(.param .b32 x)
+{
+  .reg .b32 %r<3>;
+  ld.param.b32 %r1, [x];
+  add.s32 %r2, %r1, 1;
+  {
+    .param .b32 a;
+    .param .b32 b;
+    st.param.b32 [a], %r2;
+    call.uni (b), down, (a);
+    ld.param.b32 %r2, [b];
+  }
+  st.param.b32 [r], %r2;
+  ret;
+}
+.visible .entry k(.param .u64 p)
+{
+  .reg .b32 %r<2>;
+  {
+    .param .b32 a;
+    .param .b32 b;
+    st.param.b32 [a], 0;
+    call.uni (b), down, (a);
+    ld.param.b32 %r1, [b];
+  }
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {0});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_NE(outcome.message.find("stack overflow"), std::string::npos) << outcome.message;
+}
+
+// A barrier that can never complete (it waits for 64 threads of a 32-thread block) is reported,
+// where a GPU would hang.
+TEST(PtxInterpreter, ABarrierThatCannotCompleteIsADeadlock) {
+  Harness harness(std::string(kHeader) +
+                  ".visible .entry k(.param .u64 p)\n{\nbar.sync 1, 64;\nret;\n}\n");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {0});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_NE(outcome.message.find("deadlock"), std::string::npos) << outcome.message;
+}
+
+// Warps of a block that wait for each other through shared memory (no barrier) make progress:
+// warps are scheduled cooperatively, with a budget of backward branches.
+TEST(PtxInterpreter, WarpsSpinningOnSharedMemoryMakeProgress) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .shared .align 4 .u32 flag;
+  .reg .pred %p<3>;
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<2>;
+  mov.u32 %r1, %tid.x;
+  setp.ne.u32 %p1, %r1, 32;
+  @%p1 bra $wait;
+  st.volatile.shared.u32 [flag], 77;
+  bra.uni $done;
+$wait:
+  ld.volatile.shared.u32 %r2, [flag];
+  setp.ne.u32 %p2, %r2, 77;
+  @%p2 bra $wait;
+$done:
+  ld.param.u64 %rd1, [out];
+  ld.volatile.shared.u32 %r3, [flag];
+  st.global.u32 [%rd1], %r3;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(1);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {64, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(out[0], 77u);
+}
+
+// Device printf is bounded like a GPU's buffer: what does not fit drops the oldest output.
+TEST(PtxInterpreter, PrintfBufferDropsTheOldestOutput) {
+  PrintfBuffer buffer(32);
+  buffer.append("first line\n");
+  buffer.append("second line\n");
+  buffer.append("third line here\n");
+  EXPECT_EQ(buffer.take(), "second line\nthird line here\n");
+  EXPECT_EQ(buffer.takeLostBytes(), 11u);
+  EXPECT_TRUE(buffer.empty());
+}
+
+// malloc and free in kernels come from the module's device heap.
+TEST(PtxInterpreter, KernelsAllocateFromTheDeviceHeap) {
+  DeviceHeap heap(0x100000, 4096);
+  const std::uint64_t a = heap.allocate(100);
+  const std::uint64_t b = heap.allocate(100);
+  EXPECT_NE(a, 0u);
+  EXPECT_NE(b, 0u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a % 16, 0u);
+  EXPECT_EQ(heap.allocate(8192), 0u);  // more than the heap: NULL, as malloc on a GPU
+  heap.release(a);
+  heap.release(b);
+  heap.release(12345);                        // not a block: ignored
+  EXPECT_EQ(heap.allocate(4096), 0x100000u);  // freed blocks coalesced back
+}
+
+// Blocks run on worker threads too: every block of a large launch runs exactly once.
+TEST(PtxInterpreter, WorkersShareTheBlocksOfALaunch) {
+#ifdef GPUPROXY_HAVE_TEST_KERNELS
+  Harness harness(testing::kTestKernelsPtx, 3);
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  constexpr unsigned kCount = 1 << 18;
+  std::vector<std::uint32_t> data(kCount, 0);
+  harness.addRange(data);
+  const LaunchOutcome outcome = harness.launch("fill_u32", {kCount / 64, 1, 1}, {64, 1, 1},
+                                               {address(data.data()), 0xabcdu, kCount});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(std::count(data.begin(), data.end(), 0xabcdu), static_cast<std::ptrdiff_t>(kCount));
+#endif
 }
 
 }  // namespace
