@@ -80,7 +80,7 @@ struct Frame {
   const Function* function = nullptr;
   std::uint64_t* regs = nullptr;   // rows * 32
   std::uint32_t* preds = nullptr;  // one mask per predicate
-  std::byte* params = nullptr;     // parameterBytes per lane, lane after lane
+  std::byte* params = nullptr;     // parameterStride() per lane, lane after lane
   std::uint32_t localBase = 0;     // where its .local variables start in each thread's memory
   Frame* caller = nullptr;
   std::uint32_t returnPc = 0;  // in the caller

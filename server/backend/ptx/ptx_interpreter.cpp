@@ -409,7 +409,7 @@ Frame* BlockRunner::acquireFrame(std::uint32_t function, std::uint32_t localBase
     frame->regStorage.assign(static_cast<std::size_t>(code.rows()) * kWarpSize, 0);
     frame->predStorage.assign(std::max<std::uint32_t>(code.predicates, 1), 0);
     frame->paramStorage.assign(
-        std::max<std::size_t>(std::size_t{code.parameterBytes} * kWarpSize, 1), std::byte{0});
+        std::max<std::size_t>(std::size_t{code.parameterStride()} * kWarpSize, 1), std::byte{0});
     frame->regs = frame->regStorage.data();
     frame->preds = frame->predStorage.data();
     frame->params = frame->paramStorage.data();
@@ -508,7 +508,7 @@ void BlockRunner::bind(Frame* frame) {
   context_.regs = frame->regs;
   context_.preds = frame->preds;
   context_.params = frame->params;
-  context_.paramStride = frame->function->parameterBytes;
+  context_.paramStride = frame->function->parameterStride();
   context_.localBase = frame->localBase;
 }
 
@@ -753,10 +753,10 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
     std::uint64_t value = 0;
     if (index < site.arguments.size()) {
       const CallSite::Slot& slot = site.arguments[index];
-      std::memcpy(
-          &value,
-          frame->params + std::size_t{lane} * frame->function->parameterBytes + slot.callerOffset,
-          std::min<std::uint32_t>(slot.bytes, 8));
+      std::memcpy(&value,
+                  frame->params + std::size_t{lane} * frame->function->parameterStride() +
+                      slot.callerOffset,
+                  std::min<std::uint32_t>(slot.bytes, 8));
     }
     return value;
   };
@@ -764,7 +764,7 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
     if (site.results.empty()) return;
     const CallSite::Slot& slot = site.results[0];
     std::memcpy(
-        frame->params + std::size_t{lane} * frame->function->parameterBytes + slot.callerOffset,
+        frame->params + std::size_t{lane} * frame->function->parameterStride() + slot.callerOffset,
         &value, std::min<std::uint32_t>(slot.bytes, 8));
   };
   switch (builtin) {
@@ -928,9 +928,9 @@ BlockRunner::Step BlockRunner::runGroup(Warp& warp, std::size_t index, int& budg
             for (std::size_t r = 0; r < site.results.size() && r < function.resultOffsets.size();
                  ++r) {
               const CallSite::Slot& slot = site.results[r];
-              std::memcpy(caller->params + std::size_t{lane} * caller->function->parameterBytes +
+              std::memcpy(caller->params + std::size_t{lane} * caller->function->parameterStride() +
                               slot.callerOffset,
-                          frame->params + std::size_t{lane} * function.parameterBytes +
+                          frame->params + std::size_t{lane} * function.parameterStride() +
                               function.resultOffsets[r],
                           std::min(slot.bytes, function.resultSizes[r]));
             }
@@ -1019,9 +1019,9 @@ BlockRunner::Step BlockRunner::runGroup(Warp& warp, std::size_t index, int& budg
           for (std::size_t a = 0; a < site.arguments.size(); ++a) {
             const CallSite::Slot& slot = site.arguments[a];
             std::memcpy(
-                next->params + std::size_t{lane} * callee.parameterBytes +
+                next->params + std::size_t{lane} * callee.parameterStride() +
                     callee.parameterOffsets[a],
-                frame->params + std::size_t{lane} * function.parameterBytes + slot.callerOffset,
+                frame->params + std::size_t{lane} * function.parameterStride() + slot.callerOffset,
                 std::min(slot.bytes, callee.parameterSizes[a]));
           }
         });

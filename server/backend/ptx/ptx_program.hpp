@@ -134,6 +134,9 @@ struct Function {
   std::uint32_t rows() const { return registerRows + static_cast<std::uint32_t>(constants.size()); }
   // Parameter block per lane: own parameters and results first, then call-site declarations.
   std::uint32_t parameterBytes = 0;
+  // Distance between two lanes' parameter blocks: whole 16-byte units, so that a parameter
+  // aligned in the block (up to .v4.b32 / .b128) is aligned in host memory for every lane.
+  std::uint32_t parameterStride() const { return (parameterBytes + 15u) & ~15u; }
   std::vector<std::uint32_t> parameterOffsets;  // .func: its incoming parameters
   std::vector<std::uint32_t> parameterSizes;
   std::vector<std::uint32_t> resultOffsets;  // .func: its results
