@@ -1232,7 +1232,6 @@ public:
                    const std::vector<std::vector<std::uint32_t>>& localShared)
       : program_(program),
         symbols_(symbols),
-        declarations_(declarations),
         declaration_(declarations[index]),
         function_(program.functions[index]),
         localShared_(localShared[index]) {}
@@ -1861,7 +1860,6 @@ private:
 
   Program& program_;
   const ModuleSymbols& symbols_;
-  const std::vector<FunctionDecl>& declarations_;
   const FunctionDecl& declaration_;
   Function& function_;
   const std::vector<std::uint32_t>& localShared_;
