@@ -140,27 +140,6 @@ private:
   unsigned long long total_ = 0;
 };
 
-// What the daemon process costs the node, from /proc.
-struct ProcessUsage {
-  std::uint64_t residentBytes = 0;
-  std::uint64_t descriptors = 0;
-};
-
-ProcessUsage usageOf(pid_t pid) {
-  ProcessUsage usage;
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) usage.residentBytes = std::stoull(line.substr(6)) * 1024;
-  }
-  std::error_code ignored;
-  for (auto it =
-           std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ignored);
-       it != std::filesystem::directory_iterator(); it.increment(ignored)) {
-    ++usage.descriptors;
-  }
-  return usage;
-}
-
 // A connection that never attaches: it costs the daemon descriptors and nothing else.
 int idleConnection(const std::string& socket) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -185,8 +164,8 @@ struct RunResult {
   long churnFailures = 0;
   long attackerStarts = 0;
   long idleConnections = 0;
-  ProcessUsage peak;
-  ProcessUsage atStart;
+  testing::ProcessUsage peak;
+  testing::ProcessUsage atStart;
   std::optional<std::uint64_t> leakedBytes;
   long daemonReplaced = 0;
   bool daemonExitedCleanly = false;
@@ -335,7 +314,7 @@ void LoadRun::killAndRestartSome() {
 }
 
 void LoadRun::sample() {
-  ProcessUsage usage = usageOf(daemonPid_);
+  testing::ProcessUsage usage = testing::usageOf(daemonPid_);
   result_.peak.residentBytes = std::max(result_.peak.residentBytes, usage.residentBytes);
   result_.peak.descriptors = std::max(result_.peak.descriptors, usage.descriptors);
 }
@@ -414,7 +393,7 @@ RunResult LoadRun::run() {
   daemon_ = std::make_unique<testing::Daemon>(daemonOptions);
   daemonPid_ = daemon_->pid();
   admin_ = std::make_unique<AdminConnection>(daemon_->adminSocketPath());
-  result_.atStart = usageOf(daemonPid_);
+  result_.atStart = testing::usageOf(daemonPid_);
   try {
     startClients();
     if (attacked_) startAttacks();
@@ -431,8 +410,8 @@ RunResult LoadRun::run() {
       if (steady_clock::now() >= nextReport) {
         std::fprintf(stderr, "%s: %s: %zu clients attached, daemon RSS %s, %llu descriptors\n",
                      kProgram, result_.name.c_str(), snapshot.clients.size(),
-                     formatSize(usageOf(daemonPid_).residentBytes).c_str(),
-                     static_cast<unsigned long long>(usageOf(daemonPid_).descriptors));
+                     formatSize(testing::usageOf(daemonPid_).residentBytes).c_str(),
+                     static_cast<unsigned long long>(testing::usageOf(daemonPid_).descriptors));
         nextReport += std::chrono::seconds(10);
       }
       std::this_thread::sleep_for(milliseconds(200));

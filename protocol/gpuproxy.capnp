@@ -201,6 +201,8 @@ struct ClientStatus {
   tenantId @14 :UInt32;         # the id of `tenant` (TenantStatus.id)
   podUid @15 :Text;             # Kubernetes pod UID from its cgroup at attach; empty outside a pod
   containerId @16 :Text;        # container id from its cgroup at attach; empty outside a pod
+  queuedOperations @17 :UInt64; # operations it has queued on the GPUs that have not finished
+  queuedBytes @18 :UInt64;      # daemon memory held for them (kernel parameters, copied data)
 }
 
 enum TenantClass {

@@ -121,6 +121,8 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"cgroup", client.getCgroup().cStr()},
         {"module_bytes", client.getModuleBytes()},
         {"pinned_memory_used", client.getPinnedMemoryUsed()},
+        {"queued_operations", client.getQueuedOperations()},
+        {"queued_bytes", client.getQueuedBytes()},
         {"tenant_id", client.getTenantId()},
         {"pod_uid", textOrNull(client.getPodUid())},
         {"container_id", textOrNull(client.getContainerId())},
@@ -273,9 +275,9 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
     out += "no clients attached\n";
     return out;
   }
-  out += format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-10s %-10s %-40s %s\n", "PID", "COMMAND",
-                "TENANT", "DEVICE", "MEMORY", "PINNED", "KERNELS", "GPU TIME", "CONNECTED", "POD",
-                "CGROUP");
+  out += format("%-8s %-16s %-12s %-7s %-12s %-12s %-9s %-7s %-10s %-10s %-40s %s\n", "PID",
+                "COMMAND", "TENANT", "DEVICE", "MEMORY", "PINNED", "KERNELS", "QUEUED", "GPU TIME",
+                "CONNECTED", "POD", "CGROUP");
   for (auto client : status.getClients()) {
     std::string device = client.getDevice() < 0 ? "-" : std::to_string(client.getDevice());
     const auto tenant = tenantOf(status, client);
@@ -283,11 +285,12 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
     if (pod == "-" && client.getPodUid().size() > 0) {
       pod = std::string("uid ") + client.getPodUid().cStr();
     }
-    out += format("%-8u %-16s %-12s %-7s %-12s %-12s %-9llu %-10s %-10s %-40s %s\n",
+    out += format("%-8u %-16s %-12s %-7s %-12s %-12s %-9llu %-7llu %-10s %-10s %-40s %s\n",
                   client.getPid(), client.getCommand().cStr(), client.getTenant().cStr(),
                   device.c_str(), protocol::formatByteSize(client.getMemoryUsed()).c_str(),
                   protocol::formatByteSize(client.getPinnedMemoryUsed()).c_str(),
                   static_cast<unsigned long long>(client.getKernelsLaunched()),
+                  static_cast<unsigned long long>(client.getQueuedOperations()),
                   formatDuration(static_cast<double>(client.getGpuTimeNs()) / 1e9).c_str(),
                   formatDuration(client.getConnectedSeconds()).c_str(), pod.c_str(),
                   client.getCgroup().cStr());

@@ -16,7 +16,8 @@ namespace gpuproxy::client {
 // latency_critical_sms})}],
 // clients[{pid, uid, gid, command, device, devices, memory_used, kernels_launched, gpu_time_ns,
 // connected_seconds, tenant, tenant_id, cgroup, pod_uid, container_id, pod (the tenant's pod:
-// null, or {namespace, name, containers}), module_bytes, pinned_memory_used}].
+// null, or {namespace, name, containers}), module_bytes, pinned_memory_used, queued_operations,
+// queued_bytes (work queued on the GPUs and not finished, and the daemon memory it holds)}].
 nlohmann::json statusToJson(protocol::DaemonStatus::Reader status);
 
 std::string statusToTable(protocol::DaemonStatus::Reader status);

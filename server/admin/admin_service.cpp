@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -135,6 +136,10 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     client.setCgroup(stats.identity.cgroup);
     client.setModuleBytes(stats.moduleBytes.load());
     client.setPinnedMemoryUsed(stats.pinnedMemoryUsed.load());
+    client.setQueuedOperations(
+        static_cast<std::uint64_t>(std::max<std::int64_t>(stats.operationsInFlight.load(), 0)));
+    client.setQueuedBytes(
+        static_cast<std::uint64_t>(std::max<std::int64_t>(stats.bytesInFlight.load(), 0)));
   }
 
   // GPU-time shares over the window, of the time all listed tenants received in it.

@@ -209,7 +209,7 @@ int runDaemon(const DaemonOptions& options) {
                                                          : ipc::PollerBackend::kAuto;
   std::optional<DataPlane> dataPlaneStorage;
   try {
-    dataPlaneStorage.emplace(io.unixEventPort, dataPlaneOptions);
+    dataPlaneStorage.emplace(io.unixEventPort, io.provider->getTimer(), dataPlaneOptions);
   } catch (const std::exception& error) {
     spdlog::critical("cannot start the data plane ({} poller): {}", options.poller, error.what());
     return 1;

@@ -97,7 +97,11 @@ void ClientChannel::pumpAll() {
 bool ClientChannel::hasWork() {
   if (broken_) return false;
   if (!parked_.empty()) return true;
-  return commands_->pending();
+  return commands_->pending() && executor_.readyForCommands();
+}
+
+bool ClientChannel::throttled() {
+  return !broken_ && commands_->pending() && !executor_.readyForCommands();
 }
 
 void ClientChannel::postCompletion(std::uint64_t token, CUresult result) {

@@ -68,8 +68,12 @@ public:
   // Executes every command published so far (the session calls this before each control call, so
   // a client's calls keep their order across the two paths).
   void pumpAll();
-  // Whether a command waits in the ring (or answers wait for room): the loop must not sleep.
+  // Whether a command waits in the ring that may be executed now (or answers wait for room): the
+  // loop must not sleep.
   bool hasWork();
+  // Whether commands wait in the ring that the executor does not take yet (the client is at its
+  // bound on queued work): the loop sleeps, but looks again soon.
+  bool throttled();
 
   // The doorbell handshake around the data-plane loop's sleep (ipc/doorbell.hpp).
   void prepareToSleep() { waiter_->prepareToSleep(); }

@@ -11,10 +11,11 @@ constexpr std::size_t kCommandsPerPass = 256;
 
 }  // namespace
 
-DataPlane::DataPlane(kj::UnixEventPort& port, DataPlaneOptions options)
+DataPlane::DataPlane(kj::UnixEventPort& port, kj::Timer& timer, DataPlaneOptions options)
     : poller_(ipc::newPoller(options.poller,
                              [](std::string_view line) { spdlog::info("data plane: {}", line); })),
       observer_(port, poller_->readinessFd(), kj::UnixEventPort::FdObserver::OBSERVE_READ),
+      timer_(timer),
       options_(options) {}
 
 DataPlane::~DataPlane() = default;
@@ -115,7 +116,11 @@ kj::Promise<void> DataPlane::spin() {
 kj::Promise<void> DataPlane::sleep() {
   for (auto& [token, channel] : channels_) channel->prepareToSleep();
   bool work = false;
-  for (auto& [token, channel] : channels_) work = work || channel->hasWork();
+  bool throttled = false;
+  for (auto& [token, channel] : channels_) {
+    work = work || channel->hasWork();
+    throttled = throttled || channel->throttled();
+  }
   // Arms the doorbell polls (io_uring submits them here) and takes what is already readable.
   // After this, a doorbell makes the poller's descriptor readable and watchPoller wakes us.
   if (harvest()) work = true;
@@ -128,7 +133,11 @@ kj::Promise<void> DataPlane::sleep() {
   if (work) return kj::evalLater(kj::mv(wake));
   auto paf = kj::newPromiseAndFulfiller<void>();
   wakeLoop_ = kj::mv(paf.fulfiller);
-  return paf.promise.then(kj::mv(wake));
+  kj::Promise<void> woken = kj::mv(paf.promise);
+  // A throttled client's room comes back when its work on the GPU finishes, which rings no
+  // doorbell: look again shortly, without spinning meanwhile.
+  if (throttled) woken = woken.exclusiveJoin(afterThrottledRecheck());
+  return woken.then(kj::mv(wake));
 }
 
 }  // namespace gpuproxy::server

@@ -17,6 +17,7 @@
 
 #include <kj/async-unix.h>
 #include <kj/async.h>
+#include <kj/timer.h>
 
 #include <chrono>
 #include <cstdint>
@@ -31,11 +32,16 @@ struct DataPlaneOptions {
   ipc::PollerBackend poller = ipc::PollerBackend::kAuto;
   // How long the loop keeps polling after the last command before it sleeps.
   std::chrono::microseconds spinWindow{50};
+  // How often a client whose queued work is at its bound (ClientStats::queueFull) is looked at
+  // again while the loop sleeps: its commands wait in its ring meanwhile, and the loop does not
+  // spin for it.
+  std::chrono::microseconds throttledRecheck{1000};
 };
 
 class DataPlane {
 public:
-  DataPlane(kj::UnixEventPort& port, DataPlaneOptions options = {});
+  // `timer` is the event loop's.
+  DataPlane(kj::UnixEventPort& port, kj::Timer& timer, DataPlaneOptions options = {});
   ~DataPlane();
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
@@ -50,6 +56,12 @@ public:
 
   // The loop; never resolves. Run it eagerly on the thread that owns `port`.
   kj::Promise<void> run();
+
+  // Resolves after throttledRecheck: when a client at its queued-work bound may have room again
+  // (for work that reaches the daemon other than through a ring: Session.submit).
+  kj::Promise<void> afterThrottledRecheck() {
+    return timer_.afterDelay(options_.throttledRecheck.count() * kj::MICROSECONDS);
+  }
 
   std::string_view pollerName() const { return poller_->backendName(); }
   std::size_t channelCount() const { return channels_.size(); }
@@ -72,6 +84,7 @@ private:
 
   std::unique_ptr<ipc::Poller> poller_;
   kj::UnixEventPort::FdObserver observer_;
+  kj::Timer& timer_;
   DataPlaneOptions options_;
   std::map<std::uint64_t, ClientChannel*> channels_;  // by poller token
   std::map<ClientChannel*, std::uint64_t> tokens_;

@@ -39,10 +39,23 @@ struct ClientStats {
   std::atomic<std::uint64_t> pinnedMemoryUsed{0};  // pinned host memory (cuMemHostAlloc)
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
-  // Kernels and host-to-device copies queued on the GPU and not finished: the data plane stops
-  // taking a client's commands while this is high, so queued work (and the daemon memory holding
-  // staged bytes) stays bounded whatever the client sends.
+  // Every operation the client has queued on the GPUs and that has not finished (kernels,
+  // copies, memsets, event records and waits), and the bytes the daemon holds for them (kernel
+  // parameters, host data it copied in). While either is at its bound (queueFull) the daemon stops
+  // taking the client's commands: its ring fills and its writes wait, and a Session.submit call
+  // waits, so what the daemon keeps for one client stays bounded whatever it sends. Counted by
+  // QueuedWork (server/gpu/queued_work.hpp).
   std::atomic<std::int64_t> operationsInFlight{0};
+  std::atomic<std::int64_t> bytesInFlight{0};
+
+  // Enough to keep a GPU busy through any launch burst, small enough that a client queueing work
+  // behind a kernel that never ends costs the daemon a few megabytes.
+  static constexpr std::int64_t kMaxOperationsInFlight = 4096;
+  static constexpr std::int64_t kMaxBytesInFlight = std::int64_t{64} << 20;
+  bool queueFull() const {
+    return operationsInFlight.load(std::memory_order_relaxed) >= kMaxOperationsInFlight ||
+           bytesInFlight.load(std::memory_order_relaxed) >= kMaxBytesInFlight;
+  }
 };
 
 }  // namespace gpuproxy::server

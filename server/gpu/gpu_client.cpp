@@ -1,5 +1,7 @@
 #include "server/gpu/gpu_client.hpp"
 
+#include "server/gpu/queued_work.hpp"
+
 #include "server/gpu/completion.hpp"
 #include "server/gpu/gpu_worker.hpp"
 
@@ -424,7 +426,10 @@ CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event)
   auto found = events_.find(event);
   if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  return target->stream->wait(*found->second.event);
+  if (CUresult waited = target->stream->wait(*found->second.event); waited != CUDA_SUCCESS) {
+    return waited;
+  }
+  return countUntilDone(*target->stream, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,7 +462,10 @@ CUresult GpuClient::recordEvent(Handle context, Handle event, Handle stream) {
   if (!target) return CUDA_ERROR_INVALID_HANDLE;
   if (target->context != found->second.context) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  return target->stream->record(*found->second.event);
+  if (CUresult recorded = target->stream->record(*found->second.event); recorded != CUDA_SUCCESS) {
+    return recorded;
+  }
+  return countUntilDone(*target->stream, 0);
 }
 
 kj::Promise<CUresult> GpuClient::synchronizeEvent(Handle event) {
@@ -546,7 +554,14 @@ CUresult GpuClient::enqueue(Handle context, Handle stream,
                             const backend::MemoryOperation& operation) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  return enqueueOn(*target, operation);
+  if (CUresult queued = enqueueOn(*target, operation); queued != CUDA_SUCCESS) return queued;
+  return countUntilDone(*target->stream, 0);
+}
+
+CUresult GpuClient::countUntilDone(backend::Stream& stream, std::uint64_t bytes) {
+  auto work = std::make_shared<QueuedWork>(stats_, bytes);
+  // The callback holds the count; the operation before it is done when it runs.
+  return stream.addCallback([work](CUresult) {});
 }
 
 CUresult GpuClient::enqueueOn(const Target& target, const backend::MemoryOperation& operation) {
@@ -581,7 +596,8 @@ CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr 
   staged->bytes.assign(data.begin(), data.end());
   kj::Promise<CUresult> read = nullptr;
   CUresult queued = queueHostToDeviceFrom(context, stream, destination, staged->bytes,
-                                          std::shared_ptr<const void>(staged, staged.get()), read);
+                                          std::shared_ptr<const void>(staged, staged.get()),
+                                          staged->bytes.size(), read);
   // The staged copy lives until the backend has read it; nobody waits for that.
   if (queued == CUDA_SUCCESS) read.detach([](kj::Exception&&) {});
   return queued;
@@ -593,7 +609,7 @@ kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle str
                                                       std::shared_ptr<const void> keepAlive) {
   kj::Promise<CUresult> read = nullptr;
   CUresult queued =
-      queueHostToDeviceFrom(context, stream, destination, source, std::move(keepAlive), read);
+      queueHostToDeviceFrom(context, stream, destination, source, std::move(keepAlive), 0, read);
   if (queued != CUDA_SUCCESS) return queued;
   return read;
 }
@@ -601,7 +617,7 @@ kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle str
 CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdeviceptr destination,
                                           std::span<const std::byte> source,
                                           std::shared_ptr<const void> keepAlive,
-                                          kj::Promise<CUresult>& read) {
+                                          std::uint64_t heldBytes, kj::Promise<CUresult>& read) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (source.empty()) {
@@ -614,16 +630,11 @@ CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdevic
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
-  ++stats_->operationsInFlight;
-  CUresult callback = target->stream->addCallback(
-      [fulfiller, keepAlive = std::move(keepAlive), stats = stats_](CUresult status) {
-        --stats->operationsInFlight;
-        (*fulfiller)->fulfill(kj::mv(status));
-      });
-  if (callback != CUDA_SUCCESS) {
-    --stats_->operationsInFlight;
-    return callback;
-  }
+  auto work = std::make_shared<QueuedWork>(stats_, heldBytes);
+  CUresult callback =
+      target->stream->addCallback([fulfiller, work, keepAlive = std::move(keepAlive)](
+                                      CUresult status) { (*fulfiller)->fulfill(kj::mv(status)); });
+  if (callback != CUDA_SUCCESS) return callback;
   read = kj::mv(paf.promise);
   return CUDA_SUCCESS;
 }
@@ -654,10 +665,10 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto fulfiller =
       std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>>(kj::mv(paf.fulfiller));
+  auto work = std::make_shared<QueuedWork>(stats_, 0);
   CUresult callback =
-      target->stream->addCallback([fulfiller, keepAlive = std::move(keepAlive)](CUresult status) {
-        (*fulfiller)->fulfill(kj::mv(status));
-      });
+      target->stream->addCallback([fulfiller, work, keepAlive = std::move(keepAlive)](
+                                      CUresult status) { (*fulfiller)->fulfill(kj::mv(status)); });
   if (callback != CUDA_SUCCESS) return callback;
   return noteCompletion(context, stream, *workCounters(*target).first, kj::mv(paf.promise));
 }
@@ -731,19 +742,18 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
-  std::shared_ptr<ClientStats> stats = stats_;
+  // The backend copies the parameters and keeps them until the kernel has run.
+  auto work = std::make_shared<QueuedWork>(stats_, parameters.size());
   GpuWorker* worker = &worker_;
   pid_t pid = stats_->identity.pid;
-  ++stats_->operationsInFlight;
   CUresult launched =
       target->stream->launch(*found->second.function, config, parameters,
-                             [stats, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
+                             [work, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
+                               const std::shared_ptr<ClientStats>& stats = work->stats();
                                stats->gpuTimeNs += gpuNanoseconds;
                                stats->tenant->gpuTimeNs += gpuNanoseconds;
-                               --stats->operationsInFlight;
                                worker->noteKernelStatus(status, pid);
                              });
-  if (launched != CUDA_SUCCESS) --stats_->operationsInFlight;
   if (launched == CUDA_SUCCESS) {
     noteKernelTouches(*target);
     ++stats_->kernelsLaunched;

@@ -73,10 +73,11 @@ public:
                                              std::span<const std::byte> source,
                                              std::shared_ptr<const void> keepAlive);
   // The same, answering now whether the copy was queued; only then does `read` resolve, once the
-  // backend has read the source, with the copy's status.
+  // backend has read the source, with the copy's status. `heldBytes`: what `keepAlive` keeps in
+  // the daemon's own memory for the copy (counted against the client's queued-work bound).
   CUresult queueHostToDeviceFrom(Handle context, Handle stream, CUdeviceptr destination,
                                  std::span<const std::byte> source,
-                                 std::shared_ptr<const void> keepAlive,
+                                 std::shared_ptr<const void> keepAlive, std::uint64_t heldBytes,
                                  kj::Promise<CUresult>& read);
   // Resolves once the bytes have arrived.
   kj::Promise<backend::Result<std::vector<std::byte>>> copyDeviceToHost(Handle context,
@@ -198,6 +199,9 @@ private:
   std::pair<std::uint64_t*, std::uint64_t*> workCounters(const Target& target);
   Touches& touchesOf(const Target& target);
   CUresult enqueueOn(const Target& target, const backend::MemoryOperation& operation);
+  // Counts the operation just queued on `stream` against the client's queued-work bound until a
+  // callback queued after it has run.
+  CUresult countUntilDone(backend::Stream& stream, std::uint64_t bytes);
   // Notes a kernel just queued on `target`: it may touch any of the client's memory.
   void noteKernelTouches(const Target& target);
   // Keeps a stream's list of touches bounded for a client that never synchronises.

@@ -36,7 +36,8 @@ public:
   const std::vector<std::uint32_t>& devices() const { return devicesUsed_; }
 
   // capnp::Capability::Server: every control call first executes what the client already put in
-  // its command ring, so its calls keep the order it made them in.
+  // its command ring, so its calls keep the order it made them in. While the client is at its
+  // bound on queued work and records still wait in its ring, the call waits for them.
   DispatchCallResult dispatchCall(
       std::uint64_t interfaceId, std::uint16_t methodId,
       capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) override;
@@ -69,6 +70,20 @@ protected:
 
 private:
   class MessagePort;
+  struct SubmitBatch;
+
+  // dispatchCall once the records ahead of the call have left the ring.
+  kj::Promise<void> dispatchAfterRing(
+      std::uint64_t interfaceId, std::uint16_t methodId,
+      capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context);
+
+  // Session.submit's records, executed in order while the client is below its bound on queued
+  // work; the rest waits (afterThrottledRecheck) or, past kMaxSubmitsWaiting, fails.
+  kj::Promise<void> executeSubmitted(std::shared_ptr<SubmitBatch> batch);
+  protocol::ring::DecodedCommand nextSubmitted(SubmitBatch& batch);
+  void refuseSubmitted(SubmitBatch& batch, CUresult result);
+  static constexpr unsigned kMaxSubmitsWaiting = 16;
+  std::shared_ptr<unsigned> submitsWaiting_ = std::make_shared<unsigned>(0);
 
   // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
   // or from submit(), is executed here.

@@ -10,6 +10,7 @@
 #include "server/session/client_session.hpp"
 
 #include <fcntl.h>
+#include <kj/debug.h>
 #include <kj/vector.h>
 #include <spdlog/spdlog.h>
 
@@ -29,11 +30,6 @@ namespace ring = protocol::ring;
 
 namespace {
 
-// Queued kernels and staged copies per client before its ring stops being read. Enough to keep a
-// GPU busy through any launch burst; small enough that staged bytes (a few MiB each at most)
-// cannot grow the daemon without bound.
-constexpr std::int64_t kMaxOperationsInFlight = 4096;
-
 // A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
 // duplicate, so it may outlive the session while Cap'n Proto is still sending it.
 class SharedFileServer final : public protocol::SharedFile::Server {
@@ -51,6 +47,19 @@ private:
   int fd_;
 };
 
+// One Session.submit call waiting for its client's queued work to shrink, counted for as long as
+// it waits.
+class WaitingCall {
+public:
+  explicit WaitingCall(std::shared_ptr<unsigned> count) : count_(std::move(count)) { ++*count_; }
+  ~WaitingCall() { --*count_; }
+  WaitingCall(const WaitingCall&) = delete;
+  WaitingCall& operator=(const WaitingCall&) = delete;
+
+private:
+  std::shared_ptr<unsigned> count_;
+};
+
 backend::LaunchConfig configOf(const ring::LaunchKernel& launch) {
   return backend::LaunchConfig{backend::Dim3{launch.grid.x, launch.grid.y, launch.grid.z},
                                backend::Dim3{launch.block.x, launch.block.y, launch.block.z},
@@ -62,8 +71,32 @@ backend::LaunchConfig configOf(const ring::LaunchKernel& launch) {
 ClientSession::DispatchCallResult ClientSession::dispatchCall(
     std::uint64_t interfaceId, std::uint16_t methodId,
     capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
-  if (channel_) channel_->pumpAll();
+  if (channel_) {
+    channel_->pumpAll();
+    if (channel_->throttled() && state_.dataPlane != nullptr) {
+      // The client may go away while the call waits; its session must not outlive it for that.
+      context.allowCancellation();
+      return {dispatchAfterRing(interfaceId, methodId, context), false};
+    }
+  }
   return protocol::Session::Server::dispatchCall(interfaceId, methodId, context);
+}
+
+kj::Promise<void> ClientSession::dispatchAfterRing(
+    std::uint64_t interfaceId, std::uint16_t methodId,
+    capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
+  std::weak_ptr<bool> alive = alive_;
+  return state_.dataPlane->afterThrottledRecheck().then(
+      [this, alive, interfaceId, methodId, context]() mutable -> kj::Promise<void> {
+        if (alive.expired() || !*alive.lock()) {
+          return KJ_EXCEPTION(DISCONNECTED, "the session ended");
+        }
+        if (channel_) {
+          channel_->pumpAll();
+          if (channel_->throttled()) return dispatchAfterRing(interfaceId, methodId, context);
+        }
+        return protocol::Session::Server::dispatchCall(interfaceId, methodId, context).promise;
+      });
 }
 
 kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
@@ -121,7 +154,7 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
 }
 
 bool ClientSession::readyForCommands() const {
-  return stats_->operationsInFlight.load(std::memory_order_relaxed) < kMaxOperationsInFlight;
+  return !stats_->queueFull();
 }
 
 void ClientSession::taskFailed(kj::Exception&& exception) {
@@ -306,6 +339,15 @@ private:
   kj::Own<kj::PromiseFulfiller<void>> fulfiller_;
 };
 
+// What one Session.submit call still has to execute. `rest` points into the call's message,
+// which lives as long as the call.
+struct ClientSession::SubmitBatch {
+  std::shared_ptr<MessagePort> port;
+  ring::SegmentLimits limits;
+  std::span<const std::byte> rest;
+  bool payloadWritten = false;
+};
+
 kj::Promise<void> ClientSession::submit(SubmitContext context) {
   auto params = context.getParams();
   const capnp::Data::Reader payload = params.getPayload();
@@ -318,38 +360,92 @@ kj::Promise<void> ClientSession::submit(SubmitContext context) {
   if (const std::uint64_t sent = std::min<std::uint64_t>(payload.size(), payloadBytes); sent != 0) {
     std::memcpy(buffer.data(), payload.begin(), sent);  // both may be null when empty
   }
-  auto port = std::make_shared<MessagePort>(std::move(buffer), channel_);
-  ring::SegmentLimits limits = channel_ ? channel_->limits() : ring::SegmentLimits{};
-  limits.messageBytes = payloadBytes;
-
+  // The call may wait for the client's queued work (executeSubmitted); a client that goes away
+  // meanwhile must not keep its session, and so its work, alive.
+  context.allowCancellation();
+  auto batch = std::make_shared<SubmitBatch>();
+  batch->port = std::make_shared<MessagePort>(std::move(buffer), channel_);
+  batch->limits = channel_ ? channel_->limits() : ring::SegmentLimits{};
+  batch->limits.messageBytes = payloadBytes;
   const capnp::Data::Reader commands = params.getCommands();
-  std::span<const std::byte> rest(reinterpret_cast<const std::byte*>(commands.begin()),
-                                  commands.size());
-  bool payloadWritten = false;
-  while (!rest.empty()) {
-    // Records back to back, each as long as its header says; a length that cannot be right leaves
-    // the rest as one record, which the decoder then refuses as a framing error.
-    const auto header = ring::peekCommandHeader(rest);
-    std::size_t length = rest.size();
-    if (header && header->length >= ring::kCommandHeaderBytes && header->length <= rest.size()) {
-      length = header->length;
+  batch->rest = std::span<const std::byte>(reinterpret_cast<const std::byte*>(commands.begin()),
+                                           commands.size());
+  return executeSubmitted(batch)
+      .then([this, batch]() { return batch->port->whenAnswered(); })
+      .then([context, batch]() mutable {
+        auto results = context.getResults();
+        results.setCompletions(batch->port->completions());
+        if (batch->payloadWritten) results.setPayload(batch->port->payload());
+      });
+}
+
+kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> batch) {
+  while (!batch->rest.empty()) {
+    if (!readyForCommands() && state_.dataPlane != nullptr) {
+      // The client is at its bound on queued work: the call waits, as a ring's writer does when
+      // its ring is full. Calls waiting that way hold their messages in the daemon, so only a
+      // few may: past that, what they carry fails as out of memory instead of piling up.
+      if (*submitsWaiting_ >= kMaxSubmitsWaiting) {
+        refuseSubmitted(*batch, CUDA_ERROR_OUT_OF_MEMORY);
+        return kj::READY_NOW;
+      }
+      // Counted until the call goes on or is cancelled (its client went away meanwhile).
+      auto waiting = std::make_shared<WaitingCall>(submitsWaiting_);
+      std::weak_ptr<bool> alive = alive_;
+      return state_.dataPlane->afterThrottledRecheck().then(
+          [this, alive, batch, waiting]() mutable -> kj::Promise<void> {
+            waiting.reset();
+            if (alive.expired() || !*alive.lock()) {
+              return KJ_EXCEPTION(DISCONNECTED, "the session ended");
+            }
+            return executeSubmitted(batch);
+          });
     }
-    const ring::DecodedCommand decoded = ring::decodeCommand(rest.first(length), limits);
-    rest = rest.subspan(length);
+    const ring::DecodedCommand decoded = nextSubmitted(*batch);
     if (const auto* copy = std::get_if<ring::CopyDeviceToHost>(&decoded)) {
-      payloadWritten = payloadWritten || copy->destination.region == ring::HostRegion::kMessage;
+      batch->payloadWritten =
+          batch->payloadWritten || copy->destination.region == ring::HostRegion::kMessage;
     }
-    port->expect(completionTokenOf(decoded));
-    execute(decoded, *port);
+    batch->port->expect(completionTokenOf(decoded));
+    execute(decoded, *batch->port);
     if (const auto* error = std::get_if<ring::DecodeError>(&decoded); error && error->disconnect) {
       break;
     }
   }
-  return port->whenAnswered().then([context, port, payloadWritten]() mutable {
-    auto results = context.getResults();
-    results.setCompletions(port->completions());
-    if (payloadWritten) results.setPayload(port->payload());
-  });
+  return kj::READY_NOW;
+}
+
+ring::DecodedCommand ClientSession::nextSubmitted(SubmitBatch& batch) {
+  // Records back to back, each as long as its header says; a length that cannot be right leaves
+  // the rest as one record, which the decoder then refuses as a framing error.
+  const auto header = ring::peekCommandHeader(batch.rest);
+  std::size_t length = batch.rest.size();
+  if (header && header->length >= ring::kCommandHeaderBytes &&
+      header->length <= batch.rest.size()) {
+    length = header->length;
+  }
+  ring::DecodedCommand decoded = ring::decodeCommand(batch.rest.first(length), batch.limits);
+  batch.rest = batch.rest.subspan(length);
+  return decoded;
+}
+
+void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
+  while (!batch.rest.empty()) {
+    const ring::DecodedCommand decoded = nextSubmitted(batch);
+    std::visit(
+        [&](const auto& command) {
+          using T = std::decay_t<decltype(command)>;
+          if constexpr (std::is_same_v<T, ring::DecodeError>) {
+            execute(decoded, *batch.port);  // framing errors end the session as ever
+          } else if (const std::uint64_t token = completionTokenOf(decoded); token != 0) {
+            batch.port->expect(token);
+            batch.port->postCompletion(token, result);
+          } else if constexpr (requires { command.stream; }) {
+            report(*batch.port, result, command);
+          }
+        },
+        decoded);
+  }
 }
 
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
@@ -437,9 +533,12 @@ void ClientSession::executeCopyToDevice(const ring::CopyHostToDevice& copy, Comm
     // A staging range goes back to the client once the backend has read it; the caller's own
     // buffer was free again once the stub had filled the range, so a waiting caller is answered
     // now (CUDA's pageable semantics).
+    // Bytes of a call's payload stay in the daemon until the copy has read them: they count
+    // against the client's bound on queued work.
+    const std::uint64_t held = copy.source.region == ring::HostRegion::kMessage ? copy.bytes : 0;
     result = client->queueHostToDeviceFrom(copy.context, copy.stream, copy.destination,
                                            port.hostBytes(copy.source, copy.bytes),
-                                           port.keepAlive(), read);
+                                           port.keepAlive(), held, read);
   }
   if (copy.source.region == ring::HostRegion::kStaging) {
     const std::uint64_t offset = copy.source.offset;

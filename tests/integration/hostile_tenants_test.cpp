@@ -5,25 +5,29 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace gpuproxy::testing {
 namespace {
 
-// Two tenants of 64 MiB each, as a node would give two pods.
+// Two tenants of 64 MiB each, as a node would give two pods, each on a GPU of its own (a kernel
+// that never ends holds its GPU: kernels are not preemptible, on the sim as on hardware).
 class HostileTenants : public ::testing::Test {
 protected:
   HostileTenants() {
     std::ofstream(config_) << "tenants:\n"
                            << "  - name: alice\n    socket: " << alice_
-                           << "\n    memory_limit: 64MiB\n"
+                           << "\n    memory_limit: 64MiB\n    devices: [0]\n"
                            << "  - name: mallory\n    socket: " << mallory_
-                           << "\n    memory_limit: 64MiB\n";
+                           << "\n    memory_limit: 64MiB\n    devices: [1]\n";
     Daemon::Options options;
+    options.simDevices = 2;
     options.extraArguments = {"--config", config_};
     daemon_ = std::make_unique<Daemon>(options);
   }
@@ -42,8 +46,21 @@ protected:
   void expectNothingLeft() {
     EXPECT_TRUE(eventually([&] {
       auto status = daemon_->status();
-      return status["clients"].empty() && status["devices"][0]["memory_used"] == 0;
+      if (!status["clients"].empty()) return false;
+      for (const auto& device : status["devices"]) {
+        if (device["memory_used"] != 0) return false;
+      }
+      return true;
     })) << daemon_->status().dump(2);
+  }
+
+  // The status entry of the client with `pid`, or null.
+  nlohmann::json clientWithPid(pid_t pid) {
+    const nlohmann::json status = daemon_->status();
+    for (const auto& client : status["clients"]) {
+      if (client["pid"] == pid) return client;
+    }
+    return nullptr;
   }
 
   TempDir directory_;
@@ -56,6 +73,7 @@ protected:
 // A client that scribbles over its own command ring's index is cut off: the daemon says why, frees
 // what it held and keeps serving others, and the client's next calls fail instead of hanging.
 TEST_F(HostileTenants, ACorruptRingIndexCutsTheClientOffAndItsCallsFail) {
+  if (rpcTransport()) GTEST_SKIP() << "no command ring over the RPC transport";
   RunResult result = attack({"corrupt-ring"});
   ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors << daemon_->log();
   auto got = answers(result.output);
@@ -67,6 +85,46 @@ TEST_F(HostileTenants, ACorruptRingIndexCutsTheClientOffAndItsCallsFail) {
   expectNothingLeft();
   expectAliceIsServed();
 }
+
+// Work queued behind a kernel that never ends costs the daemon a bounded amount of memory: once
+// the attacker has 4096 operations queued, the daemon stops reading its ring and its calls wait
+// there, alice is served meanwhile, and killing the attacker frees all of it.
+class QueueFlood : public HostileTenants, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(QueueFlood, StopsAtTheBoundOnQueuedWorkWhileOthersAreServed) {
+  constexpr std::uint64_t kMaxQueued = 4096;
+  std::unique_ptr<Child> attacker =
+      daemon_->startClientOn(mallory_, "hostile_client", {"queue-flood", GetParam(), "600"});
+  ASSERT_TRUE(eventually([&] { return attacker->output().find("flooding") != std::string::npos; },
+                         std::chrono::seconds(30)))
+      << attacker->output() << attacker->errors() << daemon_->log();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const nlohmann::json client = clientWithPid(attacker->pid());
+        return !client.is_null() && client["queued_operations"] >= kMaxQueued;
+      },
+      std::chrono::seconds(30)))
+      << daemon_->status().dump(2);
+
+  // It keeps calling as fast as it can; the daemon takes nothing more from it. (Unbounded, each
+  // call cost the daemon about a hundred bytes: a gigabyte in seconds.)
+  const std::uint64_t atBound = usageOf(daemon_->pid()).residentBytes;
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const std::uint64_t later = usageOf(daemon_->pid()).residentBytes;
+  EXPECT_LT(later, atBound + (std::uint64_t{16} << 20)) << atBound << " -> " << later;
+  const nlohmann::json client = clientWithPid(attacker->pid());
+  ASSERT_FALSE(client.is_null());
+  EXPECT_EQ(client["queued_operations"], kMaxQueued) << client.dump(2);
+  EXPECT_TRUE(attacker->running()) << attacker->output() << attacker->errors();
+
+  expectAliceIsServed();
+  attacker->signal(SIGKILL);
+  attacker->wait();
+  expectNothingLeft();
+  expectAliceIsServed();
+}
+
+INSTANTIATE_TEST_SUITE_P(Records, QueueFlood, ::testing::Values("memset", "event"));
 
 }  // namespace
 }  // namespace gpuproxy::testing

@@ -251,4 +251,19 @@ bool rpcTransport() {
   return transport != nullptr && std::string(transport) == "rpc";
 }
 
+ProcessUsage usageOf(pid_t pid) {
+  ProcessUsage usage;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) usage.residentBytes = std::stoull(line.substr(6)) * 1024;
+  }
+  std::error_code ignored;
+  for (auto it =
+           std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ignored);
+       it != std::filesystem::directory_iterator(); it.increment(ignored)) {
+    ++usage.descriptors;
+  }
+  return usage;
+}
+
 }  // namespace gpuproxy::testing

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -134,6 +135,13 @@ std::map<std::string, std::string> answers(const std::string& output);
 nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name);
 // Whether the test runs with GPUPROXY_TRANSPORT=rpc (ctest's `rpc` re-runs of integration tests).
 bool rpcTransport();
+
+// What a process costs the node, from /proc (zeros once it is gone).
+struct ProcessUsage {
+  std::uint64_t residentBytes = 0;
+  std::uint64_t descriptors = 0;
+};
+ProcessUsage usageOf(pid_t pid);
 
 // Polls `condition` every 10 ms until it holds or `timeout` passes; returns whether it held.
 bool eventually(const std::function<bool()>& condition,

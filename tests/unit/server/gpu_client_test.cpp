@@ -160,6 +160,33 @@ TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   EXPECT_EQ(worker_.memoryUsed(), stats_[0]->moduleBytes);  // only the module is left
 }
 
+// Every operation queued behind a kernel counts against the client's bound on queued work, with
+// the bytes the daemon holds for it, until it has run; then nothing is counted.
+TEST_F(GpuClientTest, EveryQueuedOperationCountsUntilItHasRun) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto stream = client->createStream(context.value(), CU_STREAM_NON_BLOCKING, 0);
+  auto pointer = client->allocate(context.value(), 4096);
+  auto event = client->createEvent(context.value(), CU_EVENT_DISABLE_TIMING);
+  launchSpin(*client, context.value(), stream.value(), 50'000'000);  // 8 bytes of parameters
+  ASSERT_EQ(client->enqueue(context.value(), stream.value(),
+                            backend::Memset{pointer.value(), 7, 1, 4096}),
+            CUDA_SUCCESS);
+  ASSERT_EQ(client->recordEvent(context.value(), event.value(), stream.value()), CUDA_SUCCESS);
+  ASSERT_EQ(client->streamWaitEvent(context.value(), stream.value(), event.value()),
+            CUDA_SUCCESS);
+  std::vector<std::byte> data(1000, std::byte{1});
+  ASSERT_EQ(client->copyHostToDevice(context.value(), stream.value(), pointer.value(), data),
+            CUDA_SUCCESS);
+  EXPECT_EQ(stats_[0]->operationsInFlight, 5);
+  EXPECT_EQ(stats_[0]->bytesInFlight, 8 + 1000);
+  EXPECT_FALSE(stats_[0]->queueFull());
+
+  EXPECT_EQ(wait(client->synchronizeStream(context.value(), stream.value())), CUDA_SUCCESS);
+  EXPECT_TRUE(soon([&] { return stats_[0]->operationsInFlight == 0; }));
+  EXPECT_EQ(stats_[0]->bytesInFlight, 0);
+}
+
 // Holds the device's one engine inside a host callback until released, so that whatever is
 // queued meanwhile has reached the device and waits there, whatever the machine's speed.
 class EngineGate {
