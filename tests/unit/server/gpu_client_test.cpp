@@ -173,8 +173,7 @@ TEST_F(GpuClientTest, EveryQueuedOperationCountsUntilItHasRun) {
                             backend::Memset{pointer.value(), 7, 1, 4096}),
             CUDA_SUCCESS);
   ASSERT_EQ(client->recordEvent(context.value(), event.value(), stream.value()), CUDA_SUCCESS);
-  ASSERT_EQ(client->streamWaitEvent(context.value(), stream.value(), event.value()),
-            CUDA_SUCCESS);
+  ASSERT_EQ(client->streamWaitEvent(context.value(), stream.value(), event.value()), CUDA_SUCCESS);
   std::vector<std::byte> data(1000, std::byte{1});
   ASSERT_EQ(client->copyHostToDevice(context.value(), stream.value(), pointer.value(), data),
             CUDA_SUCCESS);
