@@ -222,6 +222,11 @@ public:
   Result<CUdeviceptr> allocate(std::size_t bytes) { return allocate(bytes, kDaemonAddressSpace); }
   virtual CUresult free(CUdeviceptr pointer) = 0;
   virtual MemoryInfo memoryInfo() = 0;
+  // What an allocation of `bytes` takes from the device once its allocator has rounded it: what
+  // the daemon charges the owner's tenant. `sim`: whole 256-byte granules of its arena. `cuda`: the
+  // driver's granularity, 512 bytes for allocations under 2 MiB (which it packs into shared 2 MiB
+  // pages) and whole 2 MiB pages from 2 MiB up.
+  virtual std::uint64_t occupiedBytes(std::size_t bytes) const = 0;
 
   // Host memory that this device's kernels and copies may use directly (pinned, device-mapped):
   // `cuda` registers it with the driver (cuMemHostRegister, DEVICEMAP | PORTABLE), `sim` lets its

@@ -96,6 +96,9 @@ public:
   backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override;
   CUresult free(CUdeviceptr pointer) override;
   backend::MemoryInfo memoryInfo() override;
+  std::uint64_t occupiedBytes(std::size_t bytes) const override {
+    return device_->occupiedBytes(bytes);
+  }
   // Pinned host memory is the real device's business: nothing is held for it here.
   CUresult registerHostMemory(void* host, std::size_t bytes, backend::AddressSpace owner) override {
     return device_->registerHostMemory(host, bytes, owner);

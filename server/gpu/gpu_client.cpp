@@ -141,14 +141,14 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
 }
 
 void GpuClient::releaseAllocationMemory(CUdeviceptr pointer, const Allocation& allocation) {
-  CUresult freed = worker_.free(pointer, allocation.bytes);
+  CUresult freed = worker_.free(pointer, allocation.occupied);
   if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
     spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), pointer,
                   stats_->identity.pid, static_cast<int>(freed));
   }
-  memoryUsed_ -= allocation.bytes;
-  stats_->memoryUsed -= allocation.bytes;
-  stats_->tenant->credit(worker_.index(), allocation.bytes);
+  memoryUsed_ -= allocation.occupied;
+  stats_->memoryUsed -= allocation.occupied;
+  stats_->tenant->credit(worker_.index(), allocation.occupied);
 }
 
 void GpuClient::destroyContextNow(Handle context) {
@@ -505,21 +505,24 @@ bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
 backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t bytes) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  // The tenant's limit is checked before anything reaches the device.
+  // The tenant's limit is checked before anything reaches the device, against what the
+  // allocation will occupy there: a tenant of many tiny allocations pays for every rounded one.
+  const std::uint64_t occupied = worker_.occupiedBytes(bytes);
   Tenant& tenant = *stats_->tenant;
-  if (!tenant.tryCharge(worker_.index(), bytes)) {
-    spdlog::info("device {}: pid {} of tenant '{}' asked for {} bytes beyond its limit",
-                 worker_.index(), stats_->identity.pid, tenant.name(), bytes);
+  if (!tenant.tryCharge(worker_.index(), occupied)) {
+    spdlog::info("device {}: pid {} of tenant '{}' asked for {} bytes ({} on the device) beyond "
+                 "its limit",
+                 worker_.index(), stats_->identity.pid, tenant.name(), bytes, occupied);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   auto pointer = worker_.allocate(bytes, stats_->addressSpace);
   if (!pointer.ok()) {
-    tenant.credit(worker_.index(), bytes);
+    tenant.credit(worker_.index(), occupied);
     return pointer.code();
   }
-  allocations_[pointer.value()] = Allocation{bytes, context};
-  memoryUsed_ += bytes;
-  stats_->memoryUsed += bytes;
+  allocations_[pointer.value()] = Allocation{bytes, occupied, context};
+  memoryUsed_ += occupied;
+  stats_->memoryUsed += occupied;
   return pointer.value();
 }
 
@@ -530,12 +533,12 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
   return drainStreams(0).then([this, pointer](CUresult) {
     auto found = allocations_.find(pointer);
     if (found == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
-    std::uint64_t bytes = found->second.bytes;
-    CUresult freed = worker_.free(pointer, bytes);
+    const std::uint64_t occupied = found->second.occupied;
+    CUresult freed = worker_.free(pointer, occupied);
     allocations_.erase(found);
-    memoryUsed_ -= bytes;
-    stats_->memoryUsed -= bytes;
-    stats_->tenant->credit(worker_.index(), bytes);
+    memoryUsed_ -= occupied;
+    stats_->memoryUsed -= occupied;
+    stats_->tenant->credit(worker_.index(), occupied);
     return freed;
   });
 }

@@ -175,7 +175,8 @@ private:
     backend::Function* function = nullptr;
   };
   struct Allocation {
-    std::uint64_t bytes = 0;
+    std::uint64_t bytes = 0;     // as asked for: the range the client may use
+    std::uint64_t occupied = 0;  // what it takes from the device: charged to the tenant
     Handle context = 0;
   };
   // Where an operation goes: a backend stream plus the legacy-stream bookkeeping to apply.

@@ -33,15 +33,15 @@ void GpuWorker::detach(GpuClient& client) {
 
 backend::Result<CUdeviceptr> GpuWorker::allocate(std::size_t bytes, backend::AddressSpace owner) {
   auto pointer = device_->allocate(bytes, owner);
-  if (pointer.ok()) memoryUsed_ += bytes;
+  if (pointer.ok()) memoryUsed_ += device_->occupiedBytes(bytes);
   return pointer;
 }
 
-CUresult GpuWorker::free(CUdeviceptr pointer, std::size_t bytes) {
+CUresult GpuWorker::free(CUdeviceptr pointer, std::uint64_t occupied) {
   CUresult result = device_->free(pointer);
   // Accounting follows what the client held, even when a poisoned context refuses the free: the
   // memory comes back with the context reset.
-  memoryUsed_ -= bytes;
+  memoryUsed_ -= occupied;
   return result;
 }
 

@@ -44,8 +44,10 @@ public:
   std::unique_ptr<GpuClient> openClient(std::shared_ptr<ClientStats> stats);
 
   // Device memory, charged to the daemon's accounting when it is handed out.
+  // Accounts what the allocation occupies (occupiedBytes); `free` takes that amount back.
   backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner);
-  CUresult free(CUdeviceptr pointer, std::size_t bytes);
+  CUresult free(CUdeviceptr pointer, std::uint64_t occupied);
+  std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
   std::uint64_t memoryUsed() const { return memoryUsed_; }
   // Modules take device memory the backend allocates itself; the accounting still covers it.
   void chargeModule(std::uint64_t bytes) { memoryUsed_ += bytes; }

@@ -20,14 +20,24 @@ namespace {
 // that never ends holds its GPU: kernels are not preemptible, on the sim as on hardware).
 class HostileTenants : public ::testing::Test {
 protected:
-  HostileTenants() {
+  struct Layout {
+    std::string aliceLimit = "64MiB";
+    std::string malloryLimit = "64MiB";
+    bool sharedDevice = false;        // both on device 0 (else alice on 0, mallory on 1)
+    std::string simMemory = "16GiB";  // per device
+  };
+
+  HostileTenants() : HostileTenants(Layout{}) {}
+  explicit HostileTenants(const Layout& layout) {
     std::ofstream(config_) << "tenants:\n"
                            << "  - name: alice\n    socket: " << alice_
-                           << "\n    memory_limit: 64MiB\n    devices: [0]\n"
+                           << "\n    memory_limit: " << layout.aliceLimit << "\n    devices: [0]\n"
                            << "  - name: mallory\n    socket: " << mallory_
-                           << "\n    memory_limit: 64MiB\n    devices: [1]\n";
+                           << "\n    memory_limit: " << layout.malloryLimit << "\n    devices: ["
+                           << (layout.sharedDevice ? 0 : 1) << "]\n";
     Daemon::Options options;
-    options.simDevices = 2;
+    options.simDevices = layout.sharedDevice ? 1 : 2;
+    options.simMemory = layout.simMemory;
     options.extraArguments = {"--config", config_};
     daemon_ = std::make_unique<Daemon>(options);
   }
@@ -84,6 +94,37 @@ TEST_F(HostileTenants, ACorruptRingIndexCutsTheClientOffAndItsCallsFail) {
       << daemon_->log();
   expectNothingLeft();
   expectAliceIsServed();
+}
+
+// Tenants on one small GPU. A tenant of one-byte allocations pays for what each really takes on
+// the device (a 256-byte granule on the sim), so it cannot fill the device past its limit and
+// starve the other tenant while its own usage looks tiny.
+class SharedDevice : public HostileTenants {
+protected:
+  SharedDevice() : HostileTenants(Layout{"16MiB", "8MiB", true, "32MiB"}) {}
+};
+
+TEST_F(SharedDevice, TinyAllocationsAreChargedWhatTheyOccupy) {
+  constexpr std::uint64_t kGranule = 256;
+  constexpr std::uint64_t kMalloryLimit = std::uint64_t{8} << 20;
+  std::unique_ptr<Child> attacker =
+      daemon_->startClientOn(mallory_, "hostile_client", {"tiny-allocs", "100000"});
+  ASSERT_TRUE(eventually([&] { return attacker->output().find("free ") != std::string::npos; },
+                         std::chrono::seconds(60)))
+      << attacker->output() << attacker->errors() << daemon_->log();
+  auto got = answers(attacker->output());
+  EXPECT_EQ(got["last"], "CUDA_ERROR_OUT_OF_MEMORY") << attacker->output();
+  const std::uint64_t made = std::stoull(got["allocations"]);
+  EXPECT_LE(made * kGranule, kMalloryLimit);
+  EXPECT_GT(made * kGranule, kMalloryLimit - (std::uint64_t{1} << 20));  // modules take a little
+  EXPECT_EQ(got["free"], "0") << "its limit is used up";
+  const nlohmann::json mallory = tenantNamed(daemon_->status(), "mallory");
+  EXPECT_GE(mallory["memory_used"], made * kGranule) << mallory.dump(2);
+
+  expectAliceIsServed();  // 12 MB of the 24 MiB the device has left
+  attacker->signal(SIGKILL);
+  attacker->wait();
+  expectNothingLeft();
 }
 
 // Work queued behind a kernel that never ends costs the daemon a bounded amount of memory: once

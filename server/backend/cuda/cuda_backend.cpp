@@ -1318,6 +1318,15 @@ public:
     return call([&](const DriverApi& api) { return api.memFree(pointer); });
   }
 
+  std::uint64_t occupiedBytes(std::size_t bytes) const override {
+    // cuMemAlloc returns 512-byte aligned memory carved from 2 MiB pages; an allocation of a page
+    // or more gets whole pages of its own.
+    constexpr std::uint64_t kSmallGranule = 512;
+    constexpr std::uint64_t kPage = std::uint64_t{2} << 20;
+    const std::uint64_t granule = bytes < kPage ? kSmallGranule : kPage;
+    return (std::uint64_t{bytes} + granule - 1) / granule * granule;
+  }
+
   CUresult registerHostMemory(void* host, std::size_t bytes,
                               backend::AddressSpace /*owner*/) override {
     std::lock_guard lock(registrations_->mutex);

@@ -88,8 +88,7 @@ backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes, backend::A
                                                    std::uint64_t readOnlyFrom) {
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (bytes > capacity_) return CUDA_ERROR_OUT_OF_MEMORY;
-  const std::uint64_t reserved = (std::uint64_t{bytes} + kAllocationAlignment - 1) /
-                                 kAllocationAlignment * kAllocationAlignment;
+  const std::uint64_t reserved = reservedBytes(bytes);
   std::unique_lock lock(mutex_);
   auto fit = freeBySize_.lower_bound({reserved, 0});
   // What was freed but is not back yet (the engine is still working, or its pages are being given

@@ -40,6 +40,12 @@ public:
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
+  // What an allocation of `bytes` takes from the arena: whole kAllocationAlignment granules.
+  static std::uint64_t reservedBytes(std::size_t bytes) {
+    return (std::uint64_t{bytes} + kAllocationAlignment - 1) / kAllocationAlignment *
+           kAllocationAlignment;
+  }
+
   // CUDA_ERROR_INVALID_VALUE for 0 bytes, CUDA_ERROR_OUT_OF_MEMORY when no free range fits.
   // Kernels of `owner` may touch it; from `readOnlyFrom` bytes on, only read it (a module's
   // constant memory).

@@ -926,6 +926,10 @@ public:
     return core_->arena().free(pointer);
   }
 
+  std::uint64_t occupiedBytes(std::size_t bytes) const override {
+    return DeviceArena::reservedBytes(bytes);
+  }
+
   CUresult registerHostMemory(void* host, std::size_t bytes, backend::AddressSpace owner) override {
     return core_->arena().registerHost(host, bytes, owner);
   }
