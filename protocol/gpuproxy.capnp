@@ -255,6 +255,14 @@ struct TenantStatus {
   boundPodUid @22 :Text;        # the pod UID its socket is bound to (first pod seen); empty before
   connections @23 :UInt32;      # open connections on its socket
   maxConnections @24 :UInt32;   # how many it may have open at once
+  objects @25 :List(ObjectCount);  # driver objects its clients hold, each kind against its cap
+}
+
+# Driver objects of one kind a tenant holds ("contexts", "streams", "events", "modules").
+struct ObjectCount {
+  kind @0 :Text;
+  held @1 :UInt32;
+  limit @2 :UInt32;
 }
 
 struct DaemonStatus {

@@ -139,6 +139,10 @@ nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants
     for (auto used : tenant.getMemoryUsedPerDevice()) perDevice.push_back(used);
     std::vector<std::uint32_t> devices;
     for (auto device : tenant.getDevices()) devices.push_back(device);
+    nlohmann::json objects = nlohmann::json::object();
+    for (auto object : tenant.getObjects()) {
+      objects[object.getKind().cStr()] = {{"held", object.getHeld()}, {"limit", object.getLimit()}};
+    }
     out.push_back({
         {"name", tenant.getName().cStr()},
         {"socket", tenant.getSocket().cStr()},
@@ -171,6 +175,7 @@ nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants
         {"bound_pod_uid", textOrNull(tenant.getBoundPodUid())},
         {"connections", tenant.getConnections()},
         {"max_connections", tenant.getMaxConnections()},
+        {"objects", objects},
     });
   }
   return out;

@@ -25,7 +25,8 @@ std::string statusToTable(protocol::DaemonStatus::Reader status);
 // tenants[{id, name, origin (config|runtime), socket, memory_limit (null = none), memory_used,
 // memory_used_per_device, weight, class, devices, clients, connections, max_connections,
 // kernels_launched, gpu_time_ns, oom_count, allocation (null, or {resource, device_ids}), pod
-// (null, or {namespace, name, containers}), bound_pod_uid (null until bound), ...}]
+// (null, or {namespace, name, containers}), bound_pod_uid (null until bound), objects ({contexts,
+// streams, events, modules}, each {held, limit}), ...}]
 nlohmann::json tenantsToJson(capnp::List<protocol::TenantStatus>::Reader tenants);
 std::string tenantsToTable(capnp::List<protocol::TenantStatus>::Reader tenants);
 

@@ -170,6 +170,15 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     if (!tenant->pod().empty()) setPodReference(out.initPod(), tenant->pod());
     out.setBoundPodUid(tenant->boundPodUid().value_or(""));
     out.setConnections(tenant->connections);
+    auto objects = out.initObjects(static_cast<unsigned>(kTenantObjectKinds));
+    for (std::size_t kind = 0; kind < kTenantObjectKinds; ++kind) {
+      const auto object = static_cast<TenantObject>(kind);
+      auto entry = objects[static_cast<unsigned>(kind)];
+      const std::string_view name = tenantObjectName(object);
+      entry.setKind(kj::StringPtr(name.data(), name.size()));
+      entry.setHeld(tenant->objectsHeld(object));
+      entry.setLimit(tenant->objectLimit(object));
+    }
     out.setMaxConnections(tenantControl != nullptr ? tenantControl->maxConnections(*tenant) : 0);
     out.setSocket(tenant->socketPath());
     out.setHasMemoryLimit(limits.memoryLimit.has_value());

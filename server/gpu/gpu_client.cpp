@@ -52,8 +52,21 @@ Handle GpuClient::newHandle(HandleKind kind) {
 // ---------------------------------------------------------------------------------------------
 // Contexts
 
+std::optional<TenantObjectHold> GpuClient::holdObject(TenantObject kind) {
+  auto hold = TenantObjectHold::take(stats_->tenant, kind);
+  if (!hold) {
+    ++stats_->tenant->oomCount;
+    spdlog::info("device {}: pid {} of tenant '{}' is at its cap of {} {}", worker_.index(),
+                 stats_->identity.pid, stats_->tenant->name(),
+                 stats_->tenant->objectLimit(kind), tenantObjectName(kind));
+  }
+  return hold;
+}
+
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
+  auto hold = holdObject(TenantObject::kContext);
+  if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
   auto nullStream = worker_.dispatcher().createStream(
       {stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
@@ -61,6 +74,7 @@ backend::Result<Handle> GpuClient::createContext(unsigned flags) {
   Context& context = contexts_[handle];
   context.flags = flags;
   context.nullStream = std::move(nullStream).value();
+  context.hold = std::move(*hold);
   return handle;
 }
 
@@ -253,11 +267,14 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  auto hold = holdObject(TenantObject::kStream);
+  if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
   auto created = worker_.dispatcher().createStream(
       {stats_->tenant, schedulingId_, stats_->addressSpace}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
   Stream& stream = streams_[handle];
+  stream.hold = std::move(*hold);
   stream.context = context;
   stream.blocking = (flags & CU_STREAM_NON_BLOCKING) == 0;
   stream.stream = std::move(created).value();
@@ -442,10 +459,12 @@ backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
   if ((flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   // Interprocess events need an exported handle; both ends would live in this daemon.
   if ((flags & CU_EVENT_INTERPROCESS) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  auto hold = holdObject(TenantObject::kEvent);
+  if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
   auto created = worker_.device().createEvent(flags);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kEvent);
-  events_[handle] = Event{context, std::move(created).value()};
+  events_[handle] = Event{context, std::move(created).value(), std::move(*hold)};
   return handle;
 }
 
@@ -682,6 +701,8 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
 backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const std::byte> image) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  auto hold = holdObject(TenantObject::kModule);
+  if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
   auto loaded = worker_.device().loadModule(image, stats_->addressSpace);
   if (!loaded.ok()) return loaded.code();
   // Module memory counts against the tenant like an allocation; its size is only known once the
@@ -697,6 +718,7 @@ backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const st
   module.context = context;
   module.module = std::move(loaded).value();
   module.deviceBytes = bytes;
+  module.hold = std::move(*hold);
   return handle;
 }
 

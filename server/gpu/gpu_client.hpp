@@ -148,6 +148,7 @@ private:
     std::uint64_t nullStreamWork = 0;      // operations queued on the NULL stream so far
     std::uint64_t nullStreamWorkDone = 0;  // ... of which a completion has been seen
     Touches nullStreamTouches;
+    TenantObjectHold hold;  // counts against the tenant's cap on contexts
   };
   struct Stream {
     Handle context = 0;
@@ -158,16 +159,19 @@ private:
     std::uint64_t workSeenByNull = 0;     // ... of which the NULL stream has waited for
     std::uint64_t nullWorkWaitedFor = 0;  // NULL-stream operations this stream has waited for
     Touches touches;
+    TenantObjectHold hold;
   };
   struct Event {
     Handle context = 0;
     std::unique_ptr<backend::Event> event;
+    TenantObjectHold hold;
   };
   struct Module {
     Handle context = 0;
     std::unique_ptr<backend::Module> module;
     std::map<std::string, Handle> functionsByName;
     std::uint64_t deviceBytes = 0;  // charged to the tenant while loaded
+    TenantObjectHold hold;
   };
   struct Function {
     Handle context = 0;
@@ -187,6 +191,8 @@ private:
   };
 
   Handle newHandle(HandleKind kind);
+  // One more object of `kind` for the client's tenant, or nullopt (logged) at the tenant's cap.
+  std::optional<TenantObjectHold> holdObject(TenantObject kind);
   std::optional<Target> resolveStream(Handle context, Handle stream);
   // Applies the legacy default-stream rules (within this client) before an operation on `target`.
   CUresult orderForLegacyStream(const Target& target);

@@ -9,6 +9,33 @@ bool Tenant::mayUseDevice(std::uint32_t device) const {
   return !devices || std::find(devices->begin(), devices->end(), device) != devices->end();
 }
 
+std::string_view tenantObjectName(TenantObject kind) {
+  switch (kind) {
+    case TenantObject::kContext: return "contexts";
+    case TenantObject::kStream: return "streams";
+    case TenantObject::kEvent: return "events";
+    case TenantObject::kModule: return "modules";
+  }
+  return "objects";
+}
+
+std::uint32_t Tenant::objectLimit(TenantObject kind) const {
+  const auto index = static_cast<std::size_t>(kind);
+  return definition_.limits.maxObjects[index].value_or(kDefaultMaxObjects[index]);
+}
+
+bool Tenant::tryTakeObject(TenantObject kind) {
+  std::uint32_t& held = objectsHeld_[static_cast<std::size_t>(kind)];
+  if (held >= objectLimit(kind)) return false;
+  ++held;
+  return true;
+}
+
+void Tenant::giveBackObject(TenantObject kind) {
+  std::uint32_t& held = objectsHeld_[static_cast<std::size_t>(kind)];
+  if (held > 0) --held;
+}
+
 bool Tenant::tryCharge(std::uint32_t device, std::uint64_t bytes) {
   std::uint64_t& used = memoryUsed_[device];
   const auto& limit = definition_.limits.memoryLimit;

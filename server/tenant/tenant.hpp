@@ -16,11 +16,14 @@
 #include "scheduler/tenant_class.hpp"
 #include "server/tenant/gpu_time_window.hpp"
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpuproxy::server {
@@ -52,6 +55,24 @@ struct PodReference {
   bool operator==(const PodReference&) const = default;
 };
 
+// Driver objects a tenant's processes hold, each kind capped per tenant: every one costs the
+// daemon memory and the device bookkeeping, and one tenant's hundred thousand idle streams must
+// not slow the others down. Past its cap, creating one fails with CUDA_ERROR_OUT_OF_MEMORY, as
+// the driver fails when it runs out of resources for one.
+enum class TenantObject : std::uint8_t { kContext, kStream, kEvent, kModule };
+inline constexpr std::size_t kTenantObjectKinds = 4;
+// The caps when the tenants file sets none: far above what real programs make (a
+// multi-threaded program keeps a few streams per thread), far below what hurts the node.
+inline constexpr std::array<std::uint32_t, kTenantObjectKinds> kDefaultMaxObjects = {
+    256,     // contexts
+    8192,    // streams
+    65536,   // events
+    4096,    // modules
+};
+inline constexpr std::uint32_t kMaxObjectLimit = 1'000'000;
+// "contexts", "streams", "events", "modules" (status keys; `max_<name>` in the tenants file).
+std::string_view tenantObjectName(TenantObject kind);
+
 struct TenantLimits {
   std::optional<std::uint64_t> memoryLimit;  // bytes per device; nullopt = no limit
   std::uint32_t weight = 1;                  // best-effort share
@@ -61,6 +82,8 @@ struct TenantLimits {
   // Connections the tenant may hold open at once (each carries at most one session); nullopt =
   // the daemon's default (--max-connections-per-tenant).
   std::optional<std::uint32_t> maxConnections{};
+  // Per TenantObject; nullopt = kDefaultMaxObjects.
+  std::array<std::optional<std::uint32_t>, kTenantObjectKinds> maxObjects{};
 };
 
 struct TenantDefinition {
@@ -103,6 +126,15 @@ public:
   void creditPinned(std::uint64_t bytes);
   std::uint64_t pinnedMemoryUsed() const { return pinnedMemoryUsed_; }
 
+  // One more driver object of `kind` if that stays within the tenant's cap; otherwise false
+  // (logged once per burst by the caller's refusal). Held through TenantObjectHold.
+  bool tryTakeObject(TenantObject kind);
+  void giveBackObject(TenantObject kind);
+  std::uint32_t objectsHeld(TenantObject kind) const {
+    return objectsHeld_[static_cast<std::size_t>(kind)];
+  }
+  std::uint32_t objectLimit(TenantObject kind) const;
+
   // The pod holding the tenant's allocation, as the device plugin last reported it.
   const PodReference& pod() const { return pod_; }
   void setPod(PodReference pod) { pod_ = std::move(pod); }
@@ -127,6 +159,39 @@ private:
   std::optional<std::string> boundPodUid_;
   std::map<std::uint32_t, std::uint64_t> memoryUsed_;
   std::uint64_t pinnedMemoryUsed_ = 0;
+  std::array<std::uint32_t, kTenantObjectKinds> objectsHeld_{};
+};
+
+// One driver object of a tenant's, counted against its cap for as long as this lives: the client
+// keeps it next to the object, so every way an object goes (destroyed, its context destroyed,
+// its client gone) gives it back.
+class TenantObjectHold {
+public:
+  // nullopt when the tenant is at its cap for `kind`.
+  static std::optional<TenantObjectHold> take(std::shared_ptr<Tenant> tenant, TenantObject kind) {
+    if (!tenant->tryTakeObject(kind)) return std::nullopt;
+    return TenantObjectHold(std::move(tenant), kind);
+  }
+  TenantObjectHold() = default;
+  TenantObjectHold(TenantObjectHold&& other) noexcept = default;
+  TenantObjectHold& operator=(TenantObjectHold&& other) noexcept {
+    release();
+    tenant_ = std::move(other.tenant_);
+    kind_ = other.kind_;
+    return *this;
+  }
+  ~TenantObjectHold() { release(); }
+
+private:
+  TenantObjectHold(std::shared_ptr<Tenant> tenant, TenantObject kind)
+      : tenant_(std::move(tenant)), kind_(kind) {}
+  void release() {
+    if (tenant_) tenant_->giveBackObject(kind_);
+    tenant_.reset();
+  }
+
+  std::shared_ptr<Tenant> tenant_;
+  TenantObject kind_ = TenantObject::kContext;
 };
 
 using scheduler::parseTenantClass;

@@ -33,8 +33,9 @@ TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSock
                              std::uint32_t deviceCount) {
   if (!node.IsMap()) refuse(describe("", node), "each tenant must be a mapping");
   static const std::set<std::string> kKeys{
-      "name",  "socket",  "memory_limit",        "weight",
-      "class", "devices", "pinned_memory_limit", "max_connections"};
+      "name",         "socket",      "memory_limit",        "weight",
+      "class",        "devices",     "pinned_memory_limit", "max_connections",
+      "max_contexts", "max_streams", "max_events",          "max_modules"};
   TenantDefinition tenant;
   if (!node["name"] || !node["name"].IsScalar()) {
     refuse(describe("", node), "a tenant needs a `name`");
@@ -96,6 +97,21 @@ TenantDefinition parseTenant(const YAML::Node& node, const std::string& mainSock
              "`max_connections` must be between 1 and " + std::to_string(kMaxTenantConnections));
     }
     tenant.limits.maxConnections = static_cast<std::uint32_t>(value);
+  }
+  for (std::size_t kind = 0; kind < kTenantObjectKinds; ++kind) {
+    const std::string key = "max_" + std::string(tenantObjectName(static_cast<TenantObject>(kind)));
+    const auto cap = node[key];
+    if (!cap) continue;
+    long value = 0;
+    try {
+      value = cap.as<long>();
+    } catch (const YAML::Exception&) {
+      refuse(where, "`" + key + "` must be a whole number");
+    }
+    if (value < 1 || value > kMaxObjectLimit) {
+      refuse(where, "`" + key + "` must be between 1 and " + std::to_string(kMaxObjectLimit));
+    }
+    tenant.limits.maxObjects[kind] = static_cast<std::uint32_t>(value);
   }
   if (const auto tenantClass = node["class"]) {
     auto parsed = parseTenantClass(tenantClass.as<std::string>());

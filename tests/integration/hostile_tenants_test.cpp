@@ -25,6 +25,7 @@ protected:
     std::string malloryLimit = "64MiB";
     bool sharedDevice = false;        // both on device 0 (else alice on 0, mallory on 1)
     std::string simMemory = "16GiB";  // per device
+    std::string malloryExtra = "";    // more YAML for mallory's entry, each line ending in \n
   };
 
   HostileTenants() : HostileTenants(Layout{}) {}
@@ -34,7 +35,8 @@ protected:
                            << "\n    memory_limit: " << layout.aliceLimit << "\n    devices: [0]\n"
                            << "  - name: mallory\n    socket: " << mallory_
                            << "\n    memory_limit: " << layout.malloryLimit << "\n    devices: ["
-                           << (layout.sharedDevice ? 0 : 1) << "]\n";
+                           << (layout.sharedDevice ? 0 : 1) << "]\n"
+                           << layout.malloryExtra;
     Daemon::Options options;
     options.simDevices = layout.sharedDevice ? 1 : 2;
     options.simMemory = layout.simMemory;
@@ -126,6 +128,52 @@ TEST_F(SharedDevice, TinyAllocationsAreChargedWhatTheyOccupy) {
   attacker->wait();
   expectNothingLeft();
 }
+
+// A tenant that creates driver objects without end stops at its cap for each kind, with the
+// error a driver out of resources gives; others are served, and its objects go with it.
+class ObjectCaps : public HostileTenants, public ::testing::WithParamInterface<const char*> {
+protected:
+  ObjectCaps()
+      : HostileTenants(Layout{"64MiB", "64MiB", false, "16GiB",
+                              "    max_contexts: 4\n    max_streams: 50\n"
+                              "    max_events: 60\n    max_modules: 10\n"}) {}
+};
+
+TEST_P(ObjectCaps, CreatingPastTheCapFailsAndTheRestGoesWithTheClient) {
+  const std::string kind = GetParam();
+  const std::map<std::string, unsigned> caps = {
+      {"context", 4}, {"stream", 50}, {"event", 60}, {"module", 10}};
+  std::unique_ptr<Child> attacker =
+      daemon_->startClientOn(mallory_, "hostile_client", {"create-flood", kind, "100000"});
+  ASSERT_TRUE(eventually([&] { return attacker->output().find("last ") != std::string::npos; },
+                         std::chrono::seconds(60)))
+      << attacker->output() << attacker->errors() << daemon_->log();
+  auto got = answers(attacker->output());
+  EXPECT_EQ(got["last"], "CUDA_ERROR_OUT_OF_MEMORY") << attacker->output();
+  EXPECT_LE(std::stoul(got["created"]), caps.at(kind));
+  EXPECT_GE(std::stoul(got["created"]) + 1, caps.at(kind));  // its first context may count
+  const nlohmann::json objects = tenantNamed(daemon_->status(), "mallory")["objects"];
+  EXPECT_EQ(objects[kind + "s"]["held"], caps.at(kind)) << objects.dump(2);
+  EXPECT_EQ(objects[kind + "s"]["limit"], caps.at(kind)) << objects.dump(2);
+  EXPECT_NE(daemon_->log().find("is at its cap of " + std::to_string(caps.at(kind)) + " " + kind),
+            std::string::npos)
+      << daemon_->log();
+
+  expectAliceIsServed();
+  attacker->signal(SIGKILL);
+  attacker->wait();
+  expectNothingLeft();
+  EXPECT_TRUE(eventually([&] {
+    const nlohmann::json held = tenantNamed(daemon_->status(), "mallory")["objects"];
+    for (const auto& [name, count] : held.items()) {
+      if (count["held"] != 0) return false;
+    }
+    return true;
+  })) << daemon_->status().dump(2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ObjectCaps,
+                         ::testing::Values("context", "stream", "event", "module"));
 
 // Work queued behind a kernel that never ends costs the daemon a bounded amount of memory: once
 // the attacker has 4096 operations queued, the daemon stops reading its ring and its calls wait

@@ -105,6 +105,41 @@ TEST(TenantConfig, ATenantMayHaveItsOwnConnectionLimit) {
   EXPECT_FALSE(config.tenants[1].limits.maxConnections.has_value());
 }
 
+TEST(TenantConfig, ObjectCapsAreReadAndCheckedPerKind) {
+  TenantConfig config = parseTenantConfig(
+      "tenants:\n  - name: a\n    socket: /a\n    max_streams: 12\n    max_modules: 3\n", kMain, 1);
+  Tenant tenant(1, config.tenants[0]);
+  EXPECT_EQ(tenant.objectLimit(TenantObject::kStream), 12u);
+  EXPECT_EQ(tenant.objectLimit(TenantObject::kModule), 3u);
+  EXPECT_EQ(tenant.objectLimit(TenantObject::kEvent), 65536u);  // the default
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    max_events: 0\n")
+                .find("`max_events` must be between 1 and 1000000"),
+            std::string::npos);
+  EXPECT_NE(refusal("tenants:\n  - name: a\n    socket: /a\n    max_contexts: lots\n")
+                .find("`max_contexts` must be a whole number"),
+            std::string::npos);
+}
+
+// A hold counts one object against the tenant's cap until it goes, moved or not.
+TEST(Tenant, ObjectHoldsCountAgainstTheCapUntilTheyGo) {
+  TenantLimits limits;
+  limits.maxObjects[static_cast<std::size_t>(TenantObject::kStream)] = 2;
+  auto tenant = std::make_shared<Tenant>(1, TenantDefinition{"t", "/s", limits});
+  auto first = TenantObjectHold::take(tenant, TenantObject::kStream);
+  auto second = TenantObjectHold::take(tenant, TenantObject::kStream);
+  ASSERT_TRUE(first && second);
+  EXPECT_FALSE(TenantObjectHold::take(tenant, TenantObject::kStream));
+  EXPECT_TRUE(TenantObjectHold::take(tenant, TenantObject::kEvent));  // another kind
+  TenantObjectHold moved = std::move(*first);
+  first.reset();
+  EXPECT_EQ(tenant->objectsHeld(TenantObject::kStream), 2u);
+  second.reset();
+  EXPECT_EQ(tenant->objectsHeld(TenantObject::kStream), 1u);
+  moved = TenantObjectHold();
+  EXPECT_EQ(tenant->objectsHeld(TenantObject::kStream), 0u);
+  EXPECT_EQ(tenant->objectsHeld(TenantObject::kEvent), 0u);
+}
+
 TEST(Tenant, ChargesWithinTheLimitAndCountsRefusals) {
   Tenant tenant(
       1, TenantDefinition{"t", "/s", TenantLimits{1000, 1, TenantClass::kBestEffort, {}, {}}});
