@@ -57,8 +57,8 @@ std::optional<TenantObjectHold> GpuClient::holdObject(TenantObject kind) {
   if (!hold) {
     ++stats_->tenant->oomCount;
     spdlog::info("device {}: pid {} of tenant '{}' is at its cap of {} {}", worker_.index(),
-                 stats_->identity.pid, stats_->tenant->name(),
-                 stats_->tenant->objectLimit(kind), tenantObjectName(kind));
+                 stats_->identity.pid, stats_->tenant->name(), stats_->tenant->objectLimit(kind),
+                 tenantObjectName(kind));
   }
   return hold;
 }
@@ -529,9 +529,10 @@ backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t b
   const std::uint64_t occupied = worker_.occupiedBytes(bytes);
   Tenant& tenant = *stats_->tenant;
   if (!tenant.tryCharge(worker_.index(), occupied)) {
-    spdlog::info("device {}: pid {} of tenant '{}' asked for {} bytes ({} on the device) beyond "
-                 "its limit",
-                 worker_.index(), stats_->identity.pid, tenant.name(), bytes, occupied);
+    spdlog::info(
+        "device {}: pid {} of tenant '{}' asked for {} bytes ({} on the device) beyond "
+        "its limit",
+        worker_.index(), stats_->identity.pid, tenant.name(), bytes, occupied);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   auto pointer = worker_.allocate(bytes, stats_->addressSpace);

@@ -11,10 +11,14 @@ bool Tenant::mayUseDevice(std::uint32_t device) const {
 
 std::string_view tenantObjectName(TenantObject kind) {
   switch (kind) {
-    case TenantObject::kContext: return "contexts";
-    case TenantObject::kStream: return "streams";
-    case TenantObject::kEvent: return "events";
-    case TenantObject::kModule: return "modules";
+    case TenantObject::kContext:
+      return "contexts";
+    case TenantObject::kStream:
+      return "streams";
+    case TenantObject::kEvent:
+      return "events";
+    case TenantObject::kModule:
+      return "modules";
   }
   return "objects";
 }

@@ -64,10 +64,10 @@ inline constexpr std::size_t kTenantObjectKinds = 4;
 // The caps when the tenants file sets none: far above what real programs make (a
 // multi-threaded program keeps a few streams per thread), far below what hurts the node.
 inline constexpr std::array<std::uint32_t, kTenantObjectKinds> kDefaultMaxObjects = {
-    256,     // contexts
-    8192,    // streams
-    65536,   // events
-    4096,    // modules
+    256,    // contexts
+    8192,   // streams
+    65536,  // events
+    4096,   // modules
 };
 inline constexpr std::uint32_t kMaxObjectLimit = 1'000'000;
 // "contexts", "streams", "events", "modules" (status keys; `max_<name>` in the tenants file).
