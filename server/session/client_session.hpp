@@ -138,6 +138,8 @@ private:
   // drained (retiring_ meanwhile), or the session ends.
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
+  // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.
+  bool pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const;
   // Device printf output not yet fetched by the client (bounded as a GPU's printf buffer is).
   static constexpr std::size_t kMaxDeviceOutputBytes = 1 << 20;
   std::string deviceOutput_;

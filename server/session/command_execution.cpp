@@ -448,7 +448,47 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
   }
 }
 
+// The pinned-heap range a record names (its source or destination in the client's pinned heap),
+// if it names one.
+static std::optional<std::pair<std::uint64_t, std::uint64_t>> pinnedHeapRangeOf(
+    const ring::DecodedCommand& command) {
+  auto inHeap = [](const ring::HostLocation& location,
+                   std::uint64_t bytes) -> std::optional<std::pair<std::uint64_t, std::uint64_t>> {
+    if (location.region != ring::HostRegion::kPinnedHeap) return std::nullopt;
+    return std::pair{location.offset, bytes};
+  };
+  if (const auto* copy = std::get_if<ring::CopyHostToDevice>(&command)) {
+    return inHeap(copy->source, copy->bytes);
+  }
+  if (const auto* copy = std::get_if<ring::CopyDeviceToHost>(&command)) {
+    return inHeap(copy->destination, copy->bytes);
+  }
+  if (const auto* launch = std::get_if<ring::LaunchKernel>(&command);
+      launch != nullptr && launch->parameterReference) {
+    return inHeap(*launch->parameterReference, launch->parameterBytes);
+  }
+  return std::nullopt;
+}
+
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
+  // Host memory in the pinned heap is used only inside the client's live pinned allocations:
+  // those pages the client has faulted in (its cgroup pays for them) and its tenant is charged
+  // for. Any other range is refused as a bad pointer, and the daemon never touches it.
+  if (const auto range = pinnedHeapRangeOf(command);
+      range && !pinnedRangeIsLive(range->first, range->second)) {
+    std::visit(
+        [&](const auto& refused) {
+          using Refused = std::decay_t<decltype(refused)>;
+          if constexpr (std::is_same_v<Refused, ring::CopyHostToDevice> ||
+                        std::is_same_v<Refused, ring::CopyDeviceToHost>) {
+            answer(port, CUDA_ERROR_INVALID_VALUE, refused.completionToken, refused);
+          } else if constexpr (std::is_same_v<Refused, ring::LaunchKernel>) {
+            report(port, CUDA_ERROR_INVALID_VALUE, refused);
+          }
+        },
+        command);
+    return;
+  }
   std::visit(
       protocol::Overloaded{
           [&](const ring::LaunchKernel& launch) { executeLaunch(launch, port); },

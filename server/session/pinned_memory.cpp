@@ -135,4 +135,13 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
   }));
 }
 
+bool ClientSession::pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const {
+  // The allocation that starts at or before `offset` must hold the whole range.
+  auto after = pinned_.upper_bound(offset);
+  if (after == pinned_.begin()) return false;
+  const auto& [start, length] = *std::prev(after);
+  const std::uint64_t into = offset - start;
+  return into < length && bytes <= length - into;
+}
+
 }  // namespace gpuproxy::server

@@ -38,10 +38,12 @@ int connectTo(const std::string& path) {
   return ipc::connectUnixSocket(path).release();
 }
 
-// A client that attaches, takes the primary context of device 0 and opens its data plane.
+// A client that attaches, takes the primary context of device 0 and opens its data plane (with a
+// pinned heap of `pinnedHeapBytes`, which it maps wherever it likes: it writes no pointers).
 class RawClient {
 public:
-  RawClient(kj::AsyncIoContext& io, const std::string& socketPath)
+  RawClient(kj::AsyncIoContext& io, const std::string& socketPath,
+            std::uint64_t pinnedHeapBytes = 0)
       : io_(io),
         stream_(io_.lowLevelProvider->wrapUnixSocketFd(
             connectTo(socketPath), kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP)),
@@ -55,8 +57,17 @@ public:
     retain.setDevice(0);
     context_ = retain.send().wait(io_.waitScope).getContext();
 
-    auto open = session_.openDataPlaneRequest().send().wait(io_.waitScope);
+    auto request = session_.openDataPlaneRequest();
+    if (pinnedHeapBytes > 0) {
+      // The daemon maps the segment at an address both processes have free.
+      heapAddress_ = ipc::AddressReservation::reserve(pinnedHeapBytes + (std::uint64_t{64} << 20));
+      request.setPinnedHeapBytes(pinnedHeapBytes);
+      request.setAddress(reinterpret_cast<std::uintptr_t>(heapAddress_.address()));
+      request.setReservedBytes(heapAddress_.size());
+    }
+    auto open = request.send().wait(io_.waitScope);
     EXPECT_EQ(open.getResult(), CUDA_SUCCESS);
+    EXPECT_EQ(open.getPinnedHeapBytes(), pinnedHeapBytes);
     auto segmentFd = open.getSegment().getFd().wait(io_.waitScope);
     auto doorbellFd = open.getDoorbell().getFd().wait(io_.waitScope);
     KJ_IF_MAYBE (fd, segmentFd) {
@@ -81,6 +92,7 @@ public:
   protocol::Session::Client& session() { return session_; }
   kj::WaitScope& waitScope() { return io_.waitScope; }
   std::byte* staging() { return segment_.data() + header_.staging.offset; }
+  std::byte* pinnedHeap() { return segment_.data() + header_.pinnedHeap.offset; }
 
   std::uint64_t alloc(std::uint64_t bytes) {
     auto request = session_.memAllocRequest();
@@ -180,6 +192,7 @@ private:
   protocol::Gateway::Client gateway_;
   protocol::Session::Client session_;
   std::uint64_t context_ = 0;
+  ipc::AddressReservation heapAddress_;
   ipc::SharedSegment segment_;
   ipc::UniqueFd doorbell_;
   ring::wire::SegmentHeader header_{};
@@ -298,6 +311,50 @@ TEST(DataPlane, BadArgumentsFailOneCommandAndTheClientGoesOn) {
 
   client.send(fill(client.context(), buffer, 42, 1024));
   EXPECT_EQ(client.readBack(buffer, 1024)[1023], 42u);
+}
+
+// A record may name the pinned heap only inside one of the client's live pinned allocations:
+// anywhere else (never allocated, past an allocation's end, freed) it fails as a bad pointer and
+// the daemon writes nothing there, so it never touches pages the client has not paid for.
+TEST(DataPlane, PinnedHeapRangesMustLieInsideALivePinnedAllocation) {
+  Daemon daemon;
+  auto io = kj::setupAsyncIo();
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  RawClient client(io, daemon.socketPath(), 8 * kMiB);
+  const std::uint64_t buffer = client.alloc(kMiB);
+  client.send(fill(client.context(), buffer, 0x2a2a2a2a, kMiB / 4));
+  auto pin = [&](std::uint64_t offset, std::uint64_t bytes) {
+    auto request = client.session().registerPinnedRequest();
+    request.setOffset(offset);
+    request.setBytes(bytes);
+    return static_cast<CUresult>(request.send().wait(client.waitScope()).getResult());
+  };
+  auto unpin = [&](std::uint64_t offset) {
+    auto request = client.session().unregisterPinnedRequest();
+    request.setOffset(offset);
+    return static_cast<CUresult>(request.send().wait(client.waitScope()).getResult());
+  };
+  auto copyInto = [&](std::uint64_t offset, std::uint64_t bytes) {
+    ring::CopyDeviceToHost copy;
+    copy.context = client.context();
+    copy.source = buffer;
+    copy.destination = {ring::HostRegion::kPinnedHeap, offset};
+    copy.bytes = bytes;
+    copy.completionToken = client.newToken();
+    client.send(copy);
+    return client.await(copy.completionToken);
+  };
+  ASSERT_EQ(pin(0, kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(copyInto(0, kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(client.pinnedHeap()[kMiB - 1], std::byte{0x2a});
+  EXPECT_EQ(copyInto(4 * kMiB, kMiB), CUDA_ERROR_INVALID_VALUE);  // never allocated
+  EXPECT_EQ(copyInto(kMiB / 2, kMiB), CUDA_ERROR_INVALID_VALUE);  // runs past its end
+  EXPECT_EQ(client.pinnedHeap()[4 * kMiB], std::byte{0});
+  EXPECT_EQ(client.pinnedHeap()[kMiB], std::byte{0});
+  ASSERT_EQ(unpin(0), CUDA_SUCCESS);
+  std::memset(client.pinnedHeap(), 0, kMiB);
+  EXPECT_EQ(copyInto(0, 4096), CUDA_ERROR_INVALID_VALUE);  // freed
+  EXPECT_EQ(client.pinnedHeap()[0], std::byte{0});
 }
 
 // Without a ring (GPUPROXY_TRANSPORT=rpc) the same records travel in Session.submit calls and

@@ -193,6 +193,13 @@ CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** 
                       heap.region().size());
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  // This process faults the pages in before the daemon ever maps them for a device: a shared
+  // page is charged to the memory cgroup of whoever touches it first, and pinned memory is the
+  // application's, so its pod pays for it (as it pays for cuMemHostAlloc's pages on a GPU node).
+  // Rewriting each page's first byte keeps the (unspecified) contents.
+  volatile std::byte* pages = heap.region().data() + allocation->offset;
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  for (std::size_t at = 0; at < allocation->bytes; at += page) pages[at] = pages[at];
   const CUresult result = runtime.call([&](Session::Client& session) {
     auto request = session.registerPinnedRequest();
     request.setOffset(allocation->offset);
