@@ -222,10 +222,55 @@ bool isControlOpcode(std::string_view base) {
                       "pmevent", "griddepcontrol"});
 }
 
+std::string_view unsupportedFamily(std::string_view opcode) {
+  const std::string_view base = opcode.substr(0, opcode.find('.'));
+  const auto startsWith = [&](std::string_view prefix) {
+    return opcode.substr(0, prefix.size()) == prefix;
+  };
+  if (anyOf(base, {"tex", "tld4", "txq", "suld", "sust", "sured", "suq", "istypep"})) {
+    return "textures and surfaces";
+  }
+  if (anyOf(base,
+            {"mma", "wmma", "wgmma", "bmma", "ldmatrix", "stmatrix", "movmatrix", "tcgen05"})) {
+    return "tensor-core instructions";
+  }
+  if (startsWith("cp.async.bulk") || startsWith("cp.reduce.async.bulk") || base == "tensormap") {
+    return "TMA (bulk asynchronous copies)";
+  }
+  if (startsWith("cp.async")) return "cp.async (asynchronous copies to shared memory)";
+  if (base == "mbarrier") return "mbarrier objects (asynchronous transaction barriers)";
+  if (startsWith("barrier.cluster") ||
+      anyOf(base, {"mapa", "getctarank", "clusterlaunchcontrol"}) ||
+      opcode.find(".shared::cluster") != std::string_view::npos) {
+    return "thread-block clusters";
+  }
+  if (base == "multimem") return "multimem (multicast memory)";
+  return {};
+}
+
+bool isClusterRegister(std::string_view name) {
+  const std::string_view base = name.substr(0, name.find('.'));
+  return anyOf(base, {"%clusterid", "%nclusterid", "%cluster_ctaid", "%cluster_nctaid",
+                      "%cluster_ctarank", "%cluster_nctarank", "%is_explicit_cluster"});
+}
+
 bool bindInstruction(const ParsedInstruction& parsed, OperandResolver& resolver,
                      Instruction& instruction, bool& unsupported) {
   Qualifiers qualifiers(parsed.opcode);
   const std::string_view base = qualifiers.base();
+  // Whole families the sim does not have: refused by name, before any operand is looked at.
+  if (const std::string_view family = unsupportedFamily(parsed.opcode); !family.empty()) {
+    return unsupportedBinding(resolver, unsupported, std::string(family));
+  }
+  // Cluster special registers: the sim launches no clusters, and a cluster-aware kernel given
+  // made-up values for them would compute a wrong answer quietly.
+  for (const Operand& operand : parsed.operands) {
+    if (operand.kind == Operand::Kind::kRegister && isClusterRegister(operand.name)) {
+      return unsupportedBinding(
+          resolver, unsupported,
+          "the cluster special register " + operand.name + "; thread-block clusters");
+    }
+  }
   if (isControlOpcode(base)) {
     return bindControl(parsed, qualifiers, resolver, instruction, unsupported);
   }

@@ -53,6 +53,12 @@ inline bool unsupportedBinding(OperandResolver& resolver, bool& unsupported, std
   return false;
 }
 
+// The family of instructions `opcode` belongs to when the sim has none of it (textures, tensor
+// cores, cp.async, TMA, mbarrier, clusters, multimem), else empty.
+std::string_view unsupportedFamily(std::string_view opcode);
+// %clusterid, %cluster_ctarank and the other special registers of thread-block clusters.
+bool isClusterRegister(std::string_view name);
+
 // Checks that nothing is left over and the operand count is right.
 bool finishQualifiers(const Qualifiers& qualifiers, OperandResolver& resolver, bool& unsupported);
 bool expectOperands(const ParsedInstruction& parsed, std::size_t count, OperandResolver& resolver);

@@ -100,8 +100,7 @@ enum class Special : std::uint32_t {
   kLanemaskGt,
   kDynamicSmem,
   kTotalSmem,
-  kZero,
-  kOne
+  kZero
 };
 
 std::optional<Special> specialRegister(std::string_view name) {
@@ -138,9 +137,6 @@ std::optional<Special> specialRegister(std::string_view name) {
       {"%dynamic_smem_size", Special::kDynamicSmem},
       {"%total_smem_size", Special::kTotalSmem},
       {"%aggr_smem_size", Special::kTotalSmem},
-      {"%is_explicit_cluster", Special::kZero},
-      {"%cluster_ctarank", Special::kZero},
-      {"%cluster_nctarank", Special::kOne},
       {"%current_graph_exec", Special::kZero},
       {"%reserved_smem_offset_begin", Special::kZero},
       {"%reserved_smem_offset_end", Special::kZero},
@@ -149,11 +145,8 @@ std::optional<Special> specialRegister(std::string_view name) {
     if (special == name) return id;
   }
   const std::string_view base = name.substr(0, name.find('.'));
-  if (base == "%clusterid" || base == "%cluster_ctaid" || base.substr(0, 3) == "%pm" ||
-      base.substr(0, 7) == "%envreg") {
-    return Special::kZero;
-  }
-  if (base == "%nclusterid" || base == "%cluster_nctaid") return Special::kOne;
+  // Cluster registers never get here: bindInstruction() refuses them.
+  if (base.substr(0, 3) == "%pm" || base.substr(0, 7) == "%envreg") return Special::kZero;
   return std::nullopt;
 }
 
@@ -261,9 +254,6 @@ bool specialHandler(ExecContext& context, const Instruction& instruction, std::u
       break;
     case Special::kZero:
       uniform = 0;
-      break;
-    case Special::kOne:
-      uniform = 1;
       break;
   }
   forLanes(mask, [&](std::uint32_t lane) { d[lane] = uniform; });

@@ -62,6 +62,154 @@ TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
   EXPECT_NE(external.message.find("mystery"), std::string::npos) << external.message;
 }
 
+// Every class of PTX the interpreter does not execute, as nvcc writes it: each is refused at load
+// with NOT_SUPPORTED (never INVALID_PTX, never a load that would run with a wrong answer), and the
+// message names the instruction (or special register) and the kernel, as the daemon logs it.
+TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
+  const char* const kRegisters =
+      ".reg .pred %p<3>; .reg .b16 %rs<5>; .reg .b32 %r<9>; .reg .f32 %f<9>; .reg .b64 %rd<5>;\n";
+  struct Case {
+    const char* named;  // what the message must name
+    const char* why;    // and the reason it gives
+    const char* body;
+  };
+  const Case cases[] = {
+      // Textures and surfaces.
+      {"tex.2d.v4.f32.f32", "textures and surfaces",
+       "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"},
+      {"tex.1d.v4.s32.s32", "textures and surfaces",
+       "tex.1d.v4.s32.s32 {%r1, %r2, %r3, %r4}, [%rd1, {%r5}];"},
+      {"tld4.r.2d.v4.f32.f32", "textures and surfaces",
+       "tld4.r.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"},
+      {"txq.width.b32", "textures and surfaces", "txq.width.b32 %r1, [%rd1];"},
+      {"suld.b.2d.v4.b32.trap", "textures and surfaces",
+       "suld.b.2d.v4.b32.trap {%r1, %r2, %r3, %r4}, [%rd1, {%r5, %r6}];"},
+      {"sust.b.2d.v4.b32.trap", "textures and surfaces",
+       "sust.b.2d.v4.b32.trap [%rd1, {%r5, %r6}], {%r1, %r2, %r3, %r4};"},
+      {"sust.p.1d.b32.clamp", "textures and surfaces", "sust.p.1d.b32.clamp [%rd1, {%r5}], {%r1};"},
+      {"sured.b.add.1d.u32.trap", "textures and surfaces",
+       "sured.b.add.1d.u32.trap [%rd1, {%r5}], %r1;"},
+      {"suq.width.b32", "textures and surfaces", "suq.width.b32 %r1, [%rd1];"},
+      // Tensor cores.
+      {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "tensor-core instructions",
+       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, "
+       "{%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f5, %f6, %f7, %f8};"},
+      {"mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", "tensor-core instructions",
+       "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%rd1, %rd2}, {%rd3}, {%rd4}, "
+       "{%rd1, %rd2};"},
+      {"wmma.load.a.sync.aligned.row.m16n16k16.global.f16", "tensor-core instructions",
+       "wmma.load.a.sync.aligned.row.m16n16k16.global.f16 {%r1, %r2, %r3, %r4, %r5, %r6, %r7, "
+       "%r8}, [%rd1], %r1;"},
+      {"wgmma.fence.sync.aligned", "tensor-core instructions", "wgmma.fence.sync.aligned;"},
+      {"wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", "tensor-core instructions",
+       "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%f1, %f2, %f3, %f4}, %rd1, %rd2, 1, "
+       "1, 1, 0, 0;"},
+      {"ldmatrix.sync.aligned.m8n8.x4.shared.b16", "tensor-core instructions",
+       "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];"},
+      {"stmatrix.sync.aligned.m8n8.x1.shared.b16", "tensor-core instructions",
+       "stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r5], {%r1};"},
+      {"movmatrix.sync.aligned.m8n8.trans.b16", "tensor-core instructions",
+       "movmatrix.sync.aligned.m8n8.trans.b16 %r1, %r2;"},
+      // Asynchronous copies.
+      {"cp.async.cg.shared.global", "cp.async", "cp.async.cg.shared.global [%r1], [%rd1], 16;"},
+      {"cp.async.commit_group", "cp.async", "cp.async.commit_group;"},
+      {"cp.async.wait_group", "cp.async", "cp.async.wait_group 0;"},
+      {"cp.async.wait_all", "cp.async", "cp.async.wait_all;"},
+      // TMA and the barriers it completes on.
+      {"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "TMA",
+       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1], 256, "
+       "[%r2];"},
+      {"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes", "TMA",
+       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%r1], "
+       "[%rd1, {%r3, %r4}], [%r2];"},
+      {"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32", "TMA",
+       "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%rd1], [%r1], 256;"},
+      {"cp.async.bulk.commit_group", "TMA", "cp.async.bulk.commit_group;"},
+      {"mbarrier.init.shared::cta.b64", "mbarrier", "mbarrier.init.shared::cta.b64 [%r1], 32;"},
+      {"mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier",
+       "mbarrier.arrive.expect_tx.shared::cta.b64 %rd1, [%r1], 256;"},
+      {"tensormap.replace.tile.global_address.global.b1024.b64", "TMA",
+       "tensormap.replace.tile.global_address.global.b1024.b64 [%rd1], %rd2;"},
+      // Clusters.
+      {"%clusterid.x", "thread-block clusters", "mov.u32 %r1, %clusterid.x;"},
+      {"%nclusterid.x", "thread-block clusters", "mov.u32 %r1, %nclusterid.x;"},
+      {"%cluster_ctaid.y", "thread-block clusters", "mov.u32 %r1, %cluster_ctaid.y;"},
+      {"%cluster_nctaid.x", "thread-block clusters", "mov.u32 %r1, %cluster_nctaid.x;"},
+      {"%cluster_ctarank", "thread-block clusters", "mov.u32 %r1, %cluster_ctarank;"},
+      {"%cluster_nctarank", "thread-block clusters", "mov.u32 %r1, %cluster_nctarank;"},
+      {"%is_explicit_cluster", "thread-block clusters", "mov.pred %p1, %is_explicit_cluster;"},
+      {"barrier.cluster.arrive", "thread-block clusters", "barrier.cluster.arrive;"},
+      {"barrier.cluster.arrive.relaxed.aligned", "thread-block clusters",
+       "barrier.cluster.arrive.relaxed.aligned;"},
+      {"barrier.cluster.wait", "thread-block clusters", "barrier.cluster.wait;"},
+      {"mapa.shared::cluster.u32", "thread-block clusters",
+       "mapa.shared::cluster.u32 %r1, %r2, %r3;"},
+      {"getctarank.shared::cluster.u32", "thread-block clusters",
+       "getctarank.shared::cluster.u32 %r1, %r2;"},
+      {"ld.shared::cluster.u32", "thread-block clusters", "ld.shared::cluster.u32 %r1, [%r2];"},
+      {"st.async.shared::cluster.mbarrier::complete_tx::bytes.u32", "thread-block clusters",
+       "st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%r1], %r2, [%r3];"},
+      // Anything else the interpreter does not know.
+      {"multimem.ld_reduce.relaxed.sys.global.add.u32", "multimem",
+       "multimem.ld_reduce.relaxed.sys.global.add.u32 %r1, [%rd1];"},
+      {"setmaxnreg.inc.sync.aligned.u32", "does not know", "setmaxnreg.inc.sync.aligned.u32 240;"},
+      {"stacksave.u64", "does not know", "stacksave.u64 %rd1;"},
+      {"bmma.sync.aligned.m8n8k128.row.col.and.popc.s32.b1.b1.s32", "tensor-core instructions",
+       "bmma.sync.aligned.m8n8k128.row.col.and.popc.s32.b1.b1.s32 {%r1, %r2}, {%r3}, {%r4}, "
+       "{%r5, %r6};"},
+      {"frobnicate.b32", "does not know", "frobnicate.b32 %r1, %r2;"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.named);
+    const DecodeResult result =
+        decode(kernel("uses_it", std::string(kRegisters) + "mov.u32 %r1, 0;\n" + c.body));
+    EXPECT_EQ(result.status, CUDA_ERROR_NOT_SUPPORTED) << result.message;
+    EXPECT_EQ(result.program, nullptr);
+    EXPECT_NE(result.message.find(c.named), std::string::npos) << result.message;
+    EXPECT_NE(result.message.find(c.why), std::string::npos) << result.message;
+    EXPECT_NE(result.message.find("kernel 'uses_it'"), std::string::npos) << result.message;
+  }
+}
+
+// The first unsupported instruction is the one named, and a device function is named as such.
+TEST(PtxFrontend, TheFirstUnsupportedInstructionIsNamed) {
+  const DecodeResult first = decode(kernel(
+      "k",
+      ".reg .b32 %r<4>; .reg .b64 %rd<2>;\n"
+      "cp.async.ca.shared.global [%r1], [%rd1], 4;\nldmatrix.sync.aligned.m8n8.x1.shared.b16 "
+      "{%r1}, [%r2];"));
+  EXPECT_EQ(first.status, CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(first.message.find("cp.async.ca.shared.global"), std::string::npos) << first.message;
+  EXPECT_EQ(first.message.find("ldmatrix"), std::string::npos) << first.message;
+  EXPECT_NE(first.message.find("line 7"), std::string::npos) << first.message;
+  const DecodeResult inFunction = decode(
+      ".func helper() { .reg .b32 %r<2>; mov.u32 %r1, %clusterid.x; ret; }\n"
+      ".visible .entry k() { call.uni helper, (); ret; }\n");
+  EXPECT_EQ(inFunction.status, CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(inFunction.message.find("function 'helper'"), std::string::npos) << inFunction.message;
+  EXPECT_NE(inFunction.message.find("%clusterid.x"), std::string::npos) << inFunction.message;
+}
+
+// Texture, surface and sampler references, managed variables and cluster launches are refused
+// where they are declared.
+TEST(PtxFrontend, UnsupportedDeclarationsAreRefusedByName) {
+  const std::pair<std::string, std::string> cases[] = {
+      {".global .texref tex;\n" + kernel("k", ""), ".texref"},
+      {".global .surfref surf;\n" + kernel("k", ""), ".surfref"},
+      {".global .samplerref sampler;\n" + kernel("k", ""), ".samplerref"},
+      {".global .attribute(.managed) .align 4 .u32 m;\n" + kernel("k", ""), "managed"},
+      {".visible .entry k() .reqnctapercluster 2, 1, 1 { ret; }", ".reqnctapercluster"},
+      {".visible .entry k() .explicitcluster { ret; }", ".explicitcluster"},
+      {".visible .entry k() .maxclusterrank 8 { ret; }", ".maxclusterrank"},
+  };
+  for (const auto& [text, named] : cases) {
+    SCOPED_TRACE(named);
+    const DecodeResult result = decode(text);
+    EXPECT_EQ(result.status, CUDA_ERROR_NOT_SUPPORTED) << result.message;
+    EXPECT_NE(result.message.find(named), std::string::npos) << result.message;
+  }
+}
+
 TEST(PtxFrontend, MalformedTextIsInvalidPtx) {
   const std::string cases[] = {
       kernel("k", ".reg .b32 %r<2>;\nadd.s32 %r1, %r1, 1"),  // no semicolon
