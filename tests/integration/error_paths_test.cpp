@@ -78,6 +78,37 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   expectDaemonStillServes();
 }
 
+// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, tensor cores, cp.async or
+// clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that would run with a wrong
+// answer), and the daemon's log names the first such instruction and its kernel.
+TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
+  auto got = probe("unsupported-kernels");
+  const std::pair<std::string, std::string> refused[] = {
+      {"texture_sample", "'tex.2d.v4.f32.f32' (textures and surfaces)"},
+      {"surface_write", "'sust.b.2d.b32.trap' (textures and surfaces)"},
+      {"tensor_core_tile",
+       "'wmma.load.a.sync.aligned.row.m16n16k16.global.f16' (tensor-core instructions)"},
+      {"async_copy", "'cp.async.ca.shared.global' (cp.async"},
+      {"cluster_exchange", "uses .explicitcluster"},
+  };
+  const std::string log = daemon_.log();
+  for (const auto& [kernel, what] : refused) {
+    SCOPED_TRACE(kernel);
+    EXPECT_EQ(got["cuModuleLoadData(" + kernel + ")"], "CUDA_ERROR_NOT_SUPPORTED");
+    std::istringstream lines(log);
+    std::string line;
+    bool named = false;
+    while (std::getline(lines, line)) {
+      named = named || (line.find("cannot run this module") != std::string::npos &&
+                        line.find("kernel '" + kernel + "'") != std::string::npos &&
+                        line.find(what) != std::string::npos);
+    }
+    EXPECT_TRUE(named) << log;
+  }
+  EXPECT_EQ(got["cuModuleLoadData(supported)"], "CUDA_SUCCESS");
+  expectDaemonStillServes();
+}
+
 TEST_F(ErrorPaths, UnsupportedEntryPointsSaySo) {
   auto got = probe("unsupported");
   EXPECT_EQ(got["cuGraphCreate"], "CUDA_ERROR_NOT_SUPPORTED");

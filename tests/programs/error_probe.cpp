@@ -4,12 +4,18 @@
 //   error_probe SCENARIO [ARG]
 //
 // Scenarios: init, bad-handle, copy-past-end, freed-memory, unknown-kernel, unsupported,
-// null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES, alloc BYTES, device-count,
-// fork-hold BYTES, queue-and-hold BYTES KERNELS MICROSECONDS (allocates, then queues KERNELS spin
-// kernels of MICROSECONDS each on the NULL stream without waiting for them, and holds).
+// unsupported-kernels, null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES, alloc
+// BYTES, device-count, fork-hold BYTES, queue-and-hold BYTES KERNELS MICROSECONDS (allocates, then
+// queues KERNELS spin kernels of MICROSECONDS each on the NULL stream without waiting for them, and
+// holds).
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
+#include "unsupported_cluster_ptx.hpp"
+#include "unsupported_cp_async_ptx.hpp"
+#include "unsupported_surface_ptx.hpp"
+#include "unsupported_tensor_cores_ptx.hpp"
+#include "unsupported_texture_ptx.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -185,6 +191,22 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData(malformed)", cuModuleLoadData(&other, kMalformedPtx));
     const char garbage[] = "this is not a module";
     report("cuModuleLoadData(garbage)", cuModuleLoadData(&other, garbage));
+  } else if (scenario == "unsupported-kernels") {
+    // nvcc-built kernels using what the sim's interpreter does not run, one class per module.
+    const std::pair<const char*, const char*> modules[] = {
+        {"cuModuleLoadData(texture_sample)", gpuproxy::testing::kUnsupportedTexturePtx},
+        {"cuModuleLoadData(surface_write)", gpuproxy::testing::kUnsupportedSurfacePtx},
+        {"cuModuleLoadData(tensor_core_tile)", gpuproxy::testing::kUnsupportedTensorCoresPtx},
+        {"cuModuleLoadData(async_copy)", gpuproxy::testing::kUnsupportedCpAsyncPtx},
+        {"cuModuleLoadData(cluster_exchange)", gpuproxy::testing::kUnsupportedClusterPtx},
+    };
+    for (const auto& [check, image] : modules) {
+      CUmodule module;
+      report(check, cuModuleLoadData(&module, image));
+    }
+    CUmodule module;
+    report("cuModuleLoadData(supported)",
+           cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   } else if (scenario == "unsupported") {
     CUgraph graph;
     report("cuGraphCreate", cuGraphCreate(&graph, 0));

@@ -1,0 +1,48 @@
+// Kernels the sim's PTX interpreter refuses at load: one class of unsupported PTX per kernel,
+// written the way CUDA C++ asks for it. Built once per class (-DUNSUPPORTED_<CLASS>), because a
+// module is refused whole at its first unsupported instruction.
+#include <cooperative_groups.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
+
+#if defined(UNSUPPORTED_TEXTURE)
+extern "C" __global__ void texture_sample(cudaTextureObject_t texture, float* out) {
+  out[threadIdx.x] = tex2D<float>(texture, threadIdx.x + 0.5f, 0.5f);
+}
+#elif defined(UNSUPPORTED_SURFACE)
+extern "C" __global__ void surface_write(cudaSurfaceObject_t surface) {
+  surf2Dwrite(static_cast<float>(threadIdx.x), surface, threadIdx.x * 4, 0);
+}
+#elif defined(UNSUPPORTED_TENSOR_CORES)
+extern "C" __global__ void tensor_core_tile(const half* a, const half* b, float* c) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+  wmma::fill_fragment(fc, 0.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(fc, fa, fb, fc);
+  wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+#elif defined(UNSUPPORTED_CP_ASYNC)
+extern "C" __global__ void async_copy(const float* in, float* out) {
+  __shared__ float tile[256];
+  __pipeline_memcpy_async(&tile[threadIdx.x], &in[threadIdx.x], sizeof(float));
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  out[threadIdx.x] = tile[255 - threadIdx.x];
+}
+#elif defined(UNSUPPORTED_CLUSTER)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) cluster_exchange(int* out) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ int value;
+  if (threadIdx.x == 0) value = static_cast<int>(blockIdx.x);
+  cluster.sync();
+  int* other = cluster.map_shared_rank(&value, cluster.block_rank() ^ 1);
+  out[blockIdx.x] = *other;
+  cluster.sync();
+}
+#endif
