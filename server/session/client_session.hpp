@@ -98,6 +98,9 @@ private:
   // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
   // or from submit(), is executed here.
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
+  void executeChecked(const protocol::ring::DecodedCommand& command, CommandPort& port);
+  void failInternally(const protocol::ring::DecodedCommand& command, CommandPort& port,
+                      const char* what);
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
   // kj::TaskSet::ErrorHandler, for the ring commands that answer later
