@@ -1,8 +1,8 @@
 #pragma once
-// A tenant: the unit of limits (DESIGN §5). Every client is the tenant of the socket it connected
-// through; nothing the client sends or has in its environment changes that. A tenant's memory
-// limit applies per device and is summed over all of its clients; the daemon charges every
-// allocation and module before anything reaches the device.
+// A tenant: the unit of limits (docs/architecture.md §5). Every client is the tenant of the socket
+// it connected through; nothing the client sends or has in its environment changes that. A
+// tenant's memory limit applies per device and is summed over all of its clients; the daemon
+// charges every allocation and module before anything reaches the device.
 //
 // Threading: limits and memory accounting are used on the control-plane thread only; the kernel
 // counters are updated from backend threads (atomics). Shared (std::shared_ptr) between the
