@@ -1,7 +1,7 @@
 #pragma once
 // What every benchmark program shares: argument parsing, timing, percentiles and Markdown tables.
 //
-// The suite uses plain mains rather than Google Benchmark because what issue 3 asks for is the
+// The suite uses plain mains rather than Google Benchmark because what it must show is the
 // distribution of single calls (median/p90/p99 of one cuLaunchKernel), several paths interleaved
 // in one run so that a noisy machine hurts them alike, and ratios against those same-run
 // baselines; Google Benchmark reports means of batches and runs its cases one after the other.

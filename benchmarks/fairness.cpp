@@ -1,4 +1,4 @@
-// fairness (issue 5): how the daemon's dispatcher shares one GPU between tenants, `fair` against
+// fairness: how the daemon's dispatcher shares one GPU between tenants, `fair` against
 // the `fifo` baseline (arrival order, as time-slicing or MPS would), in the same run.
 //
 //   fairness [--seconds N] [--smoke]
@@ -13,7 +13,7 @@
 //   2. latency: the same three plus a latency-critical tenant that launches one 0.2 ms kernel every
 //      5 ms; p50/p99 of its launch-to-completion latency, against the same tenant running alone.
 //
-// Targets (issue 5): Jain >= 0.99 and every share within 5% of its weight; latency-critical p99
+// Targets: Jain >= 0.99 and every share within 5% of its weight; latency-critical p99
 // <= isolated p99 + the largest admitted best-effort item (5 ms here).
 #include "bench_support.hpp"
 #include "server/backend/sim/sim_backend.hpp"

@@ -1,6 +1,7 @@
-// ipc_pingpong: the physical floor under the shared-memory data plane (issue 3, benchmark 2's
-// baseline). Two processes exchange 64-byte records through the gpuproxy::ipc SPSC rings of one
-// memfd segment, with no daemon, no CUDA and no protocol on top:
+// ipc_pingpong: the physical floor under the shared-memory data plane (the baseline that
+// RESULTS.md §0 compares synchronising calls with). Two processes exchange 64-byte records
+// through the gpuproxy::ipc SPSC rings of one memfd segment, with no daemon, no CUDA and no
+// protocol on top:
 //
 //   cache-line        one 32-bit word each way, both spinning: what the hardware alone costs
 //                     (two cache-line transfers), the floor under everything else

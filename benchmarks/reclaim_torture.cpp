@@ -1,4 +1,4 @@
-// reclaim_torture (issue 4, the long version of tests/integration/torture_test.cpp): `churn`
+// reclaim_torture (the long version of tests/integration/torture_test.cpp): `churn`
 // clients allocate, copy and launch in loops through the stub while this program kills one of
 // them with SIGKILL at a random moment, over and over. After each kill it watches the daemon until
 // the device's memory_used is exactly the sum of the survivors' (in one status snapshot) and the

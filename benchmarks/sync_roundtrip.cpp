@@ -8,7 +8,7 @@
 //
 // Back-to-back calls find the daemon (and this thread) hot; the "after idle" rows sleep --idle-us
 // before each call, untimed, so that the daemon has gone back to waiting in the kernel first: the
-// case issue 3 calls "from sleep". They make 1/20 as many calls as the others.
+// "from sleep" case. They make 1/20 as many calls as the others.
 // Needs a daemon (GPUPROXY_SOCKET, LD_LIBRARY_PATH at the stub); benchmarks/run provides both.
 // The measured calls alternate in --rounds rounds so that a noisy machine weighs on all alike.
 #include <cuda.h>

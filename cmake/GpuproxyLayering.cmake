@@ -1,5 +1,5 @@
-# The layering rules (docs/layering.md), checked at configure time. A layer is a folder of the
-# source tree; every gpuproxy target belongs to the layer of the folder it is defined in
+# The layering rules (docs/architecture.md §8), checked at configure time. A layer is a folder of
+# the source tree; every gpuproxy target belongs to the layer of the folder it is defined in
 # (gpuproxy_layer). A layer may depend only on the layers listed for it below, and on itself:
 #
 # - a target may link only targets of those layers;

@@ -147,6 +147,20 @@ interface Session {
   # client between two calls, as a GPU's printf buffer holds 1 MiB (cudaLimitPrintfFifoSize);
   # `lostBytes` counts what was dropped, oldest output first, when a client printed more.
   takeDeviceOutput @22 () -> (text :Data, lostBytes :UInt64);
+
+  # A module image larger than one transfer chunk (maxTransferChunk) travels in pieces, so that
+  # no message is large and the daemon holds no image it has not charged. beginModuleImage
+  # announces `bytes` for a module of `context` and charges them to the tenant's memory limit on
+  # the context's device until the upload ends (CUDA_ERROR_OUT_OF_MEMORY beyond it; a session has
+  # at most 4 uploads open). appendModuleImage adds the next piece, in order: `piece` over the
+  # control socket, or `stagingBytes` at `stagingOffset` of the data-plane segment's staging
+  # region, which the stub may reuse once the call is answered (at most maxTransferChunk each;
+  # more than announced is CUDA_ERROR_INVALID_VALUE). loadModuleImage loads the whole image as
+  # loadModule does and ends the upload, as does any error it answers.
+  beginModuleImage @23 (context :UInt64, bytes :UInt64) -> (result :Int32, upload :UInt64);
+  appendModuleImage @24 (upload :UInt64, piece :Data, stagingOffset :UInt64, stagingBytes :UInt64)
+      -> (result :Int32);
+  loadModuleImage @25 (upload :UInt64) -> (result :Int32, module :UInt64);
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ inline constexpr const char* kDefaultAdminSocket = "/run/gpuproxy/admin.sock";
 // File descriptors one control message may carry: a session's data-plane segment and doorbell.
 inline constexpr unsigned kMaxFdsPerMessage = 4;
 
-// The largest control message: module images (PTX, fatbins) can be large, everything else is
-// small. A peer that sends more is cut off.
-inline constexpr std::uint64_t kMaxControlMessageBytes = std::uint64_t{256} << 20;
+// The largest control message. Bulk data travels in pieces of at most maxTransferChunk (4 MiB,
+// gpuproxy.capnp): copies over Session.submit, module images over appendModuleImage. A peer that
+// sends more is cut off, so one connection costs the daemon at most this much to read a message.
+inline constexpr std::uint64_t kMaxControlMessageBytes = std::uint64_t{16} << 20;
 
 // CUDA's limit on a kernel's parameter buffer (12.1+, Volta and later).
 inline constexpr std::uint32_t kMaxKernelParameterBytes = 32764;

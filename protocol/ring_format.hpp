@@ -1,7 +1,8 @@
 #pragma once
-// The records that travel in a client's shared-memory segment (the data plane, DESIGN §2), and the
-// segment header that says where everything lives. The prose spec, with every field and the
-// versioning rules, is protocol/RING_FORMAT.md; the static_asserts below pin the same offsets.
+// The records that travel in a client's shared-memory segment (the data plane,
+// docs/architecture.md §3), and the segment header that says where everything lives. The prose
+// spec, with every field and the versioning rules, is protocol/RING_FORMAT.md; the
+// static_asserts below pin the same offsets.
 //
 // The client can rewrite any byte of the segment at any time, so nothing here reads shared memory
 // in place: the ring copies each record out first (ipc/spsc_ring), and the decoders below take

@@ -1,12 +1,12 @@
 #pragma once
-// The scheduler core (DESIGN §6): decides, before submission, which queued work item goes to the
+// The scheduler core: decides, before submission, which queued work item goes to the
 // GPU next and whether anything should go now. GPU work cannot be preempted, so this is the only
 // place fairness and latency-critical priority can be enforced.
 //
 // Pure and deterministic: no threads, no clocks, no I/O, no CUDA. Time comes in as `now`
 // arguments (nanoseconds on any monotonic clock the caller picks), so the same inputs always give
 // the same decisions and tests run on simulated time. Not thread-safe: the daemon calls it from
-// its one dispatcher thread. Policy and fairness bound: scheduler/README.md.
+// its event-loop thread. Policy and fairness bound: scheduler/README.md.
 
 #include "scheduler/tenant_class.hpp"
 

@@ -28,14 +28,11 @@ class AsyncErrors {
 public:
   void record(const protocol::ring::AsyncError& error) {
     if (error.result == CUDA_SUCCESS) return;
-    Latched& latched = contexts_[error.context];
     if (protocol::isStickyError(error.result)) {
-      if (latched.sticky == CUDA_SUCCESS) {
-        latched.sticky = error.result;
-        ++stickyContexts_;
-      }
+      noteSticky(error.context, error.result);
       return;
     }
+    Latched& latched = contexts_[error.context];
     // The first failure of a stream is the one reported; later ones are its consequences.
     latched.byStream.try_emplace(error.stream, Failure{error.sequence, error.result});
   }
@@ -69,6 +66,17 @@ public:
     const CUresult result = earliest->second.result;
     latched.byStream.clear();
     return result;
+  }
+
+  // `result`, whatever answer it came in (an AsyncError record, a synchronisation's answer), if
+  // it is a sticky error: from now on every call of `context` returns it, as the driver's do.
+  void noteSticky(std::uint64_t context, CUresult result) {
+    if (!protocol::isStickyError(result)) return;
+    Latched& latched = contexts_[context];
+    if (latched.sticky == CUDA_SUCCESS) {
+      latched.sticky = result;
+      ++stickyContexts_;
+    }
   }
 
   // The sticky error of `context`, CUDA_SUCCESS while it has none. Left in place.

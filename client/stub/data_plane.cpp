@@ -234,6 +234,10 @@ CUresult DataPlane::synchronize(std::uint64_t context, ring::SynchronizeKind kin
   if (answer == CUDA_ERROR_MPS_CONNECTION_FAILED) return answer;
   std::lock_guard lock(completionMutex_);
   drainLocked();
+  // A synchronisation may be where the client first hears of a fault: latch it like one that
+  // came as an AsyncError, so that the calls after it fail too.
+  asyncErrors_.noteSticky(context, answer);
+  anySticky_.store(asyncErrors_.anySticky(), std::memory_order_relaxed);
   const CUresult latched = takeErrorLocked(context, kind, handle);
   return latched != CUDA_SUCCESS ? latched : answer;
 }

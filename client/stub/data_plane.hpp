@@ -1,5 +1,6 @@
 #pragma once
-// The client's end of the shared-memory data plane (DESIGN §2, protocol/RING_FORMAT.md).
+// The client's end of the shared-memory data plane (docs/architecture.md §3-4,
+// protocol/RING_FORMAT.md).
 //
 // One command ring for the whole process: every application thread writes its records under
 // submitMutex_, held only to encode and publish one record, so the ring's order is the order in

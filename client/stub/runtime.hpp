@@ -1,5 +1,5 @@
 #pragma once
-// The stub's one process-wide connection to gpuproxyd (DESIGN §4).
+// The stub's one process-wide connection to gpuproxyd (docs/architecture.md §2).
 //
 // Threading: the Cap'n Proto client lives on a private kj event loop running on a thread the
 // runtime owns. Application threads never touch kj objects; they hand a function to that thread

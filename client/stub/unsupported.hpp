@@ -1,6 +1,6 @@
 #pragma once
-// The answer of every CUDA entry point the stub does not implement (DESIGN §4): the generated
-// definitions in unsupported_entry_points.cpp all end up here.
+// The answer of every CUDA entry point the stub does not implement (docs/adding-a-cuda-call.md):
+// the generated definitions in unsupported_entry_points.cpp all end up here.
 
 #include <cuda.h>
 

@@ -1,5 +1,6 @@
 # The CUDA driver API surface, generated at build time from the toolkit's cuda.h and
-# cudaTypedefs.h by gen.py (DESIGN §4: one table, no hand-kept lists that can drift).
+# cudaTypedefs.h by gen.py: one table, no hand-kept lists that can drift
+# (docs/adding-a-cuda-call.md).
 # Included from protocol/ and client/stub/; the functions find gen.py relative to this file.
 
 option(GPUPROXY_STUB_PLACEHOLDERS

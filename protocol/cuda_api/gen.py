@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generates the stub's CUDA driver API surface from the toolkit's cuda.h (DESIGN §4).
+"""Generates the stub's CUDA driver API surface from the toolkit's cuda.h
+(docs/adding-a-cuda-call.md).
 
 One table, derived from the headers at build time, feeds everything that must agree with cuda.h:
 the linker export list, the CUDA_ERROR_NOT_SUPPORTED entry points for functions nobody has

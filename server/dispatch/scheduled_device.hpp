@@ -1,6 +1,7 @@
 #pragma once
-// The per-GPU dispatcher (DESIGN §6): a backend::Device whose streams and events are proxies, so
-// that every GPU operation passes through the scheduler before it reaches the real device.
+// The per-GPU dispatcher (docs/architecture.md §3; the policy is in scheduler/README.md): a
+// backend::Device whose streams and events are proxies, so that every GPU operation passes
+// through the scheduler before it reaches the real device.
 //
 // Each proxy stream keeps a queue of the operations not yet handed to its real stream. Only the
 // kernel at the head of a queue is a scheduler item; when the scheduler returns it, it goes to the

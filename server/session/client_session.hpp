@@ -67,10 +67,20 @@ protected:
   kj::Promise<void> registerPinned(RegisterPinnedContext context) override;
   kj::Promise<void> unregisterPinned(UnregisterPinnedContext context) override;
   kj::Promise<void> takeDeviceOutput(TakeDeviceOutputContext context) override;
+  kj::Promise<void> beginModuleImage(BeginModuleImageContext context) override;
+  kj::Promise<void> appendModuleImage(AppendModuleImageContext context) override;
+  kj::Promise<void> loadModuleImage(LoadModuleImageContext context) override;
 
 private:
   class MessagePort;
   struct SubmitBatch;
+  // A module image arriving in pieces, charged to the tenant until it is loaded or dropped.
+  struct ModuleUpload {
+    std::uint64_t context = 0;
+    std::uint64_t announced = 0;
+    std::vector<std::byte> image;  // what has arrived
+    TenantMemoryHold charge;
+  };
 
   // dispatchCall once the records ahead of the call have left the ring.
   kj::Promise<void> dispatchAfterRing(
@@ -88,6 +98,9 @@ private:
   // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
   // or from submit(), is executed here.
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
+  void executeChecked(const protocol::ring::DecodedCommand& command, CommandPort& port);
+  void failInternally(const protocol::ring::DecodedCommand& command, CommandPort& port,
+                      const char* what);
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
   // kj::TaskSet::ErrorHandler, for the ring commands that answer later
@@ -136,6 +149,10 @@ private:
   // Pinned allocations in the channel's pinned heap: offset -> bytes. Each is charged to the
   // tenant and registered with every GPU until it is unregistered and the work before that has
   // drained (retiring_ meanwhile), or the session ends.
+  // Module images being uploaded in pieces (server/session/module_upload.cpp), by upload id.
+  static constexpr std::size_t kMaxModuleUploads = 4;
+  std::map<std::uint64_t, std::unique_ptr<ModuleUpload>> uploads_;
+  std::uint64_t lastUpload_ = 0;
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
   // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.

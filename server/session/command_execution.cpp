@@ -448,6 +448,27 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
   }
 }
 
+// Answers `command` with `result` without executing it: its waiter hears it, or else its stream's
+// next synchronisation.
+static void failCommand(CommandPort& port, CUresult result, const ring::DecodedCommand& command) {
+  std::visit(
+      [&](const auto& failed) {
+        using Failed = std::decay_t<decltype(failed)>;
+        if constexpr (std::is_same_v<Failed, ring::DecodeError>) {
+          // already answered by the decoder's own rules
+        } else if constexpr (requires { failed.stream; }) {
+          if constexpr (requires { failed.completionToken; }) {
+            answer(port, result, failed.completionToken, failed);
+          } else {
+            report(port, result, failed);
+          }
+        } else if constexpr (requires { failed.completionToken; }) {
+          if (failed.completionToken != 0) port.postCompletion(failed.completionToken, result);
+        }
+      },
+      command);
+}
+
 // The pinned-heap range a record names (its source or destination in the client's pinned heap),
 // if it names one.
 static std::optional<std::pair<std::uint64_t, std::uint64_t>> pinnedHeapRangeOf(
@@ -476,19 +497,28 @@ void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& po
   // for. Any other range is refused as a bad pointer, and the daemon never touches it.
   if (const auto range = pinnedHeapRangeOf(command);
       range && !pinnedRangeIsLive(range->first, range->second)) {
-    std::visit(
-        [&](const auto& refused) {
-          using Refused = std::decay_t<decltype(refused)>;
-          if constexpr (std::is_same_v<Refused, ring::CopyHostToDevice> ||
-                        std::is_same_v<Refused, ring::CopyDeviceToHost>) {
-            answer(port, CUDA_ERROR_INVALID_VALUE, refused.completionToken, refused);
-          } else if constexpr (std::is_same_v<Refused, ring::LaunchKernel>) {
-            report(port, CUDA_ERROR_INVALID_VALUE, refused);
-          }
-        },
-        command);
+    failCommand(port, CUDA_ERROR_INVALID_VALUE, command);
     return;
   }
+  try {
+    executeChecked(command, port);
+  } catch (const kj::Exception& error) {
+    failInternally(command, port, error.getDescription().cStr());
+  } catch (const std::exception& error) {
+    failInternally(command, port, error.what());
+  }
+}
+
+void ClientSession::failInternally(const ring::DecodedCommand& command, CommandPort& port,
+                                   const char* what) {
+  // Our bug, not the client's input (that is answered with the driver's error before anything
+  // throws): this command fails and is logged, and this client and every other go on.
+  spdlog::error("pid {}: internal error executing a command record: {}", stats_->identity.pid,
+                what);
+  failCommand(port, CUDA_ERROR_UNKNOWN, command);
+}
+
+void ClientSession::executeChecked(const ring::DecodedCommand& command, CommandPort& port) {
   std::visit(
       protocol::Overloaded{
           [&](const ring::LaunchKernel& launch) { executeLaunch(launch, port); },

@@ -1,8 +1,8 @@
 #pragma once
-// A tenant: the unit of limits (DESIGN §5). Every client is the tenant of the socket it connected
-// through; nothing the client sends or has in its environment changes that. A tenant's memory
-// limit applies per device and is summed over all of its clients; the daemon charges every
-// allocation and module before anything reaches the device.
+// A tenant: the unit of limits (docs/architecture.md §5). Every client is the tenant of the socket
+// it connected through; nothing the client sends or has in its environment changes that. A
+// tenant's memory limit applies per device and is summed over all of its clients; the daemon
+// charges every allocation and module before anything reaches the device.
 //
 // Threading: limits and memory accounting are used on the control-plane thread only; the kernel
 // counters are updated from backend threads (atomics). Shared (std::shared_ptr) between the
@@ -160,6 +160,31 @@ private:
   std::map<std::uint32_t, std::uint64_t> memoryUsed_;
   std::uint64_t pinnedMemoryUsed_ = 0;
   std::array<std::uint32_t, kTenantObjectKinds> objectsHeld_{};
+};
+
+// Bytes charged to a tenant's memory limit on one device for as long as this lives (what the
+// daemon holds for it that is not an allocation yet: a module image being uploaded).
+class TenantMemoryHold {
+public:
+  // nullopt when the charge would pass the tenant's limit (counted as an OOM).
+  static std::optional<TenantMemoryHold> take(std::shared_ptr<Tenant> tenant, std::uint32_t device,
+                                              std::uint64_t bytes) {
+    if (!tenant->tryCharge(device, bytes)) return std::nullopt;
+    return TenantMemoryHold(std::move(tenant), device, bytes);
+  }
+  TenantMemoryHold(TenantMemoryHold&& other) noexcept = default;
+  TenantMemoryHold& operator=(TenantMemoryHold&&) = delete;
+  ~TenantMemoryHold() {
+    if (tenant_) tenant_->credit(device_, bytes_);
+  }
+
+private:
+  TenantMemoryHold(std::shared_ptr<Tenant> tenant, std::uint32_t device, std::uint64_t bytes)
+      : tenant_(std::move(tenant)), device_(device), bytes_(bytes) {}
+
+  std::shared_ptr<Tenant> tenant_;
+  std::uint32_t device_ = 0;
+  std::uint64_t bytes_ = 0;
 };
 
 // One driver object of a tenant's, counted against its cap for as long as this lives: the client

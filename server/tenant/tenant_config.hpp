@@ -8,10 +8,14 @@
 //       weight: 2                 # best-effort share, default 1
 //       class: best-effort        # or latency-critical
 //       devices: [0]              # default: all
+//       pinned_memory_limit: 1GiB # pinned host memory; omitted = no limit
 //       max_connections: 64       # default: gpuproxyd --max-connections-per-tenant
+//       max_streams: 8192         # also max_contexts, max_events, max_modules
+//                                 # (defaults: kDefaultMaxObjects in tenant.hpp)
 //
 // A tenant named `default` may omit `socket`: it then serves the daemon's main --socket. Without
-// one, the main socket serves an implicit `default` tenant with no limit.
+// one, the main socket serves an implicit `default` tenant with no limit, unless a named tenant
+// listens on the main socket.
 
 #include "server/tenant/tenant.hpp"
 
@@ -37,7 +41,8 @@ public:
 };
 
 struct TenantConfig {
-  std::vector<TenantDefinition> tenants;  // always includes the default tenant
+  // Includes the default tenant, unless a named tenant has the main socket.
+  std::vector<TenantDefinition> tenants;
 };
 
 // `mainSocket` is the daemon's --socket; `deviceCount` bounds `devices`. Throws TenantConfigError.

@@ -137,6 +137,12 @@ TEST_F(ErrorPaths, AnotherClientsMemoryIsUnreachable) {
   EXPECT_EQ(got["cuMemcpyHtoD(foreign)"], "CUDA_ERROR_INVALID_VALUE");
   EXPECT_EQ(got["cuMemsetD8(foreign)"], "CUDA_ERROR_INVALID_VALUE");
   EXPECT_EQ(got["cuMemFree(foreign)"], "CUDA_ERROR_INVALID_VALUE");
+  // A kernel given the pointer stops at it on the sim (on a GPU, one shared context could not
+  // stop it: README, "What one shared context isolates"), and the log says whose kernel it was.
+  EXPECT_EQ(got["cuLaunchKernel(foreign)"], "CUDA_SUCCESS");
+  EXPECT_EQ(got["cuCtxSynchronize(after foreign kernel)"], "CUDA_ERROR_ILLEGAL_ADDRESS");
+  EXPECT_NE(daemon_.log().find("fill_u32"), std::string::npos) << daemon_.log();
+  EXPECT_NE(daemon_.log().find(pointer.substr(2)), std::string::npos) << daemon_.log();
   // The owner's memory is untouched and still accounted to it.
   auto status = daemon_.status();
   EXPECT_EQ(status["devices"][0]["memory_used"], 4096);

@@ -129,6 +129,41 @@ TEST_F(SharedDevice, TinyAllocationsAreChargedWhatTheyOccupy) {
   expectNothingLeft();
 }
 
+// Module images load in pieces (no control message is larger than a transfer chunk), so any size
+// the tenant's limit allows loads; a larger one fails as out of memory before the daemon holds any
+// of it.
+TEST_F(HostileTenants, ModuleImagesOfAnySizeTheLimitAllowsLoadInPieces) {
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  std::unique_ptr<Child> fits =
+      daemon_->startClientOn(mallory_, "hostile_client", {"big-module", "40"});
+  ASSERT_TRUE(eventually([&] { return fits->output().find("holding") != std::string::npos; },
+                         std::chrono::seconds(60)))
+      << fits->output() << fits->errors() << daemon_->log();
+  auto got = answers(fits->output());
+  EXPECT_EQ(got["cuModuleLoadData"], "CUDA_SUCCESS") << fits->output() << fits->errors();
+  EXPECT_EQ(got["cuModuleGetFunction"], "CUDA_SUCCESS") << fits->output();
+  // Once loaded, the upload's charge is gone and only the module's memory counts (on the sim a
+  // module takes its image's size; counted twice, it could not have fitted in 64 MiB).
+  EXPECT_LE(tenantNamed(daemon_->status(), "mallory")["memory_used"], 41 * kMiB);
+
+  const std::uint64_t before = usageOf(daemon_->pid()).residentBytes;
+  std::unique_ptr<Child> tooBig =
+      daemon_->startClientOn(mallory_, "hostile_client", {"big-module", "100"});
+  ASSERT_TRUE(eventually([&] { return tooBig->output().find("holding") != std::string::npos; },
+                         std::chrono::seconds(60)))
+      << tooBig->output() << tooBig->errors() << daemon_->log();
+  EXPECT_EQ(answers(tooBig->output())["cuModuleLoadData"], "CUDA_ERROR_OUT_OF_MEMORY")
+      << tooBig->output() << tooBig->errors();
+  EXPECT_LT(usageOf(daemon_->pid()).residentBytes, before + 16 * kMiB);
+
+  expectAliceIsServed();
+  fits->signal(SIGKILL);
+  tooBig->signal(SIGKILL);
+  fits->wait();
+  tooBig->wait();
+  expectNothingLeft();
+}
+
 // A tenant that creates driver objects without end stops at its cap for each kind, with the
 // error a driver out of resources gives; others are served, and its objects go with it.
 class ObjectCaps : public HostileTenants, public ::testing::WithParamInterface<const char*> {

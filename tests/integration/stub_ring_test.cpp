@@ -148,6 +148,17 @@ TEST(StubRingFaults, AFaultMakesEveryLaterCallOfTheContextFail) {
   }
 }
 
+// The first call that reports a fault (here a synchronisation's answer) makes every later call
+// of the context fail with it, the very next launch included.
+TEST(StubRingFaults, AFaultHeardInASynchronisationFailsTheNextLaunch) {
+  Daemon daemon;
+  RunResult result = daemon.runClient("ring_probe", {"fault-then-launch"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors;
+  auto got = answers(result.output);
+  EXPECT_EQ(got["cuStreamSynchronize(faulting)"], "CUDA_ERROR_ILLEGAL_ADDRESS") << result.output;
+  EXPECT_EQ(got["cuLaunchKernel(right after)"], "CUDA_ERROR_ILLEGAL_ADDRESS") << result.output;
+}
+
 // SIGKILL in the middle of a launch burst: everything the victim held comes back, the survivor
 // keeps exactly what it has, and the daemon goes on serving.
 TEST_F(StubRing, AClientKilledWhileLaunchingIsReclaimed) {

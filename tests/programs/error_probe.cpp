@@ -241,6 +241,18 @@ int main(int argc, char** argv) {
     report("cuMemcpyHtoD(foreign)", cuMemcpyHtoD(foreign, host.data(), host.size()));
     report("cuMemsetD8(foreign)", cuMemsetD8(foreign, 0, host.size()));
     report("cuMemFree(foreign)", cuMemFree(foreign));
+    // A kernel handed the pointer: on a GPU it would write there (one shared context); the sim
+    // refuses it as an illegal address.
+    CUmodule module;
+    CUfunction fill;
+    report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+    report("cuModuleGetFunction", cuModuleGetFunction(&fill, module, "fill_u32"));
+    unsigned value = 0xdeadbeef;
+    unsigned long long count = 16;
+    void* parameters[] = {&foreign, &value, &count};
+    report("cuLaunchKernel(foreign)",
+           cuLaunchKernel(fill, 1, 1, 1, 16, 1, 1, 0, nullptr, parameters, nullptr));
+    report("cuCtxSynchronize(after foreign kernel)", cuCtxSynchronize());
   } else if (scenario == "alloc" && argc > 2) {
     CUdeviceptr pointer;
     report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));

@@ -214,7 +214,12 @@ int bigModule(unsigned long long mebibytes) {
   const std::string line = "// " + std::string(76, 'x') + "\n";
   while (image.size() + line.size() < mebibytes << 20) image += line;
   CUmodule module;
-  report("cuModuleLoadData", cuModuleLoadData(&module, image.c_str()));
+  const CUresult loaded = cuModuleLoadData(&module, image.c_str());
+  report("cuModuleLoadData", loaded);
+  if (loaded == CUDA_SUCCESS) {
+    CUfunction spin;
+    report("cuModuleGetFunction", cuModuleGetFunction(&spin, module, "spin"));
+  }
   holdForever();
 }
 

@@ -399,6 +399,25 @@ int trapAsync(const std::string& how) {
 // fails with it, asynchronous ones included, without the application synchronising first (as the
 // driver fails launches once it has noticed a fault). The trap runs on one stream; the launches
 // that notice it go to another, and a stream created before the fault reports it too.
+// Hears of a fault from a synchronisation's answer, then launches at once: the launch must fail
+// with the fault too (a driver's context stays unusable once one of its calls has reported it).
+int faultThenLaunch() {
+  Setup setup = setUp();
+  CUfunction trap = function(setup, "trap");
+  CUfunction fillU32 = function(setup, "fill_u32");
+  CUdeviceptr buffer;
+  CHECK(cuMemAlloc(&buffer, 1024));
+  CUstream faulting;
+  CUstream other;
+  CHECK(cuStreamCreate(&faulting, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  report("cuLaunchKernel(trap)",
+         cuLaunchKernel(trap, 1, 1, 1, 1, 1, 1, 0, faulting, nullptr, nullptr));
+  report("cuStreamSynchronize(faulting)", cuStreamSynchronize(faulting));
+  report("cuLaunchKernel(right after)", fill(fillU32, buffer, 7, 256, other));
+  return 0;
+}
+
 int faultPoisonsContext() {
   Setup setup = setUp();
   CUfunction trap = function(setup, "trap");
@@ -595,6 +614,7 @@ int main(int argc, char** argv) {
   if (scenario == "sync-errors") return syncErrors();
   if (scenario == "memset-2d") return memset2D();
   if (scenario == "fault-poisons-context") return faultPoisonsContext();
+  if (scenario == "fault-then-launch") return faultThenLaunch();
   if (scenario == "wait-on-dead-daemon") return waitOnDeadDaemon();
   if (scenario == "launch-forever") {
     return launchForever(static_cast<std::size_t>(number(2, 1 << 20)));

@@ -4,14 +4,18 @@
 
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/launch_params.hpp"
 #include "client/stub/module_image.hpp"
@@ -34,23 +38,84 @@ using gpuproxy::stub::toResult;
 
 namespace {
 
+// An image up to one transfer chunk goes in one call; a larger one in pieces of a chunk each
+// (beginModuleImage / appendModuleImage / loadModuleImage), through the data plane's staging
+// region when there is one, so that no message is large and the daemon charges the image to the
+// tenant before it holds any of it.
+struct ModuleReply {
+  CUresult result;
+  std::uint64_t module;
+};
+
+ModuleReply loadModuleInPieces(Runtime& runtime, std::uint64_t context, const std::byte* image,
+                               std::size_t size) {
+  ModuleReply begun = runtime.call([&](Session::Client& session) {
+    auto request = session.beginModuleImageRequest();
+    request.setContext(context);
+    request.setBytes(size);
+    return request.send().then([](auto response) {
+      return ModuleReply{toResult(response.getResult()), response.getUpload()};
+    });
+  });
+  if (begun.result != CUDA_SUCCESS) return {begun.result, 0};
+  const std::uint64_t upload = begun.module;  // the upload's id
+  gpuproxy::stub::DataPlane* plane = runtime.dataPlane();
+  const std::size_t chunk = static_cast<std::size_t>(
+      plane != nullptr
+          ? std::min<std::uint64_t>(plane->chunkBytes(), gpuproxy::protocol::MAX_TRANSFER_CHUNK)
+          : gpuproxy::protocol::MAX_TRANSFER_CHUNK);
+  for (std::size_t position = 0; position < size;) {
+    const std::size_t length = std::min(chunk, size - position);
+    std::optional<gpuproxy::stub::StagingAllocator::Range> range;
+    if (plane != nullptr) {
+      range = plane->allocateStaging(length, nullptr);
+      if (!range) return {CUDA_ERROR_MPS_CONNECTION_FAILED, 0};
+      std::memcpy(plane->staging().data() + range->offset, image + position, length);
+    }
+    const CUresult appended = runtime.call([&](Session::Client& session) {
+      auto request = session.appendModuleImageRequest(
+          capnp::MessageSize{(range ? 0 : length / sizeof(capnp::word)) + 64, 0});
+      request.setUpload(upload);
+      if (range) {
+        request.setStagingOffset(range->offset);
+        request.setStagingBytes(length);
+      } else {
+        request.setPiece(kj::arrayPtr(reinterpret_cast<const kj::byte*>(image + position), length));
+      }
+      return request.send().then([](auto response) { return toResult(response.getResult()); });
+    });
+    // The daemon has copied the piece out by the time it answers.
+    if (range) plane->releaseStaging(*range);
+    if (appended != CUDA_SUCCESS) return {appended, 0};
+    position += length;
+  }
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.loadModuleImageRequest();
+    request.setUpload(upload);
+    return request.send().then([](auto response) {
+      return ModuleReply{toResult(response.getResult()), response.getModule()};
+    });
+  });
+}
+
 // Sends an image to the daemon as a module of the current context.
 CUresult loadModule(Runtime& runtime, CUmodule* module, const void* image, std::size_t size) {
   const std::uint64_t context = currentContext();
   if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  struct Reply {
-    CUresult result;
-    std::uint64_t module;
-  };
-  Reply reply = runtime.call([&](Session::Client& session) {
-    auto request =
-        session.loadModuleRequest(capnp::MessageSize{size / sizeof(capnp::word) + 64, 0});
-    request.setContext(context);
-    request.setImage(kj::arrayPtr(static_cast<const kj::byte*>(image), size));
-    return request.send().then([](auto response) {
-      return Reply{toResult(response.getResult()), response.getModule()};
+  ModuleReply reply;
+  if (size > gpuproxy::protocol::MAX_TRANSFER_CHUNK) {
+    reply = loadModuleInPieces(runtime, context, static_cast<const std::byte*>(image), size);
+  } else {
+    reply = runtime.call([&](Session::Client& session) {
+      auto request =
+          session.loadModuleRequest(capnp::MessageSize{size / sizeof(capnp::word) + 64, 0});
+      request.setContext(context);
+      request.setImage(kj::arrayPtr(static_cast<const kj::byte*>(image), size));
+      return request.send().then([](auto response) {
+        return ModuleReply{toResult(response.getResult()), response.getModule()};
+      });
     });
-  });
+  }
   if (reply.result != CUDA_SUCCESS) return reply.result;
   runtime.addModule(reply.module, context);
   *module = toHandle<CUmodule>(reply.module);

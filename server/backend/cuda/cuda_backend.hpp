@@ -1,5 +1,5 @@
 #pragma once
-// The `cuda` backend: the real CUDA driver, loaded with dlopen at run time (DESIGN §2).
+// The `cuda` backend: the real CUDA driver, loaded with dlopen at run time.
 
 #include <memory>
 #include <string>
