@@ -51,7 +51,11 @@ std::vector<Type> Qualifiers::takeTypes() {
   std::vector<Type> types;
   for (std::size_t i = 0; i < words_.size(); ++i) {
     if (taken_[i]) continue;
-    const Type type = parseType("." + std::string(words_[i]));
+    // Built by append: GCC 12 at -O3 misreads `"." + std::string(word)` as an overlapping copy
+    // (-Wrestrict), which stops a Release build with warnings as errors.
+    std::string word(1, '.');
+    word.append(words_[i]);
+    const Type type = parseType(word);
     if (type != Type::kNone) {
       types.push_back(type);
       taken_[i] = true;
