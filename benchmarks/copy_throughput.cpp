@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
                cell(d2hPageable, copyRate), cell(h2dPinned, copyRate), cell(d2hPinned, copyRate)});
   }
   table.print();
-  std::printf("\nissue 3 targets at 64 MiB: pageable >= 50%% of memcpy, pinned >= 90%%.\n");
+  std::printf("\ntargets at 64 MiB: pageable >= 50%% of memcpy, pinned >= 90%%.\n");
 
   CHECK(cuMemFree(deviceBuffer));
   CHECK(cuMemFreeHost(pinned));

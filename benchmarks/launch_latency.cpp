@@ -307,7 +307,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nclock overhead (two back-to-back steady_clock reads, median): %s ns; "
-      "issue 3 target: <= 300 ns median through the stub.\n",
+      "target: <= 300 ns median through the stub.\n",
       formatNs(clockOverheadNs()).c_str());
   return 0;
 }

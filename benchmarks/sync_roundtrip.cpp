@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
   table.print();
   std::printf(
       "\nclock overhead (two back-to-back steady_clock reads, median): %s ns; "
-      "issue 3 targets: <= 2 us with the daemon spinning, <= 30 us from sleep. "
+      "targets: <= 2 us with the daemon spinning, <= 30 us from sleep. "
       "The shared-memory ping-pong floor is ipc_pingpong.\n",
       formatNs(clockOverheadNs()).c_str());
   return 0;

@@ -154,15 +154,12 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
   });
 }
 
-void GpuClient::releaseAllocationMemory(CUdeviceptr pointer, const Allocation& allocation) {
-  CUresult freed = worker_.free(pointer, allocation.occupied);
+void GpuClient::releaseAllocationMemory(CUdeviceptr pointer, const Allocation& /*allocation*/) {
+  CUresult freed = worker_.free(pointer);
   if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
     spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), pointer,
                   stats_->identity.pid, static_cast<int>(freed));
   }
-  memoryUsed_ -= allocation.occupied;
-  stats_->memoryUsed -= allocation.occupied;
-  stats_->tenant->credit(worker_.index(), allocation.occupied);
 }
 
 void GpuClient::destroyContextNow(Handle context) {
@@ -171,8 +168,7 @@ void GpuClient::destroyContextNow(Handle context) {
   std::erase_if(functions_, [&](const auto& entry) { return entry.second.context == context; });
   for (auto it = modules_.begin(); it != modules_.end();) {
     if (it->second.context == context) {
-      releaseModuleMemory(it->second);
-      it = modules_.erase(it);
+      it = modules_.erase(it);  // its charge goes with it
     } else {
       ++it;
     }
@@ -432,8 +428,7 @@ std::uint64_t GpuClient::abandon() {
   }
   // No kernel of this client is left to run, so its modules can go too.
   functions_.clear();
-  for (auto& [handle, module] : modules_) releaseModuleMemory(module);
-  modules_.clear();
+  modules_.clear();  // and their charges
   return before - memoryUsed_;
 }
 
@@ -527,22 +522,17 @@ backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t b
   // The tenant's limit is checked before anything reaches the device, against what the
   // allocation will occupy there: a tenant of many tiny allocations pays for every rounded one.
   const std::uint64_t occupied = worker_.occupiedBytes(bytes);
-  Tenant& tenant = *stats_->tenant;
-  if (!tenant.tryCharge(worker_.index(), occupied)) {
+  auto charge = MemoryCharge::take(ledger(), occupied, MemoryCharge::Kind::kAllocation);
+  if (!charge) {
     spdlog::info(
         "device {}: pid {} of tenant '{}' asked for {} bytes ({} on the device) beyond "
         "its limit",
-        worker_.index(), stats_->identity.pid, tenant.name(), bytes, occupied);
+        worker_.index(), stats_->identity.pid, stats_->tenant->name(), bytes, occupied);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   auto pointer = worker_.allocate(bytes, stats_->addressSpace);
-  if (!pointer.ok()) {
-    tenant.credit(worker_.index(), occupied);
-    return pointer.code();
-  }
-  allocations_[pointer.value()] = Allocation{bytes, occupied, context};
-  memoryUsed_ += occupied;
-  stats_->memoryUsed += occupied;
+  if (!pointer.ok()) return pointer.code();  // the charge goes back with `charge`
+  allocations_.emplace(pointer.value(), Allocation{bytes, context, std::move(*charge)});
   return pointer.value();
 }
 
@@ -553,12 +543,8 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
   return drainStreams(0).then([this, pointer](CUresult) {
     auto found = allocations_.find(pointer);
     if (found == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
-    const std::uint64_t occupied = found->second.occupied;
-    CUresult freed = worker_.free(pointer, occupied);
-    allocations_.erase(found);
-    memoryUsed_ -= occupied;
-    stats_->memoryUsed -= occupied;
-    stats_->tenant->credit(worker_.index(), occupied);
+    CUresult freed = worker_.free(pointer);
+    allocations_.erase(found);  // and its charge
     return freed;
   });
 }
@@ -708,17 +694,14 @@ backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const st
   if (!loaded.ok()) return loaded.code();
   // Module memory counts against the tenant like an allocation; its size is only known once the
   // module is loaded, so an over-limit module is unloaded again at once.
-  std::uint64_t bytes = loaded.value()->deviceBytes();
-  if (!stats_->tenant->tryCharge(worker_.index(), bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  worker_.chargeModule(bytes);
-  memoryUsed_ += bytes;
-  stats_->memoryUsed += bytes;
-  stats_->moduleBytes += bytes;
+  auto charge =
+      MemoryCharge::take(ledger(), loaded.value()->deviceBytes(), MemoryCharge::Kind::kModule);
+  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
   Handle handle = newHandle(HandleKind::kModule);
   Module& module = modules_[handle];
   module.context = context;
   module.module = std::move(loaded).value();
-  module.deviceBytes = bytes;
+  module.charge.emplace(std::move(*charge));
   module.hold = std::move(*hold);
   return handle;
 }
@@ -727,17 +710,12 @@ CUresult GpuClient::unloadModule(Handle module) {
   auto found = modules_.find(module);
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
   std::erase_if(functions_, [&](const auto& entry) { return entry.second.module == module; });
-  releaseModuleMemory(found->second);
-  modules_.erase(found);
+  modules_.erase(found);  // and its charge
   return CUDA_SUCCESS;
 }
 
-void GpuClient::releaseModuleMemory(const Module& module) {
-  worker_.creditModule(module.deviceBytes);
-  memoryUsed_ -= module.deviceBytes;
-  stats_->memoryUsed -= module.deviceBytes;
-  stats_->moduleBytes -= module.deviceBytes;
-  stats_->tenant->credit(worker_.index(), module.deviceBytes);
+MemoryLedger GpuClient::ledger() {
+  return MemoryLedger{stats_, worker_.index(), &memoryUsed_, &worker_.memoryCount()};
 }
 
 backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::string& name) {

@@ -12,6 +12,7 @@
 #include "server/backend/backend.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/handles.hpp"
+#include "server/gpu/memory_charge.hpp"
 
 #include <kj/async.h>
 
@@ -170,7 +171,7 @@ private:
     Handle context = 0;
     std::unique_ptr<backend::Module> module;
     std::map<std::string, Handle> functionsByName;
-    std::uint64_t deviceBytes = 0;  // charged to the tenant while loaded
+    std::optional<MemoryCharge> charge;  // its device memory, while loaded
     TenantObjectHold hold;
   };
   struct Function {
@@ -179,9 +180,9 @@ private:
     backend::Function* function = nullptr;
   };
   struct Allocation {
-    std::uint64_t bytes = 0;     // as asked for: the range the client may use
-    std::uint64_t occupied = 0;  // what it takes from the device: charged to the tenant
+    std::uint64_t bytes = 0;  // as asked for: the range the client may use
     Handle context = 0;
+    MemoryCharge charge;  // what it takes from the device (Device::occupiedBytes)
   };
   // Where an operation goes: a backend stream plus the legacy-stream bookkeeping to apply.
   struct Target {
@@ -223,7 +224,8 @@ private:
   // that reported it.
   kj::Promise<CUresult> noteCompletion(Handle context, Handle stream, std::uint64_t queued,
                                        kj::Promise<CUresult> status);
-  void releaseModuleMemory(const Module& module);
+  // Where this client's memory charges on this GPU are recorded (server/gpu/memory_charge.hpp).
+  MemoryLedger ledger();
   // Frees one allocation on the device and credits it (the caller drops it from allocations_).
   void releaseAllocationMemory(CUdeviceptr pointer, const Allocation& allocation);
   // Frees every resource of `context` and forgets it. Its work must have drained.
@@ -237,13 +239,15 @@ private:
   std::optional<Handle> primaryContext_;
   unsigned primaryFlags_ = 0;
   unsigned primaryRefcount_ = 0;
+  // Device memory held here, written only by this client's MemoryCharges (declared before the
+  // maps that hold them, so it outlives them).
+  std::uint64_t memoryUsed_ = 0;
   std::map<Handle, Context> contexts_;
   std::map<Handle, Stream> streams_;
   std::map<Handle, Event> events_;
   std::map<Handle, Module> modules_;
   std::map<Handle, Function> functions_;
   std::map<CUdeviceptr, Allocation> allocations_;
-  std::uint64_t memoryUsed_ = 0;
 };
 
 }  // namespace gpuproxy::server

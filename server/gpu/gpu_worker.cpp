@@ -32,17 +32,13 @@ void GpuWorker::detach(GpuClient& client) {
 }
 
 backend::Result<CUdeviceptr> GpuWorker::allocate(std::size_t bytes, backend::AddressSpace owner) {
-  auto pointer = device_->allocate(bytes, owner);
-  if (pointer.ok()) memoryUsed_ += device_->occupiedBytes(bytes);
-  return pointer;
+  return device_->allocate(bytes, owner);
 }
 
-CUresult GpuWorker::free(CUdeviceptr pointer, std::uint64_t occupied) {
-  CUresult result = device_->free(pointer);
-  // Accounting follows what the client held, even when a poisoned context refuses the free: the
-  // memory comes back with the context reset.
-  memoryUsed_ -= occupied;
-  return result;
+CUresult GpuWorker::free(CUdeviceptr pointer) {
+  // Accounting follows what the client held (its MemoryCharge goes with the allocation), even
+  // when a poisoned context refuses the free: the memory comes back with the context reset.
+  return device_->free(pointer);
 }
 
 void GpuWorker::noteKernelStatus(CUresult status, pid_t pid) {

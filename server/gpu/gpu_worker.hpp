@@ -44,14 +44,15 @@ public:
   std::unique_ptr<GpuClient> openClient(std::shared_ptr<ClientStats> stats);
 
   // Device memory, charged to the daemon's accounting when it is handed out.
-  // Accounts what the allocation occupies (occupiedBytes); `free` takes that amount back.
+  // Device memory for a client; what it costs is charged by the caller's MemoryCharge.
   backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner);
-  CUresult free(CUdeviceptr pointer, std::uint64_t occupied);
+  CUresult free(CUdeviceptr pointer);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
   std::uint64_t memoryUsed() const { return memoryUsed_; }
   // Modules take device memory the backend allocates itself; the accounting still covers it.
-  void chargeModule(std::uint64_t bytes) { memoryUsed_ += bytes; }
-  void creditModule(std::uint64_t bytes) { memoryUsed_ -= bytes; }
+  // The device's total in the memory ledger (server/gpu/memory_charge.hpp): every client's
+  // allocations and modules on it, written only by their MemoryCharges.
+  std::uint64_t& memoryCount() { return memoryUsed_; }
   backend::MemoryInfo memoryInfo() { return device_->memoryInfo(); }
 
   std::size_t clientCount() const { return clients_.size(); }

@@ -210,6 +210,21 @@ TEST_P(ObjectCaps, CreatingPastTheCapFailsAndTheRestGoesWithTheClient) {
 INSTANTIATE_TEST_SUITE_P(Kinds, ObjectCaps,
                          ::testing::Values("context", "stream", "event", "module"));
 
+// SIGTERM stops the daemon (detaching and reclaiming every client) even while a client holds as
+// many streams as its tenant may have; a daemon that did not stop would be killed after 30 s.
+TEST_F(HostileTenants, ShutdownCompletesWhileAClientHoldsThousandsOfStreams) {
+  std::unique_ptr<Child> attacker =
+      daemon_->startClientOn(mallory_, "hostile_client", {"create-flood", "stream", "100000"});
+  ASSERT_TRUE(eventually([&] { return attacker->output().find("holding") != std::string::npos; },
+                         std::chrono::seconds(60)))
+      << attacker->output() << attacker->errors() << daemon_->log();
+  EXPECT_EQ(answers(attacker->output())["created"], "8192") << attacker->output();
+  const ExitStatus stopped = daemon_->stop();
+  EXPECT_TRUE(stopped.exitedWith(0)) << stopped.code << " " << stopped.signal << daemon_->log();
+  attacker->signal(SIGKILL);
+  attacker->wait();
+}
+
 // Work queued behind a kernel that never ends costs the daemon a bounded amount of memory: once
 // the attacker has 4096 operations queued, the daemon stops reading its ring and its calls wait
 // there, alice is served meanwhile, and killing the attacker frees all of it.
