@@ -10,6 +10,13 @@ using Fulfiller = kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>;
 
 // backend callbacks are std::function, which must be copyable; the fulfiller is move-only, so the
 // callback holds it through a shared_ptr. Exactly one copy ever runs.
+//
+// Invisible to ThreadSanitizer (tests/tsan.supp): the backend's thread writes the result into
+// kj's cross-thread promise (XThreadFulfiller::fulfill, inline in kj's headers, so instrumented)
+// and then publishes it with an atomic state change inside libkj-async; the event-loop thread
+// reads the result (XThreadPafImpl::get) only after seeing that state inside libkj-async. That
+// release/acquire pair is correct, but Debian's libkj is not built with -fsanitize=thread, so TSan
+// sees the two accesses without the ordering between them.
 backend::CompletionCallback fulfillWith(Fulfiller fulfiller) {
   auto shared = std::make_shared<Fulfiller>(kj::mv(fulfiller));
   return [shared](CUresult status) { (*shared)->fulfill(kj::mv(status)); };
