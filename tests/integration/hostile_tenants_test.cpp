@@ -154,7 +154,8 @@ TEST_F(HostileTenants, ModuleImagesOfAnySizeTheLimitAllowsLoadInPieces) {
       << tooBig->output() << tooBig->errors() << daemon_->log();
   EXPECT_EQ(answers(tooBig->output())["cuModuleLoadData"], "CUDA_ERROR_OUT_OF_MEMORY")
       << tooBig->output() << tooBig->errors();
-  EXPECT_LT(usageOf(daemon_->pid()).residentBytes, before + 16 * kMiB);
+  // Nothing of the refused image is held (the margin is for AddressSanitizer's quarantine).
+  EXPECT_LT(usageOf(daemon_->pid()).residentBytes, before + 64 * kMiB);
 
   expectAliceIsServed();
   fits->signal(SIGKILL);
@@ -246,11 +247,13 @@ TEST_P(QueueFlood, StopsAtTheBoundOnQueuedWorkWhileOthersAreServed) {
       << daemon_->status().dump(2);
 
   // It keeps calling as fast as it can; the daemon takes nothing more from it. (Unbounded, each
-  // call cost the daemon about a hundred bytes: a gigabyte in seconds.)
+  // call cost the daemon about a hundred bytes: 300 MB a second. The margin is for the daemon's
+  // own churn, which under AddressSanitizer grows the resident set by ~10 MB a second while
+  // freed memory sits in its quarantine.)
   const std::uint64_t atBound = usageOf(daemon_->pid()).residentBytes;
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const std::uint64_t later = usageOf(daemon_->pid()).residentBytes;
-  EXPECT_LT(later, atBound + (std::uint64_t{16} << 20)) << atBound << " -> " << later;
+  EXPECT_LT(later, atBound + (std::uint64_t{64} << 20)) << atBound << " -> " << later;
   const nlohmann::json client = clientWithPid(attacker->pid());
   ASSERT_FALSE(client.is_null());
   EXPECT_EQ(client["queued_operations"], kMaxQueued) << client.dump(2);
