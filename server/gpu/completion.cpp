@@ -1,5 +1,7 @@
 #include "server/gpu/completion.hpp"
 
+#include <atomic>
+#include <memory>
 #include <utility>
 
 namespace gpuproxy::server {
@@ -8,33 +10,49 @@ namespace {
 
 using Fulfiller = kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>>;
 
+// What the backend's thread did before the callback (a copy's bytes written into host memory,
+// say) must be visible to the event loop once the promise resolves. kj's cross-thread promise
+// orders it, with atomics inside libkj-async; this release store and the acquire load in
+// `handedOver` make the same ordering explicit in our own code, where ThreadSanitizer can see it
+// (Debian's libkj is not instrumented).
+using HandOff = std::shared_ptr<std::atomic<bool>>;
+
 // backend callbacks are std::function, which must be copyable; the fulfiller is move-only, so the
 // callback holds it through a shared_ptr. Exactly one copy ever runs.
 //
-// Invisible to ThreadSanitizer (tests/tsan.supp): the backend's thread writes the result into
-// kj's cross-thread promise (XThreadFulfiller::fulfill, inline in kj's headers, so instrumented)
-// and then publishes it with an atomic state change inside libkj-async; the event-loop thread
-// reads the result (XThreadPafImpl::get) only after seeing that state inside libkj-async. That
-// release/acquire pair is correct, but Debian's libkj is not built with -fsanitize=thread, so TSan
-// sees the two accesses without the ordering between them.
-backend::CompletionCallback fulfillWith(Fulfiller fulfiller) {
+// Still invisible to ThreadSanitizer (tests/tsan.supp): kj's own hand-off of the result, written
+// by XThreadFulfiller::fulfill and read by XThreadPafImpl::get (inline in kj's headers, so
+// instrumented) and ordered only by the atomic state change inside libkj-async.
+backend::CompletionCallback fulfillWith(Fulfiller fulfiller, HandOff handOff) {
   auto shared = std::make_shared<Fulfiller>(kj::mv(fulfiller));
-  return [shared](CUresult status) { (*shared)->fulfill(kj::mv(status)); };
+  return [shared, handOff](CUresult status) {
+    handOff->store(true, std::memory_order_release);
+    (*shared)->fulfill(kj::mv(status));
+  };
+}
+
+kj::Promise<CUresult> handedOver(kj::Promise<CUresult> promise, HandOff handOff) {
+  return promise.then([handOff](CUresult status) {
+    (void)handOff->load(std::memory_order_acquire);
+    return status;
+  });
 }
 
 }  // namespace
 
 kj::Promise<CUresult> whenStreamDone(backend::Stream& stream) {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
-  CUresult queued = stream.addCallback(fulfillWith(kj::mv(paf.fulfiller)));
+  auto handOff = std::make_shared<std::atomic<bool>>(false);
+  CUresult queued = stream.addCallback(fulfillWith(kj::mv(paf.fulfiller), handOff));
   if (queued != CUDA_SUCCESS) return queued;
-  return kj::mv(paf.promise);
+  return handedOver(kj::mv(paf.promise), handOff);
 }
 
 kj::Promise<CUresult> whenEventDone(backend::Event& event) {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
-  event.whenComplete(fulfillWith(kj::mv(paf.fulfiller)));
-  return kj::mv(paf.promise);
+  auto handOff = std::make_shared<std::atomic<bool>>(false);
+  event.whenComplete(fulfillWith(kj::mv(paf.fulfiller), handOff));
+  return handedOver(kj::mv(paf.promise), handOff);
 }
 
 kj::Promise<CUresult> firstError(kj::Array<kj::Promise<CUresult>> statuses) {
