@@ -161,6 +161,12 @@ interface Session {
   appendModuleImage @24 (upload :UInt64, piece :Data, stagingOffset :UInt64, stagingBytes :UInt64)
       -> (result :Int32);
   loadModuleImage @25 (upload :UInt64) -> (result :Int32, module :UInt64);
+
+  # A module-scope variable (__device__, __constant__) of `module` by its mangled name: where it
+  # lies and how many bytes it spans (cuModuleGetGlobal). Its range counts as the client's own
+  # memory for copies and memsets while the module is loaded. CUDA_ERROR_NOT_FOUND when the
+  # module has no variable of that name.
+  getGlobal @26 (module :UInt64, name :Text) -> (result :Int32, pointer :UInt64, bytes :UInt64);
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,10 @@ inline std::uint64_t currentContext() {
 // Forgets the calling thread's per-thread default stream of `context` (the daemon dropped it).
 void forgetPerThreadStream(std::uint64_t context);
 
+// Runs and drops the runtime's context-local storage of `context` (cuGetExportTable), when the
+// context is destroyed or reset.
+void releaseContextLocalStorage(std::uint64_t context);
+
 // ---- streams ---------------------------------------------------------------------------------
 
 // What the NULL stream means to an entry point: the context's legacy stream, or (for the _ptds

@@ -482,11 +482,15 @@ std::optional<std::uint64_t> Runtime::moduleContext(std::uint64_t module) const 
 }
 
 void Runtime::forgetModule(std::uint64_t module) {
-  std::lock_guard lock(tablesMutex_);
-  modules_.erase(module);
-  for (auto it = functions_.begin(); it != functions_.end();) {
-    it = it->second->module == module ? functions_.erase(it) : std::next(it);
+  {
+    std::lock_guard lock(tablesMutex_);
+    modules_.erase(module);
+    for (auto it = functions_.begin(); it != functions_.end();) {
+      it = it->second->module == module ? functions_.erase(it) : std::next(it);
+    }
   }
+  std::lock_guard lock(allocationsMutex_);
+  std::erase_if(allocations_, [module](const auto& entry) { return entry.second.module == module; });
 }
 
 void Runtime::addFunction(std::uint64_t function, std::shared_ptr<const KernelRecord> record) {
@@ -506,6 +510,12 @@ std::shared_ptr<const KernelRecord> Runtime::function(std::uint64_t function) co
 void Runtime::addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context) {
   std::lock_guard lock(allocationsMutex_);
   allocations_[pointer] = Allocation{bytes, context};
+}
+
+void Runtime::addModuleVariable(std::uint64_t pointer, std::uint64_t bytes,
+                                std::uint64_t context, std::uint64_t module) {
+  std::lock_guard lock(allocationsMutex_);
+  allocations_[pointer] = Allocation{bytes, context, module};
 }
 
 void Runtime::forgetAllocation(std::uint64_t pointer) {

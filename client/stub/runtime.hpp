@@ -171,6 +171,10 @@ public:
   // Device allocations this process made (cuMemAlloc), so that copies and memsets can be refused
   // synchronously, as the daemon would, before they go into the ring. The daemon checks again.
   void addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context);
+  // A module variable the daemon named (cuModuleGetGlobal): copies to and from it are allowed
+  // while its module is loaded.
+  void addModuleVariable(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
+                         std::uint64_t module);
   void forgetAllocation(std::uint64_t pointer);
   // Whether [pointer, pointer + bytes) lies inside one of this process's allocations.
   bool ownsRange(std::uint64_t pointer, std::uint64_t bytes) const;
@@ -217,6 +221,7 @@ private:
   struct Allocation {
     std::uint64_t bytes = 0;
     std::uint64_t context = 0;
+    std::uint64_t module = 0;  // the module of a module variable; 0 for cuMemAlloc memory
   };
   mutable std::shared_mutex allocationsMutex_;
   std::map<std::uint64_t, Allocation> allocations_;  // by start address

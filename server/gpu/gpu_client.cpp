@@ -168,6 +168,7 @@ void GpuClient::destroyContextNow(Handle context) {
   std::erase_if(functions_, [&](const auto& entry) { return entry.second.context == context; });
   for (auto it = modules_.begin(); it != modules_.end();) {
     if (it->second.context == context) {
+      forgetModuleVariables(it->second);
       it = modules_.erase(it);  // its charge goes with it
     } else {
       ++it;
@@ -353,7 +354,9 @@ void GpuClient::forgetCompleted(Touches& touches, std::uint64_t done) {
 
 CUdeviceptr GpuClient::allocationOf(CUdeviceptr pointer) const {
   auto after = allocations_.upper_bound(pointer);
-  return after == allocations_.begin() ? 0 : std::prev(after)->first;
+  if (after == allocations_.begin()) return 0;
+  auto allocation = std::prev(after);
+  return pointer - allocation->first < allocation->second.bytes ? allocation->first : 0;
 }
 
 void GpuClient::noteKernelTouches(const Target& target) {
@@ -428,6 +431,7 @@ std::uint64_t GpuClient::abandon() {
   }
   // No kernel of this client is left to run, so its modules can go too.
   functions_.clear();
+  moduleVariables_.clear();
   modules_.clear();  // and their charges
   return before - memoryUsed_;
 }
@@ -509,11 +513,16 @@ bool GpuClient::ownsAllocation(CUdeviceptr pointer) const {
 }
 
 bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
-  auto after = allocations_.upper_bound(pointer);
-  if (after == allocations_.begin()) return false;
-  auto allocation = std::prev(after);
-  std::uint64_t offset = pointer - allocation->first;
-  return offset < allocation->second.bytes && bytes <= allocation->second.bytes - offset;
+  auto within = [pointer, bytes](const auto& ranges, auto sizeOf) {
+    auto after = ranges.upper_bound(pointer);
+    if (after == ranges.begin()) return false;
+    auto range = std::prev(after);
+    const std::uint64_t size = sizeOf(range->second);
+    const std::uint64_t offset = pointer - range->first;
+    return offset < size && bytes <= size - offset;
+  };
+  return within(allocations_, [](const Allocation& allocation) { return allocation.bytes; }) ||
+         within(moduleVariables_, [](std::uint64_t size) { return size; });
 }
 
 backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t bytes) {
@@ -706,12 +715,37 @@ backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const st
   return handle;
 }
 
-CUresult GpuClient::unloadModule(Handle module) {
+kj::Promise<CUresult> GpuClient::unloadModule(Handle module) {
+  if (modules_.count(module) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  // Kernels keep their module's code alive themselves, but a queued copy or memset into one of
+  // its variables does not: the memory is given back only once the client's work has drained.
+  return drainStreams(0).then([this, module](CUresult) {
+    auto found = modules_.find(module);
+    if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;  // unloaded meanwhile
+    std::erase_if(functions_, [&](const auto& entry) { return entry.second.module == module; });
+    forgetModuleVariables(found->second);
+    modules_.erase(found);  // and its charge
+    return CUDA_SUCCESS;
+  });
+}
+
+void GpuClient::forgetModuleVariables(const Module& module) {
+  for (const backend::GlobalVariable& variable : module.variablesLookedUp) {
+    moduleVariables_.erase(variable.address);
+  }
+}
+
+backend::Result<backend::GlobalVariable> GpuClient::global(Handle module,
+                                                           const std::string& name) {
   auto found = modules_.find(module);
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
-  std::erase_if(functions_, [&](const auto& entry) { return entry.second.module == module; });
-  modules_.erase(found);  // and its charge
-  return CUDA_SUCCESS;
+  auto variable = found->second.module->global(name);
+  if (!variable.ok()) return variable.code();
+  if (variable.value().bytes > 0 && moduleVariables_.count(variable.value().address) == 0) {
+    moduleVariables_.emplace(variable.value().address, variable.value().bytes);
+    found->second.variablesLookedUp.push_back(variable.value());
+  }
+  return variable.value();
 }
 
 MemoryLedger GpuClient::ledger() {

@@ -98,8 +98,11 @@ public:
 
   // Modules and kernels.
   backend::Result<Handle> loadModule(Handle context, std::span<const std::byte> image);
-  CUresult unloadModule(Handle module);
+  // Waits for the client's queued work first: a copy into the module's variables may be pending.
+  kj::Promise<CUresult> unloadModule(Handle module);
   backend::Result<FunctionHandle> function(Handle module, const std::string& name);
+  // A module-scope variable; from then on its range is the client's for copies and memsets.
+  backend::Result<backend::GlobalVariable> global(Handle module, const std::string& name);
   CUresult launchKernel(Handle context, Handle function, const backend::LaunchConfig& config,
                         Handle stream, std::span<const std::byte> parameters);
 
@@ -171,6 +174,7 @@ private:
     Handle context = 0;
     std::unique_ptr<backend::Module> module;
     std::map<std::string, Handle> functionsByName;
+    std::vector<backend::GlobalVariable> variablesLookedUp;  // in moduleVariables_ too
     std::optional<MemoryCharge> charge;  // its device memory, while loaded
     TenantObjectHold hold;
   };
@@ -200,6 +204,7 @@ private:
   // The backend streams of `context` (every context when 0).
   std::vector<backend::Stream*> streamsOf(Handle context);
   kj::Promise<CUresult> drainStreams(Handle context);
+  // Inside one allocation, or inside one module variable the client has looked up.
   bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
   // Whether a blocking stream of `context` has work the NULL stream has not waited for yet.
   bool blockingWorkUnseen(Handle context) const;
@@ -216,8 +221,11 @@ private:
   static void boundTouches(Touches& touches);
   // Forgets what operations up to `done` on `touches`' stream touch: they have completed.
   static void forgetCompleted(Touches& touches, std::uint64_t done);
-  // The start of the allocation holding `pointer` (which must lie in one).
+  // The start of the allocation holding `pointer`, or 0 when it lies in none (a module variable:
+  // what touches it counts as touching anything, as a kernel does).
   CUdeviceptr allocationOf(CUdeviceptr pointer) const;
+  // Drops a module's variables from moduleVariables_.
+  void forgetModuleVariables(const Module& module);
   // Resolves as `status` does, first noting that the operations of stream (`context`, `stream`)
   // up to `queued` have completed, so that a query answered after this promise (the client
   // waited for it) finds the stream idle even while the backend is still running the callback
@@ -248,6 +256,8 @@ private:
   std::map<Handle, Module> modules_;
   std::map<Handle, Function> functions_;
   std::map<CUdeviceptr, Allocation> allocations_;
+  // Module variables looked up (getGlobal), by address: their sizes. Their memory is the module's.
+  std::map<CUdeviceptr, std::uint64_t> moduleVariables_;
 };
 
 }  // namespace gpuproxy::server

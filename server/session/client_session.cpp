@@ -275,8 +275,26 @@ kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
 
 kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {
   std::uint64_t handle = context.getParams().getModule();
-  return answerNow(context, clientFor(handle, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
-                   [&](GpuClient& client) { return client.unloadModule(handle); });
+  return answerWhenDone(context, clientFor(handle, HandleKind::kModule),
+                        CUDA_ERROR_INVALID_HANDLE,
+                        [&](GpuClient& client) { return client.unloadModule(handle); });
+}
+
+kj::Promise<void> ClientSession::getGlobal(GetGlobalContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getModule(), HandleKind::kModule);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_HANDLE);
+    return kj::READY_NOW;
+  }
+  auto variable = client->global(params.getModule(), std::string(params.getName().cStr()));
+  results.setResult(variable.code());
+  if (variable.ok()) {
+    results.setPointer(variable.value().address);
+    results.setBytes(variable.value().bytes);
+  }
+  return kj::READY_NOW;
 }
 
 kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {

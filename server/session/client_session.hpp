@@ -70,6 +70,7 @@ protected:
   kj::Promise<void> beginModuleImage(BeginModuleImageContext context) override;
   kj::Promise<void> appendModuleImage(AppendModuleImageContext context) override;
   kj::Promise<void> loadModuleImage(LoadModuleImageContext context) override;
+  kj::Promise<void> getGlobal(GetGlobalContext context) override;
 
 private:
   class MessagePort;

@@ -62,6 +62,7 @@ CUresult destroyContext(const char* entryPoint, CUcontext ctx) {
     if (result != CUDA_SUCCESS) return result;
     runtime.forgetContextResources(context, /*destroyed=*/true);
     runtime.commands().contextGone(context);
+    gpuproxy::stub::releaseContextLocalStorage(context);
     gpuproxy::stub::forgetPerThreadStream(context);
     auto& stack = contextStack();
     if (!stack.empty() && stack.back() == context) stack.pop_back();
@@ -95,6 +96,7 @@ void primaryContextWiped(Runtime& runtime, CUdevice dev) {
   if (auto context = runtime.primaryContext(static_cast<std::uint32_t>(dev))) {
     runtime.forgetContextResources(*context, /*destroyed=*/false);
     runtime.commands().contextGone(*context);
+    gpuproxy::stub::releaseContextLocalStorage(*context);
   }
 }
 
@@ -309,9 +311,15 @@ GPUPROXY_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
 }
 
 GPUPROXY_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
+  return cuCtxGetDevice_v2(device, nullptr);
+}
+
+// A null context names the calling thread's current one.
+GPUPROXY_EXPORT CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<ContextRecord> record = runtime.context(currentContext());
+    const std::uint64_t named = handleValue(ctx);
+    std::optional<ContextRecord> record = runtime.context(named != 0 ? named : currentContext());
     if (!record) return CUDA_ERROR_INVALID_CONTEXT;
     *device = static_cast<CUdevice>(record->device);
     return CUDA_SUCCESS;
@@ -332,9 +340,14 @@ GPUPROXY_EXPORT CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* gr
 }
 
 GPUPROXY_EXPORT CUresult cuCtxSynchronize(void) {
+  return cuCtxSynchronize_v2(nullptr);
+}
+
+// A null context names the calling thread's current one.
+GPUPROXY_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   return guarded(__func__, [&](Runtime& runtime) {
-    const std::uint64_t context = currentContext();
-    if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const std::uint64_t context = ctx != nullptr ? handleValue(ctx) : currentContext();
+    if (context == 0 || !runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
     return runtime.commands().synchronize(
         context, gpuproxy::protocol::ring::SynchronizeKind::kContext, 0, /*query=*/false);
   });

@@ -100,6 +100,43 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
   });
 }
 
+// cuMemcpy and cuMemcpyAsync: with unified addressing the direction follows from the pointers.
+// An address inside one of this process's device allocations is device memory; any other is
+// host memory (pinned or pageable, which the host-side copies tell apart themselves). A host to
+// host copy waits for the stream's earlier work, as the driver orders it, and copies here.
+CUresult memcpyUnified(const char* entryPoint, CUdeviceptr dst, CUdeviceptr src, size_t byteCount,
+                       CUstream stream, NullStream nullStream, bool blocking) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    const bool dstOnDevice = runtime.ownsRange(dst, 1);
+    const bool srcOnDevice = runtime.ownsRange(src, 1);
+    void* dstHost = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst));
+    const void* srcHost = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(src));
+    if (dstOnDevice && srcOnDevice) {
+      return memcpyDtoD(entryPoint, dst, src, byteCount, stream, nullStream);
+    }
+    if (dstOnDevice) {
+      return memcpyHtoD(entryPoint, dst, srcHost, byteCount, stream, nullStream, blocking);
+    }
+    if (srcOnDevice) {
+      return memcpyDtoH(entryPoint, dstHost, src, byteCount, stream, nullStream, blocking);
+    }
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    if (byteCount == 0) return CUDA_SUCCESS;
+    if (dstHost == nullptr || srcHost == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult drained = runtime.commands().synchronize(
+            target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
+        drained != CUDA_SUCCESS) {
+      return drained;
+    }
+    std::memmove(dstHost, srcHost, byteCount);
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint32_t value,
                         std::uint8_t elementSize, size_t count, CUstream stream,
                         NullStream nullStream) {
@@ -254,41 +291,101 @@ CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned 
 
 // ---- device memory ---------------------------------------------------------------------------
 
+namespace {
+
+CUresult allocateIn(Runtime& runtime, std::uint64_t context, size_t bytesize, CUdeviceptr* dptr) {
+  struct Reply {
+    CUresult result;
+    std::uint64_t pointer;
+  };
+  Reply reply = runtime.call([&](Session::Client& session) {
+    auto request = session.memAllocRequest();
+    request.setContext(context);
+    request.setBytes(bytesize);
+    return request.send().then([](auto response) {
+      return Reply{toResult(response.getResult()), response.getPointer()};
+    });
+  });
+  if (reply.result != CUDA_SUCCESS) return reply.result;
+  runtime.addAllocation(reply.pointer, bytesize, context);
+  *dptr = static_cast<CUdeviceptr>(reply.pointer);
+  return CUDA_SUCCESS;
+}
+
+// The daemon frees once the work this process queued before has drained, and answers then.
+CUresult freeAllocation(Runtime& runtime, CUdeviceptr dptr) {
+  CUresult result = runtime.call([&](Session::Client& session) {
+    auto request = session.memFreeRequest();
+    request.setPointer(dptr);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+  if (result == CUDA_SUCCESS) runtime.forgetAllocation(dptr);
+  return result;
+}
+
+// cuMemAllocAsync and cuMemFreeAsync, on the default pool of the stream's device. The memory is
+// the tenant's like any other allocation. Allocating at once is a legal schedule of "usable in
+// stream order"; freeing waits, as cuMemFree does, for this process's earlier work, so the call
+// returns later than CUDA's would, never earlier than is safe.
+CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t bytesize,
+                          CUstream stream, NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    return allocateIn(runtime, target.context, bytesize, dptr);
+  });
+}
+
+CUresult freeOnStream(const char* entryPoint, CUdeviceptr dptr, CUstream stream,
+                      NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    return freeAllocation(runtime, dptr);
+  });
+}
+
+}  // namespace
+
 GPUPROXY_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    struct Reply {
-      CUresult result;
-      std::uint64_t pointer;
-    };
-    Reply reply = runtime.call([&](Session::Client& session) {
-      auto request = session.memAllocRequest();
-      request.setContext(context);
-      request.setBytes(bytesize);
-      return request.send().then([](auto response) {
-        return Reply{toResult(response.getResult()), response.getPointer()};
-      });
-    });
-    if (reply.result != CUDA_SUCCESS) return reply.result;
-    runtime.addAllocation(reply.pointer, bytesize, context);
-    *dptr = static_cast<CUdeviceptr>(reply.pointer);
-    return CUDA_SUCCESS;
+    return allocateIn(runtime, context, bytesize, dptr);
   });
 }
 
 GPUPROXY_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (dptr == 0) return CUDA_SUCCESS;  // as the driver does
-    CUresult result = runtime.call([&](Session::Client& session) {
-      auto request = session.memFreeRequest();
-      request.setPointer(dptr);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
-    if (result == CUDA_SUCCESS) runtime.forgetAllocation(dptr);
-    return result;
+    return freeAllocation(runtime, dptr);
   });
+}
+
+GPUPROXY_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return allocateOnStream(__func__, dptr, bytesize, hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                              CUstream hStream) {
+  return allocateOnStream(__func__, dptr, bytesize, hStream, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return freeOnStream(__func__, dptr, hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return freeOnStream(__func__, dptr, hStream, NullStream::kPerThread);
 }
 
 GPUPROXY_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
@@ -570,4 +667,22 @@ GPUPROXY_EXPORT CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t d
                                                  CUstream hStream) {
   return memset2DOnStream(__func__, dstDevice, dstPitch, ui, 4, Width, Height, hStream,
                           NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+  return memcpyUnified(__func__, dst, src, ByteCount, nullptr, NullStream::kLegacy, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+  return memcpyUnified(__func__, dst, src, ByteCount, nullptr, NullStream::kPerThread, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                       CUstream hStream) {
+  return memcpyUnified(__func__, dst, src, ByteCount, hStream, NullStream::kLegacy, false);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                            CUstream hStream) {
+  return memcpyUnified(__func__, dst, src, ByteCount, hStream, NullStream::kPerThread, false);
 }

@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
@@ -98,10 +101,12 @@ ModuleReply loadModuleInPieces(Runtime& runtime, std::uint64_t context, const st
   });
 }
 
-// Sends an image to the daemon as a module of the current context.
-CUresult loadModule(Runtime& runtime, CUmodule* module, const void* image, std::size_t size) {
-  const std::uint64_t context = currentContext();
-  if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+}  // namespace
+
+namespace gpuproxy::stub {
+
+CUresult loadModuleInto(Runtime& runtime, std::uint64_t context, const void* image,
+                        std::size_t size, std::uint64_t& module) {
   ModuleReply reply;
   if (size > gpuproxy::protocol::MAX_TRANSFER_CHUNK) {
     reply = loadModuleInPieces(runtime, context, static_cast<const std::byte*>(image), size);
@@ -118,7 +123,93 @@ CUresult loadModule(Runtime& runtime, CUmodule* module, const void* image, std::
   }
   if (reply.result != CUDA_SUCCESS) return reply.result;
   runtime.addModule(reply.module, context);
-  *module = toHandle<CUmodule>(reply.module);
+  module = reply.module;
+  return CUDA_SUCCESS;
+}
+
+CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name,
+                        std::uint64_t& function) {
+  std::optional<std::uint64_t> context = runtime.moduleContext(module);
+  if (module == 0 || !context) return CUDA_ERROR_INVALID_HANDLE;
+  struct Reply {
+    CUresult result;
+    std::uint64_t function;
+    std::shared_ptr<KernelRecord> record;
+  };
+  Reply reply = runtime.call([&](Session::Client& session) {
+    auto request = session.getFunctionRequest();
+    request.setModule(module);
+    request.setName(name);
+    return request.send().then([&](auto response) {
+      Reply answer{toResult(response.getResult()), response.getFunction(), nullptr};
+      if (answer.result != CUDA_SUCCESS) return answer;
+      auto layout = response.getLayout();
+      auto record = std::make_shared<KernelRecord>();
+      record->module = module;
+      record->context = *context;
+      for (auto parameter : layout.getParameters()) {
+        record->parameters.push_back(ParameterSlot{parameter.getOffset(), parameter.getSize()});
+      }
+      record->parameterBytes = layout.getParameterBytes();
+      record->maxThreadsPerBlock = layout.getMaxThreadsPerBlock();
+      record->sharedSizeBytes = layout.getSharedSizeBytes();
+      record->numRegs = layout.getNumRegs();
+      answer.record = std::move(record);
+      return answer;
+    });
+  });
+  if (reply.result != CUDA_SUCCESS) return reply.result;
+  if (!gpuproxy::stub::layoutIsConsistent(reply.record->parameters,
+                                          reply.record->parameterBytes)) {
+    GPUPROXY_STUB_LOG(kError,
+                      "cuModuleGetFunction(%s): gpuproxyd reported a parameter layout that "
+                      "does not fit its own buffer",
+                      name);
+    return CUDA_ERROR_UNKNOWN;
+  }
+  runtime.addFunction(reply.function, std::move(reply.record));
+  function = reply.function;
+  return CUDA_SUCCESS;
+}
+
+CUresult lookUpGlobal(Runtime& runtime, std::uint64_t module, const char* name,
+                      std::uint64_t& pointer, std::uint64_t& bytes) {
+  std::optional<std::uint64_t> context = runtime.moduleContext(module);
+  if (module == 0 || !context) return CUDA_ERROR_INVALID_HANDLE;
+  struct Reply {
+    CUresult result;
+    std::uint64_t pointer;
+    std::uint64_t bytes;
+  };
+  Reply reply = runtime.call([&](Session::Client& session) {
+    auto request = session.getGlobalRequest();
+    request.setModule(module);
+    request.setName(name);
+    return request.send().then([](auto response) {
+      return Reply{toResult(response.getResult()), response.getPointer(), response.getBytes()};
+    });
+  });
+  if (reply.result != CUDA_SUCCESS) return reply.result;
+  runtime.addModuleVariable(reply.pointer, reply.bytes, *context, module);
+  pointer = reply.pointer;
+  bytes = reply.bytes;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace gpuproxy::stub
+
+namespace {
+
+// Sends an image to the daemon as a module of the current context.
+CUresult loadModule(Runtime& runtime, CUmodule* module, const void* image, std::size_t size) {
+  const std::uint64_t context = currentContext();
+  if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  std::uint64_t loaded = 0;
+  if (CUresult result = gpuproxy::stub::loadModuleInto(runtime, context, image, size, loaded);
+      result != CUDA_SUCCESS) {
+    return result;
+  }
+  *module = toHandle<CUmodule>(loaded);
   return CUDA_SUCCESS;
 }
 
@@ -218,13 +309,25 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
                       unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
                       NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
-    std::shared_ptr<const KernelRecord> kernel = runtime.function(handleValue(f));
-    if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
+    std::uint64_t function = handleValue(f);
+    std::shared_ptr<const KernelRecord> kernel = runtime.function(function);
+    const bool libraryKernel = !kernel && gpuproxy::stub::isLibraryKernel(function);
+    if (!kernel && !libraryKernel) return CUDA_ERROR_INVALID_HANDLE;
     if (kernelParams != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
+    }
+    // A CUkernel runs as its function in the context of the stream it is launched into.
+    if (libraryKernel) {
+      if (CUresult resolved =
+              gpuproxy::stub::libraryKernelFunction(runtime, function, target.context, function);
+          resolved != CUDA_SUCCESS) {
+        return resolved;
+      }
+      kernel = runtime.function(function);
+      if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
     }
     const DeviceRecord* device = nullptr;
     if (auto context = runtime.context(kernel->context)) {
@@ -249,7 +352,7 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
     ring::Command command{ring::LaunchKernel{}};
     auto& launch = std::get<ring::LaunchKernel>(command);
     launch.context = target.context;
-    launch.function = handleValue(f);
+    launch.function = function;
     launch.stream = target.stream;
     launch.grid = ring::Dim3{gridDimX, gridDimY, gridDimZ};
     launch.block = ring::Dim3{blockDimX, blockDimY, blockDimZ};
@@ -300,47 +403,13 @@ GPUPROXY_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image,
 GPUPROXY_EXPORT CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const std::uint64_t module = handleValue(hmod);
-    std::optional<std::uint64_t> context = runtime.moduleContext(module);
-    if (module == 0 || !context) return CUDA_ERROR_INVALID_HANDLE;
-    struct Reply {
-      CUresult result;
-      std::uint64_t function;
-      std::shared_ptr<KernelRecord> record;
-    };
-    Reply reply = runtime.call([&](Session::Client& session) {
-      auto request = session.getFunctionRequest();
-      request.setModule(module);
-      request.setName(name);
-      return request.send().then([&](auto response) {
-        Reply answer{toResult(response.getResult()), response.getFunction(), nullptr};
-        if (answer.result != CUDA_SUCCESS) return answer;
-        auto layout = response.getLayout();
-        auto record = std::make_shared<KernelRecord>();
-        record->module = module;
-        record->context = *context;
-        for (auto parameter : layout.getParameters()) {
-          record->parameters.push_back(ParameterSlot{parameter.getOffset(), parameter.getSize()});
-        }
-        record->parameterBytes = layout.getParameterBytes();
-        record->maxThreadsPerBlock = layout.getMaxThreadsPerBlock();
-        record->sharedSizeBytes = layout.getSharedSizeBytes();
-        record->numRegs = layout.getNumRegs();
-        answer.record = std::move(record);
-        return answer;
-      });
-    });
-    if (reply.result != CUDA_SUCCESS) return reply.result;
-    if (!gpuproxy::stub::layoutIsConsistent(reply.record->parameters,
-                                            reply.record->parameterBytes)) {
-      GPUPROXY_STUB_LOG(kError,
-                        "cuModuleGetFunction(%s): gpuproxyd reported a parameter layout that "
-                        "does not fit its own buffer",
-                        name);
-      return CUDA_ERROR_UNKNOWN;
+    std::uint64_t function = 0;
+    if (CUresult result =
+            gpuproxy::stub::lookUpFunction(runtime, handleValue(hmod), name, function);
+        result != CUDA_SUCCESS) {
+      return result;
     }
-    runtime.addFunction(reply.function, std::move(reply.record));
-    *hfunc = toHandle<CUfunction>(reply.function);
+    *hfunc = toHandle<CUfunction>(function);
     return CUDA_SUCCESS;
   });
 }
@@ -375,4 +444,33 @@ GPUPROXY_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX
                                              CUstream hStream, void** kernelParams, void** extra) {
   return launchKernel(__func__, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
                       sharedMemBytes, hStream, kernelParams, extra, NullStream::kPerThread);
+}
+
+// As the driver decides it: CUDA_MODULE_LOADING=EAGER asks for eager loading, anything else (and
+// nothing) is lazy, the default since CUDA 12.2. The stub itself always ships an image when it is
+// loaded; the mode only tells the runtime which loading calls to make.
+GPUPROXY_EXPORT CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const char* requested = std::getenv("CUDA_MODULE_LOADING");
+  const bool eager = requested != nullptr && std::string_view(requested) == "EAGER";
+  *mode = eager ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+  return CUDA_SUCCESS;
+}
+
+// Either output may be NULL, as with the driver.
+GPUPROXY_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod,
+                                              const char* name) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t pointer = 0;
+    std::uint64_t size = 0;
+    if (CUresult result =
+            gpuproxy::stub::lookUpGlobal(runtime, handleValue(hmod), name, pointer, size);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    if (dptr != nullptr) *dptr = pointer;
+    if (bytes != nullptr) *bytes = static_cast<size_t>(size);
+    return CUDA_SUCCESS;
+  });
 }

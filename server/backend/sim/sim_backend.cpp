@@ -22,6 +22,7 @@
 
 #include "protocol/cuda_result.hpp"
 #include "protocol/module_image.hpp"
+#include "server/backend/fatbin/fatbin_reader.hpp"
 #include "server/backend/ptx/ptx_frontend.hpp"
 #include "server/backend/ptx/ptx_interpreter.hpp"
 #include "server/backend/ptx/ptx_parser.hpp"
@@ -941,16 +942,55 @@ public:
     return MemoryInfo{capacity - core_->arena().allocatedBytes(), capacity};
   }
 
+  // The PTX text of a fatbin's entry best suited to this device (compute capability 9.0).
+  Result<std::string> selectFatbinPtx(std::span<const std::byte> image) const {
+    const int index = core_->index();
+    auto contents = fatbin::parseFatbin(image);
+    if (!contents.ok()) {
+      spdlog::warn("sim device {}: malformed fatbin of {} bytes: {}", index, image.size(),
+                   contents.error);
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    auto ptx = fatbin::selectPtx(*contents.value, kSimComputeCapability);
+    if (ptx.ok()) return std::move(*ptx.value);
+    const bool hasUsablePtx =
+        std::any_of(contents.value->entries.begin(), contents.value->entries.end(),
+                    [](const fatbin::FatbinEntry& entry) {
+                      return entry.kind == fatbin::EntryKind::kPtx &&
+                             entry.arch <= kSimComputeCapability;
+                    });
+    spdlog::warn("sim device {}: cannot load a fatbin of {} bytes: {}", index,
+                 contents.value->size, ptx.error);
+    return hasUsablePtx ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_NO_BINARY_FOR_GPU;
+  }
+
   Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image,
                                              backend::AddressSpace owner) override {
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     const int index = core_->index();
-    if (protocol::moduleImageKind(image) != protocol::ModuleImageKind::kPtx) {
-      spdlog::warn(
-          "sim device {}: refusing a cubin/fatbin module image: the sim backend runs PTX only "
-          "(its interpreter executes PTX text); build the kernels to PTX or use the cuda backend",
-          index);
-      return CUDA_ERROR_NOT_SUPPORTED;
+    // A fatbin runs from its PTX entry (the interpreter executes PTX, not SASS).
+    std::string ptxOfFatbin;
+    switch (protocol::moduleImageKind(image)) {
+      case protocol::ModuleImageKind::kPtx:
+        break;
+      case protocol::ModuleImageKind::kElf:
+        spdlog::warn(
+            "sim device {}: cannot load a cubin of {} bytes: the sim runs PTX, not machine code; "
+            "build the kernels with PTX in them (nvcc -gencode arch=compute_XX,code=compute_XX, "
+            "the default keeps it) or use the cuda backend",
+            index, image.size());
+        return CUDA_ERROR_NO_BINARY_FOR_GPU;
+      case protocol::ModuleImageKind::kFatbin: {
+        auto selected = selectFatbinPtx(image);
+        if (!selected.ok()) return selected.code();
+        ptxOfFatbin = std::move(selected).value();
+        image = std::as_bytes(std::span(ptxOfFatbin.data(), ptxOfFatbin.size()));
+        break;
+      }
+      case protocol::ModuleImageKind::kFatbinWrapper:
+        // The stub ships the fatbin a wrapper points at; a wrapper's pointer means nothing here.
+        spdlog::warn("sim device {}: refusing a fatbin wrapper: its pointer is the client's", index);
+        return CUDA_ERROR_INVALID_IMAGE;
     }
     if (!ptx::looksLikePtx(image)) {
       spdlog::warn("sim device {}: module image is neither PTX nor cubin/fatbin", index);

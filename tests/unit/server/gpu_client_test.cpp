@@ -320,7 +320,7 @@ TEST_F(GpuClientTest, ModulesCountAgainstTheTenantLimit) {
   auto module = client->loadModule(context.value(), bytes(testing::kTestKernelsPtx));
   ASSERT_TRUE(module.ok());
   EXPECT_GT(tenant_->memoryUsed(0), 1024u);
-  EXPECT_EQ(client->unloadModule(module.value()), CUDA_SUCCESS);
+  EXPECT_EQ(wait(client->unloadModule(module.value())), CUDA_SUCCESS);
   EXPECT_EQ(tenant_->memoryUsed(0), 0u);
   EXPECT_EQ(worker_.memoryUsed(), 0u);
 }

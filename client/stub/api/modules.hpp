@@ -1,0 +1,34 @@
+#pragma once
+// The seam between the module entry points (module_launch.cpp) and the context-independent
+// libraries and kernels built on them (library.cpp).
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "client/stub/runtime.hpp"
+
+namespace gpuproxy::stub {
+
+// Ships `image` (already described: its exact bytes) to the daemon as a module of `context`.
+CUresult loadModuleInto(Runtime& runtime, std::uint64_t context, const void* image,
+                        std::size_t size, std::uint64_t& module);
+
+// cuModuleGetFunction's work: asks the daemon and records the kernel's parameter layout.
+CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name,
+                        std::uint64_t& function);
+
+// cuModuleGetGlobal's work: where a module variable lies; its range becomes copyable.
+CUresult lookUpGlobal(Runtime& runtime, std::uint64_t module, const char* name,
+                      std::uint64_t& pointer, std::uint64_t& bytes);
+
+// Whether `handle` is a CUkernel from cuLibraryGetKernel that is still loaded.
+bool isLibraryKernel(std::uint64_t handle);
+
+// The CUfunction of CUkernel `kernel` in `context`: its library's module is loaded into the
+// context on first use (lazy loading, as the driver does it) and the function looked up once.
+CUresult libraryKernelFunction(Runtime& runtime, std::uint64_t kernel, std::uint64_t context,
+                               std::uint64_t& function);
+
+}  // namespace gpuproxy::stub
