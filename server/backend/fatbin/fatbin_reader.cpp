@@ -139,7 +139,7 @@ ParseResult<FatbinContents> parseFatbinData(std::span<const std::byte> image) {
       entry.uncompressedSize = uncompressedSize;
     } else {
       entry.payloadSize = paddedSize;
-      entry.uncompressedSize = paddedSize;
+      entry.uncompressedSize = entry.compressed ? uncompressedSize : paddedSize;
     }
     contents.entries.push_back(entry);
     offset += entryHeaderSize + paddedSize;
@@ -311,6 +311,10 @@ ParseResult<std::vector<std::byte>> readEntryPayload(const FatbinContents& conte
                              " bytes, over the limit of " + std::to_string(maxBytes));
     }
     return {std::vector<std::byte>(payload.begin(), payload.end()), {}};
+  }
+  if (entry.kind == EntryKind::kOther) {
+    return Result::failure("entry of kind " + std::to_string(entry.rawKind) +
+                           " is compressed in a way this reader does not know");
   }
   if (entry.uncompressedSize > maxBytes) {
     return Result::failure("entry declares " + std::to_string(entry.uncompressedSize) +

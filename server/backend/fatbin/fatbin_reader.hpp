@@ -57,8 +57,8 @@ struct FatbinEntry {
   unsigned ptxMinor = 0;
   bool compressed = false;
   // Where the payload lies, counted from the start of the fatbin header (FatbinContents::bytes).
-  // payloadSize is what the image holds for it: the compressed size when compressed, else the
-  // padded size.
+  // payloadSize is what the image holds for it: the compressed size when a PTX or ELF entry is
+  // compressed, else the padded size (other kinds' compression is not known, so not checked).
   std::uint64_t payloadOffset = 0;
   std::uint64_t payloadSize = 0;
   std::uint64_t uncompressedSize = 0;  // as declared; equal to payloadSize when not compressed
@@ -96,7 +96,8 @@ ParseResult<FatbinContents> parseFatbin(std::span<const std::byte> image,
 
 // The payload of one entry of `contents`, decompressed when it is compressed. Fails when the
 // declared uncompressed size is above maxBytes, when decompression fails, or when it produces
-// other than the declared number of bytes (a compressed entry that lies about its size).
+// other than the declared number of bytes (a compressed entry that lies about its size), and for
+// compressed entries of kinds other than PTX and ELF.
 ParseResult<std::vector<std::byte>> readEntryPayload(const FatbinContents& contents,
                                                      const FatbinEntry& entry,
                                                      std::size_t maxBytes);

@@ -252,6 +252,8 @@ TEST(FatbinReader, SkipsEntriesOfUnknownKinds) {
   ASSERT_EQ(contents.entries.size(), 2u);
   EXPECT_EQ(contents.entries[1].kind, EntryKind::kOther);
   EXPECT_EQ(contents.entries[1].rawKind, 8u);
+  EXPECT_TRUE(contents.entries[1].compressed);
+  EXPECT_FALSE(readEntryPayload(contents, contents.entries[1], kDefaultMaxPtxBytes).ok());
   EXPECT_NE(ptxOrFail(image, 75).find(".entry scale"), std::string::npos);
 
   Bytes unknown = readSample("nocompress_sm75.fatbin");
