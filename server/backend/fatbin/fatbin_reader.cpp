@@ -211,6 +211,8 @@ ParseResult<std::vector<std::byte>> decompressZstd(std::span<const std::byte> so
   // One byte more than declared, so that a frame holding more is caught as a size mismatch
   // rather than reported as a generic error; the buffer stays within the caller's bound + 1.
   std::vector<std::byte> output(static_cast<std::size_t>(declared) + 1);
+  // One-shot decompression uses the output as its window, so a frame asking for a large window
+  // costs no memory beyond this buffer.
   const std::size_t produced =
       ZSTD_decompress(output.data(), output.size(), source.data(), source.size());
   if (ZSTD_isError(produced)) {

@@ -128,6 +128,22 @@ Bytes zstdWithoutContentSize(const std::string& text) {
   return output;
 }
 
+// A frame written as a stream of unknown length, so that it keeps the window asked for.
+Bytes zstdWithWindowLog(const std::string& text, int windowLog) {
+  ZSTD_CCtx* context = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(context, ZSTD_c_windowLog, windowLog);
+  Bytes output(ZSTD_compressBound(text.size()) + 64);
+  ZSTD_outBuffer out{output.data(), output.size(), 0};
+  ZSTD_inBuffer in{text.data(), text.size(), 0};
+  ZSTD_compressStream2(context, &out, &in, ZSTD_e_continue);
+  ZSTD_inBuffer none{nullptr, 0, 0};
+  const std::size_t left = ZSTD_compressStream2(context, &out, &none, ZSTD_e_end);
+  ZSTD_freeCCtx(context);
+  EXPECT_EQ(left, 0u);
+  output.resize(out.pos);
+  return output;
+}
+
 // --- nvcc's output --------------------------------------------------------------------------
 
 TEST(FatbinReader, ReadsAnUncompressedElfAndPtx) {
@@ -451,6 +467,16 @@ TEST(FatbinReader, RefusesACompressedEntryThatLiesAboutItsSize) {
   EXPECT_EQ(errorOf(selectPtx(zstdFatbin(kSmallPtx.size() + 1), 75, kDefaultMaxPtxBytes)),
             "PTX entry for compute_75 (PTX): zstd payload decompresses to 44 bytes, not the "
             "declared 45 bytes");
+
+  // A frame asking for a 128 MiB window decodes within the declared size: one-shot
+  // decompression keeps its window in the output buffer.
+  const Bytes wide = zstdWithWindowLog(kSmallPtx, 27);
+  EXPECT_EQ(
+      ptxOrFail(
+          makeFatbin(
+              {{.flags = 0x11 | kFlagZstd, .payload = wide, .uncompressedSize = kSmallPtx.size()}}),
+          75),
+      kSmallPtx);
 
   // LZ4, whose blocks carry no size at all.
   const Bytes lz4 = readSample("ptx_lz4.fatbin");
