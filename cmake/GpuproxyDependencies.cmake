@@ -11,6 +11,9 @@ find_package(Boost 1.74 REQUIRED)
 find_package(CUDAToolkit REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
+# Fatbin entries nvcc compressed (server/backend/fatbin): LZ4 blocks and zstd frames.
+pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
 
 # The CUDA headers, without any CUDA library: the daemon dlopens libcuda.so.1 at run time and the

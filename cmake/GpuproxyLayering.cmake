@@ -14,8 +14,11 @@ set(GPUPROXY_LAYER_scheduler "")
 # server/: one layer per part.
 set(GPUPROXY_LAYER_server/backend "protocol;scheduler")
 set(GPUPROXY_LAYER_server/backend/ptx "protocol")
-set(GPUPROXY_LAYER_server/backend/sim "protocol;scheduler;server/backend;server/backend/ptx")
-set(GPUPROXY_LAYER_server/backend/cuda "protocol;scheduler;server/backend;server/backend/ptx")
+set(GPUPROXY_LAYER_server/backend/fatbin "protocol")
+set(GPUPROXY_LAYER_server/backend/sim
+    "protocol;scheduler;server/backend;server/backend/ptx;server/backend/fatbin")
+set(GPUPROXY_LAYER_server/backend/cuda
+    "protocol;scheduler;server/backend;server/backend/ptx;server/backend/fatbin")
 set(GPUPROXY_LAYER_server/tenant "protocol;scheduler")
 set(GPUPROXY_LAYER_server/dispatch "protocol;scheduler;server/backend;server/tenant")
 set(GPUPROXY_LAYER_server/gpu "protocol;scheduler;server/backend;server/tenant;server/dispatch")
@@ -26,7 +29,7 @@ set(GPUPROXY_LAYER_server/admin
     "protocol;ipc;scheduler;server/backend;server/tenant;server/dispatch;server/gpu;server/data_plane;server/session")
 set(GPUPROXY_LAYER_server/metrics "protocol")
 set(GPUPROXY_LAYER_server/daemon
-    "protocol;ipc;scheduler;server/backend;server/backend/ptx;server/backend/sim;server/backend/cuda;server/tenant;server/dispatch;server/gpu;server/data_plane;server/session;server/admin;server/metrics")
+    "protocol;ipc;scheduler;server/backend;server/backend/ptx;server/backend/fatbin;server/backend/sim;server/backend/cuda;server/tenant;server/dispatch;server/gpu;server/data_plane;server/session;server/admin;server/metrics")
 # gpuproxyd's main and the gpuproxy_server umbrella that tests and benchmarks link.
 set(GPUPROXY_LAYER_server "${GPUPROXY_LAYER_server/daemon};server/daemon")
 set(GPUPROXY_LAYER_client/stub "protocol;ipc")
