@@ -1,0 +1,130 @@
+// CUDA runtime programs built by plain nvcc (tests/programs/cudart), unmodified, through the stub
+// and a real daemon: cudart, linked statically (nvcc's default) and as a shared library, finds
+// the stub as its libcuda.so.1, passes its integrity check, loads its fatbins through the
+// export tables and the library API, and gets the results a GPU gives.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.hpp"
+
+namespace gpuproxy::testing {
+namespace {
+
+// nvcc's binaries are not built under the sanitizer presets (they are not instrumented, and an
+// instrumented stub cannot be loaded into them).
+bool cudartProgramsBuilt() {
+  return std::filesystem::exists(buildDir() + "/tests/programs/cudart_checks_static");
+}
+
+class CudartPrograms : public ::testing::TestWithParam<const char*> {
+protected:
+  void SetUp() override {
+    if (!cudartProgramsBuilt()) GTEST_SKIP() << "nvcc-built programs are not part of this build";
+  }
+  // tests/programs/<name>_<static|shared>
+  std::string program(const std::string& name) const { return name + "_" + GetParam(); }
+};
+
+std::string describe(const RunResult& result, const Daemon& daemon) {
+  return "stdout:\n" + result.output + "\nstderr:\n" + result.errors + "\ndaemon:\n" + daemon.log();
+}
+
+TEST_P(CudartPrograms, DeviceQueryAgreesWithStatus) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  RunResult result = daemon.runClient(program("cudart_checks"), {"device-query"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  const nlohmann::json status = daemon.status();
+  EXPECT_NE(result.output.find("devices 2 driver " +
+                               std::to_string(status["driver_version"].get<int>())),
+            std::string::npos)
+      << result.output;
+  for (const auto& device : status["devices"]) {
+    const std::string line = "device " + std::to_string(device["index"].get<int>()) + " name=\"" +
+                             device["name"].get<std::string>() + "\" compute=9.0 sms=132 memory=" +
+                             std::to_string(device["memory_total"].get<std::uint64_t>());
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
+TEST_P(CudartPrograms, EverydayRuntimeCallsGiveTheGpusResults) {
+  Daemon daemon;
+  for (const char* mode : {"vectors", "streams", "pinned", "symbols", "malloc-async"}) {
+    RunResult result = daemon.runClient(program("cudart_checks"), {mode});
+    EXPECT_TRUE(result.status.exitedWith(0)) << mode << "\n" << describe(result, daemon);
+    EXPECT_NE(result.output.find(std::string(mode) + ": PASSED"), std::string::npos)
+        << result.output;
+  }
+  // Everything each program held came back when it exited.
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  }));
+}
+
+TEST_P(CudartPrograms, AnImpossibleLaunchIsReportedAndCleared) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("cudart_checks"), {"bad-launch"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("refused with cudaError"), std::string::npos) << result.output;
+}
+
+TEST_P(CudartPrograms, TheTenantsMemoryLimitIsCudaErrorMemoryAllocation) {
+  Daemon daemon;
+  ASSERT_TRUE(daemon.ctl({"set-limit", "default", "--memory", "64MiB"}).status.exitedWith(0));
+  RunResult result =
+      daemon.runClient(program("cudart_checks"), {"out-of-memory", std::to_string(128 << 20)});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("returned cudaErrorMemoryAllocation"), std::string::npos);
+}
+
+TEST_P(CudartPrograms, AKilledProgramsMemoryComesBack) {
+  Daemon daemon;
+  auto holder = daemon.startClient(program("cudart_checks"), {"hold", std::to_string(32 << 20)});
+  ASSERT_TRUE(eventually([&] { return holder->output().find("holding") != std::string::npos; }))
+      << holder->output() << holder->errors() << daemon.log();
+  EXPECT_GE(daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>(), 32u << 20);
+  ::kill(holder->pid(), SIGKILL);
+  holder->wait();
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+  // The daemon serves the next program as before.
+  RunResult after = daemon.runClient(program("cudart_checks"), {"vectors"});
+  EXPECT_TRUE(after.status.exitedWith(0)) << describe(after, daemon);
+}
+
+TEST_P(CudartPrograms, AFatbinForSeveralGpusRunsTheNewestPtxTheSimCanRun) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("multi_arch"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  // compute_90 PTX: sm_75/sm_90 machine code cannot run on the sim, compute_100 is too new.
+  EXPECT_NE(result.output.find("sum 499500, code for compute 900"), std::string::npos)
+      << result.output;
+}
+
+TEST_P(CudartPrograms, MachineCodeWithoutPtxIsNoKernelImageAndTheDaemonCarriesOn) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("machine_code_only"));
+  EXPECT_TRUE(result.status.exitedWith(1)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("cudaErrorNoKernelImageForDevice"), std::string::npos)
+      << result.output;
+  EXPECT_NE(daemon.log().find("no PTX entry for sm_90; the fatbin holds: sm_90 (ELF)"),
+            std::string::npos)
+      << daemon.log();
+  RunResult after = daemon.runClient(program("multi_arch"));
+  EXPECT_TRUE(after.status.exitedWith(0)) << describe(after, daemon);
+}
+
+INSTANTIATE_TEST_SUITE_P(StaticAndSharedCudart, CudartPrograms,
+                         ::testing::Values("static", "shared"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace gpuproxy::testing

@@ -1,0 +1,302 @@
+// Everyday CUDA runtime API use, written as an application would write it and built by plain
+// nvcc. `cudart_checks <mode> [argument]` runs one check, prints what it saw and ends with
+// "<mode>: PASSED" (exit 0) or a line naming the failing call (exit 1).
+//
+//   device-query      cudaGetDeviceCount/Properties, versions, cudaMemGetInfo, one line per device
+//   vectors           cudaMalloc, cudaMemcpy (each kind and cudaMemcpyDefault), cudaMemset, <<<>>>
+//   streams           a non-blocking stream, events and elapsed time, cudaMemcpyAsync, queries
+//   pinned            cudaMallocHost/cudaHostAlloc memory used by asynchronous copies and a kernel
+//   symbols           cudaMemcpyToSymbol/FromSymbol on __constant__ and __device__ variables
+//   malloc-async      cudaMallocAsync/cudaFreeAsync in stream order
+//   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
+//   out-of-memory N   cudaMalloc of N bytes must fail with cudaErrorMemoryAllocation
+//   hold N            allocates and fills N bytes, prints "holding", then waits to be killed
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    const cudaError_t status_ = (call);                                                     \
+    if (status_ != cudaSuccess) {                                                           \
+      std::printf("FAILED: %s at line %d returned %s (%s)\n", #call, __LINE__,             \
+                  cudaGetErrorName(status_), cudaGetErrorString(status_));                  \
+      return 1;                                                                             \
+    }                                                                                       \
+  } while (0)
+
+#define EXPECT(condition, ...)          \
+  do {                                  \
+    if (!(condition)) {                 \
+      std::printf("FAILED: ");          \
+      std::printf(__VA_ARGS__);         \
+      std::printf("\n");                \
+      return 1;                         \
+    }                                   \
+  } while (0)
+
+__global__ void scaleAndAdd(float factor, const float* x, float* y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = factor * x[i] + y[i];
+}
+
+__constant__ float weights[4];
+__device__ unsigned int visits;
+
+__global__ void weigh(float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    out[i] = weights[i % 4] * static_cast<float>(i);
+    atomicAdd(&visits, 1u);
+  }
+}
+
+namespace {
+
+int deviceQuery() {
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  int driver = 0;
+  int runtime = 0;
+  CHECK(cudaDriverGetVersion(&driver));
+  CHECK(cudaRuntimeGetVersion(&runtime));
+  std::printf("devices %d driver %d runtime %d\n", count, driver, runtime);
+  for (int device = 0; device < count; ++device) {
+    cudaDeviceProp properties;
+    CHECK(cudaGetDeviceProperties(&properties, device));
+    int smCount = 0;
+    CHECK(cudaDeviceGetAttribute(&smCount, cudaDevAttrMultiProcessorCount, device));
+    EXPECT(smCount == properties.multiProcessorCount, "attribute %d vs property %d", smCount,
+           properties.multiProcessorCount);
+    CHECK(cudaSetDevice(device));
+    size_t free = 0;
+    size_t total = 0;
+    CHECK(cudaMemGetInfo(&free, &total));
+    EXPECT(total == properties.totalGlobalMem, "cudaMemGetInfo total %zu vs totalGlobalMem %zu",
+           total, properties.totalGlobalMem);
+    std::printf(
+        "device %d name=\"%s\" compute=%d.%d sms=%d memory=%zu warp=%d max_threads=%d "
+        "shared_per_block=%zu\n",
+        device, properties.name, properties.major, properties.minor,
+        properties.multiProcessorCount, properties.totalGlobalMem, properties.warpSize,
+        properties.maxThreadsPerBlock, properties.sharedMemPerBlock);
+  }
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}
+
+int vectors() {
+  const int n = 1 << 16;
+  std::vector<float> x(n);
+  std::vector<float> y(n);
+  for (int i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i);
+    y[i] = 1.0f;
+  }
+  float* deviceX = nullptr;
+  float* deviceY = nullptr;
+  float* deviceCopy = nullptr;
+  CHECK(cudaMalloc(&deviceX, n * sizeof(float)));
+  CHECK(cudaMalloc(&deviceY, n * sizeof(float)));
+  CHECK(cudaMalloc(&deviceCopy, n * sizeof(float)));
+  CHECK(cudaMemcpy(deviceX, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(deviceY, 0, n * sizeof(float)));
+  // cudaMemcpyDefault: the runtime tells host from device memory by the pointers.
+  CHECK(cudaMemcpy(deviceY, y.data(), n * sizeof(float), cudaMemcpyDefault));
+  scaleAndAdd<<<(n + 255) / 256, 256>>>(2.0f, deviceX, deviceY, n);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(deviceCopy, deviceY, n * sizeof(float), cudaMemcpyDeviceToDevice));
+  CHECK(cudaMemcpy(y.data(), deviceCopy, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    EXPECT(y[i] == 2.0f * static_cast<float>(i) + 1.0f, "y[%d] = %f", i, y[i]);
+  }
+  std::vector<float> copy(n);
+  CHECK(cudaMemcpy(copy.data(), y.data(), n * sizeof(float), cudaMemcpyHostToHost));
+  EXPECT(copy[n - 1] == y[n - 1], "host to host copy");
+  CHECK(cudaFree(deviceX));
+  CHECK(cudaFree(deviceY));
+  CHECK(cudaFree(deviceCopy));
+  std::printf("y[%d] = %.1f\n", n - 1, y[n - 1]);
+  return 0;
+}
+
+int streams() {
+  const int n = 1 << 20;
+  std::vector<float> host(n, 1.0f);
+  float* device = nullptr;
+  CHECK(cudaMalloc(&device, n * sizeof(float)));
+  cudaStream_t stream;
+  cudaEvent_t start;
+  cudaEvent_t stop;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaEventRecord(start, stream));
+  CHECK(cudaMemcpyAsync(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  scaleAndAdd<<<n / 256, 256, 0, stream>>>(3.0f, device, device, n);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  CHECK(cudaEventQuery(stop));
+  float milliseconds = -1.0f;
+  CHECK(cudaEventElapsedTime(&milliseconds, start, stop));
+  EXPECT(milliseconds >= 0.0f, "elapsed %f ms", milliseconds);
+  for (int i = 0; i < n; i += 4093) EXPECT(host[i] == 4.0f, "host[%d] = %f", i, host[i]);
+  CHECK(cudaStreamSynchronize(stream));
+  CHECK(cudaStreamQuery(stream));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(device));
+  std::printf("elapsed %.3f ms\n", milliseconds);
+  return 0;
+}
+
+int pinned() {
+  const int n = 1 << 18;
+  float* input = nullptr;
+  float* output = nullptr;
+  CHECK(cudaMallocHost(&input, n * sizeof(float)));
+  CHECK(cudaHostAlloc(&output, n * sizeof(float), cudaHostAllocDefault));
+  for (int i = 0; i < n; ++i) input[i] = static_cast<float>(i % 1000);
+  float* device = nullptr;
+  CHECK(cudaMalloc(&device, n * sizeof(float)));
+  CHECK(cudaMemset(device, 0, n * sizeof(float)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  CHECK(cudaMemcpyAsync(device, input, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+  scaleAndAdd<<<n / 256, 256, 0, stream>>>(0.5f, device, device, n);
+  CHECK(cudaMemcpyAsync(output, device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  for (int i = 0; i < n; i += 997) {
+    EXPECT(output[i] == 1.5f * static_cast<float>(i % 1000), "output[%d] = %f", i, output[i]);
+  }
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(device));
+  CHECK(cudaFreeHost(input));
+  CHECK(cudaFreeHost(output));
+  return 0;
+}
+
+int symbols() {
+  const float chosen[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  CHECK(cudaMemcpyToSymbol(weights, chosen, sizeof(chosen)));
+  const unsigned int zero = 0;
+  CHECK(cudaMemcpyToSymbol(visits, &zero, sizeof(zero)));
+  const int n = 1000;
+  float* out = nullptr;
+  CHECK(cudaMalloc(&out, n * sizeof(float)));
+  weigh<<<(n + 255) / 256, 256>>>(out, n);
+  CHECK(cudaGetLastError());
+  std::vector<float> host(n);
+  CHECK(cudaMemcpy(host.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    EXPECT(host[i] == chosen[i % 4] * static_cast<float>(i), "out[%d] = %f", i, host[i]);
+  }
+  unsigned int counted = 0;
+  CHECK(cudaMemcpyFromSymbol(&counted, visits, sizeof(counted)));
+  EXPECT(counted == n, "visits = %u", counted);
+  float back[4] = {};
+  CHECK(cudaMemcpyFromSymbol(back, weights, sizeof(back)));
+  EXPECT(std::memcmp(back, chosen, sizeof(back)) == 0, "weights read back differ");
+  size_t size = 0;
+  CHECK(cudaGetSymbolSize(&size, weights));
+  EXPECT(size == sizeof(chosen), "cudaGetSymbolSize = %zu", size);
+  void* address = nullptr;
+  CHECK(cudaGetSymbolAddress(&address, visits));
+  EXPECT(address != nullptr, "cudaGetSymbolAddress gave null");
+  CHECK(cudaFree(out));
+  std::printf("visits %u\n", counted);
+  return 0;
+}
+
+int mallocAsync() {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  const int n = 4096;
+  float* device = nullptr;
+  CHECK(cudaMallocAsync(&device, n * sizeof(float), stream));
+  CHECK(cudaMemsetAsync(device, 0, n * sizeof(float), stream));
+  scaleAndAdd<<<n / 256, 256, 0, stream>>>(1.0f, device, device, n);
+  CHECK(cudaGetLastError());
+  std::vector<float> host(n, 5.0f);
+  CHECK(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaFreeAsync(device, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  for (int i = 0; i < n; ++i) EXPECT(host[i] == 0.0f, "host[%d] = %f", i, host[i]);
+  CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
+int badLaunch() {
+  float* device = nullptr;
+  CHECK(cudaMalloc(&device, 1024));
+  scaleAndAdd<<<1, 4096>>>(1.0f, device, device, 1);  // more threads per block than any GPU has
+  const cudaError_t refused = cudaGetLastError();
+  EXPECT(refused != cudaSuccess, "a 4096-thread block was accepted");
+  std::printf("refused with %s\n", cudaGetErrorName(refused));
+  CHECK(cudaGetLastError());  // the error is not sticky: reading it cleared it
+  scaleAndAdd<<<1, 256>>>(1.0f, device, device, 1);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaFree(device));
+  return 0;
+}
+
+int outOfMemory(const char* bytesText) {
+  const size_t bytes = std::strtoull(bytesText, nullptr, 10);
+  void* device = nullptr;
+  const cudaError_t status = cudaMalloc(&device, bytes);
+  std::printf("cudaMalloc(%zu) returned %s\n", bytes, cudaGetErrorName(status));
+  EXPECT(status == cudaErrorMemoryAllocation, "expected cudaErrorMemoryAllocation");
+  // The failure is the runtime's last error until read, and not sticky: a small allocation
+  // still works.
+  EXPECT(cudaGetLastError() == cudaErrorMemoryAllocation, "cudaGetLastError lost the failure");
+  CHECK(cudaGetLastError());
+  CHECK(cudaMalloc(&device, 1024));
+  CHECK(cudaFree(device));
+  return 0;
+}
+
+int hold(const char* bytesText) {
+  const size_t bytes = std::strtoull(bytesText, nullptr, 10);
+  void* device = nullptr;
+  CHECK(cudaMalloc(&device, bytes));
+  CHECK(cudaMemset(device, 1, bytes));
+  CHECK(cudaDeviceSynchronize());
+  std::printf("holding %zu bytes\n", bytes);
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::printf("usage: %s <mode> [argument]\n", argv[0]);
+    return 2;
+  }
+  const char* mode = argv[1];
+  const char* argument = argc > 2 ? argv[2] : nullptr;
+  int result = 2;
+  if (std::strcmp(mode, "device-query") == 0) result = deviceQuery();
+  if (std::strcmp(mode, "vectors") == 0) result = vectors();
+  if (std::strcmp(mode, "streams") == 0) result = streams();
+  if (std::strcmp(mode, "pinned") == 0) result = pinned();
+  if (std::strcmp(mode, "symbols") == 0) result = symbols();
+  if (std::strcmp(mode, "malloc-async") == 0) result = mallocAsync();
+  if (std::strcmp(mode, "bad-launch") == 0) result = badLaunch();
+  if (std::strcmp(mode, "out-of-memory") == 0 && argument != nullptr) {
+    result = outOfMemory(argument);
+  }
+  if (std::strcmp(mode, "hold") == 0 && argument != nullptr) result = hold(argument);
+  if (result == 2) std::printf("unknown mode %s\n", mode);
+  if (result == 0) std::printf("%s: PASSED\n", mode);
+  return result;
+}
