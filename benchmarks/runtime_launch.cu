@@ -54,8 +54,9 @@ Options parse(int argc, char** argv) {
     } else if (args.is("--smoke")) {
       options = Options{300, 20, 100, 2};
     } else if (args.is("--help")) {
-      std::printf("usage: runtime_launch [--iterations N] [--warmup N] [--batch N] [--rounds N] "
-                  "[--smoke]\n");
+      std::printf(
+          "usage: runtime_launch [--iterations N] [--warmup N] [--batch N] [--rounds N] "
+          "[--smoke]\n");
       std::exit(0);
     } else {
       args.unknown();
@@ -94,8 +95,8 @@ int main(int argc, char** argv) {
   // The driver's entry point as cudart finds it, and the kernel's CUfunction in this context.
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  CHECK_RT(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault,
-                                            &found));
+  CHECK_RT(
+      cudaGetDriverEntryPointByVersion("cuLaunchKernel", &entry, 12000, cudaEnableDefault, &found));
   const auto driverLaunch = reinterpret_cast<LaunchKernel>(entry);
   cudaFunction_t function = nullptr;
   CHECK_RT(cudaGetFuncBySymbol(&function, reinterpret_cast<const void*>(&emptyKernel)));
@@ -129,11 +130,11 @@ int main(int argc, char** argv) {
       options.iterations, options.rounds, options.batch, properties.name);
   const LatencySummary driver = summarize(driverSamples);
   const LatencySummary runtime = summarize(runtimeSamples);
-  Table table({"path", "launches", "median ns", "p90 ns", "p99 ns", "mean ns",
-               "median vs cuLaunchKernel"});
-  table.add({"cuLaunchKernel -> " + callPathLabel() + " (baseline)",
-             std::to_string(driver.samples), formatNs(driver.median), formatNs(driver.p90),
-             formatNs(driver.p99), formatNs(driver.mean), "1.00x"});
+  Table table(
+      {"path", "launches", "median ns", "p90 ns", "p99 ns", "mean ns", "median vs cuLaunchKernel"});
+  table.add({"cuLaunchKernel -> " + callPathLabel() + " (baseline)", std::to_string(driver.samples),
+             formatNs(driver.median), formatNs(driver.p90), formatNs(driver.p99),
+             formatNs(driver.mean), "1.00x"});
   table.add({"<<<>>> (cudaLaunchKernel) -> " + callPathLabel(), std::to_string(runtime.samples),
              formatNs(runtime.median), formatNs(runtime.p90), formatNs(runtime.p99),
              formatNs(runtime.mean), formatRatio(runtime.median / driver.median)});

@@ -490,7 +490,8 @@ void Runtime::forgetModule(std::uint64_t module) {
     }
   }
   std::lock_guard lock(allocationsMutex_);
-  std::erase_if(allocations_, [module](const auto& entry) { return entry.second.module == module; });
+  std::erase_if(allocations_,
+                [module](const auto& entry) { return entry.second.module == module; });
 }
 
 void Runtime::addFunction(std::uint64_t function, std::shared_ptr<const KernelRecord> record) {
@@ -512,8 +513,8 @@ void Runtime::addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uin
   allocations_[pointer] = Allocation{bytes, context};
 }
 
-void Runtime::addModuleVariable(std::uint64_t pointer, std::uint64_t bytes,
-                                std::uint64_t context, std::uint64_t module) {
+void Runtime::addModuleVariable(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
+                                std::uint64_t module) {
   std::lock_guard lock(allocationsMutex_);
   allocations_[pointer] = Allocation{bytes, context, module};
 }

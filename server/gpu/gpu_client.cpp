@@ -735,8 +735,7 @@ void GpuClient::forgetModuleVariables(const Module& module) {
   }
 }
 
-backend::Result<backend::GlobalVariable> GpuClient::global(Handle module,
-                                                           const std::string& name) {
+backend::Result<backend::GlobalVariable> GpuClient::global(Handle module, const std::string& name) {
   auto found = modules_.find(module);
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
   auto variable = found->second.module->global(name);

@@ -175,7 +175,7 @@ private:
     std::unique_ptr<backend::Module> module;
     std::map<std::string, Handle> functionsByName;
     std::vector<backend::GlobalVariable> variablesLookedUp;  // in moduleVariables_ too
-    std::optional<MemoryCharge> charge;  // its device memory, while loaded
+    std::optional<MemoryCharge> charge;                      // its device memory, while loaded
     TenantObjectHold hold;
   };
   struct Function {

@@ -275,8 +275,7 @@ kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
 
 kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {
   std::uint64_t handle = context.getParams().getModule();
-  return answerWhenDone(context, clientFor(handle, HandleKind::kModule),
-                        CUDA_ERROR_INVALID_HANDLE,
+  return answerWhenDone(context, clientFor(handle, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
                         [&](GpuClient& client) { return client.unloadModule(handle); });
 }
 

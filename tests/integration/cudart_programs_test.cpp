@@ -40,9 +40,9 @@ TEST_P(CudartPrograms, DeviceQueryAgreesWithStatus) {
   RunResult result = daemon.runClient(program("cudart_checks"), {"device-query"});
   ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
   const nlohmann::json status = daemon.status();
-  EXPECT_NE(result.output.find("devices 2 driver " +
-                               std::to_string(status["driver_version"].get<int>())),
-            std::string::npos)
+  EXPECT_NE(
+      result.output.find("devices 2 driver " + std::to_string(status["driver_version"].get<int>())),
+      std::string::npos)
       << result.output;
   for (const auto& device : status["devices"]) {
     const std::string line = "device " + std::to_string(device["index"].get<int>()) + " name=\"" +

@@ -7,7 +7,8 @@
 // unsupported-kernels, null-pointers, trap, foreign-pointer ADDRESS, alloc-and-hold BYTES, alloc
 // BYTES, device-count, fork-hold BYTES, queue-and-hold BYTES KERNELS MICROSECONDS (allocates, then
 // queues KERNELS spin kernels of MICROSECONDS each on the NULL stream without waiting for them, and
-// holds).
+// holds), load-image FILE (cuModuleLoadData of the file's bytes; if that loads, runs its kernel
+// `scale` over 256 floats and reports "scale-result OK" or "scale-result WRONG").
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
@@ -181,6 +182,41 @@ int main(int argc, char** argv) {
     report("cuMemFree(again)", cuMemFree(pointer));
     char byte = 1;
     report("cuMemcpyHtoD(freed)", cuMemcpyHtoD(pointer, &byte, 1));
+  } else if (scenario == "load-image" && argc > 2) {
+    std::FILE* file = std::fopen(argv[2], "rb");
+    if (file == nullptr) {
+      std::printf("cannot open %s\n", argv[2]);
+      return 1;
+    }
+    std::vector<char> image;
+    char buffer[4096];
+    for (std::size_t got; (got = std::fread(buffer, 1, sizeof(buffer), file)) > 0;) {
+      image.insert(image.end(), buffer, buffer + got);
+    }
+    std::fclose(file);
+    image.resize(image.size() + 64, '\0');  // slack: a header may claim a little more than is here
+    CUmodule module;
+    const CUresult loaded = cuModuleLoadData(&module, image.data());
+    report("cuModuleLoadData", loaded);
+    if (loaded == CUDA_SUCCESS) {
+      CUfunction scale;
+      report("cuModuleGetFunction", cuModuleGetFunction(&scale, module, "scale"));
+      constexpr int kCount = 256;
+      float host[kCount];
+      for (int i = 0; i < kCount; ++i) host[i] = static_cast<float>(i);
+      CUdeviceptr data;
+      report("cuMemAlloc", cuMemAlloc(&data, sizeof(host)));
+      report("cuMemcpyHtoD", cuMemcpyHtoD(data, host, sizeof(host)));
+      float factor = 3.0f;
+      int count = kCount;
+      void* parameters[] = {&data, &factor, &count};
+      report("cuLaunchKernel",
+             cuLaunchKernel(scale, 1, 1, 1, kCount, 1, 1, 0, nullptr, parameters, nullptr));
+      report("cuMemcpyDtoH", cuMemcpyDtoH(host, data, sizeof(host)));
+      bool right = true;
+      for (int i = 0; i < kCount; ++i) right = right && host[i] == 3.0f * static_cast<float>(i);
+      std::printf("scale-result %s\n", right ? "OK" : "WRONG");
+    }
   } else if (scenario == "unknown-kernel") {
     CUmodule module;
     report("cuModuleLoadData", cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));

@@ -114,8 +114,10 @@ CUresult moduleFromFatbinWrapper(CUmodule* module, const void* wrapper) {
 CUresult moduleFromFatbinWrapperWithOptions(CUmodule* module, const void* wrapper, void* options,
                                             void* values, unsigned count) {
   if (options != nullptr || values != nullptr || count != 0) {
-    GPUPROXY_STUB_LOG(kWarn, "cuGetExportTable: module load with %u runtime options is not "
-                             "supported", count);
+    GPUPROXY_STUB_LOG(kWarn,
+                      "cuGetExportTable: module load with %u runtime options is not "
+                      "supported",
+                      count);
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   return loadModule("module from fatbin wrapper (with options)", module, wrapper);
@@ -124,8 +126,10 @@ CUresult moduleFromFatbinWrapperWithOptions(CUmodule* module, const void* wrappe
 CUresult moduleFromFatbin(const void* fatbin, CUmodule* module, void* options, void* values,
                           unsigned count) {
   if (options != nullptr || values != nullptr || count != 0) {
-    GPUPROXY_STUB_LOG(kWarn, "cuGetExportTable: module load with %u runtime options is not "
-                             "supported", count);
+    GPUPROXY_STUB_LOG(kWarn,
+                      "cuGetExportTable: module load with %u runtime options is not "
+                      "supported",
+                      count);
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   return loadModule("module from fatbin", module, fatbin);
@@ -298,8 +302,8 @@ struct Tables {
   template <int Table>
   static const void* nothingToDoSlot(std::size_t index) {
     static const std::array<const void*, 4> slots = {
-        slot(&nothingToDo<Table, 0>), slot(&nothingToDo<Table, 1>),
-        slot(&nothingToDo<Table, 2>), slot(&nothingToDo<Table, 3>)};
+        slot(&nothingToDo<Table, 0>), slot(&nothingToDo<Table, 1>), slot(&nothingToDo<Table, 2>),
+        slot(&nothingToDo<Table, 3>)};
     return slots.at(index);
   }
 };
@@ -380,16 +384,26 @@ constexpr std::array<KnownTable, kTableCount> kKnownTables = {{
 const void* const* tableData(int table) {
   const Tables& all = tables();
   switch (table) {
-    case kCudartInterface: return all.cudartInterface.data();
-    case kToolsTls: return all.toolsTls.data();
-    case kToolsRuntimeCallbackHooks: return all.callbackHooks.data();
-    case kContextLocalStorage: return all.contextLocalStorage.data();
-    case kContextCreateBypass: return all.contextCreateBypass.data();
-    case kHeapAccess: return all.heapAccess.data();
-    case kDeviceExtendedRuntime: return all.deviceExtended.data();
-    case kIntegrityCheck: return all.integrity.data();
-    case kContextChecks: return all.contextChecks.data();
-    default: return nullptr;
+    case kCudartInterface:
+      return all.cudartInterface.data();
+    case kToolsTls:
+      return all.toolsTls.data();
+    case kToolsRuntimeCallbackHooks:
+      return all.callbackHooks.data();
+    case kContextLocalStorage:
+      return all.contextLocalStorage.data();
+    case kContextCreateBypass:
+      return all.contextCreateBypass.data();
+    case kHeapAccess:
+      return all.heapAccess.data();
+    case kDeviceExtendedRuntime:
+      return all.deviceExtended.data();
+    case kIntegrityCheck:
+      return all.integrity.data();
+    case kContextChecks:
+      return all.contextChecks.data();
+    default:
+      return nullptr;
   }
 }
 
@@ -438,8 +452,7 @@ GPUPROXY_EXPORT CUresult cuGetExportTable(const void** ppExportTable,
   static std::set<Uuid> refused;
   std::lock_guard lock(refusedMutex);
   if (refused.insert(id).second) {
-    GPUPROXY_STUB_LOG(kWarn, "cuGetExportTable: table {%s} is not supported",
-                      uuidText(id).c_str());
+    GPUPROXY_STUB_LOG(kWarn, "cuGetExportTable: table {%s} is not supported", uuidText(id).c_str());
   }
   return CUDA_ERROR_INVALID_VALUE;
 }

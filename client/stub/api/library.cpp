@@ -62,8 +62,8 @@ public:
       return CUDA_SUCCESS;
     }
     std::uint64_t loaded = 0;
-    if (CUresult result = gpuproxy::stub::loadModuleInto(runtime, context, image_.data(),
-                                                         image_.size(), loaded);
+    if (CUresult result =
+            gpuproxy::stub::loadModuleInto(runtime, context, image_.data(), image_.size(), loaded);
         result != CUDA_SUCCESS) {
       return result;
     }
@@ -90,8 +90,8 @@ public:
       return result;
     }
     std::uint64_t looked = 0;
-    if (CUresult result = gpuproxy::stub::lookUpFunction(runtime, module, kernel.name.c_str(),
-                                                         looked);
+    if (CUresult result =
+            gpuproxy::stub::lookUpFunction(runtime, module, kernel.name.c_str(), looked);
         result != CUDA_SUCCESS) {
       return result;
     }
@@ -236,13 +236,10 @@ CUresult libraryKernelFunction(Runtime& runtime, std::uint64_t handle, std::uint
 
 // JIT and library options tune the real driver's compiler and loader; the daemon's backend
 // compiles, so they are accepted and have no effect here.
-GPUPROXY_EXPORT CUresult cuLibraryLoadData(CUlibrary* library, const void* code,
-                                           CUjit_option* /*jitOptions*/,
-                                           void** /*jitOptionsValues*/,
-                                           unsigned int /*numJitOptions*/,
-                                           CUlibraryOption* /*libraryOptions*/,
-                                           void** /*libraryOptionValues*/,
-                                           unsigned int /*numLibraryOptions*/) {
+GPUPROXY_EXPORT CUresult cuLibraryLoadData(
+    CUlibrary* library, const void* code, CUjit_option* /*jitOptions*/, void** /*jitOptionsValues*/,
+    unsigned int /*numJitOptions*/, CUlibraryOption* /*libraryOptions*/,
+    void** /*libraryOptionValues*/, unsigned int /*numLibraryOptions*/) {
   return loadLibrary(__func__, library, code);
 }
 
@@ -257,8 +254,7 @@ GPUPROXY_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
   });
 }
 
-GPUPROXY_EXPORT CUresult cuLibraryGetKernel(CUkernel* kernel, CUlibrary library,
-                                            const char* name) {
+GPUPROXY_EXPORT CUresult cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
   return guarded(__func__, [&](Runtime&) {
     if (kernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
     Library* found = Libraries::instance().find(handleValue(library));
@@ -304,8 +300,8 @@ GPUPROXY_EXPORT CUresult cuKernelGetFunction(CUfunction* function, CUkernel kern
     std::uint64_t context = 0;
     if (CUresult result = requireCurrentContext(context); result != CUDA_SUCCESS) return result;
     std::uint64_t resolved = 0;
-    if (CUresult result = gpuproxy::stub::libraryKernelFunction(runtime, handleValue(kernel),
-                                                                context, resolved);
+    if (CUresult result =
+            gpuproxy::stub::libraryKernelFunction(runtime, handleValue(kernel), context, resolved);
         result != CUDA_SUCCESS) {
       return result;
     }

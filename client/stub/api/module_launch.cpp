@@ -159,8 +159,7 @@ CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name
     });
   });
   if (reply.result != CUDA_SUCCESS) return reply.result;
-  if (!gpuproxy::stub::layoutIsConsistent(reply.record->parameters,
-                                          reply.record->parameterBytes)) {
+  if (!gpuproxy::stub::layoutIsConsistent(reply.record->parameters, reply.record->parameterBytes)) {
     GPUPROXY_STUB_LOG(kError,
                       "cuModuleGetFunction(%s): gpuproxyd reported a parameter layout that "
                       "does not fit its own buffer",

@@ -953,14 +953,13 @@ public:
     }
     auto ptx = fatbin::selectPtx(*contents.value, kSimComputeCapability);
     if (ptx.ok()) return std::move(*ptx.value);
-    const bool hasUsablePtx =
-        std::any_of(contents.value->entries.begin(), contents.value->entries.end(),
-                    [](const fatbin::FatbinEntry& entry) {
-                      return entry.kind == fatbin::EntryKind::kPtx &&
-                             entry.arch <= kSimComputeCapability;
-                    });
-    spdlog::warn("sim device {}: cannot load a fatbin of {} bytes: {}", index,
-                 contents.value->size, ptx.error);
+    const bool hasUsablePtx = std::any_of(
+        contents.value->entries.begin(), contents.value->entries.end(),
+        [](const fatbin::FatbinEntry& entry) {
+          return entry.kind == fatbin::EntryKind::kPtx && entry.arch <= kSimComputeCapability;
+        });
+    spdlog::warn("sim device {}: cannot load a fatbin of {} bytes: {}", index, contents.value->size,
+                 ptx.error);
     return hasUsablePtx ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_NO_BINARY_FOR_GPU;
   }
 
@@ -989,7 +988,8 @@ public:
       }
       case protocol::ModuleImageKind::kFatbinWrapper:
         // The stub ships the fatbin a wrapper points at; a wrapper's pointer means nothing here.
-        spdlog::warn("sim device {}: refusing a fatbin wrapper: its pointer is the client's", index);
+        spdlog::warn("sim device {}: refusing a fatbin wrapper: its pointer is the client's",
+                     index);
         return CUDA_ERROR_INVALID_IMAGE;
     }
     if (!ptx::looksLikePtx(image)) {

@@ -20,24 +20,24 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                                         \
-  do {                                                                                      \
-    const cudaError_t status_ = (call);                                                     \
-    if (status_ != cudaSuccess) {                                                           \
-      std::printf("FAILED: %s at line %d returned %s (%s)\n", #call, __LINE__,             \
-                  cudaGetErrorName(status_), cudaGetErrorString(status_));                  \
-      return 1;                                                                             \
-    }                                                                                       \
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    const cudaError_t status_ = (call);                                        \
+    if (status_ != cudaSuccess) {                                              \
+      std::printf("FAILED: %s at line %d returned %s (%s)\n", #call, __LINE__, \
+                  cudaGetErrorName(status_), cudaGetErrorString(status_));     \
+      return 1;                                                                \
+    }                                                                          \
   } while (0)
 
-#define EXPECT(condition, ...)          \
-  do {                                  \
-    if (!(condition)) {                 \
-      std::printf("FAILED: ");          \
-      std::printf(__VA_ARGS__);         \
-      std::printf("\n");                \
-      return 1;                         \
-    }                                   \
+#define EXPECT(condition, ...)  \
+  do {                          \
+    if (!(condition)) {         \
+      std::printf("FAILED: ");  \
+      std::printf(__VA_ARGS__); \
+      std::printf("\n");        \
+      return 1;                 \
+    }                           \
   } while (0)
 
 __global__ void scaleAndAdd(float factor, const float* x, float* y, int n) {
@@ -82,9 +82,9 @@ int deviceQuery() {
     std::printf(
         "device %d name=\"%s\" compute=%d.%d sms=%d memory=%zu warp=%d max_threads=%d "
         "shared_per_block=%zu\n",
-        device, properties.name, properties.major, properties.minor,
-        properties.multiProcessorCount, properties.totalGlobalMem, properties.warpSize,
-        properties.maxThreadsPerBlock, properties.sharedMemPerBlock);
+        device, properties.name, properties.major, properties.minor, properties.multiProcessorCount,
+        properties.totalGlobalMem, properties.warpSize, properties.maxThreadsPerBlock,
+        properties.sharedMemPerBlock);
   }
   CHECK(cudaDeviceSynchronize());
   return 0;

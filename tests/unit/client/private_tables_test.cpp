@@ -81,8 +81,7 @@ TEST_F(PrivateTablesTest, AnUnderstoodSlotWorksAndAnUnknownOneRefusesRatherThanC
   const void* const* extended = table(kDeviceExtendedRuntime);
   ASSERT_NE(extended, nullptr);
   using Unknown = CUresult (*)();
-  EXPECT_EQ(reinterpret_cast<Unknown>(const_cast<void*>(extended[3]))(),
-            CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(reinterpret_cast<Unknown>(const_cast<void*>(extended[3]))(), CUDA_ERROR_NOT_SUPPORTED);
 }
 
 TEST_F(PrivateTablesTest, UnknownTablesAndBadArgumentsAreRefused) {
