@@ -387,6 +387,12 @@ GPUPROXY_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
                  [&](Runtime& runtime) { return loadModuleData(runtime, module, image); });
 }
 
+// The same as cuModuleLoadData: the image kind is told from its first bytes either way.
+GPUPROXY_EXPORT CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
+  return guarded(__func__,
+                 [&](Runtime& runtime) { return loadModuleData(runtime, module, fatCubin); });
+}
+
 GPUPROXY_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image,
                                             unsigned int numOptions, CUjit_option* options,
                                             void** optionValues) {
