@@ -64,13 +64,16 @@ std::optional<TenantObjectHold> GpuClient::holdObject(TenantObject kind) {
 }
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
+  return createContextAs(newHandle(HandleKind::kContext), flags);
+}
+
+backend::Result<Handle> GpuClient::createContextAs(Handle handle, unsigned flags) {
   if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
   auto hold = holdObject(TenantObject::kContext);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
   auto nullStream = worker_.dispatcher().createStream(
       {stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
-  Handle handle = newHandle(HandleKind::kContext);
   Context& context = contexts_[handle];
   context.flags = flags;
   context.nullStream = std::move(nullStream).value();
@@ -91,7 +94,10 @@ kj::Promise<CUresult> GpuClient::destroyContext(Handle context) {
 
 backend::Result<Handle> GpuClient::retainPrimaryContext() {
   if (!primaryContext_) {
-    auto created = createContext(primaryFlags_);
+    // The driver's primary context keeps its handle through resets (the runtime makes it current
+    // again before it retains it), so a recreated one gets the handle it had.
+    if (primaryHandle_ == 0) primaryHandle_ = newHandle(HandleKind::kContext);
+    auto created = createContextAs(primaryHandle_, primaryFlags_);
     if (!created.ok()) return created.code();
     contexts_[created.value()].primary = true;
     primaryContext_ = created.value();

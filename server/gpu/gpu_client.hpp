@@ -196,6 +196,7 @@ private:
   };
 
   Handle newHandle(HandleKind kind);
+  backend::Result<Handle> createContextAs(Handle handle, unsigned flags);
   // One more object of `kind` for the client's tenant, or nullopt (logged) at the tenant's cap.
   std::optional<TenantObjectHold> holdObject(TenantObject kind);
   std::optional<Target> resolveStream(Handle context, Handle stream);
@@ -245,6 +246,7 @@ private:
   scheduler::ClientId schedulingId_;
   std::uint64_t nextSerial_ = 1;
   std::optional<Handle> primaryContext_;
+  Handle primaryHandle_ = 0;  // what the primary context is called, alive or not: never changes
   unsigned primaryFlags_ = 0;
   unsigned primaryRefcount_ = 0;
   // Device memory held here, written only by this client's MemoryCharges (declared before the

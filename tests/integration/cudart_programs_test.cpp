@@ -67,6 +67,15 @@ TEST_P(CudartPrograms, EverydayRuntimeCallsGiveTheGpusResults) {
   }));
 }
 
+TEST_P(CudartPrograms, SeveralDevicesThreadsAndADeviceReset) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  RunResult result = daemon.runClient(program("cudart_checks"), {"devices"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("2 devices, reset, 4 threads"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, AnImpossibleLaunchIsReportedAndCleared) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("cudart_checks"), {"bad-launch"});

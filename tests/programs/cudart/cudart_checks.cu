@@ -8,6 +8,8 @@
 //   pinned            cudaMallocHost/cudaHostAlloc memory used by asynchronous copies and a kernel
 //   symbols           cudaMemcpyToSymbol/FromSymbol on __constant__ and __device__ variables
 //   malloc-async      cudaMallocAsync/cudaFreeAsync in stream order
+//   devices           every device from several threads, cudaDeviceReset of one in between,
+//                     module variables written again after the reset
 //   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
 //   out-of-memory N   cudaMalloc of N bytes must fail with cudaErrorMemoryAllocation
 //   hold N            allocates and fills N bytes, prints "holding", then waits to be killed
@@ -15,9 +17,11 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #define CHECK(call)                                                            \
@@ -234,6 +238,52 @@ int mallocAsync() {
   return 0;
 }
 
+// One kernel run and its module variable checked on the calling thread's current device.
+int runOnDevice(int device) {
+  CHECK(cudaSetDevice(device));
+  const int n = 512;
+  const float chosen[4] = {2.0f, 2.0f, 2.0f, 2.0f};
+  CHECK(cudaMemcpyToSymbol(weights, chosen, sizeof(chosen)));
+  float* out = nullptr;
+  CHECK(cudaMalloc(&out, n * sizeof(float)));
+  weigh<<<(n + 127) / 128, 128>>>(out, n);
+  CHECK(cudaGetLastError());
+  std::vector<float> host(n);
+  CHECK(cudaMemcpy(host.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(cudaFree(out));
+  for (int i = 0; i < n; ++i) {
+    EXPECT(host[i] == 2.0f * static_cast<float>(i), "device %d: out[%d] = %f", device, i, host[i]);
+  }
+  return 0;
+}
+
+int devices() {
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  for (int device = 0; device < count; ++device) {
+    if (runOnDevice(device) != 0) return 1;
+  }
+  // A reset drops the device's allocations and modules; the runtime loads them again.
+  CHECK(cudaSetDevice(0));
+  CHECK(cudaDeviceReset());
+  for (int device = 0; device < count; ++device) {
+    if (runOnDevice(device) != 0) return 1;
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, count, &failures] {
+      for (int round = 0; round < 8; ++round) {
+        if (runOnDevice((t + round) % count) != 0) ++failures;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT(failures == 0, "%d runs failed on other threads", failures.load());
+  std::printf("%d devices, reset, 4 threads\n", count);
+  return 0;
+}
+
 int badLaunch() {
   float* device = nullptr;
   CHECK(cudaMalloc(&device, 1024));
@@ -291,6 +341,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "pinned") == 0) result = pinned();
   if (std::strcmp(mode, "symbols") == 0) result = symbols();
   if (std::strcmp(mode, "malloc-async") == 0) result = mallocAsync();
+  if (std::strcmp(mode, "devices") == 0) result = devices();
   if (std::strcmp(mode, "bad-launch") == 0) result = badLaunch();
   if (std::strcmp(mode, "out-of-memory") == 0 && argument != nullptr) {
     result = outOfMemory(argument);

@@ -364,6 +364,24 @@ TEST_F(GpuClientTest, PrimaryContextIsReferenceCounted) {
   EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_ERROR_INVALID_CONTEXT);
 }
 
+TEST_F(GpuClientTest, APrimaryContextKeepsItsHandleThroughAReset) {
+  auto client = newClient();
+  auto before = client->retainPrimaryContext();
+  ASSERT_TRUE(before.ok());
+  ASSERT_TRUE(client->allocate(before.value(), 4096).ok());
+  EXPECT_EQ(wait(client->resetPrimaryContext()), CUDA_SUCCESS);
+  EXPECT_EQ(worker_.memoryUsed(), 0u);  // its resources went
+  EXPECT_EQ(client->allocate(before.value(), 4096).code(), CUDA_ERROR_INVALID_CONTEXT);
+  auto after = client->retainPrimaryContext();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after.value(), before.value());  // as the driver's: the runtime relies on it
+  EXPECT_TRUE(client->allocate(after.value(), 4096).ok());
+  // An ordinary context never gets that handle.
+  auto other = client->createContext(0);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other.value(), before.value());
+}
+
 TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeave) {
   auto victim = newClient(10);
   auto culprit = newClient(20);
