@@ -1123,19 +1123,16 @@ private:
         if (!value) return false;
         operand.integer = static_cast<std::int64_t>(*value);
       }
+      // A register named without '%' (inline assembly declares its own, e.g. "r0|p" in CUB's
+      // scans) may carry a paired predicate like any other.
+      if (!pairedPredicate(operand)) return false;
       return true;
     }
     if (token.text[0] == '%') {
       operand.kind = Operand::Kind::kRegister;
       operand.name = std::string(token.text);
       if (negative) return fail(token.line, "bad operand");
-      if (lexer_.peek().is('|')) {
-        lexer_.next();
-        const Token paired = lexer_.next();
-        if (paired.kind != TokenKind::kWord) return fail(paired.line, "bad paired predicate");
-        operand.pairedPredicate = std::string(paired.text);
-      }
-      return true;
+      return pairedPredicate(operand);
     }
     if (const auto floating = parseFloatLiteral(token.text)) {
       operand.kind = Operand::Kind::kFloat;
@@ -1152,6 +1149,16 @@ private:
     operand.kind = Operand::Kind::kInteger;
     operand.integer =
         negative ? static_cast<std::int64_t>(~*value + 1) : static_cast<std::int64_t>(*value);
+    return true;
+  }
+
+  // The "|p" of a destination such as "d|p" (shfl.sync, setp's second result), if one follows.
+  bool pairedPredicate(Operand& operand) {
+    if (!lexer_.peek().is('|')) return true;
+    lexer_.next();
+    const Token paired = lexer_.next();
+    if (paired.kind != TokenKind::kWord) return fail(paired.line, "bad paired predicate");
+    operand.pairedPredicate = std::string(paired.text);
     return true;
   }
 

@@ -174,6 +174,39 @@ $done:
   }
 }
 
+// CUB's warp scan, as its inline assembly writes it: registers declared in a nested scope without
+// '%', and shfl's second result, the predicate "lane in range", paired with the first as "r0|p".
+TEST(PtxInterpreter, InlineAssemblyScopesAndPairedShflPredicates) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .reg .pred %p<10>;
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [out];
+  mov.u32 %r1, %tid.x;
+  mov.u32 %r2, 1;
+  mov.u32 %r3, 1;
+$step:
+  {  .reg .u32 r0;  .reg .pred p;  shfl.sync.up.b32 r0|p, %r2, %r3, 0, -1;  @p add.u32 r0, r0, %r2;  mov.u32 %r2, r0;}
+  shl.b32 %r3, %r3, 1;
+  setp.lt.u32 %p9, %r3, 32;
+  @%p9 bra $step;
+  mul.wide.u32 %rd2, %r1, 4;
+  add.u64 %rd3, %rd1, %rd2;
+  st.global.u32 [%rd3], %r2;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(32, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  // An inclusive scan of ones: lane i holds i + 1.
+  for (std::uint32_t lane = 0; lane < 32; ++lane) EXPECT_EQ(out[lane], lane + 1) << lane;
+}
+
 // Faults are exact, and each is the error a GPU reports.
 TEST(PtxInterpreter, FaultsAreTheErrorsAGpuReports) {
   struct Case {
