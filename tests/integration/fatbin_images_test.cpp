@@ -47,6 +47,20 @@ TEST(FatbinImages, EveryShapeNvccWritesRunsFromItsPtx) {
   }
 }
 
+// As cuBLAS ships: machine code for every GPU it supports, PTX for the newest only. A GPU of the
+// sim's kind (9.0) runs the machine code; the sim runs the newer PTX instead, and says so.
+TEST(FatbinImages, MachineCodeForTheSimsGpuAndNewerPtxRunsFromThatPtx) {
+  Daemon daemon;
+  RunResult result =
+      daemon.runClient("error_probe", {"load-image", kData + "/sass90_ptx100.fatbin"});
+  EXPECT_NE(result.output.find("scale-result OK"), std::string::npos)
+      << result.output << daemon.log();
+  EXPECT_NE(daemon.log().find("has machine code for sm_90 but no PTX for it; running its "
+                              "compute_100 PTX"),
+            std::string::npos)
+      << daemon.log();
+}
+
 TEST(FatbinImages, MachineCodeAloneIsNoBinaryForGpuWithTheArchitecturesLogged) {
   Daemon daemon;
   RunResult result =

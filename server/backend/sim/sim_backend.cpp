@@ -951,13 +951,43 @@ public:
                    contents.error);
       return CUDA_ERROR_INVALID_IMAGE;
     }
+    const std::vector<fatbin::FatbinEntry>& entries = contents.value->entries;
     auto ptx = fatbin::selectPtx(*contents.value, kSimComputeCapability);
     if (ptx.ok()) return std::move(*ptx.value);
-    const bool hasUsablePtx = std::any_of(
-        contents.value->entries.begin(), contents.value->entries.end(),
-        [](const fatbin::FatbinEntry& entry) {
+    const bool hasUsablePtx =
+        std::any_of(entries.begin(), entries.end(), [](const fatbin::FatbinEntry& entry) {
           return entry.kind == fatbin::EntryKind::kPtx && entry.arch <= kSimComputeCapability;
         });
+    if (!hasUsablePtx) {
+      // Libraries such as cuBLAS ship machine code for every GPU they support and PTX only for
+      // the newest. A GPU of the sim's kind runs such an image from its machine code, which the
+      // sim cannot execute; it runs the closest newer PTX instead, whose instructions the
+      // interpreter either executes with a GPU's semantics or refuses by name at load.
+      const bool machineCodeForThisGpu =
+          std::any_of(entries.begin(), entries.end(), [](const fatbin::FatbinEntry& entry) {
+            return entry.kind == fatbin::EntryKind::kElf && entry.arch == kSimComputeCapability &&
+                   entry.variant == fatbin::ArchVariant::kGeneric;
+          });
+      unsigned closestNewer = 0;
+      for (const fatbin::FatbinEntry& entry : entries) {
+        if (entry.kind == fatbin::EntryKind::kPtx && entry.arch > kSimComputeCapability &&
+            entry.variant == fatbin::ArchVariant::kGeneric &&
+            (closestNewer == 0 || entry.arch < closestNewer)) {
+          closestNewer = entry.arch;
+        }
+      }
+      if (machineCodeForThisGpu && closestNewer != 0) {
+        auto newer = fatbin::selectPtx(*contents.value, closestNewer);
+        if (newer.ok()) {
+          spdlog::info(
+              "sim device {}: a fatbin of {} bytes has machine code for sm_{} but no PTX for it; "
+              "running its compute_{} PTX",
+              index, contents.value->size, kSimComputeCapability, closestNewer);
+          return std::move(*newer.value);
+        }
+        ptx.error = newer.error;
+      }
+    }
     spdlog::warn("sim device {}: cannot load a fatbin of {} bytes: {}", index, contents.value->size,
                  ptx.error);
     return hasUsablePtx ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_NO_BINARY_FOR_GPU;
