@@ -510,13 +510,18 @@ std::shared_ptr<const KernelRecord> Runtime::function(std::uint64_t function) co
 
 void Runtime::addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context) {
   std::lock_guard lock(allocationsMutex_);
-  allocations_[pointer] = Allocation{bytes, context};
+  allocations_[pointer] = Allocation{bytes, context, 0, newBufferId()};
 }
 
 void Runtime::addModuleVariable(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
                                 std::uint64_t module) {
   std::lock_guard lock(allocationsMutex_);
-  allocations_[pointer] = Allocation{bytes, context, module};
+  // Asked for again, a variable keeps its buffer id.
+  auto known = allocations_.find(pointer);
+  const std::uint64_t id = known != allocations_.end() && known->second.module == module
+                               ? known->second.bufferId
+                               : newBufferId();
+  allocations_[pointer] = Allocation{bytes, context, module, id};
 }
 
 void Runtime::forgetAllocation(std::uint64_t pointer) {
@@ -531,6 +536,15 @@ bool Runtime::ownsRange(std::uint64_t pointer, std::uint64_t bytes) const {
   const auto& [start, allocation] = *std::prev(after);
   const std::uint64_t offset = pointer - start;
   return offset < allocation.bytes && bytes <= allocation.bytes - offset;
+}
+
+std::optional<AllocationRange> Runtime::allocationContaining(std::uint64_t pointer) const {
+  std::shared_lock lock(allocationsMutex_);
+  auto after = allocations_.upper_bound(pointer);
+  if (after == allocations_.begin()) return std::nullopt;
+  const auto& [start, allocation] = *std::prev(after);
+  if (pointer - start >= allocation.bytes) return std::nullopt;
+  return AllocationRange{start, allocation.bytes, allocation.context, allocation.bufferId};
 }
 
 }  // namespace gpuproxy::stub

@@ -78,6 +78,7 @@ struct ContextRecord {
 
 // What cuLaunchKernel needs to know about a CUfunction without asking the daemon.
 struct KernelRecord {
+  std::string name;  // as cuModuleGetFunction was asked for it (cuFuncGetName)
   std::uint64_t module = 0;
   std::uint64_t context = 0;
   std::vector<ParameterSlot> parameters;
@@ -85,6 +86,21 @@ struct KernelRecord {
   int maxThreadsPerBlock = 0;
   int sharedSizeBytes = 0;
   int numRegs = 0;
+  // What cuFuncSetAttribute changed (function_attributes.cpp). The record is shared between
+  // threads, so these are atomics; -1 means never set: the default per-block limit applies to
+  // dynamic shared memory, and the carveout is CU_SHAREDMEM_CARVEOUT_DEFAULT (-1) anyway.
+  mutable std::atomic<int> maxDynamicSharedSizeBytes{-1};
+  mutable std::atomic<int> preferredSharedMemoryCarveout{-1};
+};
+
+// One of this process's device allocations (or module variables), as cuPointerGetAttribute and
+// cuMemGetAddressRange report it.
+struct AllocationRange {
+  std::uint64_t start = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t context = 0;
+  std::uint64_t bufferId =
+      0;  // unique over the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID)
 };
 
 class Runtime {
@@ -178,6 +194,10 @@ public:
   void forgetAllocation(std::uint64_t pointer);
   // Whether [pointer, pointer + bytes) lies inside one of this process's allocations.
   bool ownsRange(std::uint64_t pointer, std::uint64_t bytes) const;
+  // The allocation `pointer` points into, if it is one of this process's.
+  std::optional<AllocationRange> allocationContaining(std::uint64_t pointer) const;
+  // A buffer id no allocation of this process has had (device or host memory alike).
+  std::uint64_t newBufferId() noexcept { return nextBufferId_.fetch_add(1) + 1; }
 
 private:
   struct StartOutcome {
@@ -205,6 +225,7 @@ private:
 
   std::atomic<bool> lost_{false};
   std::atomic<std::uint64_t> nextGeneration_{0};
+  std::atomic<std::uint64_t> nextBufferId_{0};
   std::unique_ptr<DataPlane> dataPlane_;
   std::unique_ptr<RpcSink> rpcSink_;
   std::unique_ptr<RingSink> ringSink_;
@@ -222,6 +243,7 @@ private:
     std::uint64_t bytes = 0;
     std::uint64_t context = 0;
     std::uint64_t module = 0;  // the module of a module variable; 0 for cuMemAlloc memory
+    std::uint64_t bufferId = 0;
   };
   mutable std::shared_mutex allocationsMutex_;
   std::map<std::uint64_t, Allocation> allocations_;  // by start address

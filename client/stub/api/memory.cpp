@@ -23,11 +23,13 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
 
+#include "client/stub/api/host_memory.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/pinned_heap.hpp"
@@ -209,11 +211,27 @@ CUresult memset2DOnStream(const char* entryPoint, CUdeviceptr dstDevice, size_t 
 struct HostAllocations {
   std::mutex mutex;
   std::unordered_map<void*, std::size_t> sizes;  // pointer -> mapped length
+  // Every page-locked allocation, pinned heap or not, by start (cuPointerGetAttribute).
+  std::map<std::uint64_t, gpuproxy::stub::HostAllocationRange> ranges;
 };
 
 HostAllocations& hostAllocations() {
   static auto* allocations = new HostAllocations;
   return *allocations;
+}
+
+void rememberHostAllocation(Runtime& runtime, void* start, std::uint64_t bytes, bool deviceMapped) {
+  const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(start));
+  HostAllocations& allocations = hostAllocations();
+  std::lock_guard lock(allocations.mutex);
+  allocations.ranges[address] = gpuproxy::stub::HostAllocationRange{
+      address, bytes, currentContext(), runtime.newBufferId(), deviceMapped};
+}
+
+void forgetHostAllocation(void* start) {
+  HostAllocations& allocations = hostAllocations();
+  std::lock_guard lock(allocations.mutex);
+  allocations.ranges.erase(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(start)));
 }
 
 // Pinned memory from the shared heap: allocated here, then registered with (and charged by) the
@@ -248,6 +266,7 @@ CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** 
     return result;
   }
   *pp = heap.region().data() + allocation->offset;
+  rememberHostAllocation(runtime, *pp, allocation->bytes, /*deviceMapped=*/true);
   return CUDA_SUCCESS;
 }
 
@@ -282,6 +301,7 @@ CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned 
       std::lock_guard lock(allocations.mutex);
       allocations.sizes[memory] = length;
     }
+    rememberHostAllocation(runtime, memory, length, /*deviceMapped=*/false);
     *pp = memory;
     return CUDA_SUCCESS;
   });
@@ -435,6 +455,7 @@ GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
           return request.send().then([](auto response) { return toResult(response.getResult()); });
         });
         if (result != CUDA_SUCCESS) return result;
+        forgetHostAllocation(p);
         heap->free(allocation->offset);
         return CUDA_SUCCESS;
       }
@@ -448,6 +469,7 @@ GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
       length = found->second;
       allocations.sizes.erase(found);
     }
+    forgetHostAllocation(p);
     ::munmap(p, length);
     return CUDA_SUCCESS;
   });
@@ -686,3 +708,17 @@ GPUPROXY_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, si
                                             CUstream hStream) {
   return memcpyUnified(__func__, dst, src, ByteCount, hStream, NullStream::kPerThread, false);
 }
+
+namespace gpuproxy::stub {
+
+std::optional<HostAllocationRange> hostAllocationContaining(std::uint64_t pointer) {
+  HostAllocations& allocations = hostAllocations();
+  std::lock_guard lock(allocations.mutex);
+  auto after = allocations.ranges.upper_bound(pointer);
+  if (after == allocations.ranges.begin()) return std::nullopt;
+  const HostAllocationRange& range = std::prev(after)->second;
+  if (pointer - range.start >= range.bytes) return std::nullopt;
+  return range;
+}
+
+}  // namespace gpuproxy::stub

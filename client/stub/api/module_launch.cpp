@@ -145,6 +145,7 @@ CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name
       if (answer.result != CUDA_SUCCESS) return answer;
       auto layout = response.getLayout();
       auto record = std::make_shared<KernelRecord>();
+      record->name = name;
       record->module = module;
       record->context = *context;
       for (auto parameter : layout.getParameters()) {
@@ -290,10 +291,17 @@ CUresult checkLaunchConfiguration(const DeviceRecord* device, const KernelRecord
     }
   }
   if (exceeds(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, threads)) return CUDA_ERROR_INVALID_VALUE;
-  // Without cuFuncSetAttribute (not forwarded yet) a kernel gets the default per-block limit.
+  // A kernel gets the default per-block limit unless cuFuncSetAttribute raised its
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (up to the opt-in limit), as with the driver.
   const std::uint64_t shared = std::uint64_t{sharedMemBytes} +
                                static_cast<std::uint64_t>(std::max(kernel.sharedSizeBytes, 0));
-  if (exceeds(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, shared)) {
+  if (const int allowedDynamic = kernel.maxDynamicSharedSizeBytes.load(std::memory_order_relaxed);
+      allowedDynamic >= 0) {
+    if (sharedMemBytes > static_cast<unsigned>(allowedDynamic) ||
+        exceeds(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, shared)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  } else if (exceeds(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, shared)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (kernel.numRegs > 0 && exceeds(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK,
@@ -302,6 +310,10 @@ CUresult checkLaunchConfiguration(const DeviceRecord* device, const KernelRecord
   }
   return CUDA_SUCCESS;
 }
+
+}  // namespace
+
+namespace gpuproxy::stub {
 
 CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
                       unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
@@ -362,7 +374,9 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
   });
 }
 
-}  // namespace
+}  // namespace gpuproxy::stub
+
+using gpuproxy::stub::launchKernel;
 
 GPUPROXY_EXPORT CUresult cuModuleLoad(CUmodule* module, const char* fname) {
   return guarded(__func__, [&](Runtime& runtime) {

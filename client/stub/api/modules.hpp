@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "client/stub/api_support.hpp"
 #include "client/stub/runtime.hpp"
 
 namespace gpuproxy::stub {
@@ -30,5 +31,12 @@ bool isLibraryKernel(std::uint64_t handle);
 // context on first use (lazy loading, as the driver does it) and the function looked up once.
 CUresult libraryKernelFunction(Runtime& runtime, std::uint64_t kernel, std::uint64_t context,
                                std::uint64_t& function);
+
+// cuLaunchKernel's work (also cuLaunchKernelEx's): checks the configuration against the device
+// and the kernel (a CUfunction or a CUkernel), packs the parameters and queues the launch.
+CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
+                      unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
+                      unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
+                      NullStream nullStream);
 
 }  // namespace gpuproxy::stub

@@ -55,7 +55,9 @@ constexpr unsigned kMaxBlockDimZ = 64;
 constexpr unsigned kMaxGridDimX = 2147483647;
 constexpr unsigned kMaxGridDimY = 65535;
 constexpr unsigned kMaxGridDimZ = 65535;
-constexpr unsigned kMaxSharedBytesPerBlock = 48 * 1024;
+// The opt-in limit (MAX_SHARED_MEMORY_PER_BLOCK_OPTIN): the stub holds each kernel to its own
+// limit, the default 48 KiB unless cuFuncSetAttribute raised it.
+constexpr unsigned kMaxSharedBytesPerBlock = 227 * 1024;
 constexpr int kMaxRegistersPerThread = 255;
 // Device printf output kept for a client between its synchronisations: cudaLimitPrintfFifoSize's
 // default.

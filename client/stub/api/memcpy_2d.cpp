@@ -1,0 +1,222 @@
+// 2D copies (cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync) between host and device memory,
+// made of the copies the stub already has: one per row, or a single one when both sides are
+// contiguous (each pitch equals the width). Arrays are not supported (the stub has no CUarray).
+//
+// The blocking variants queue the rows like the Async one and then wait for the stream, so a
+// copy of many rows costs one wait, not one per row.
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+#include "client/stub/api_support.hpp"
+#include "client/stub/export.hpp"
+
+using gpuproxy::stub::currentContext;
+using gpuproxy::stub::guarded;
+using gpuproxy::stub::NullStream;
+using gpuproxy::stub::resolveStream;
+using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StreamTarget;
+
+namespace ring = gpuproxy::protocol::ring;
+
+namespace {
+
+// One side of the copy, resolved: where its first row starts and whether that is device memory.
+struct Side {
+  bool device = false;
+  std::uint64_t address = 0;  // of the first byte copied
+  std::uint64_t pitch = 0;
+};
+
+// The side's memory type as the copy uses it, or the driver's error for it.
+CUresult resolveSide(Runtime& runtime, CUmemorytype type, const void* host, CUdeviceptr device,
+                     std::size_t pitch, std::size_t xInBytes, std::size_t y, Side& side) {
+  std::uint64_t base = 0;
+  switch (type) {
+    case CU_MEMORYTYPE_HOST:
+      side.device = false;
+      base = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(host));
+      break;
+    case CU_MEMORYTYPE_DEVICE:
+      side.device = true;
+      base = device;
+      break;
+    // Unified addressing: an address inside one of this process's allocations is device memory.
+    case CU_MEMORYTYPE_UNIFIED:
+      side.device = runtime.ownsRange(device, 1);
+      base = device;
+      break;
+    case CU_MEMORYTYPE_ARRAY:
+      GPUPROXY_STUB_LOG(kWarn, "cuMemcpy2D: CUDA arrays are not supported");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (base == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t offset = 0;
+  if (__builtin_mul_overflow(std::uint64_t{y}, std::uint64_t{pitch}, &offset) ||
+      __builtin_add_overflow(offset, std::uint64_t{xInBytes}, &offset) ||
+      __builtin_add_overflow(base, offset, &side.address)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  side.pitch = pitch;
+  return CUDA_SUCCESS;
+}
+
+// The bytes a side spans from its first copied byte: (height - 1) pitches and a row.
+std::optional<std::uint64_t> extentOf(const Side& side, std::uint64_t width, std::uint64_t height) {
+  std::uint64_t extent = 0;
+  if (__builtin_mul_overflow(height - 1, side.pitch, &extent) ||
+      __builtin_add_overflow(extent, width, &extent) ||
+      __builtin_add_overflow(side.address, extent, &extent)) {
+    return std::nullopt;
+  }
+  return extent - side.address;
+}
+
+// One contiguous piece, through the copy path its two sides call for.
+CUresult copyPiece(Runtime& runtime, const StreamTarget& target, const Side& dst, const Side& src,
+                   std::uint64_t dstAddress, std::uint64_t srcAddress, std::uint64_t bytes) {
+  if (dst.device && src.device) {
+    ring::Command command{ring::CopyDeviceToDevice{}};
+    auto& copy = std::get<ring::CopyDeviceToDevice>(command);
+    copy.context = target.context;
+    copy.stream = target.stream;
+    copy.destination = dstAddress;
+    copy.source = srcAddress;
+    copy.bytes = bytes;
+    return runtime.commands().enqueue(command);
+  }
+  if (dst.device) {
+    return runtime.commands().copyHostToDevice(
+        target, dstAddress, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(srcAddress)),
+        static_cast<std::size_t>(bytes), /*blocking=*/false);
+  }
+  if (src.device) {
+    return runtime.commands().copyDeviceToHost(
+        target, reinterpret_cast<void*>(static_cast<std::uintptr_t>(dstAddress)), srcAddress,
+        static_cast<std::size_t>(bytes), /*blocking=*/false);
+  }
+  std::memmove(reinterpret_cast<void*>(static_cast<std::uintptr_t>(dstAddress)),
+               reinterpret_cast<const void*>(static_cast<std::uintptr_t>(srcAddress)),
+               static_cast<std::size_t>(bytes));
+  return CUDA_SUCCESS;
+}
+
+CUresult memcpy2D(const char* entryPoint, const CUDA_MEMCPY2D* copy, CUstream stream,
+                  NullStream nullStream, bool blocking) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, stream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    const std::uint64_t width = copy->WidthInBytes;
+    const std::uint64_t height = copy->Height;
+    // Each row must fit in its pitch (a pitch of 0, "not specified", only for a single row),
+    // and no pitch may exceed the device's maximum.
+    auto pitchFits = [&](std::size_t pitch, std::size_t xInBytes) {
+      if (pitch == 0) return height <= 1;
+      std::uint64_t rowEnd = 0;
+      return !__builtin_add_overflow(std::uint64_t{xInBytes}, width, &rowEnd) && rowEnd <= pitch;
+    };
+    const bool srcHasPitch = copy->srcMemoryType != CU_MEMORYTYPE_ARRAY;
+    const bool dstHasPitch = copy->dstMemoryType != CU_MEMORYTYPE_ARRAY;
+    if ((srcHasPitch && !pitchFits(copy->srcPitch, copy->srcXInBytes)) ||
+        (dstHasPitch && !pitchFits(copy->dstPitch, copy->dstXInBytes))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (auto context = runtime.context(target.context)) {
+      const auto* device = runtime.device(static_cast<CUdevice>(context->device));
+      const std::optional<int> maxPitch =
+          device != nullptr ? device->attribute(CU_DEVICE_ATTRIBUTE_MAX_PITCH) : std::nullopt;
+      if (maxPitch && *maxPitch > 0 &&
+          (copy->srcPitch > static_cast<std::size_t>(*maxPitch) ||
+           copy->dstPitch > static_cast<std::size_t>(*maxPitch))) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    Side src;
+    Side dst;
+    if (CUresult resolved =
+            resolveSide(runtime, copy->srcMemoryType, copy->srcHost, copy->srcDevice,
+                        copy->srcPitch, copy->srcXInBytes, copy->srcY, src);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    if (CUresult resolved =
+            resolveSide(runtime, copy->dstMemoryType, copy->dstHost, copy->dstDevice,
+                        copy->dstPitch, copy->dstXInBytes, copy->dstY, dst);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    if (width == 0 || height == 0) return CUDA_SUCCESS;
+    const std::optional<std::uint64_t> srcExtent = extentOf(src, width, height);
+    const std::optional<std::uint64_t> dstExtent = extentOf(dst, width, height);
+    if (!srcExtent || !dstExtent) return CUDA_ERROR_INVALID_VALUE;
+    // Device sides must lie in this process's memory, as for every copy.
+    if ((src.device && !runtime.ownsRange(src.address, *srcExtent)) ||
+        (dst.device && !runtime.ownsRange(dst.address, *dstExtent))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // A copy between host buffers waits for the stream's earlier work, as the driver orders it.
+    if (!src.device && !dst.device) {
+      if (CUresult drained = runtime.commands().synchronize(
+              target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
+          drained != CUDA_SUCCESS) {
+        return drained;
+      }
+    }
+    const bool contiguous = height == 1 || (src.pitch == width && dst.pitch == width);
+    if (contiguous) {
+      if (CUresult copied =
+              copyPiece(runtime, target, dst, src, dst.address, src.address, width * height);
+          copied != CUDA_SUCCESS) {
+        return copied;
+      }
+    } else {
+      for (std::uint64_t row = 0; row < height; ++row) {
+        if (CUresult copied = copyPiece(runtime, target, dst, src, dst.address + row * dst.pitch,
+                                        src.address + row * src.pitch, width);
+            copied != CUDA_SUCCESS) {
+          return copied;
+        }
+      }
+    }
+    if (!blocking || (!src.device && !dst.device)) return CUDA_SUCCESS;
+    return runtime.commands().synchronize(target.context, ring::SynchronizeKind::kStream,
+                                          target.stream, /*query=*/false);
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy) {
+  return memcpy2D(__func__, pCopy, nullptr, NullStream::kLegacy, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
+  return memcpy2D(__func__, pCopy, nullptr, NullStream::kPerThread, true);
+}
+
+// The stub's copies have no alignment requirement, so Unaligned is the same copy.
+GPUPROXY_EXPORT CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy) {
+  return memcpy2D(__func__, pCopy, nullptr, NullStream::kLegacy, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy) {
+  return memcpy2D(__func__, pCopy, nullptr, NullStream::kPerThread, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  return memcpy2D(__func__, pCopy, hStream, NullStream::kLegacy, false);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  return memcpy2D(__func__, pCopy, hStream, NullStream::kPerThread, false);
+}

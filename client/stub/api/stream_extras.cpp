@@ -1,0 +1,199 @@
+// Stream queries and host work on streams: capture status (capture itself is not supported, so
+// a valid stream is never capturing), host functions and callbacks, and stream and context ids.
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "client/stub/api_support.hpp"
+#include "client/stub/export.hpp"
+
+using gpuproxy::stub::currentContext;
+using gpuproxy::stub::guarded;
+using gpuproxy::stub::handleValue;
+using gpuproxy::stub::NullStream;
+using gpuproxy::stub::resolveStream;
+using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StreamTarget;
+
+namespace ring = gpuproxy::protocol::ring;
+
+namespace {
+
+// cuStreamIsCapturing and every cuStreamGetCaptureInfo: a stream that exists is not capturing
+// (cuStreamBeginCapture answers NOT_SUPPORTED). The driver returns nothing but the status for a
+// stream that is not capturing, so the optional outputs are left alone.
+CUresult captureStatus(const char* entryPoint, CUstream hStream, CUstreamCaptureStatus* status,
+                       NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Host work on a stream runs after the stream's earlier work and before its later work. The stub
+// does that synchronously: it waits for the stream to drain (through the command sink, like
+// cuStreamSynchronize), runs the function on the calling thread and only then returns, so nothing
+// queued later can start before it. The caller blocks for the stream's earlier work, which CUDA
+// allows (an enqueueing call may complete early); the stream order is kept exactly. The function
+// may not call CUDA, as with the driver. `run` gets the stream's status; it returns what the call
+// returns.
+template <typename Run>
+CUresult runOnStream(const char* entryPoint, CUstream hStream, NullStream nullStream, Run&& run) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    const CUresult drained = runtime.commands().synchronize(
+        target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
+    return run(drained);
+  });
+}
+
+CUresult launchHostFunc(const char* entryPoint, CUstream hStream, CUhostFn fn, void* userData,
+                        NullStream nullStream) {
+  if (fn == nullptr) {
+    return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  return runOnStream(entryPoint, hStream, nullStream, [&](CUresult drained) {
+    // A stream that failed does not run later host functions; the failure is reported here, the
+    // first call that learns of it.
+    if (drained != CUDA_SUCCESS) return drained;
+    fn(userData);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult addCallback(const char* entryPoint, CUstream hStream, CUstreamCallback callback,
+                     void* userData, unsigned flags, NullStream nullStream) {
+  if (callback == nullptr || flags != 0) {
+    return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  return runOnStream(entryPoint, hStream, nullStream, [&](CUresult drained) {
+    // A callback runs whatever happened and is told the stream's status; the error is also
+    // returned, since this call is where the stub learnt of it.
+    callback(hStream, drained, userData);
+    return drained;
+  });
+}
+
+// Stream ids: a stream's daemon handle, which the daemon never reuses within a session. The
+// legacy NULL stream, which has no handle, takes its context's.
+CUresult streamId(const char* entryPoint, CUstream hStream, unsigned long long* id,
+                  NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    *id = target.stream != 0 ? target.stream : target.context;
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuStreamIsCapturing(CUstream hStream,
+                                             CUstreamCaptureStatus* captureStatus) {
+  return ::captureStatus(__func__, hStream, captureStatus, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream,
+                                                  CUstreamCaptureStatus* captureStatus) {
+  return ::captureStatus(__func__, hStream, captureStatus, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo(CUstream hStream,
+                                                CUstreamCaptureStatus* captureStatus_out,
+                                                cuuint64_t* /*id_out*/) {
+  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream,
+                                                     CUstreamCaptureStatus* captureStatus_out,
+                                                     cuuint64_t* /*id_out*/) {
+  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream,
+                                                   CUstreamCaptureStatus* captureStatus_out,
+                                                   cuuint64_t* /*id_out*/, CUgraph* /*graph_out*/,
+                                                   const CUgraphNode** /*dependencies_out*/,
+                                                   size_t* /*numDependencies_out*/) {
+  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream,
+                                                        CUstreamCaptureStatus* captureStatus_out,
+                                                        cuuint64_t* /*id_out*/,
+                                                        CUgraph* /*graph_out*/,
+                                                        const CUgraphNode** /*dependencies_out*/,
+                                                        size_t* /*numDependencies_out*/) {
+  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream,
+                                                   CUstreamCaptureStatus* captureStatus_out,
+                                                   cuuint64_t* /*id_out*/, CUgraph* /*graph_out*/,
+                                                   const CUgraphNode** dependencies_out,
+                                                   const CUgraphEdgeData** edgeData_out,
+                                                   size_t* /*numDependencies_out*/) {
+  if (edgeData_out != nullptr && dependencies_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(
+    CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* /*id_out*/,
+    CUgraph* /*graph_out*/, const CUgraphNode** dependencies_out,
+    const CUgraphEdgeData** edgeData_out, size_t* /*numDependencies_out*/) {
+  if (edgeData_out != nullptr && dependencies_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  return launchHostFunc(__func__, hStream, fn, userData, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
+  return launchHostFunc(__func__, hStream, fn, userData, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback,
+                                             void* userData, unsigned int flags) {
+  return addCallback(__func__, hStream, callback, userData, flags, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback,
+                                                  void* userData, unsigned int flags) {
+  return addCallback(__func__, hStream, callback, userData, flags, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetId(CUstream hStream, unsigned long long* streamId) {
+  return ::streamId(__func__, hStream, streamId, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetId_ptsz(CUstream hStream, unsigned long long* streamId) {
+  return ::streamId(__func__, hStream, streamId, NullStream::kPerThread);
+}
+
+// A context's id: its daemon handle, never reused within the session. NULL asks about the
+// current context.
+GPUPROXY_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long* ctxId) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (ctxId == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t context = ctx != nullptr ? handleValue(ctx) : currentContext();
+    if (context == 0 || !runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+    *ctxId = context;
+    return CUDA_SUCCESS;
+  });
+}
