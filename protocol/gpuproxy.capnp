@@ -44,6 +44,10 @@ struct KernelLayout {
   maxThreadsPerBlock @2 :Int32;
   sharedSizeBytes @3 :Int32;        # static shared memory
   numRegs @4 :Int32;
+  localSizeBytes @5 :Int32;         # per thread
+  constSizeBytes @6 :Int32;         # user constant memory
+  ptxVersion @7 :Int32;             # the PTX target it came from, e.g. 75 (CU_FUNC_ATTRIBUTE_PTX_VERSION)
+  binaryVersion @8 :Int32;          # the architecture it runs as, e.g. 90
 }
 
 # A capability that carries one file descriptor and nothing else: the receiver takes the descriptor

@@ -86,6 +86,10 @@ struct KernelRecord {
   int maxThreadsPerBlock = 0;
   int sharedSizeBytes = 0;
   int numRegs = 0;
+  int localSizeBytes = 0;
+  int constSizeBytes = 0;
+  int ptxVersion = 0;     // the PTX target the kernel came from (75 for compute_75); 0: unknown
+  int binaryVersion = 0;  // the architecture it runs as; 0: unknown
   // What cuFuncSetAttribute changed (function_attributes.cpp). The record is shared between
   // threads, so these are atomics; -1 means never set: the default per-block limit applies to
   // dynamic shared memory, and the carveout is CU_SHAREDMEM_CARVEOUT_DEFAULT (-1) anyway.

@@ -319,6 +319,10 @@ kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
   layout.setMaxThreadsPerBlock(info.maxThreadsPerBlock);
   layout.setSharedSizeBytes(info.sharedSizeBytes);
   layout.setNumRegs(info.numRegs);
+  layout.setLocalSizeBytes(info.localSizeBytes);
+  layout.setConstSizeBytes(info.constSizeBytes);
+  layout.setPtxVersion(info.ptxVersion);
+  layout.setBinaryVersion(info.binaryVersion);
   return kj::READY_NOW;
 }
 

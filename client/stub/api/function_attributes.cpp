@@ -125,22 +125,28 @@ CUresult getAttribute(const ResolvedFunction& function, CUfunction_attribute att
     case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
       value = staticSharedBytes(kernel);
       return CUDA_SUCCESS;
-    // The daemon's layout does not carry the kernel's constant-bank or local-memory use; the
-    // kernels the sim runs keep both in memory it manages itself, so 0 is what a launch costs.
     case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+      value = std::max(kernel.constSizeBytes, 0);
+      return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
-      value = 0;
+      value = std::max(kernel.localSizeBytes, 0);
       return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_NUM_REGS:
       value = std::max(kernel.numRegs, 0);
       return CUDA_SUCCESS;
-    // The daemon compiles every image for the device it runs on (PTX is JIT-compiled there), so
-    // the code the kernel runs is the device's own architecture.
+    // The PTX target the kernel came from (CUB picks its tuning by it, and must pick one that was
+    // compiled in) and the architecture it runs as: the device's own when PTX was JIT-compiled.
+    // The daemon reports both; the device's architecture stands in for one it did not know.
     case CU_FUNC_ATTRIBUTE_PTX_VERSION:
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
-      value = deviceAttribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
-              deviceAttribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: {
+      const int reported =
+          attribute == CU_FUNC_ATTRIBUTE_PTX_VERSION ? kernel.ptxVersion : kernel.binaryVersion;
+      value = reported > 0
+                  ? reported
+                  : deviceAttribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+                        deviceAttribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
       return CUDA_SUCCESS;
+    }
     case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA:
       value = 0;  // -Xptxas --dlcm=ca is a build option the stub never sees used
       return CUDA_SUCCESS;

@@ -155,6 +155,10 @@ CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name
       record->maxThreadsPerBlock = layout.getMaxThreadsPerBlock();
       record->sharedSizeBytes = layout.getSharedSizeBytes();
       record->numRegs = layout.getNumRegs();
+      record->localSizeBytes = layout.getLocalSizeBytes();
+      record->constSizeBytes = layout.getConstSizeBytes();
+      record->ptxVersion = layout.getPtxVersion();
+      record->binaryVersion = layout.getBinaryVersion();
       answer.record = std::move(record);
       return answer;
     });

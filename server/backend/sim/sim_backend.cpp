@@ -1097,8 +1097,10 @@ public:
           static_cast<int>(std::min<std::uint32_t>(kernel.registerRows, kMaxRegistersPerThread));
       info.localSizeBytes = static_cast<int>(kernel.localBytes);
       info.constSizeBytes = static_cast<int>(std::min<std::uint64_t>(constBytes, 1u << 30));
-      info.ptxVersion = static_cast<int>(program.ptxMajor * 10 + program.ptxMinor);
-      info.binaryVersion = static_cast<int>(program.smVersion);
+      // What a GPU reports for JIT-compiled PTX: the virtual architecture the PTX targets
+      // (.target sm_75: 75), and the device's own as the code it runs.
+      info.ptxVersion = static_cast<int>(program.smVersion);
+      info.binaryVersion = static_cast<int>(kSimComputeCapability);
       functions.emplace(kernel.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
     return std::unique_ptr<Module>(std::make_unique<SimModule>(
