@@ -472,7 +472,7 @@ GPUPROXY_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribu
         result != CUDA_SUCCESS) {
       return result;
     }
-    return setAttribute(__func__, function, attrib, value);
+    return setAttribute("cuFuncSetAttribute", function, attrib, value);
   });
 }
 
@@ -497,7 +497,7 @@ GPUPROXY_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int v
         result != CUDA_SUCCESS) {
       return result;
     }
-    return setAttribute(__func__, function, attrib, val);
+    return setAttribute("cuKernelSetAttribute", function, attrib, val);
   });
 }
 

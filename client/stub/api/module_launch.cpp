@@ -171,7 +171,10 @@ CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name
                       name);
     return CUDA_ERROR_UNKNOWN;
   }
-  runtime.addFunction(reply.function, std::move(reply.record));
+  // The daemon answers the same handle for the same kernel: a function looked up again keeps its
+  // record, and with it what cuFuncSetAttribute set.
+  if (!runtime.function(reply.function))
+    runtime.addFunction(reply.function, std::move(reply.record));
   function = reply.function;
   return CUDA_SUCCESS;
 }

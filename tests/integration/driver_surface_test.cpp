@@ -1,0 +1,187 @@
+// The driver calls around launches and copies, end to end through the stub and a sim daemon
+// (tests/programs/driver_surface.cpp): function and kernel attributes, the occupancy calculator,
+// pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx and stream queries.
+// Also run with GPUPROXY_TRANSPORT=rpc.
+#include "tests/support/process.hpp"
+
+#include <gtest/gtest.h>
+
+namespace gpuproxy::testing {
+namespace {
+
+class DriverSurface : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    Daemon daemon;
+    RunResult result = daemon.runClient("driver_surface");
+    output_ = result.output;
+    errors_ = result.errors + daemon.log();
+    exitedCleanly_ = result.status.exitedWith(0);
+  }
+  void SetUp() override {
+    ASSERT_TRUE(exitedCleanly_) << output_ << errors_;
+    got_ = answers(output_);
+  }
+  // Every check in `expected` got the expected answer.
+  void expectAnswers(const std::map<std::string, std::string>& expected) {
+    for (const auto& [check, value] : expected) {
+      EXPECT_EQ(got_[check], value) << check << "\n" << output_;
+    }
+  }
+
+  static inline std::string output_;
+  static inline std::string errors_;
+  static inline bool exitedCleanly_ = false;
+  std::map<std::string, std::string> got_;
+};
+
+TEST_F(DriverSurface, FunctionAttributesDescribeTheKernelOnTheDevice) {
+  expectAnswers({{"attr-max-threads", "1024"},
+                 {"attr-shared", "0"},
+                 {"attr-carveout", "-1"},
+                 {"attr-max-dynamic-default", "yes"},
+                 {"attr-bad", "CUDA_ERROR_INVALID_VALUE"},
+                 {"attr-null-function", "CUDA_ERROR_INVALID_HANDLE"},
+                 {"func-name", "fill_u32"},
+                 {"param-0", "0+8"},
+                 {"param-1", "8+4"},
+                 {"param-2", "16+8"},
+                 {"param-out-of-range", "CUDA_ERROR_INVALID_VALUE"},
+                 {"cache-config", "CUDA_SUCCESS"},
+                 {"shared-config", "CUDA_SUCCESS"}});
+  EXPECT_EQ(got_["attr-binary-version"], got_["device-cc"]);
+  EXPECT_GT(std::stoi(got_["attr-num-regs"]), 0);
+}
+
+TEST_F(DriverSurface, OptingIntoMoreDynamicSharedMemoryAllowsTheLaunch) {
+  expectAnswers({{"launch-large-shared-before", "CUDA_ERROR_INVALID_VALUE"},
+                 {"set-max-dynamic", "CUDA_SUCCESS"},
+                 {"attr-max-dynamic-set", "65536"},
+                 {"launch-large-shared-after", "CUDA_SUCCESS"},
+                 {"launch-large-shared-sync", "CUDA_SUCCESS"},
+                 {"launch-over-set", "CUDA_ERROR_INVALID_VALUE"},
+                 {"set-max-dynamic-over-optin", "CUDA_ERROR_INVALID_VALUE"},
+                 {"set-carveout", "CUDA_SUCCESS"},
+                 {"set-carveout-bad", "CUDA_ERROR_INVALID_VALUE"},
+                 {"set-read-only", "CUDA_ERROR_INVALID_VALUE"},
+                 {"set-cluster", "CUDA_ERROR_NOT_SUPPORTED"}});
+}
+
+// The sim reports an H100-like SM: 2048 threads, 32 blocks, 64K registers, 228 KiB of shared
+// memory (1 KiB reserved per block), 132 SMs.
+TEST_F(DriverSurface, OccupancyFollowsTheDeviceLimits) {
+  expectAnswers({{"occupancy-256", "8"},
+                 {"occupancy-256-expected", "yes"},
+                 {"occupancy-128-40000", "5"},
+                 {"occupancy-128-40000-expected", "yes"},
+                 {"occupancy-over-dynamic-limit", "0"},
+                 {"occupancy-zero-block", "CUDA_ERROR_INVALID_VALUE"},
+                 {"occupancy-bad-flags", "CUDA_ERROR_INVALID_VALUE"},
+                 {"potential-block", "1024"},
+                 {"potential-grid", "264"},
+                 {"potential-callback-grid-consistent", "yes"},
+                 {"potential-callback-best", "yes"},
+                 {"potential-limited-block", "64"},
+                 {"available-dynamic-fits", "yes"},
+                 {"available-dynamic-tight", "yes"},
+                 {"available-dynamic-too-many", "CUDA_ERROR_INVALID_VALUE"}});
+}
+
+TEST_F(DriverSurface, KernelsAnswerForTheirFunctionOnADevice) {
+  expectAnswers({{"kernel-get-attribute", "CUDA_SUCCESS"},
+                 {"kernel-attribute-matches", "yes"},
+                 {"kernel-bad-device", "CUDA_ERROR_INVALID_DEVICE"},
+                 {"kernel-set-attribute", "CUDA_SUCCESS"},
+                 {"kernel-max-dynamic", "81920"},
+                 {"kernel-cache-config", "CUDA_SUCCESS"},
+                 {"kernel-param-2", "16+8"},
+                 {"kernel-occupancy", "CUDA_SUCCESS"},
+                 {"kernel-occupancy-positive", "yes"},
+                 {"kernel-as-function-attribute", "CUDA_SUCCESS"}});
+}
+
+TEST_F(DriverSurface, PointerAttributesOfDeviceAndPinnedMemory) {
+  expectAnswers({{"device-memory-type", "2"},
+                 {"device-context", "yes"},
+                 {"device-ordinal", "0"},
+                 {"device-range-start", "yes"},
+                 {"device-range-size", "1048576"},
+                 {"device-device-pointer", "yes"},
+                 {"device-host-pointer", "CUDA_ERROR_INVALID_VALUE"},
+                 {"device-buffer-ids-differ", "yes"},
+                 {"device-managed", "0"},
+                 {"device-mapped", "1"},
+                 {"address-range", "yes"},
+                 {"attributes-device", "CUDA_SUCCESS"},
+                 {"attributes-device-values", "yes"},
+                 {"host-memory-type", "1"},
+                 {"host-host-pointer", "yes"},
+                 {"host-range-start", "yes"},
+                 {"host-context", "yes"},
+                 {"host-ordinal", "0"},
+                 {"freed-host-memory-type", "CUDA_ERROR_INVALID_VALUE"},
+                 {"freed-device-memory-type", "CUDA_ERROR_INVALID_VALUE"}});
+}
+
+// cuPointerGetAttributes succeeds for memory CUDA does not know, which cudaPointerGetAttributes
+// relies on to report cudaMemoryTypeUnregistered.
+TEST_F(DriverSurface, UnknownPointers) {
+  expectAnswers({{"unknown-memory-type", "CUDA_ERROR_INVALID_VALUE"},
+                 {"attributes-unknown", "CUDA_SUCCESS"},
+                 {"attributes-unknown-type", "0"},
+                 {"attributes-unknown-ordinal", "-2"},
+                 {"attributes-unknown-host-null", "yes"},
+                 {"attributes-unknown-managed", "0"},
+                 {"unknown-address-range", "CUDA_ERROR_NOT_FOUND"}});
+}
+
+TEST_F(DriverSurface, PitchedCopiesRoundTripAndLeaveThePaddingAlone) {
+  expectAnswers({{"copy2d-up", "CUDA_SUCCESS"},
+                 {"copy2d-across-async", "CUDA_SUCCESS"},
+                 {"copy2d-down", "CUDA_SUCCESS"},
+                 {"copy2d-round-trip", "yes"},
+                 {"copy2d-host-padding-untouched", "yes"},
+                 {"copy2d-device-padding-untouched", "yes"},
+                 {"copy2d-contiguous", "CUDA_SUCCESS"},
+                 {"copy2d-contiguous-bytes", "yes"},
+                 {"copy2d-width-over-pitch", "CUDA_ERROR_INVALID_VALUE"},
+                 {"copy2d-x-over-pitch", "CUDA_ERROR_INVALID_VALUE"},
+                 {"copy2d-past-allocation", "CUDA_ERROR_INVALID_VALUE"},
+                 {"copy2d-array", "CUDA_ERROR_NOT_SUPPORTED"}});
+}
+
+TEST_F(DriverSurface, HostFunctionsRunInStreamOrder) {
+  for (std::string prefix : {"host-func", "callback"}) {
+    expectAnswers({{prefix + "-queued", "CUDA_SUCCESS"},
+                   {prefix + "-calls", "1"},
+                   {prefix + "-after-earlier-work", "yes"},
+                   {prefix + "-before-later-work", "yes"}});
+  }
+  expectAnswers({{"callback-status", "CUDA_SUCCESS"},
+                 {"host-func-null", "CUDA_ERROR_INVALID_VALUE"},
+                 {"callback-flags", "CUDA_ERROR_INVALID_VALUE"}});
+}
+
+TEST_F(DriverSurface, LaunchKernelExRunsPlainLaunchesAndRefusesTheRest) {
+  expectAnswers({{"launch-ex", "CUDA_SUCCESS"},
+                 {"launch-ex-result", "yes"},
+                 {"launch-ex-cooperative", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"launch-ex-cluster", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"launch-ex-too-many-threads", "CUDA_ERROR_INVALID_VALUE"},
+                 {"launch-ex-null", "CUDA_ERROR_INVALID_VALUE"}});
+}
+
+TEST_F(DriverSurface, StreamsAreNeverCapturingAndHaveIds) {
+  expectAnswers({{"is-capturing", "CUDA_SUCCESS"},
+                 {"is-capturing-status", "0"},
+                 {"capture-info", "CUDA_SUCCESS"},
+                 {"capture-info-status", "0"},
+                 {"is-capturing-bad-stream", "CUDA_ERROR_INVALID_HANDLE"},
+                 {"stream-ids-differ", "yes"},
+                 {"context-id", "CUDA_SUCCESS"},
+                 {"context-id-stable", "yes"},
+                 {"driver_surface", "done"}});
+}
+
+}  // namespace
+}  // namespace gpuproxy::testing

@@ -1,0 +1,632 @@
+// A driver-API program that exercises the calls around launches and copies that applications and
+// the CUDA runtime use besides the basic ones: function and kernel attributes, the occupancy
+// calculator, pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx and the
+// stream queries. One line per check, "<check> <value>", where a value is a CUresult name, a
+// number, or "yes"/"no" for a property the program checked itself. Runs on a GPU too.
+//
+//   driver_surface
+
+#include <cuda.h>
+
+#include "test_kernels_ptx.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+const char* nameOf(CUresult result) {
+  const char* name = nullptr;
+  if (cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return "UNKNOWN";
+  return name;
+}
+
+void report(const char* check, CUresult result) {
+  std::printf("%s %s\n", check, nameOf(result));
+}
+void reportNumber(const char* check, long long value) {
+  std::printf("%s %lld\n", check, value);
+}
+void reportYes(const char* check, bool value) {
+  std::printf("%s %s\n", check, value ? "yes" : "no");
+}
+
+#define MUST(call)                                           \
+  do {                                                       \
+    const CUresult result_ = (call);                         \
+    if (result_ != CUDA_SUCCESS) {                           \
+      std::printf("failed %s %s\n", #call, nameOf(result_)); \
+      std::exit(1);                                          \
+    }                                                        \
+  } while (0)
+
+CUdevice gDevice = 0;
+CUcontext gContext = nullptr;
+
+int deviceAttribute(CUdevice_attribute which) {
+  int value = 0;
+  MUST(cuDeviceGetAttribute(&value, which, gDevice));
+  return value;
+}
+
+int functionAttribute(CUfunction function, CUfunction_attribute which) {
+  int value = 0;
+  MUST(cuFuncGetAttribute(&value, which, function));
+  return value;
+}
+
+void fill(CUfunction fillU32, CUstream stream, CUdeviceptr memory, unsigned value,
+          unsigned long long count) {
+  void* parameters[] = {&memory, &value, &count};
+  MUST(cuLaunchKernel(fillU32, static_cast<unsigned>((count + 255) / 256), 1, 1, 256, 1, 1, 0,
+                      stream, parameters, nullptr));
+}
+
+void functionAttributes(CUmodule module) {
+  CUfunction fillU32 = nullptr;
+  MUST(cuModuleGetFunction(&fillU32, module, "fill_u32"));
+  const int staticShared = functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
+  reportNumber("attr-max-threads",
+               functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
+  reportNumber("attr-shared", staticShared);
+  reportNumber("attr-num-regs", functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_NUM_REGS));
+  reportNumber("attr-binary-version", functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_BINARY_VERSION));
+  reportNumber("device-cc", deviceAttribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+                                deviceAttribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+  reportNumber("attr-carveout",
+               functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT));
+  const int defaultDynamic =
+      functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+  reportYes("attr-max-dynamic-default",
+            defaultDynamic ==
+                deviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK) - staticShared);
+  int unused = 0;
+  report("attr-bad", cuFuncGetAttribute(&unused, static_cast<CUfunction_attribute>(9999), fillU32));
+  report("attr-null-function", cuFuncGetAttribute(&unused, CU_FUNC_ATTRIBUTE_NUM_REGS, nullptr));
+
+  const char* name = nullptr;
+  MUST(cuFuncGetName(&name, fillU32));
+  std::printf("func-name %s\n", name);
+  size_t offset = 0;
+  size_t size = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    MUST(cuFuncGetParamInfo(fillU32, i, &offset, &size));
+    std::printf("param-%zu %zu+%zu\n", i, offset, size);
+  }
+  report("param-out-of-range", cuFuncGetParamInfo(fillU32, 3, &offset, &size));
+  report("cache-config", cuFuncSetCacheConfig(fillU32, CU_FUNC_CACHE_PREFER_SHARED));
+  // Deprecated in cuda.h, still exported and still called by older code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  report("shared-config",
+         cuFuncSetSharedMemConfig(fillU32, CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE));
+#pragma GCC diagnostic pop
+
+  // More dynamic shared memory than the default limit: refused, then allowed once opted in.
+  CUdeviceptr memory = 0;
+  MUST(cuMemAlloc(&memory, 1024 * sizeof(unsigned)));
+  CUdeviceptr target = memory;
+  unsigned value = 5;
+  unsigned long long count = 1024;
+  void* parameters[] = {&target, &value, &count};
+  const unsigned large = 64 * 1024;
+  report("launch-large-shared-before",
+         cuLaunchKernel(fillU32, 4, 1, 1, 256, 1, 1, large, nullptr, parameters, nullptr));
+  report("set-max-dynamic",
+         cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, large));
+  reportNumber("attr-max-dynamic-set",
+               functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES));
+  report("launch-large-shared-after",
+         cuLaunchKernel(fillU32, 4, 1, 1, 256, 1, 1, large, nullptr, parameters, nullptr));
+  report("launch-large-shared-sync", cuCtxSynchronize());
+  report("launch-over-set",
+         cuLaunchKernel(fillU32, 4, 1, 1, 256, 1, 1, large + 1024, nullptr, parameters, nullptr));
+  const int optIn = deviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  report("set-max-dynamic-over-optin",
+         cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            optIn - staticShared + 1));
+  report("set-carveout",
+         cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 50));
+  report("set-carveout-bad",
+         cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 101));
+  report("set-read-only", cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_NUM_REGS, 16));
+  report("set-cluster", cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, 2));
+  MUST(cuMemFree(memory));
+}
+
+// What the documented calculator gives for the sim-like devices this is checked on, computed
+// the plain way: the least of the warp, block-slot, register and shared-memory limits.
+int expectedBlocks(int registers, int staticShared, int blockSize, int dynamicShared) {
+  const int warpSize = deviceAttribute(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+  const int warps = (blockSize + warpSize - 1) / warpSize;
+  int blocks =
+      deviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / warpSize / warps;
+  blocks = std::min(blocks, deviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
+  const int perWarp = (registers * warpSize + 255) / 256 * 256;
+  if (perWarp > 0) {
+    const int warpsPerQuarter =
+        deviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR) / 4 / perWarp;
+    blocks = std::min(blocks, warpsPerQuarter * 4 / warps);
+  }
+  const int perBlock =
+      (staticShared + dynamicShared +
+       deviceAttribute(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK) + 127) /
+      128 * 128;
+  blocks = std::min(
+      blocks, deviceAttribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / perBlock);
+  return blocks;
+}
+
+size_t sixtyFourBytesPerThread(int blockSize) {
+  return static_cast<size_t>(blockSize) * 64;
+}
+
+void occupancy(CUmodule module) {
+  CUfunction vectorAdd = nullptr;
+  MUST(cuModuleGetFunction(&vectorAdd, module, "vector_add"));
+  const int registers = functionAttribute(vectorAdd, CU_FUNC_ATTRIBUTE_NUM_REGS);
+  const int staticShared = functionAttribute(vectorAdd, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
+  int blocks = 0;
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, 256, 0));
+  reportNumber("occupancy-256", blocks);
+  reportYes("occupancy-256-expected", blocks == expectedBlocks(registers, staticShared, 256, 0));
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, vectorAdd, 128, 40000,
+                                                            CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE));
+  reportNumber("occupancy-128-40000", blocks);
+  reportYes("occupancy-128-40000-expected",
+            blocks == expectedBlocks(registers, staticShared, 128, 40000));
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, 64, 60000));
+  reportNumber("occupancy-over-dynamic-limit", blocks);
+  report("occupancy-zero-block",
+         cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, 0, 0));
+  report("occupancy-bad-flags",
+         cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, vectorAdd, 128, 0, 8));
+
+  int minGrid = 0;
+  int blockSize = 0;
+  MUST(cuOccupancyMaxPotentialBlockSize(&minGrid, &blockSize, vectorAdd, nullptr, 0, 0));
+  reportNumber("potential-block", blockSize);
+  reportNumber("potential-grid", minGrid);
+  MUST(cuOccupancyMaxPotentialBlockSizeWithFlags(&minGrid, &blockSize, vectorAdd,
+                                                 &sixtyFourBytesPerThread, 0, 0, 0));
+  reportNumber("potential-callback-block", blockSize);
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, blockSize,
+                                                   sixtyFourBytesPerThread(blockSize)));
+  reportYes("potential-callback-grid-consistent",
+            minGrid == blocks * deviceAttribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
+  // No warp-multiple block size below it keeps more threads resident.
+  bool best = true;
+  for (int tried = 32; tried <= 1024; tried += 32) {
+    int other = 0;
+    MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&other, vectorAdd, tried,
+                                                     sixtyFourBytesPerThread(tried)));
+    if (other * tried > blocks * blockSize) best = false;
+  }
+  reportYes("potential-callback-best", best);
+  MUST(cuOccupancyMaxPotentialBlockSize(&minGrid, &blockSize, vectorAdd, nullptr, 0, 96));
+  reportNumber("potential-limited-block", blockSize);
+
+  size_t available = 0;
+  MUST(cuOccupancyAvailableDynamicSMemPerBlock(&available, vectorAdd, 3, 256));
+  reportNumber("available-dynamic-3x256", static_cast<long long>(available));
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, 256, available));
+  reportYes("available-dynamic-fits", blocks >= 3);
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, 256, available + 128));
+  reportYes(
+      "available-dynamic-tight",
+      blocks < 3 || available == static_cast<size_t>(functionAttribute(
+                                     vectorAdd, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)));
+  report("available-dynamic-too-many",
+         cuOccupancyAvailableDynamicSMemPerBlock(&available, vectorAdd, 1000, 256));
+}
+
+void kernels() {
+  CUlibrary library = nullptr;
+  MUST(cuLibraryLoadData(&library, gpuproxy::testing::kTestKernelsPtx, nullptr, nullptr, 0, nullptr,
+                         nullptr, 0));
+  CUkernel kernel = nullptr;
+  MUST(cuLibraryGetKernel(&kernel, library, "fill_u32"));
+  int registers = -1;
+  report("kernel-get-attribute",
+         cuKernelGetAttribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel, gDevice));
+  CUfunction function = nullptr;
+  MUST(cuKernelGetFunction(&function, kernel));
+  reportYes("kernel-attribute-matches",
+            registers == functionAttribute(function, CU_FUNC_ATTRIBUTE_NUM_REGS));
+  report("kernel-bad-device",
+         cuKernelGetAttribute(&registers, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel, 99));
+  report("kernel-set-attribute",
+         cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 80 * 1024, kernel,
+                              gDevice));
+  int dynamic = 0;
+  MUST(cuKernelGetAttribute(&dynamic, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, kernel,
+                            gDevice));
+  reportNumber("kernel-max-dynamic", dynamic);
+  report("kernel-cache-config", cuKernelSetCacheConfig(kernel, CU_FUNC_CACHE_PREFER_L1, gDevice));
+  size_t offset = 0;
+  size_t size = 0;
+  MUST(cuKernelGetParamInfo(kernel, 2, &offset, &size));
+  std::printf("kernel-param-2 %zu+%zu\n", offset, size);
+  // A CUkernel where a CUfunction is expected, as the CUDA runtime passes it.
+  int blocks = 0;
+  report("kernel-occupancy", cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                                 &blocks, reinterpret_cast<CUfunction>(kernel), 256, 0));
+  reportYes("kernel-occupancy-positive", blocks > 0);
+  int threads = 0;
+  report("kernel-as-function-attribute",
+         cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                            reinterpret_cast<CUfunction>(kernel)));
+  MUST(cuLibraryUnload(library));
+}
+
+void pointers() {
+  CUdeviceptr first = 0;
+  CUdeviceptr second = 0;
+  MUST(cuMemAlloc(&first, 1 << 20));
+  MUST(cuMemAlloc(&second, 4096));
+  const CUdeviceptr inside = first + 100;
+  unsigned memoryType = 0;
+  MUST(cuPointerGetAttribute(&memoryType, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, inside));
+  reportNumber("device-memory-type", memoryType);
+  CUcontext context = nullptr;
+  MUST(cuPointerGetAttribute(&context, CU_POINTER_ATTRIBUTE_CONTEXT, inside));
+  reportYes("device-context", context == gContext);
+  int ordinal = -1;
+  MUST(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, inside));
+  reportNumber("device-ordinal", ordinal);
+  CUdeviceptr start = 0;
+  MUST(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inside));
+  reportYes("device-range-start", start == first);
+  size_t rangeSize = 0;
+  MUST(cuPointerGetAttribute(&rangeSize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, inside));
+  reportNumber("device-range-size", static_cast<long long>(rangeSize));
+  CUdeviceptr devicePointer = 0;
+  MUST(cuPointerGetAttribute(&devicePointer, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, inside));
+  reportYes("device-device-pointer", devicePointer == inside);
+  void* hostPointer = nullptr;
+  report("device-host-pointer",
+         cuPointerGetAttribute(&hostPointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, inside));
+  unsigned long long firstId = 0;
+  unsigned long long secondId = 0;
+  MUST(cuPointerGetAttribute(&firstId, CU_POINTER_ATTRIBUTE_BUFFER_ID, inside));
+  MUST(cuPointerGetAttribute(&secondId, CU_POINTER_ATTRIBUTE_BUFFER_ID, second));
+  reportYes("device-buffer-ids-differ", firstId != 0 && secondId != 0 && firstId != secondId);
+  unsigned managed = 7;
+  MUST(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, inside));
+  reportNumber("device-managed", managed);
+  unsigned mapped = 0;
+  MUST(cuPointerGetAttribute(&mapped, CU_POINTER_ATTRIBUTE_MAPPED, inside));
+  reportNumber("device-mapped", mapped);
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  MUST(cuMemGetAddressRange(&base, &bytes, inside));
+  reportYes("address-range", base == first && bytes == (1 << 20));
+
+  // Several at once, as cudaPointerGetAttributes asks.
+  CUpointer_attribute asked[] = {
+      CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+      CU_POINTER_ATTRIBUTE_HOST_POINTER, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  memoryType = 99;
+  ordinal = 99;
+  hostPointer = &ordinal;
+  managed = 99;
+  void* answers[] = {&memoryType, &ordinal, &hostPointer, &managed};
+  report("attributes-device", cuPointerGetAttributes(4, asked, answers, second));
+  reportYes("attributes-device-values", memoryType == CU_MEMORYTYPE_DEVICE && ordinal == 0 &&
+                                            hostPointer == nullptr && managed == 0);
+
+  void* pinned = nullptr;
+  MUST(cuMemHostAlloc(&pinned, 10000, CU_MEMHOSTALLOC_PORTABLE));
+  void* pinnedInside = static_cast<char*>(pinned) + 10;
+  const auto pinnedAddress = reinterpret_cast<CUdeviceptr>(pinnedInside);
+  MUST(cuPointerGetAttribute(&memoryType, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pinnedAddress));
+  reportNumber("host-memory-type", memoryType);
+  MUST(cuPointerGetAttribute(&hostPointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, pinnedAddress));
+  reportYes("host-host-pointer", hostPointer == pinnedInside);
+  MUST(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, pinnedAddress));
+  reportYes("host-range-start", start == reinterpret_cast<CUdeviceptr>(pinned));
+  MUST(cuPointerGetAttribute(&context, CU_POINTER_ATTRIBUTE_CONTEXT, pinnedAddress));
+  reportYes("host-context", context == gContext);
+  MUST(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pinnedAddress));
+  reportNumber("host-ordinal", ordinal);
+  MUST(cuMemFreeHost(pinned));
+  report("freed-host-memory-type",
+         cuPointerGetAttribute(&memoryType, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pinnedAddress));
+
+  std::vector<char> pageable(100);
+  const auto pageableAddress = reinterpret_cast<CUdeviceptr>(pageable.data());
+  report("unknown-memory-type",
+         cuPointerGetAttribute(&memoryType, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pageableAddress));
+  memoryType = 99;
+  ordinal = 99;
+  hostPointer = &ordinal;
+  managed = 99;
+  report("attributes-unknown", cuPointerGetAttributes(4, asked, answers, pageableAddress));
+  reportNumber("attributes-unknown-type", memoryType);
+  reportNumber("attributes-unknown-ordinal", ordinal);
+  reportYes("attributes-unknown-host-null", hostPointer == nullptr);
+  reportNumber("attributes-unknown-managed", managed);
+  report("unknown-address-range", cuMemGetAddressRange(&base, &bytes, pageableAddress));
+  MUST(cuMemFree(first));
+  MUST(cuMemFree(second));
+  report("freed-device-memory-type",
+         cuPointerGetAttribute(&memoryType, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, inside));
+}
+
+void copies2D() {
+  constexpr size_t kWidth = 100;
+  constexpr size_t kHeight = 7;
+  constexpr size_t kHostPitch = 128;
+  constexpr size_t kDevicePitch = 256;
+  constexpr size_t kBackPitch = 160;
+  std::vector<unsigned char> source(kHostPitch * kHeight);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<unsigned char>(i * 7 + 3);
+  CUdeviceptr device = 0;
+  CUdeviceptr second = 0;
+  MUST(cuMemAlloc(&device, kDevicePitch * kHeight));
+  MUST(cuMemAlloc(&second, kDevicePitch * kHeight));
+  MUST(cuMemsetD8(device, 0xAB, kDevicePitch * kHeight));
+  MUST(cuMemsetD8(second, 0xCD, kDevicePitch * kHeight));
+
+  CUDA_MEMCPY2D up{};
+  up.srcMemoryType = CU_MEMORYTYPE_HOST;
+  up.srcHost = source.data();
+  up.srcPitch = kHostPitch;
+  up.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  up.dstDevice = device;
+  up.dstPitch = kDevicePitch;
+  up.WidthInBytes = kWidth;
+  up.Height = kHeight;
+  report("copy2d-up", cuMemcpy2D(&up));
+
+  // Device to device through unified addressing, on a stream.
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUDA_MEMCPY2D across{};
+  across.srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+  across.srcDevice = device;
+  across.srcPitch = kDevicePitch;
+  across.dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+  across.dstDevice = second;
+  across.dstPitch = kDevicePitch;
+  across.WidthInBytes = kWidth;
+  across.Height = kHeight;
+  report("copy2d-across-async", cuMemcpy2DAsync(&across, stream));
+  MUST(cuStreamSynchronize(stream));
+
+  std::vector<unsigned char> back(kBackPitch * kHeight, 0x11);
+  CUDA_MEMCPY2D down{};
+  down.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  down.srcDevice = second;
+  down.srcPitch = kDevicePitch;
+  down.dstMemoryType = CU_MEMORYTYPE_HOST;
+  down.dstHost = back.data();
+  down.dstPitch = kBackPitch;
+  down.WidthInBytes = kWidth;
+  down.Height = kHeight;
+  report("copy2d-down", cuMemcpy2DUnaligned(&down));
+  bool rowsMatch = true;
+  bool hostPaddingKept = true;
+  for (size_t row = 0; row < kHeight; ++row) {
+    if (std::memcmp(&back[row * kBackPitch], &source[row * kHostPitch], kWidth) != 0) {
+      rowsMatch = false;
+    }
+    for (size_t x = kWidth; x < kBackPitch; ++x) {
+      if (back[row * kBackPitch + x] != 0x11) hostPaddingKept = false;
+    }
+  }
+  reportYes("copy2d-round-trip", rowsMatch);
+  reportYes("copy2d-host-padding-untouched", hostPaddingKept);
+  std::vector<unsigned char> whole(kDevicePitch * kHeight);
+  MUST(cuMemcpyDtoH(whole.data(), device, whole.size()));
+  bool devicePaddingKept = true;
+  for (size_t row = 0; row < kHeight; ++row) {
+    for (size_t x = kWidth; x < kDevicePitch; ++x) {
+      if (whole[row * kDevicePitch + x] != 0xAB) devicePaddingKept = false;
+    }
+  }
+  reportYes("copy2d-device-padding-untouched", devicePaddingKept);
+
+  // A contiguous copy (pitches equal the width) goes as one.
+  std::vector<unsigned char> packed(kWidth * kHeight);
+  CUDA_MEMCPY2D contiguous = down;
+  contiguous.srcDevice = device;
+  contiguous.srcPitch = kWidth;
+  contiguous.dstHost = packed.data();
+  contiguous.dstPitch = kWidth;
+  report("copy2d-contiguous", cuMemcpy2D(&contiguous));
+  reportYes("copy2d-contiguous-bytes",
+            std::memcmp(packed.data(), whole.data(), packed.size()) == 0);
+
+  CUDA_MEMCPY2D bad = up;
+  bad.dstPitch = kWidth - 1;
+  report("copy2d-width-over-pitch", cuMemcpy2D(&bad));
+  bad = up;
+  bad.dstXInBytes = kDevicePitch - kWidth + 1;
+  report("copy2d-x-over-pitch", cuMemcpy2D(&bad));
+  bad = up;
+  bad.Height = kHeight + 1;
+  report("copy2d-past-allocation", cuMemcpy2D(&bad));
+  bad = up;
+  bad.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+  report("copy2d-array", cuMemcpy2D(&bad));
+  MUST(cuStreamDestroy(stream));
+  MUST(cuMemFree(device));
+  MUST(cuMemFree(second));
+}
+
+// Host work on a stream: runs after the kernel and the copy before it, and before the copy after
+// it reads the buffer it writes.
+struct HostStep {
+  unsigned* buffer = nullptr;
+  size_t count = 0;
+  unsigned expected = 0;
+  unsigned replacement = 0;
+  bool sawExpected = false;
+  int calls = 0;
+  CUresult status = CUDA_ERROR_UNKNOWN;
+};
+
+void runHostStep(void* data) {
+  auto* step = static_cast<HostStep*>(data);
+  step->calls += 1;
+  step->sawExpected = true;
+  for (size_t i = 0; i < step->count; ++i) {
+    if (step->buffer[i] != step->expected) step->sawExpected = false;
+    step->buffer[i] = step->replacement;
+  }
+}
+
+void CUDA_CB hostCallback(CUstream, CUresult status, void* data) {
+  static_cast<HostStep*>(data)->status = status;
+  runHostStep(data);
+}
+
+void hostFunctions(CUfunction fillU32) {
+  constexpr size_t kCount = 1 << 16;
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr device = 0;
+  MUST(cuMemAlloc(&device, kCount * sizeof(unsigned)));
+  void* pinned = nullptr;
+  MUST(cuMemHostAlloc(&pinned, kCount * sizeof(unsigned), 0));
+  std::vector<unsigned> result(kCount);
+
+  for (int variant = 0; variant < 2; ++variant) {
+    const bool callback = variant == 1;
+    HostStep step{static_cast<unsigned*>(pinned), kCount, 7u + variant, 9u + variant};
+    fill(fillU32, stream, device, step.expected, kCount);
+    MUST(cuMemcpyDtoHAsync(pinned, device, kCount * sizeof(unsigned), stream));
+    const CUresult queued = callback ? cuStreamAddCallback(stream, &hostCallback, &step, 0)
+                                     : cuLaunchHostFunc(stream, &runHostStep, &step);
+    MUST(cuMemcpyHtoDAsync(device, pinned, kCount * sizeof(unsigned), stream));
+    MUST(cuMemcpyDtoHAsync(result.data(), device, kCount * sizeof(unsigned), stream));
+    MUST(cuStreamSynchronize(stream));
+    bool later = true;
+    for (unsigned value : result) later = later && value == step.replacement;
+    const char* prefix = callback ? "callback" : "host-func";
+    char check[64];
+    std::snprintf(check, sizeof(check), "%s-queued", prefix);
+    report(check, queued);
+    std::snprintf(check, sizeof(check), "%s-calls", prefix);
+    reportNumber(check, step.calls);
+    std::snprintf(check, sizeof(check), "%s-after-earlier-work", prefix);
+    reportYes(check, step.sawExpected);
+    std::snprintf(check, sizeof(check), "%s-before-later-work", prefix);
+    reportYes(check, later);
+    if (callback) report("callback-status", step.status);
+  }
+  report("host-func-null", cuLaunchHostFunc(stream, nullptr, nullptr));
+  report("callback-flags", cuStreamAddCallback(stream, &hostCallback, nullptr, 1));
+  MUST(cuMemFreeHost(pinned));
+  MUST(cuMemFree(device));
+  MUST(cuStreamDestroy(stream));
+}
+
+void launchEx(CUfunction fillU32) {
+  constexpr unsigned long long kCount = 5000;
+  CUdeviceptr device = 0;
+  MUST(cuMemAlloc(&device, kCount * sizeof(unsigned)));
+  MUST(cuMemsetD32(device, 0, kCount));
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, 0));
+  CUlaunchAttribute attributes[3] = {};
+  attributes[0].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  attributes[0].value.priority = 0;
+  attributes[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attributes[1].value.clusterDim.x = 1;
+  attributes[1].value.clusterDim.y = 1;
+  attributes[1].value.clusterDim.z = 1;
+  attributes[2].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  attributes[2].value.cooperative = 0;
+  CUlaunchConfig config{};
+  config.gridDimX = static_cast<unsigned>((kCount + 127) / 128);
+  config.gridDimY = 1;
+  config.gridDimZ = 1;
+  config.blockDimX = 128;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.hStream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 3;
+  unsigned value = 42;
+  unsigned long long count = kCount;
+  void* parameters[] = {&device, &value, &count};
+  report("launch-ex", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  std::vector<unsigned> result(kCount);
+  MUST(cuMemcpyDtoHAsync(result.data(), device, kCount * sizeof(unsigned), stream));
+  MUST(cuStreamSynchronize(stream));
+  bool filled = true;
+  for (unsigned got : result) filled = filled && got == 42;
+  reportYes("launch-ex-result", filled);
+  attributes[2].value.cooperative = 1;
+  report("launch-ex-cooperative", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  attributes[2].value.cooperative = 0;
+  attributes[1].value.clusterDim.x = 2;
+  report("launch-ex-cluster", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  config.numAttrs = 0;
+  config.blockDimX = 4096;
+  report("launch-ex-too-many-threads", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  report("launch-ex-null", cuLaunchKernelEx(nullptr, fillU32, parameters, nullptr));
+  MUST(cuStreamDestroy(stream));
+  MUST(cuMemFree(device));
+}
+
+void streamQueries() {
+  CUstream first = nullptr;
+  CUstream second = nullptr;
+  MUST(cuStreamCreate(&first, 0));
+  MUST(cuStreamCreate(&second, 0));
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  report("is-capturing", cuStreamIsCapturing(first, &status));
+  reportNumber("is-capturing-status", status);
+  status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  report("capture-info",
+         cuStreamGetCaptureInfo(nullptr, &status, nullptr, nullptr, nullptr, nullptr, nullptr));
+  reportNumber("capture-info-status", status);
+  report("is-capturing-bad-stream",
+         cuStreamIsCapturing(reinterpret_cast<CUstream>(std::uintptr_t{0x5eed}), &status));
+  unsigned long long firstId = 0;
+  unsigned long long secondId = 0;
+  MUST(cuStreamGetId(first, &firstId));
+  MUST(cuStreamGetId(second, &secondId));
+  reportYes("stream-ids-differ", firstId != secondId);
+  unsigned long long contextId = 0;
+  report("context-id", cuCtxGetId(nullptr, &contextId));
+  unsigned long long sameContextId = 1;
+  MUST(cuCtxGetId(gContext, &sameContextId));
+  reportYes("context-id-stable", contextId == sameContextId);
+  MUST(cuStreamDestroy(first));
+  MUST(cuStreamDestroy(second));
+}
+
+}  // namespace
+
+int main() {
+  MUST(cuInit(0));
+  MUST(cuDeviceGet(&gDevice, 0));
+  MUST(cuDevicePrimaryCtxRetain(&gContext, gDevice));
+  MUST(cuCtxSetCurrent(gContext));
+  CUmodule module = nullptr;
+  MUST(cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+  CUfunction fillU32 = nullptr;
+  MUST(cuModuleGetFunction(&fillU32, module, "fill_u32"));
+
+  functionAttributes(module);
+  occupancy(module);
+  kernels();
+  pointers();
+  copies2D();
+  hostFunctions(fillU32);
+  launchEx(fillU32);
+  streamQueries();
+
+  MUST(cuModuleUnload(module));
+  MUST(cuDevicePrimaryCtxRelease(gDevice));
+  std::printf("driver_surface done\n");
+  return 0;
+}
