@@ -95,6 +95,8 @@ struct KernelRecord {
   // dynamic shared memory, and the carveout is CU_SHAREDMEM_CARVEOUT_DEFAULT (-1) anyway.
   mutable std::atomic<int> maxDynamicSharedSizeBytes{-1};
   mutable std::atomic<int> preferredSharedMemoryCarveout{-1};
+  mutable std::atomic<int> nonPortableClusterSizeAllowed{0};
+  mutable std::atomic<int> clusterSchedulingPolicy{CU_CLUSTER_SCHEDULING_POLICY_DEFAULT};
 };
 
 // One of this process's device allocations (or module variables), as cuPointerGetAttribute and

@@ -64,7 +64,9 @@ TEST_F(DriverSurface, OptingIntoMoreDynamicSharedMemoryAllowsTheLaunch) {
                  {"set-carveout", "CUDA_SUCCESS"},
                  {"set-carveout-bad", "CUDA_ERROR_INVALID_VALUE"},
                  {"set-read-only", "CUDA_ERROR_INVALID_VALUE"},
-                 {"set-cluster", "CUDA_ERROR_NOT_SUPPORTED"}});
+                 {"set-cluster", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"set-non-portable-cluster", "CUDA_SUCCESS"},
+                 {"attr-non-portable-cluster", "1"}});
 }
 
 // The sim reports an H100-like SM: 2048 threads, 32 blocks, 64K registers, 228 KiB of shared

@@ -135,6 +135,11 @@ void functionAttributes(CUmodule module) {
          cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 101));
   report("set-read-only", cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_NUM_REGS, 16));
   report("set-cluster", cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, 2));
+  // A permission about clusters (cuBLAS sets it on every kernel): kept, and answered back.
+  report("set-non-portable-cluster",
+         cuFuncSetAttribute(fillU32, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+  reportNumber("attr-non-portable-cluster",
+               functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED));
   MUST(cuMemFree(memory));
 }
 

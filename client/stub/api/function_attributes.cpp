@@ -162,11 +162,13 @@ CUresult getAttribute(const ResolvedFunction& function, CUfunction_attribute att
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
-    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
       value = 0;
       return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      value = kernel.nonPortableClusterSizeAllowed.load(std::memory_order_relaxed);
+      return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-      value = CU_CLUSTER_SCHEDULING_POLICY_DEFAULT;
+      value = kernel.clusterSchedulingPolicy.load(std::memory_order_relaxed);
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
@@ -193,11 +195,23 @@ CUresult setAttribute(const char* entryPoint, const ResolvedFunction& function,
       // A hint to the driver; the occupancy calculator below honours it.
       kernel.preferredSharedMemoryCarveout.store(value, std::memory_order_relaxed);
       return CUDA_SUCCESS;
+    // Permissions and preferences about clusters bind nothing while no cluster is launched (none
+    // can be: the sim refuses cluster kernels at load, cuLaunchKernelEx cluster sizes beyond
+    // 1x1x1): kept and answered back, as cuBLAS sets them on every kernel it loads.
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      if (value != 0 && value != 1) return CUDA_ERROR_INVALID_VALUE;
+      kernel.nonPortableClusterSizeAllowed.store(value, std::memory_order_relaxed);
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      if (value < CU_CLUSTER_SCHEDULING_POLICY_DEFAULT ||
+          value > CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      kernel.clusterSchedulingPolicy.store(value, std::memory_order_relaxed);
+      return CUDA_SUCCESS;
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
-    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
-    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
       GPUPROXY_STUB_LOG(kWarn,
                         "%s: cluster attribute %d is not supported (no thread-block clusters)",
                         entryPoint, static_cast<int>(attribute));
