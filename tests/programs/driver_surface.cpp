@@ -191,6 +191,40 @@ void occupancy(CUmodule module) {
   report("occupancy-bad-flags",
          cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, vectorAdd, 128, 0, 8));
 
+  // Clusters: one block is a cluster of its own everywhere; the device has no larger ones.
+  CUlaunchConfig config{};
+  config.gridDimX = 1;
+  config.gridDimY = 1;
+  config.gridDimZ = 1;
+  config.blockDimX = 256;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  int clusters = -1;
+  MUST(cuOccupancyMaxActiveClusters(&clusters, vectorAdd, &config));
+  MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, vectorAdd, 256, 0));
+  reportYes("clusters-of-one-fill-the-device",
+            clusters == blocks * deviceAttribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
+  CUlaunchAttribute pair{};
+  pair.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  pair.value.clusterDim.x = 2;
+  pair.value.clusterDim.y = 1;
+  pair.value.clusterDim.z = 1;
+  config.attrs = &pair;
+  config.numAttrs = 1;
+  MUST(cuOccupancyMaxActiveClusters(&clusters, vectorAdd, &config));
+  reportNumber("clusters-of-two", clusters);
+  int clusterSize = 0;
+  MUST(cuOccupancyMaxPotentialClusterSize(&clusterSize, vectorAdd, &config));
+  reportNumber("potential-cluster-size", clusterSize);
+
+  // Limits: the driver's defaults; keeping one is fine, changing one is not offered.
+  size_t stack = 0;
+  MUST(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
+  reportNumber("limit-stack", static_cast<long long>(stack));
+  report("limit-keep-stack", cuCtxSetLimit(CU_LIMIT_STACK_SIZE, stack));
+  report("limit-grow-heap", cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, size_t{64} << 20));
+  report("limit-unknown", cuCtxGetLimit(&stack, static_cast<CUlimit>(0x7f)));
+
   int minGrid = 0;
   int blockSize = 0;
   MUST(cuOccupancyMaxPotentialBlockSize(&minGrid, &blockSize, vectorAdd, nullptr, 0, 0));

@@ -3,6 +3,9 @@
 
 #include <cuda.h>
 
+#include <cstddef>
+#include <optional>
+
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 
@@ -378,5 +381,58 @@ GPUPROXY_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
     if (state.result != CUDA_SUCCESS) return state.result;
     *flags = state.flags;
     return CUDA_SUCCESS;
+  });
+}
+
+// ---- limits --------------------------------------------------------------------------------
+
+namespace {
+
+// The driver's defaults, which every context of both backends has: the daemon sets none.
+std::optional<size_t> defaultLimit(CUlimit limit) {
+  switch (limit) {
+    case CU_LIMIT_STACK_SIZE:
+      return 1024;
+    case CU_LIMIT_PRINTF_FIFO_SIZE:
+      return size_t{1} << 20;
+    case CU_LIMIT_MALLOC_HEAP_SIZE:
+      return size_t{8} << 20;
+    case CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH:
+      return 2;
+    case CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT:
+      return 2048;
+    case CU_LIMIT_MAX_L2_FETCH_GRANULARITY:
+      return 64;
+    case CU_LIMIT_PERSISTING_L2_CACHE_SIZE:
+      return 0;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pvalue == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
+    std::optional<size_t> value = defaultLimit(limit);
+    if (!value) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    *pvalue = *value;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Setting a limit to what it is already is accepted; changing one would have to reach the device
+// (a larger stack or heap for this client's kernels), which the daemon does not offer yet.
+GPUPROXY_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
+    std::optional<size_t> current = defaultLimit(limit);
+    if (!current) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (value == *current) return CUDA_SUCCESS;
+    GPUPROXY_STUB_LOG(kWarn, "cuCtxSetLimit: changing limit %d (to %zu) is not supported",
+                      static_cast<int>(limit), value);
+    return CUDA_ERROR_NOT_SUPPORTED;
   });
 }

@@ -655,3 +655,64 @@ GPUPROXY_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamic
     return CUDA_SUCCESS;
   });
 }
+
+// ---- clusters ----------------------------------------------------------------------------------
+
+namespace {
+
+// The cluster size a launch configuration asks for: 1 when it names none.
+std::uint64_t clusterSizeOf(const CUlaunchConfig& config) {
+  for (unsigned i = 0; i < config.numAttrs && config.attrs != nullptr; ++i) {
+    if (config.attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      const auto& dim = config.attrs[i].value.clusterDim;
+      return std::uint64_t{dim.x} * dim.y * dim.z;
+    }
+  }
+  return 1;
+}
+
+}  // namespace
+
+// The devices gpuproxy serves report no cluster launch (CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH 0): a
+// cluster of one block is every block on its own, so as many fit as blocks are resident on the
+// whole device; no larger cluster fits at all. (cuBLAS asks before it picks its kernels.)
+GPUPROXY_EXPORT CUresult cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func,
+                                                      const CUlaunchConfig* config) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (numClusters == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const unsigned blockSize = config->blockDimX * config->blockDimY * config->blockDimZ;
+    if (blockSize == 0) return CUDA_ERROR_INVALID_VALUE;
+    ResolvedFunction function;
+    DeviceLimits limits;
+    if (CUresult result = prepareOccupancy(runtime, func, 0, function, limits);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    if (clusterSizeOf(*config) > 1) {
+      *numClusters = 0;
+      return CUDA_SUCCESS;
+    }
+    const int perMultiprocessor =
+        activeBlocksPerMultiprocessor(limits, needsOf(function), static_cast<int>(blockSize),
+                                      static_cast<std::int64_t>(config->sharedMemBytes));
+    *numClusters =
+        perMultiprocessor *
+        std::max(deviceAttribute(function.device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), 0);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int* clusterSize, CUfunction func,
+                                                            const CUlaunchConfig* config) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (clusterSize == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    ResolvedFunction function;
+    DeviceLimits limits;
+    if (CUresult result = prepareOccupancy(runtime, func, 0, function, limits);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    *clusterSize = 1;
+    return CUDA_SUCCESS;
+  });
+}
