@@ -76,6 +76,13 @@ TEST_P(CudartPrograms, SeveralDevicesThreadsAndADeviceReset) {
   EXPECT_NE(result.output.find("2 devices, reset, 4 threads"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("thrust_algorithms"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("thrust_algorithms: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, AnImpossibleLaunchIsReportedAndCleared) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("cudart_checks"), {"bad-launch"});
