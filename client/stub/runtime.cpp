@@ -405,6 +405,7 @@ std::optional<std::uint64_t> Runtime::primaryContext(std::uint32_t device) const
 }
 
 void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
+  tablesEpoch_.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard lock(tablesMutex_);
   auto dropOwnedBy = [context](auto& table, auto ownerOf) {
     for (auto it = table.begin(); it != table.end();) {
@@ -482,6 +483,7 @@ std::optional<std::uint64_t> Runtime::moduleContext(std::uint64_t module) const 
 }
 
 void Runtime::forgetModule(std::uint64_t module) {
+  tablesEpoch_.fetch_add(1, std::memory_order_acq_rel);
   {
     std::lock_guard lock(tablesMutex_);
     modules_.erase(module);

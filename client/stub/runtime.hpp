@@ -166,6 +166,11 @@ public:
   // Handle tables. The daemon validates every handle too; the stub keeps these to answer locally
   // (cuCtxGetDevice, launch checks) and to find the context a stream or event belongs to.
   std::uint64_t newGeneration() noexcept { return nextGeneration_.fetch_add(1) + 1; }
+  // Changes whenever a module or a context's resources are forgotten: what a cache of handles
+  // (a CUkernel's function per context) checks before it trusts an entry.
+  std::uint64_t tablesEpoch() const noexcept {
+    return tablesEpoch_.load(std::memory_order_acquire);
+  }
   void addContext(std::uint64_t context, ContextRecord record);
   std::optional<ContextRecord> context(std::uint64_t context) const;
   // The primary context of `device` this process has retained before, if any.
@@ -231,6 +236,7 @@ private:
 
   std::atomic<bool> lost_{false};
   std::atomic<std::uint64_t> nextGeneration_{0};
+  std::atomic<std::uint64_t> tablesEpoch_{1};
   std::atomic<std::uint64_t> nextBufferId_{0};
   std::unique_ptr<DataPlane> dataPlane_;
   std::unique_ptr<RpcSink> rpcSink_;

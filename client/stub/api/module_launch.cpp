@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -322,14 +323,39 @@ CUresult checkLaunchConfiguration(const DeviceRecord* device, const KernelRecord
 
 namespace gpuproxy::stub {
 
+// A thread's recent CUkernel launches: which function each became in which context. An entry is
+// good while the runtime's tables have dropped nothing since it was made (Runtime::tablesEpoch:
+// a module unloaded, a context destroyed or reset), so no stale function is ever launched.
+struct LibraryKernelCache {
+  struct Entry {
+    std::uint64_t kernel = 0;
+    std::uint64_t context = 0;
+    std::uint64_t epoch = 0;
+    std::uint64_t function = 0;
+    std::shared_ptr<const KernelRecord> record;
+  };
+  static Entry& slot(std::uint64_t kernel) {
+    thread_local std::array<Entry, 16> entries;
+    // Kernel handles are addresses of heap objects: the bits above the allocation alignment.
+    return entries[(kernel >> 4) % entries.size()];
+  }
+};
+
 CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
                       unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
                       unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
                       NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     std::uint64_t function = handleValue(f);
-    std::shared_ptr<const KernelRecord> kernel = runtime.function(function);
-    const bool libraryKernel = !kernel && gpuproxy::stub::isLibraryKernel(function);
+    // The CUDA runtime launches every <<<>>> through a CUkernel: its function in the launch's
+    // context is remembered per thread, so that the next launch finds it without a lookup.
+    LibraryKernelCache::Entry& cached = LibraryKernelCache::slot(function);
+    const std::uint64_t epoch = runtime.tablesEpoch();
+    const bool knownKernel = cached.kernel == function && cached.epoch == epoch;
+    std::shared_ptr<const KernelRecord> kernel;
+    if (!knownKernel) kernel = runtime.function(function);
+    const bool libraryKernel =
+        knownKernel || (!kernel && gpuproxy::stub::isLibraryKernel(function));
     if (!kernel && !libraryKernel) return CUDA_ERROR_INVALID_HANDLE;
     if (kernelParams != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
     StreamTarget target;
@@ -339,13 +365,20 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
     }
     // A CUkernel runs as its function in the context of the stream it is launched into.
     if (libraryKernel) {
-      if (CUresult resolved =
-              gpuproxy::stub::libraryKernelFunction(runtime, function, target.context, function);
-          resolved != CUDA_SUCCESS) {
-        return resolved;
+      if (knownKernel && cached.context == target.context) {
+        function = cached.function;
+        kernel = cached.record;
+      } else {
+        const std::uint64_t handle = function;
+        if (CUresult resolved =
+                gpuproxy::stub::libraryKernelFunction(runtime, handle, target.context, function);
+            resolved != CUDA_SUCCESS) {
+          return resolved;
+        }
+        kernel = runtime.function(function);
+        if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
+        cached = LibraryKernelCache::Entry{handle, target.context, epoch, function, kernel};
       }
-      kernel = runtime.function(function);
-      if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
     }
     const DeviceRecord* device = nullptr;
     if (auto context = runtime.context(kernel->context)) {
