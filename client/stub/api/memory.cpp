@@ -30,6 +30,7 @@
 #include <unordered_map>
 
 #include "client/stub/api/host_memory.hpp"
+#include "client/stub/api/memory_pools.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/pinned_heap.hpp"
@@ -339,7 +340,10 @@ CUresult freeAllocation(Runtime& runtime, CUdeviceptr dptr) {
     request.setPointer(dptr);
     return request.send().then([](auto response) { return toResult(response.getResult()); });
   });
-  if (result == CUDA_SUCCESS) runtime.forgetAllocation(dptr);
+  if (result == CUDA_SUCCESS) {
+    runtime.forgetAllocation(dptr);
+    gpuproxy::stub::notePoolFree(dptr);
+  }
   return result;
 }
 
@@ -347,8 +351,9 @@ CUresult freeAllocation(Runtime& runtime, CUdeviceptr dptr) {
 // the tenant's like any other allocation. Allocating at once is a legal schedule of "usable in
 // stream order"; freeing waits, as cuMemFree does, for this process's earlier work, so the call
 // returns later than CUDA's would, never earlier than is safe.
+// `pool`: null for the stream's device's default pool, else a pool that must be that one.
 CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t bytesize,
-                          CUstream stream, NullStream nullStream) {
+                          CUstream stream, NullStream nullStream, CUmemoryPool pool = nullptr) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     StreamTarget target;
@@ -356,7 +361,17 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    return allocateIn(runtime, target.context, bytesize, dptr);
+    std::optional<gpuproxy::stub::ContextRecord> context = runtime.context(target.context);
+    if (!context) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pool != nullptr && gpuproxy::stub::defaultPoolDevice(pool) != context->device) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (CUresult allocated = allocateIn(runtime, target.context, bytesize, dptr);
+        allocated != CUDA_SUCCESS) {
+      return allocated;
+    }
+    gpuproxy::stub::notePoolAllocation(context->device, *dptr, bytesize);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -398,6 +413,18 @@ GPUPROXY_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUs
 GPUPROXY_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
                                               CUstream hStream) {
   return allocateOnStream(__func__, dptr, bytesize, hStream, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize,
+                                                 CUmemoryPool pool, CUstream hStream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return allocateOnStream(__func__, dptr, bytesize, hStream, NullStream::kLegacy, pool);
+}
+
+GPUPROXY_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                                      CUmemoryPool pool, CUstream hStream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return allocateOnStream(__func__, dptr, bytesize, hStream, NullStream::kPerThread, pool);
 }
 
 GPUPROXY_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {

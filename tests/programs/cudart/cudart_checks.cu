@@ -8,6 +8,7 @@
 //   pinned            cudaMallocHost/cudaHostAlloc memory used by asynchronous copies and a kernel
 //   symbols           cudaMemcpyToSymbol/FromSymbol on __constant__ and __device__ variables
 //   malloc-async      cudaMallocAsync/cudaFreeAsync in stream order
+//   memory-pool       the device's default pool: release threshold, usage, cudaMallocFromPoolAsync
 //   devices           every device from several threads, cudaDeviceReset of one in between,
 //                     module variables written again after the reset
 //   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -284,6 +286,41 @@ int devices() {
   return 0;
 }
 
+int memoryPool() {
+  cudaMemPool_t pool = nullptr;
+  CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  cudaMemPool_t current = nullptr;
+  CHECK(cudaDeviceGetMemPool(&current, 0));
+  EXPECT(pool == current, "the current pool is not the default pool");
+  std::uint64_t threshold = UINT64_MAX;  // what PyTorch's and RAPIDS' allocators set
+  CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  std::uint64_t readBack = 0;
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &readBack));
+  EXPECT(readBack == UINT64_MAX, "release threshold read back as %llu",
+         static_cast<unsigned long long>(readBack));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  void* first = nullptr;
+  void* second = nullptr;
+  CHECK(cudaMallocAsync(&first, 1 << 20, stream));
+  CHECK(cudaMallocFromPoolAsync(&second, 1 << 20, pool, stream));
+  std::uint64_t used = 0;
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  EXPECT(used == 2u << 20, "pool in use: %llu bytes", static_cast<unsigned long long>(used));
+  CHECK(cudaMemsetAsync(second, 7, 1 << 20, stream));
+  CHECK(cudaFreeAsync(first, stream));
+  CHECK(cudaFreeAsync(second, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  EXPECT(used == 0, "pool still in use: %llu bytes", static_cast<unsigned long long>(used));
+  std::uint64_t high = 0;
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  EXPECT(high == 2u << 20, "high watermark %llu", static_cast<unsigned long long>(high));
+  CHECK(cudaMemPoolTrimTo(pool, 0));
+  CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
 int badLaunch() {
   float* device = nullptr;
   CHECK(cudaMalloc(&device, 1024));
@@ -342,6 +379,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "symbols") == 0) result = symbols();
   if (std::strcmp(mode, "malloc-async") == 0) result = mallocAsync();
   if (std::strcmp(mode, "devices") == 0) result = devices();
+  if (std::strcmp(mode, "memory-pool") == 0) result = memoryPool();
   if (std::strcmp(mode, "bad-launch") == 0) result = badLaunch();
   if (std::strcmp(mode, "out-of-memory") == 0 && argument != nullptr) {
     result = outOfMemory(argument);
