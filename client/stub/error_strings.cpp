@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 #include "protocol/cuda_result.hpp"
 
@@ -24,20 +25,11 @@ CUresult answer(std::optional<std::string_view> text, const char** pStr) noexcep
   return CUDA_SUCCESS;
 }
 
-// The application may pass any integer as a CUresult; read it as one, since an enum holding a
-// value outside its enumerators' range is undefined behaviour.
-int codeOf(const CUresult& error) noexcept {
-  static_assert(sizeof(CUresult) == sizeof(int));
-  int code;
-  std::memcpy(&code, &error, sizeof code);
-  return code;
-}
-
 }  // namespace
 
 GPUPROXY_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
   try {
-    return answer(gpuproxy::protocol::cudaResultName(codeOf(error)), pStr);
+    return answer(gpuproxy::protocol::cudaResultName(gpuproxy::stub::enumValue(error)), pStr);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }
@@ -45,7 +37,8 @@ GPUPROXY_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr) {
 
 GPUPROXY_EXPORT CUresult cuGetErrorString(CUresult error, const char** pStr) {
   try {
-    return answer(gpuproxy::protocol::cudaResultDescription(codeOf(error)), pStr);
+    return answer(gpuproxy::protocol::cudaResultDescription(gpuproxy::stub::enumValue(error)),
+                  pStr);
   } catch (...) {
     return CUDA_ERROR_UNKNOWN;
   }

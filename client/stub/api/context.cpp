@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::protocol::Session;
@@ -389,7 +390,7 @@ GPUPROXY_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
 namespace {
 
 // The driver's defaults, which every context of both backends has: the daemon sets none.
-std::optional<size_t> defaultLimit(CUlimit limit) {
+std::optional<size_t> defaultLimit(int limit) {
   switch (limit) {
     case CU_LIMIT_STACK_SIZE:
       return 1024;
@@ -416,7 +417,7 @@ GPUPROXY_EXPORT CUresult cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (pvalue == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
-    std::optional<size_t> value = defaultLimit(limit);
+    std::optional<size_t> value = defaultLimit(gpuproxy::stub::enumValue(limit));
     if (!value) return CUDA_ERROR_UNSUPPORTED_LIMIT;
     *pvalue = *value;
     return CUDA_SUCCESS;
@@ -428,11 +429,11 @@ GPUPROXY_EXPORT CUresult cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
 GPUPROXY_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
-    std::optional<size_t> current = defaultLimit(limit);
+    std::optional<size_t> current = defaultLimit(gpuproxy::stub::enumValue(limit));
     if (!current) return CUDA_ERROR_UNSUPPORTED_LIMIT;
     if (value == *current) return CUDA_SUCCESS;
     GPUPROXY_STUB_LOG(kWarn, "cuCtxSetLimit: changing limit %d (to %zu) is not supported",
-                      static_cast<int>(limit), value);
+                      gpuproxy::stub::enumValue(limit), value);
     return CUDA_ERROR_NOT_SUPPORTED;
   });
 }

@@ -18,6 +18,7 @@
 
 #include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::stub::currentContext;
@@ -114,8 +115,7 @@ int maxThreadsPerBlock(const KernelRecord& kernel, const DeviceRecord* device) {
                          : kernel.maxThreadsPerBlock;
 }
 
-CUresult getAttribute(const ResolvedFunction& function, CUfunction_attribute attribute,
-                      int& value) {
+CUresult getAttribute(const ResolvedFunction& function, int attribute, int& value) {
   const KernelRecord& kernel = *function.kernel;
   const DeviceRecord* device = function.device;
   switch (attribute) {
@@ -175,8 +175,8 @@ CUresult getAttribute(const ResolvedFunction& function, CUfunction_attribute att
   }
 }
 
-CUresult setAttribute(const char* entryPoint, const ResolvedFunction& function,
-                      CUfunction_attribute attribute, int value) {
+CUresult setAttribute(const char* entryPoint, const ResolvedFunction& function, int attribute,
+                      int value) {
   const KernelRecord& kernel = *function.kernel;
   switch (attribute) {
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: {
@@ -474,7 +474,7 @@ GPUPROXY_EXPORT CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib
         result != CUDA_SUCCESS) {
       return result;
     }
-    return getAttribute(function, attrib, *pi);
+    return getAttribute(function, gpuproxy::stub::enumValue(attrib), *pi);
   });
 }
 
@@ -486,7 +486,7 @@ GPUPROXY_EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribu
         result != CUDA_SUCCESS) {
       return result;
     }
-    return setAttribute("cuFuncSetAttribute", function, attrib, value);
+    return setAttribute("cuFuncSetAttribute", function, gpuproxy::stub::enumValue(attrib), value);
   });
 }
 
@@ -499,7 +499,7 @@ GPUPROXY_EXPORT CUresult cuKernelGetAttribute(int* pi, CUfunction_attribute attr
         result != CUDA_SUCCESS) {
       return result;
     }
-    return getAttribute(function, attrib, *pi);
+    return getAttribute(function, gpuproxy::stub::enumValue(attrib), *pi);
   });
 }
 
@@ -511,7 +511,7 @@ GPUPROXY_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int v
         result != CUDA_SUCCESS) {
       return result;
     }
-    return setAttribute("cuKernelSetAttribute", function, attrib, val);
+    return setAttribute("cuKernelSetAttribute", function, gpuproxy::stub::enumValue(attrib), val);
   });
 }
 
@@ -563,7 +563,8 @@ GPUPROXY_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex
 
 GPUPROXY_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
   return guarded(__func__, [&](Runtime& runtime) {
-    if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) {
+    const int preference = gpuproxy::stub::enumValue(config);
+    if (preference < CU_FUNC_CACHE_PREFER_NONE || preference > CU_FUNC_CACHE_PREFER_EQUAL) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     ResolvedFunction function;
@@ -573,8 +574,9 @@ GPUPROXY_EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache con
 
 GPUPROXY_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction hfunc, CUsharedconfig config) {
   return guarded(__func__, [&](Runtime& runtime) {
-    if (config < CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE ||
-        config > CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE) {
+    const int banks = gpuproxy::stub::enumValue(config);
+    if (banks < CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE ||
+        banks > CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     ResolvedFunction function;
@@ -585,7 +587,8 @@ GPUPROXY_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction hfunc, CUsharedconf
 GPUPROXY_EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config,
                                                 CUdevice dev) {
   return guarded(__func__, [&](Runtime& runtime) {
-    if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) {
+    const int preference = gpuproxy::stub::enumValue(config);
+    if (preference < CU_FUNC_CACHE_PREFER_NONE || preference > CU_FUNC_CACHE_PREFER_EQUAL) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     ResolvedFunction function;

@@ -7,6 +7,7 @@
 
 #include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::stub::guarded;
@@ -19,7 +20,8 @@ namespace {
 CUresult checkAttribute(const char* entryPoint, const CUlaunchAttribute& attribute) {
   const CUlaunchAttributeValue& value = attribute.value;
   bool plain = false;
-  switch (attribute.id) {
+  const int id = gpuproxy::stub::enumValue(attribute.id);
+  switch (id) {
     case CU_LAUNCH_ATTRIBUTE_IGNORE:
       return CUDA_SUCCESS;
     // A scheduling hint: the kernel runs at its stream's priority.
@@ -39,7 +41,7 @@ CUresult checkAttribute(const char* entryPoint, const CUlaunchAttribute& attribu
   }
   if (plain) return CUDA_SUCCESS;
   GPUPROXY_STUB_LOG(kWarn, "%s: launch attribute %d (with this value) is not supported", entryPoint,
-                    static_cast<int>(attribute.id));
+                    id);
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::stub::currentContext;
@@ -33,7 +34,7 @@ struct Side {
 };
 
 // The side's memory type as the copy uses it, or the driver's error for it.
-CUresult resolveSide(Runtime& runtime, CUmemorytype type, const void* host, CUdeviceptr device,
+CUresult resolveSide(Runtime& runtime, int type, const void* host, CUdeviceptr device,
                      std::size_t pitch, std::size_t xInBytes, std::size_t y, Side& side) {
   std::uint64_t base = 0;
   switch (type) {
@@ -144,14 +145,14 @@ CUresult memcpy2D(const char* entryPoint, const CUDA_MEMCPY2D* copy, CUstream st
     Side src;
     Side dst;
     if (CUresult resolved =
-            resolveSide(runtime, copy->srcMemoryType, copy->srcHost, copy->srcDevice,
-                        copy->srcPitch, copy->srcXInBytes, copy->srcY, src);
+            resolveSide(runtime, gpuproxy::stub::enumValue(copy->srcMemoryType), copy->srcHost,
+                        copy->srcDevice, copy->srcPitch, copy->srcXInBytes, copy->srcY, src);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
     if (CUresult resolved =
-            resolveSide(runtime, copy->dstMemoryType, copy->dstHost, copy->dstDevice,
-                        copy->dstPitch, copy->dstXInBytes, copy->dstY, dst);
+            resolveSide(runtime, gpuproxy::stub::enumValue(copy->dstMemoryType), copy->dstHost,
+                        copy->dstDevice, copy->dstPitch, copy->dstXInBytes, copy->dstY, dst);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::stub::guarded;
@@ -145,7 +146,7 @@ GPUPROXY_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attr
       std::memcpy(value, &number, sizeof(number));
       return CUDA_SUCCESS;
     };
-    switch (attr) {
+    switch (gpuproxy::stub::enumValue(attr)) {
       case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
         return answer(found->reuseFollowEventDependencies);
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
@@ -175,7 +176,7 @@ GPUPROXY_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attr
     std::lock_guard lock(DefaultPools::instance().mutex());
     int flag = 0;
     cuuint64_t number = 0;
-    switch (attr) {
+    switch (gpuproxy::stub::enumValue(attr)) {
       case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
       case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:

@@ -10,6 +10,7 @@
 
 #include "client/stub/api/host_memory.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 
 using gpuproxy::stub::AllocationRange;
@@ -58,7 +59,7 @@ void put(void* data, T value) {
 
 // Attributes the stub has no answer for (peer tokens, memory pools, virtual memory mappings,
 // RDMA): the application hears so rather than a made-up value.
-bool unanswerable(CUpointer_attribute attribute) {
+bool unanswerable(int attribute) {
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
@@ -77,8 +78,8 @@ bool unanswerable(CUpointer_attribute attribute) {
 
 // One attribute of a known pointer. `lenient` (cuPointerGetAttributes): a value that does not
 // exist (the host address of device memory) is written as null instead of failing.
-CUresult answer(const PointerFacts& facts, CUpointer_attribute attribute, CUdeviceptr pointer,
-                void* data, bool lenient) {
+CUresult answer(const PointerFacts& facts, int attribute, CUdeviceptr pointer, void* data,
+                bool lenient) {
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       put(data, toHandle<CUcontext>(facts.context));
@@ -141,7 +142,7 @@ CUresult answer(const PointerFacts& facts, CUpointer_attribute attribute, CUdevi
 // cuPointerGetAttributes for a pointer CUDA does not know (malloc'd memory, the stack): success
 // with every value null, except the device ordinal, which the driver reports as -2 (the device
 // cudaPointerGetAttributes then shows for unregistered memory).
-CUresult answerUnknown(CUpointer_attribute attribute, void* data) {
+CUresult answerUnknown(int attribute, void* data) {
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
@@ -183,12 +184,13 @@ GPUPROXY_EXPORT CUresult cuPointerGetAttribute(void* data, CUpointer_attribute a
                                                CUdeviceptr ptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int which = gpuproxy::stub::enumValue(attribute);
     std::optional<PointerFacts> facts = factsOf(runtime, ptr);
     if (!facts) {
       // Still NOT_SUPPORTED for what the stub cannot answer about any pointer.
-      return unanswerable(attribute) ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+      return unanswerable(which) ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
     }
-    return answer(*facts, attribute, ptr, data, /*lenient=*/false);
+    return answer(*facts, which, ptr, data, /*lenient=*/false);
   });
 }
 
@@ -202,8 +204,9 @@ GPUPROXY_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes,
     std::optional<PointerFacts> facts = factsOf(runtime, ptr);
     for (unsigned i = 0; i < numAttributes; ++i) {
       if (data[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
-      const CUresult result = facts ? answer(*facts, attributes[i], ptr, data[i], /*lenient=*/true)
-                                    : answerUnknown(attributes[i], data[i]);
+      const int which = gpuproxy::stub::enumValue(attributes[i]);
+      const CUresult result = facts ? answer(*facts, which, ptr, data[i], /*lenient=*/true)
+                                    : answerUnknown(which, data[i]);
       if (result != CUDA_SUCCESS) return result;
     }
     return CUDA_SUCCESS;
