@@ -84,6 +84,13 @@ TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {
   EXPECT_NE(result.output.find("thrust_algorithms: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("curand_uniform"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("curand_uniform: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, AnImpossibleLaunchIsReportedAndCleared) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("cudart_checks"), {"bad-launch"});
