@@ -55,7 +55,7 @@ TEST_P(CudartPrograms, DeviceQueryAgreesWithStatus) {
 TEST_P(CudartPrograms, EverydayRuntimeCallsGiveTheGpusResults) {
   Daemon daemon;
   for (const char* mode :
-       {"vectors", "streams", "pinned", "symbols", "malloc-async", "memory-pool"}) {
+       {"vectors", "streams", "pinned", "symbols", "malloc-async", "memory-pool", "copies-3d"}) {
     RunResult result = daemon.runClient(program("cudart_checks"), {mode});
     EXPECT_TRUE(result.status.exitedWith(0)) << mode << "\n" << describe(result, daemon);
     EXPECT_NE(result.output.find(std::string(mode) + ": PASSED"), std::string::npos)

@@ -1,4 +1,5 @@
-// 2D copies (cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync) between host and device memory,
+// 2D and 3D copies (cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync, cuMemcpy3D(Async)) between
+// host and device memory,
 // made of the copies the stub already has: one per row, or a single one when both sides are
 // contiguous (each pitch equals the width). Arrays are not supported (the stub has no CUarray).
 //
@@ -220,4 +221,85 @@ GPUPROXY_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream
 
 GPUPROXY_EXPORT CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
   return memcpy2D(__func__, pCopy, hStream, NullStream::kPerThread, false);
+}
+
+// ---- 3D copies ----------------------------------------------------------------------------------
+
+namespace {
+
+// A 3D copy is Depth 2D copies, one per slice: slice z of a side starts srcHeight (dstHeight) rows
+// after slice z - 1, so as a 2D copy it is the same plane with its rows moved down. The slices go
+// into the stream in order; a blocking copy waits once, after the last.
+CUresult memcpy3D(const char* entryPoint, const CUDA_MEMCPY3D* copy, CUstream stream,
+                  NullStream nullStream, bool blocking) {
+  if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (copy->srcLOD != 0 || copy->dstLOD != 0 || copy->reserved0 != nullptr ||
+      copy->reserved1 != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::uint64_t depth = copy->Depth;
+  // Slices below the first need their side's slice height, and a slice must hold the rows.
+  auto slicesFit = [&](std::size_t sliceHeight, std::size_t y, std::size_t z) {
+    if (depth <= 1 && z == 0) return true;
+    std::uint64_t rows = 0;
+    return !__builtin_add_overflow(std::uint64_t{y}, std::uint64_t{copy->Height}, &rows) &&
+           rows <= sliceHeight;
+  };
+  if (!slicesFit(copy->srcHeight, copy->srcY, copy->srcZ) ||
+      !slicesFit(copy->dstHeight, copy->dstY, copy->dstZ)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // No slice at all still checks the stream and the sides, as one empty plane.
+  const std::uint64_t slices = depth == 0 ? 1 : depth;
+  for (std::uint64_t z = 0; z < slices; ++z) {
+    CUDA_MEMCPY2D slice{};
+    slice.srcXInBytes = copy->srcXInBytes;
+    slice.srcMemoryType = copy->srcMemoryType;
+    slice.srcHost = copy->srcHost;
+    slice.srcDevice = copy->srcDevice;
+    slice.srcArray = copy->srcArray;
+    slice.srcPitch = copy->srcPitch;
+    slice.dstXInBytes = copy->dstXInBytes;
+    slice.dstMemoryType = copy->dstMemoryType;
+    slice.dstHost = copy->dstHost;
+    slice.dstDevice = copy->dstDevice;
+    slice.dstArray = copy->dstArray;
+    slice.dstPitch = copy->dstPitch;
+    slice.WidthInBytes = copy->WidthInBytes;
+    slice.Height = depth == 0 ? 0 : copy->Height;
+    std::uint64_t srcRow = 0;
+    std::uint64_t dstRow = 0;
+    if (__builtin_mul_overflow(copy->srcZ + z, std::uint64_t{copy->srcHeight}, &srcRow) ||
+        __builtin_add_overflow(srcRow, std::uint64_t{copy->srcY}, &srcRow) ||
+        __builtin_mul_overflow(copy->dstZ + z, std::uint64_t{copy->dstHeight}, &dstRow) ||
+        __builtin_add_overflow(dstRow, std::uint64_t{copy->dstY}, &dstRow)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    slice.srcY = static_cast<std::size_t>(srcRow);
+    slice.dstY = static_cast<std::size_t>(dstRow);
+    if (CUresult copied =
+            memcpy2D(entryPoint, &slice, stream, nullStream, blocking && z + 1 == slices);
+        copied != CUDA_SUCCESS) {
+      return copied;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy) {
+  return memcpy3D(__func__, pCopy, nullptr, NullStream::kLegacy, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy) {
+  return memcpy3D(__func__, pCopy, nullptr, NullStream::kPerThread, true);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
+  return memcpy3D(__func__, pCopy, hStream, NullStream::kLegacy, false);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream hStream) {
+  return memcpy3D(__func__, pCopy, hStream, NullStream::kPerThread, false);
 }

@@ -399,6 +399,45 @@ GPUPROXY_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   });
 }
 
+// Rows of WidthInBytes each start on the device's texture alignment (512 bytes on the GPUs of
+// this generation, which is the pitch cudaMallocPitch reports there), and the allocation is
+// Height such rows.
+GPUPROXY_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                                            size_t Height, unsigned int ElementSizeBytes) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t context = currentContext();
+    std::optional<gpuproxy::stub::ContextRecord> record = runtime.context(context);
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    const gpuproxy::stub::DeviceRecord* device =
+        runtime.device(static_cast<CUdevice>(record->device));
+    const std::uint64_t alignment = std::max(
+        device != nullptr ? device->attribute(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT).value_or(512)
+                          : 512,
+        1);
+    std::uint64_t pitch = 0;
+    std::uint64_t bytes = 0;
+    if (__builtin_add_overflow(std::uint64_t{WidthInBytes}, alignment - 1, &pitch)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    pitch = pitch / alignment * alignment;
+    if (__builtin_mul_overflow(pitch, std::uint64_t{Height}, &bytes)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (CUresult allocated = allocateIn(runtime, context, static_cast<size_t>(bytes), dptr);
+        allocated != CUDA_SUCCESS) {
+      return allocated;
+    }
+    *pPitch = static_cast<size_t>(pitch);
+    return CUDA_SUCCESS;
+  });
+}
+
 GPUPROXY_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (dptr == 0) return CUDA_SUCCESS;  // as the driver does

@@ -9,6 +9,7 @@
 //   symbols           cudaMemcpyToSymbol/FromSymbol on __constant__ and __device__ variables
 //   malloc-async      cudaMallocAsync/cudaFreeAsync in stream order
 //   memory-pool       the device's default pool: release threshold, usage, cudaMallocFromPoolAsync
+//   copies-3d         cudaMallocPitch and cudaMalloc3D memory, 2D and 3D copies of a sub-box
 //   devices           every device from several threads, cudaDeviceReset of one in between,
 //                     module variables written again after the reset
 //   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
@@ -321,6 +322,60 @@ int memoryPool() {
   return 0;
 }
 
+int copies3D() {
+  // A 2D round trip through pitched memory.
+  const size_t width = 100;
+  const size_t rows = 7;
+  std::vector<float> plane(width * rows);
+  for (size_t i = 0; i < plane.size(); ++i) plane[i] = static_cast<float>(i);
+  float* pitched = nullptr;
+  size_t pitch = 0;
+  CHECK(cudaMallocPitch(reinterpret_cast<void**>(&pitched), &pitch, width * sizeof(float), rows));
+  EXPECT(pitch >= width * sizeof(float) && pitch % 512 == 0, "pitch %zu", pitch);
+  CHECK(cudaMemcpy2D(pitched, pitch, plane.data(), width * sizeof(float), width * sizeof(float),
+                     rows, cudaMemcpyHostToDevice));
+  std::vector<float> planeBack(plane.size(), -1.0f);
+  CHECK(cudaMemcpy2D(planeBack.data(), width * sizeof(float), pitched, pitch, width * sizeof(float),
+                     rows, cudaMemcpyDeviceToHost));
+  EXPECT(planeBack == plane, "2D round trip through pitched memory differs");
+  CHECK(cudaFree(pitched));
+
+  // A 3D box of 8x6x5 floats, copied into a 10x9x7 volume at (1, 2, 1) and back.
+  const cudaExtent volumeExtent = make_cudaExtent(10 * sizeof(float), 9, 7);
+  cudaPitchedPtr volume{};
+  CHECK(cudaMalloc3D(&volume, volumeExtent));
+  CHECK(cudaMemset3D(volume, 0, volumeExtent));
+  std::vector<float> box(8 * 6 * 5);
+  for (size_t i = 0; i < box.size(); ++i) box[i] = static_cast<float>(i) + 0.5f;
+  cudaMemcpy3DParms in{};
+  in.srcPtr = make_cudaPitchedPtr(box.data(), 8 * sizeof(float), 8, 6);
+  in.dstPtr = volume;
+  in.dstPos = make_cudaPos(1 * sizeof(float), 2, 1);
+  in.extent = make_cudaExtent(8 * sizeof(float), 6, 5);
+  in.kind = cudaMemcpyHostToDevice;
+  CHECK(cudaMemcpy3D(&in));
+  std::vector<float> whole(10 * 9 * 7, -1.0f);
+  cudaMemcpy3DParms out{};
+  out.srcPtr = volume;
+  out.dstPtr = make_cudaPitchedPtr(whole.data(), 10 * sizeof(float), 10, 9);
+  out.extent = volumeExtent;
+  out.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaMemcpy3D(&out));
+  for (size_t z = 0; z < 7; ++z) {
+    for (size_t y = 0; y < 9; ++y) {
+      for (size_t x = 0; x < 10; ++x) {
+        const bool inside = x >= 1 && x < 9 && y >= 2 && y < 8 && z >= 1 && z < 6;
+        const float expected = inside ? box[((z - 1) * 6 + (y - 2)) * 8 + (x - 1)] : 0.0f;
+        const float got = whole[(z * 9 + y) * 10 + x];
+        EXPECT(got == expected, "volume (%zu, %zu, %zu) = %f, expected %f", x, y, z, got, expected);
+      }
+    }
+  }
+  CHECK(cudaFree(volume.ptr));
+  std::printf("pitch %zu, volume pitch %zu\n", pitch, volume.pitch);
+  return 0;
+}
+
 int badLaunch() {
   float* device = nullptr;
   CHECK(cudaMalloc(&device, 1024));
@@ -380,6 +435,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "malloc-async") == 0) result = mallocAsync();
   if (std::strcmp(mode, "devices") == 0) result = devices();
   if (std::strcmp(mode, "memory-pool") == 0) result = memoryPool();
+  if (std::strcmp(mode, "copies-3d") == 0) result = copies3D();
   if (std::strcmp(mode, "bad-launch") == 0) result = badLaunch();
   if (std::strcmp(mode, "out-of-memory") == 0 && argument != nullptr) {
     result = outOfMemory(argument);
