@@ -83,19 +83,25 @@ const void* slot(Function* function) {
   return reinterpret_cast<const void*>(function);
 }
 
+// What a slot nobody has filled in answers: CUDA_ERROR_NOT_SUPPORTED, or (tool-facing tables the
+// runtime tolerates doing nothing) CUDA_SUCCESS.
+enum class UnfilledSlots { kRefuse, kSucceed };
+
 // A table of N slots, each a tracer; with a header, slot 0 holds the table's size in bytes.
-template <int Table, std::size_t... Slot>
+template <int Table, UnfilledSlots Unfilled, std::size_t... Slot>
 std::vector<const void*> tracedTable(bool sizeHeader, std::index_sequence<Slot...>) {
-  std::vector<const void*> table = {slot(&unknownSlot<Table, static_cast<int>(Slot)>)...};
+  std::vector<const void*> table = {(Unfilled == UnfilledSlots::kRefuse
+                                         ? slot(&unknownSlot<Table, static_cast<int>(Slot)>)
+                                         : slot(&nothingToDo<Table, static_cast<int>(Slot)>))...};
   if (sizeHeader) {
     table[0] = reinterpret_cast<const void*>(table.size() * sizeof(void*));
   }
   return table;
 }
 
-template <int Table, std::size_t N>
+template <int Table, std::size_t N, UnfilledSlots Unfilled = UnfilledSlots::kRefuse>
 std::vector<const void*> tracedTable(bool sizeHeader) {
-  return tracedTable<Table>(sizeHeader, std::make_index_sequence<N>());
+  return tracedTable<Table, Unfilled>(sizeHeader, std::make_index_sequence<N>());
 }
 
 // ---- CUDART_INTERFACE: how the runtime loads the fatbins nvcc embedded ------------------------
@@ -271,7 +277,7 @@ CUresult integrityCheck(std::uint32_t runtimeVersion, std::uint64_t timestamp,
 
 struct Tables {
   std::vector<const void*> cudartInterface = tracedTable<kCudartInterface, 13>(true);
-  std::vector<const void*> toolsTls = tracedTable<kToolsTls, 4>(true);
+  std::vector<const void*> toolsTls = tracedTable<kToolsTls, 4, UnfilledSlots::kSucceed>(true);
   std::vector<const void*> callbackHooks = tracedTable<kToolsRuntimeCallbackHooks, 7>(true);
   std::vector<const void*> contextLocalStorage = tracedTable<kContextLocalStorage, 4>(false);
   std::vector<const void*> contextCreateBypass = tracedTable<kContextCreateBypass, 2>(true);
@@ -287,7 +293,6 @@ struct Tables {
     cudartInterface[7] = slot(&runtimeNotice);
     cudartInterface[8] = slot(&moduleFromFatbin);
     cudartInterface[12] = slot(&loadCompilers);
-    for (std::size_t i = 1; i < toolsTls.size(); ++i) toolsTls[i] = nothingToDoSlot<kToolsTls>(i);
     callbackHooks[2] = slot(&hookBuffer<1024>);
     callbackHooks[6] = slot(&hookBuffer<14>);
     contextLocalStorage[0] = slot(&storagePut);
@@ -297,14 +302,6 @@ struct Tables {
     integrity[1] = slot(&integrityCheck);
     contextChecks[2] = slot(&contextCheck);
     contextChecks[3] = slot(&contextCheckFlags);
-  }
-
-  template <int Table>
-  static const void* nothingToDoSlot(std::size_t index) {
-    static const std::array<const void*, 4> slots = {
-        slot(&nothingToDo<Table, 0>), slot(&nothingToDo<Table, 1>), slot(&nothingToDo<Table, 2>),
-        slot(&nothingToDo<Table, 3>)};
-    return slots.at(index);
   }
 };
 
