@@ -79,7 +79,7 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
 
   auto devices = status.initDevices(static_cast<unsigned>(state.gpus.size()));
   for (unsigned i = 0; i < state.gpus.size(); ++i) {
-    GpuWorker& gpu = *state.gpus[i];
+    GpuShard& gpu = *state.gpus[i];
     auto device = devices[i];
     device.setIndex(gpu.index());
     device.setName(gpu.properties().name);

@@ -186,7 +186,7 @@ int runDaemon(const DaemonOptions& options) {
                            : "");
       return 1;
     }
-    state.gpus.push_back(std::make_unique<GpuWorker>(static_cast<std::uint32_t>(i),
+    state.gpus.push_back(std::make_unique<GpuShard>(static_cast<std::uint32_t>(i),
                                                      std::move(device).value(),
                                                      io.provider->getTimer(), dispatchOptions));
     const auto& properties = state.gpus.back()->properties();

@@ -3,7 +3,7 @@
 #include "server/gpu/queued_work.hpp"
 
 #include "server/gpu/completion.hpp"
-#include "server/gpu/gpu_worker.hpp"
+#include "server/gpu/gpu_shard.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -29,24 +29,24 @@ struct StagedBytes {
 
 }  // namespace
 
-GpuClient::GpuClient(GpuWorker& worker, std::shared_ptr<ClientStats> stats)
-    : worker_(worker),
+GpuClient::GpuClient(GpuShard& shard, std::shared_ptr<ClientStats> stats)
+    : shard_(shard),
       stats_(std::move(stats)),
-      schedulingId_(worker_.dispatcher().newClientId()) {}
+      schedulingId_(shard_.dispatcher().newClientId()) {}
 
 GpuClient::~GpuClient() {
   std::vector<Handle> contexts;
   for (const auto& [handle, context] : contexts_) contexts.push_back(handle);
   for (Handle handle : contexts) destroyContextNow(handle);
-  worker_.detach(*this);
+  shard_.detach(*this);
 }
 
 std::uint32_t GpuClient::deviceIndex() const {
-  return worker_.index();
+  return shard_.index();
 }
 
 Handle GpuClient::newHandle(HandleKind kind) {
-  return makeHandle(kind, worker_.index(), nextSerial_++);
+  return makeHandle(kind, shard_.index(), nextSerial_++);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ std::optional<TenantObjectHold> GpuClient::holdObject(TenantObject kind) {
   auto hold = TenantObjectHold::take(stats_->tenant, kind);
   if (!hold) {
     ++stats_->tenant->oomCount;
-    spdlog::info("device {}: pid {} of tenant '{}' is at its cap of {} {}", worker_.index(),
+    spdlog::info("device {}: pid {} of tenant '{}' is at its cap of {} {}", shard_.index(),
                  stats_->identity.pid, stats_->tenant->name(), stats_->tenant->objectLimit(kind),
                  tenantObjectName(kind));
   }
@@ -68,10 +68,10 @@ backend::Result<Handle> GpuClient::createContext(unsigned flags) {
 }
 
 backend::Result<Handle> GpuClient::createContextAs(Handle handle, unsigned flags) {
-  if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
+  if (CUresult sticky = shard_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
   auto hold = holdObject(TenantObject::kContext);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto nullStream = worker_.dispatcher().createStream(
+  auto nullStream = shard_.dispatcher().createStream(
       {stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Context& context = contexts_[handle];
@@ -161,9 +161,9 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
 }
 
 void GpuClient::releaseAllocationMemory(CUdeviceptr pointer, const Allocation& /*allocation*/) {
-  CUresult freed = worker_.free(pointer);
+  CUresult freed = shard_.free(pointer);
   if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
-    spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", worker_.index(), pointer,
+    spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", shard_.index(), pointer,
                   stats_->identity.pid, static_cast<int>(freed));
   }
 }
@@ -213,7 +213,7 @@ std::optional<GpuClient::Target> GpuClient::resolveStream(Handle context, Handle
 
 CUresult GpuClient::orderForLegacyStream(const Target& target) {
   Context& context = contexts_.at(target.context);
-  backend::Device& device = worker_.device();
+  backend::Device& device = shard_.device();
   // An operation on stream `from` must wait for everything queued so far on `after`.
   auto barrier = [&](backend::Stream& after, backend::Stream& from) -> CUresult {
     auto event = device.createEvent(CU_EVENT_DISABLE_TIMING);
@@ -272,7 +272,7 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
   }
   auto hold = holdObject(TenantObject::kStream);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto created = worker_.dispatcher().createStream(
+  auto created = shard_.dispatcher().createStream(
       {stats_->tenant, schedulingId_, stats_->addressSpace}, flags, priority);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kStream);
@@ -298,7 +298,7 @@ kj::Promise<CUresult> GpuClient::synchronizeStream(Handle context, Handle stream
   // backend (a synchronisation on an idle stream is the common case in tight loops).
   auto [queued, done] = workCounters(*target);
   if (*queued == *done && (target->explicitStream != nullptr || !blockingWorkUnseen(context))) {
-    return worker_.stickyError();
+    return shard_.stickyError();
   }
   // Synchronising the NULL stream also waits for the blocking streams it is ordered after.
   if (target->explicitStream == nullptr) {
@@ -312,7 +312,7 @@ CUresult GpuClient::queryStream(Handle context, Handle stream) {
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   auto [queued, done] = workCounters(*target);
-  if (*queued == *done) return worker_.stickyError();
+  if (*queued == *done) return shard_.stickyError();
   return target->stream->query();
 }
 
@@ -398,7 +398,7 @@ std::uint64_t GpuClient::abandon() {
   for (auto& [handle, stream] : streams_) {
     queues.push_back(Queue{stream.stream.get(), &stream.touches});
   }
-  dispatch::ScheduledDevice& dispatcher = worker_.dispatcher();
+  dispatch::ScheduledDevice& dispatcher = shard_.dispatcher();
   for (Queue& queue : queues) queue.held = dispatcher.heldMemoryOperations(*queue.stream);
   const std::size_t dropped =
       dispatcher.abandonClient(schedulingId_, CUDA_ERROR_CONTEXT_IS_DESTROYED);
@@ -421,7 +421,7 @@ std::uint64_t GpuClient::abandon() {
   }
   if (dropped > 0) {
     spdlog::debug("device {}: dropped {} operations of pid {} that had not reached the device",
-                  worker_.index(), dropped, stats_->identity.pid);
+                  shard_.index(), dropped, stats_->identity.pid);
   }
   // A kernel on the device may follow any pointer, into module memory too: everything waits.
   if (touchesAny) return 0;
@@ -466,7 +466,7 @@ backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
   if ((flags & CU_EVENT_INTERPROCESS) != 0) return CUDA_ERROR_NOT_SUPPORTED;
   auto hold = holdObject(TenantObject::kEvent);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto created = worker_.device().createEvent(flags);
+  auto created = shard_.device().createEvent(flags);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kEvent);
   events_[handle] = Event{context, std::move(created).value(), std::move(*hold)};
@@ -536,16 +536,16 @@ backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t b
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   // The tenant's limit is checked before anything reaches the device, against what the
   // allocation will occupy there: a tenant of many tiny allocations pays for every rounded one.
-  const std::uint64_t occupied = worker_.occupiedBytes(bytes);
+  const std::uint64_t occupied = shard_.occupiedBytes(bytes);
   auto charge = MemoryCharge::take(ledger(), occupied, MemoryCharge::Kind::kAllocation);
   if (!charge) {
     spdlog::info(
         "device {}: pid {} of tenant '{}' asked for {} bytes ({} on the device) beyond "
         "its limit",
-        worker_.index(), stats_->identity.pid, stats_->tenant->name(), bytes, occupied);
+        shard_.index(), stats_->identity.pid, stats_->tenant->name(), bytes, occupied);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  auto pointer = worker_.allocate(bytes, stats_->addressSpace);
+  auto pointer = shard_.allocate(bytes, stats_->addressSpace);
   if (!pointer.ok()) return pointer.code();  // the charge goes back with `charge`
   allocations_.emplace(pointer.value(), Allocation{bytes, context, std::move(*charge)});
   return pointer.value();
@@ -558,7 +558,7 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
   return drainStreams(0).then([this, pointer](CUresult) {
     auto found = allocations_.find(pointer);
     if (found == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
-    CUresult freed = worker_.free(pointer);
+    CUresult freed = shard_.free(pointer);
     allocations_.erase(found);  // and its charge
     return freed;
   });
@@ -566,9 +566,9 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
 
 backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult sticky = worker_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
-  backend::MemoryInfo device = worker_.memoryInfo();
-  if (auto limited = stats_->tenant->memoryInfo(worker_.index(), device.free)) {
+  if (CUresult sticky = shard_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
+  backend::MemoryInfo device = shard_.memoryInfo();
+  if (auto limited = stats_->tenant->memoryInfo(shard_.index(), device.free)) {
     return backend::MemoryInfo{limited->first, limited->second};
   }
   return device;
@@ -705,7 +705,7 @@ backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const st
   if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
   auto hold = holdObject(TenantObject::kModule);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto loaded = worker_.device().loadModule(image, stats_->addressSpace);
+  auto loaded = shard_.device().loadModule(image, stats_->addressSpace);
   if (!loaded.ok()) return loaded.code();
   // Module memory counts against the tenant like an allocation; its size is only known once the
   // module is loaded, so an over-limit module is unloaded again at once.
@@ -754,7 +754,7 @@ backend::Result<backend::GlobalVariable> GpuClient::global(Handle module, const 
 }
 
 MemoryLedger GpuClient::ledger() {
-  return MemoryLedger{stats_, worker_.index(), &memoryUsed_, &worker_.memoryCount()};
+  return MemoryLedger{stats_, shard_.index(), &memoryUsed_, &shard_.memoryCount()};
 }
 
 backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::string& name) {
@@ -787,15 +787,15 @@ CUresult GpuClient::launchKernel(Handle context, Handle function,
   if (CUresult rc = orderForLegacyStream(*target); rc != CUDA_SUCCESS) return rc;
   // The backend copies the parameters and keeps them until the kernel has run.
   auto work = std::make_shared<QueuedWork>(stats_, parameters.size());
-  GpuWorker* worker = &worker_;
+  GpuShard* shard = &shard_;
   pid_t pid = stats_->identity.pid;
   CUresult launched =
       target->stream->launch(*found->second.function, config, parameters,
-                             [work, worker, pid](CUresult status, std::uint64_t gpuNanoseconds) {
+                             [work, shard, pid](CUresult status, std::uint64_t gpuNanoseconds) {
                                const std::shared_ptr<ClientStats>& stats = work->stats();
                                stats->gpuTimeNs += gpuNanoseconds;
                                stats->tenant->gpuTimeNs += gpuNanoseconds;
-                               worker->noteKernelStatus(status, pid);
+                               shard->noteKernelStatus(status, pid);
                              });
   if (launched == CUDA_SUCCESS) {
     noteKernelTouches(*target);

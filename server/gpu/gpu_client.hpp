@@ -27,7 +27,7 @@
 
 namespace gpuproxy::server {
 
-class GpuWorker;
+class GpuShard;
 
 struct PrimaryContextState {
   unsigned flags = 0;
@@ -41,7 +41,7 @@ struct FunctionHandle {
 
 class GpuClient {
 public:
-  GpuClient(GpuWorker& worker, std::shared_ptr<ClientStats> stats);
+  GpuClient(GpuShard& shard, std::shared_ptr<ClientStats> stats);
   ~GpuClient();
   GpuClient(const GpuClient&) = delete;
   GpuClient& operator=(const GpuClient&) = delete;
@@ -240,7 +240,7 @@ private:
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
 
-  GpuWorker& worker_;
+  GpuShard& shard_;
   std::shared_ptr<ClientStats> stats_;
   // Who this client's streams belong to, for the dispatcher's scheduler.
   scheduler::ClientId schedulingId_;

@@ -16,7 +16,7 @@
 namespace gpuproxy::server {
 
 // Where one client's charges on one GPU are recorded. The two plain counters belong to the
-// GpuClient and the GpuWorker, which outlive every charge recorded in them.
+// GpuClient and the GpuShard, which outlive every charge recorded in them.
 struct MemoryLedger {
   std::shared_ptr<ClientStats> client;  // and its tenant
   std::uint32_t device = 0;             // daemon device index: the tenant's limit is per device

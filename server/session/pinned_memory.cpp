@@ -29,8 +29,8 @@ bool overlapsAny(const std::map<std::uint64_t, std::uint64_t>& ranges, std::uint
 }
 
 // Unregisters `host` from the GPUs in `gpus` (all of them had it registered).
-void unregisterFromAll(const std::vector<GpuWorker*>& gpus, void* host) {
-  for (GpuWorker* gpu : gpus) {
+void unregisterFromAll(const std::vector<GpuShard*>& gpus, void* host) {
+  for (GpuShard* gpu : gpus) {
     const CUresult result = gpu->device().unregisterHostMemory(host);
     if (result != CUDA_SUCCESS) {
       spdlog::warn("device {}: unregistering pinned host memory at {} failed: CUresult {}",
@@ -39,8 +39,8 @@ void unregisterFromAll(const std::vector<GpuWorker*>& gpus, void* host) {
   }
 }
 
-std::vector<GpuWorker*> allGpus(ServerState& state) {
-  std::vector<GpuWorker*> gpus;
+std::vector<GpuShard*> allGpus(ServerState& state) {
+  std::vector<GpuShard*> gpus;
   for (auto& gpu : state.gpus) gpus.push_back(gpu.get());
   return gpus;
 }
@@ -64,7 +64,7 @@ CUresult ClientSession::registerPinnedRange(std::uint64_t offset, std::uint64_t 
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   void* host = heap.data() + offset;
-  std::vector<GpuWorker*> registered;
+  std::vector<GpuShard*> registered;
   for (auto& gpu : state_.gpus) {
     const CUresult result = gpu->device().registerHostMemory(host, bytes, stats_->addressSpace);
     if (result != CUDA_SUCCESS) {

@@ -4,7 +4,7 @@
 // on the control-plane event loop thread.
 
 #include "server/gpu/client_stats.hpp"
-#include "server/gpu/gpu_worker.hpp"
+#include "server/gpu/gpu_shard.hpp"
 #include "server/session/connection_registry.hpp"
 #include "server/tenant/tenant_registry.hpp"
 
@@ -29,7 +29,7 @@ struct ServerState {
   std::string schedulerName;  // "fair" or "fifo": what every GPU's dispatcher runs
   int driverVersion = 0;
   std::chrono::steady_clock::time_point startedAt = std::chrono::steady_clock::now();
-  std::vector<std::unique_ptr<GpuWorker>> gpus;
+  std::vector<std::unique_ptr<GpuShard>> gpus;
   std::set<ClientSession*> sessions;  // borrowed: each session removes itself when destroyed
   // Runs each ended session's drain-then-free; outlives every session.
   kj::TaskSet* reaper = nullptr;

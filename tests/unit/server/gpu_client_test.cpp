@@ -3,7 +3,7 @@
 #include "server/gpu/gpu_client.hpp"
 
 #include "server/backend/sim/sim_backend.hpp"
-#include "server/gpu/gpu_worker.hpp"
+#include "server/gpu/gpu_shard.hpp"
 #include "test_kernels_ptx.hpp"
 
 #include <gtest/gtest.h>
@@ -22,7 +22,7 @@ protected:
   GpuClientTest()
       : io_(std::make_unique<kj::AsyncIoContext>(kj::setupAsyncIo())),
         backend_(sim::newSimBackend(sim::SimOptions{1, 1ull << 30})),
-        worker_(0, std::move(backend_->openDevice(0)).value(), io_->provider->getTimer()) {}
+        shard_(0, std::move(backend_->openDevice(0)).value(), io_->provider->getTimer()) {}
 
   std::unique_ptr<GpuClient> newClient(pid_t pid = 1234) {
     auto stats = std::make_shared<ClientStats>();
@@ -31,7 +31,7 @@ protected:
     // Each client its own address space, as each connection has in the daemon.
     stats->addressSpace = stats_.size() + 1;
     stats_.push_back(stats);
-    return worker_.openClient(stats);
+    return shard_.openClient(stats);
   }
 
   template <typename T>
@@ -67,7 +67,7 @@ protected:
   // Held by pointer: kj's destructors may throw, which a gtest fixture's destructor may not.
   std::unique_ptr<kj::AsyncIoContext> io_;
   std::unique_ptr<backend::Backend> backend_;
-  GpuWorker worker_;
+  GpuShard shard_;
   std::vector<std::shared_ptr<ClientStats>> stats_;
   std::shared_ptr<Tenant> tenant_ =
       std::make_shared<Tenant>(1, TenantDefinition{"test", "/unused", TenantLimits{}});
@@ -82,13 +82,13 @@ TEST_F(GpuClientTest, AccountsEveryByteAndGivesItBackWhenTheContextGoes) {
   auto a = client->allocate(context.value(), 1000);
   auto b = client->allocate(context.value(), 5000);
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(worker_.memoryUsed(), 1024u + 5120u);
+  EXPECT_EQ(shard_.memoryUsed(), 1024u + 5120u);
   EXPECT_EQ(stats_[0]->memoryUsed, 1024u + 5120u);
   EXPECT_EQ(tenant_->memoryUsed(), 1024u + 5120u);
   EXPECT_EQ(wait(client->free(a.value())), CUDA_SUCCESS);
-  EXPECT_EQ(worker_.memoryUsed(), 5120u);
+  EXPECT_EQ(shard_.memoryUsed(), 5120u);
   EXPECT_EQ(wait(client->destroyContext(context.value())), CUDA_SUCCESS);
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(stats_[0]->memoryUsed, 0u);
   // Everything of the destroyed context is gone with it.
   EXPECT_EQ(wait(client->free(b.value())), CUDA_ERROR_INVALID_VALUE);
@@ -99,11 +99,11 @@ TEST_F(GpuClientTest, DestroyingTheClientFreesWhatItHeld) {
   auto context = client->createContext(0);
   ASSERT_TRUE(client->allocate(context.value(), 1 << 20).ok());
   ASSERT_TRUE(client->createStream(context.value(), 0, 0).ok());
-  EXPECT_EQ(worker_.clientCount(), 1u);
+  EXPECT_EQ(shard_.clientCount(), 1u);
   wait(client->drain());
   client.reset();
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
-  EXPECT_EQ(worker_.clientCount(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.clientCount(), 0u);
 }
 
 TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {
@@ -160,7 +160,7 @@ TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   // stream itself may still be busy for a moment: the host callback that ended the wait is work
   // on it too, so look at an event recorded right after the kernel.)
   EXPECT_EQ(client->queryEvent(after.value()), CUDA_SUCCESS);
-  EXPECT_EQ(worker_.memoryUsed(), stats_[0]->moduleBytes);  // only the module is left
+  EXPECT_EQ(shard_.memoryUsed(), stats_[0]->moduleBytes);  // only the module is left
 }
 
 // Every operation queued behind a kernel counts against the client's bound on queued work, with
@@ -226,7 +226,7 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
   auto target = client->allocate(context.value(), kMiB);
   auto untouched = client->allocate(context.value(), 4 * kMiB);
   ASSERT_TRUE(source.ok() && target.ok() && untouched.ok());
-  auto gate = std::make_unique<EngineGate>(worker_.device());
+  auto gate = std::make_unique<EngineGate>(shard_.device());
   // Another client's kernel is on the device, so the scheduler holds this client's kernel back;
   // its copy before that reaches the device.
   launchSpin(*busy, busyContext.value(), 0, 1'000'000);
@@ -235,42 +235,42 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
             CUDA_SUCCESS);
   launchSpin(*client, context.value(), 0, 1'000'000);
   const std::uint64_t moduleBytes = stats_[1]->moduleBytes;
-  ASSERT_EQ(worker_.dispatcher().stats().kernelsQueued, 1u);
-  const std::uint64_t others = worker_.memoryUsed() - client->memoryUsed();
+  ASSERT_EQ(shard_.dispatcher().stats().kernelsQueued, 1u);
+  const std::uint64_t others = shard_.memoryUsed() - client->memoryUsed();
 
   // The held kernel is dropped; the copy may still touch its two buffers, nothing else can
   // touch the rest (the kernel that could have gone anywhere will never run).
   EXPECT_EQ(client->abandon(), 4 * kMiB + moduleBytes);
-  EXPECT_EQ(worker_.dispatcher().stats().kernelsQueued, 0u);
+  EXPECT_EQ(shard_.dispatcher().stats().kernelsQueued, 0u);
   EXPECT_EQ(client->memoryUsed(), 2 * kMiB);
-  EXPECT_EQ(worker_.memoryUsed(), others + 2 * kMiB);
+  EXPECT_EQ(shard_.memoryUsed(), others + 2 * kMiB);
   EXPECT_EQ(tenant_->memoryUsed(0), others + 2 * kMiB);
 
   // The copy's buffers come back once it is done.
   gate->open();
   wait(client->drain());
   client.reset();
-  EXPECT_EQ(worker_.memoryUsed(), others);
+  EXPECT_EQ(shard_.memoryUsed(), others);
   EXPECT_EQ(stats_[1]->gpuTimeNs, 0u);  // its kernel never ran
   EXPECT_GT(stats_[0]->gpuTimeNs, 0u);  // the other client's did
   wait(busy->drain());
   busy.reset();
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
 }
 
 TEST_F(GpuClientTest, AGoneClientWithAKernelOnTheDeviceKeepsEverythingUntilItIsDone) {
   auto client = newClient();
   auto context = client->createContext(0);
   ASSERT_TRUE(client->allocate(context.value(), 4096).ok());
-  EngineGate gate(worker_.device());
+  EngineGate gate(shard_.device());
   launchSpin(*client, context.value(), 0, 1'000'000);
   // The kernel reached the device and may follow any pointer of its client's.
   EXPECT_EQ(client->abandon(), 0u);
-  EXPECT_EQ(worker_.memoryUsed(), 4096 + stats_[0]->moduleBytes);
+  EXPECT_EQ(shard_.memoryUsed(), 4096 + stats_[0]->moduleBytes);
   gate.open();
   wait(client->drain());
   client.reset();
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
   // The sim drops a gone client's work that has not started (a GPU would run it to its end).
   EXPECT_EQ(stats_[0]->gpuTimeNs, 0u);
 }
@@ -287,7 +287,7 @@ TEST_F(GpuClientTest, TheTenantLimitRefusesAllocationsBeforeTheyReachTheDevice) 
   ASSERT_TRUE(first->allocate(firstContext.value(), 600 << 10).ok());
   EXPECT_EQ(second->allocate(secondContext.value(), 600 << 10).code(), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(tenant_->oomCount, 1u);
-  EXPECT_EQ(worker_.memoryUsed(), 600u << 10);  // nothing reached the device
+  EXPECT_EQ(shard_.memoryUsed(), 600u << 10);  // nothing reached the device
   auto fits = second->allocate(secondContext.value(), 400 << 10);
   ASSERT_TRUE(fits.ok());
   // cuMemGetInfo reports the tenant's view: (limit - used, limit).
@@ -300,7 +300,7 @@ TEST_F(GpuClientTest, TheTenantLimitRefusesAllocationsBeforeTheyReachTheDevice) 
   // Lowering the limit below what is used frees nothing and blocks new allocations.
   limits.memoryLimit = 512 << 10;
   tenant_->setLimits(limits);
-  EXPECT_EQ(worker_.memoryUsed(), 1000u << 10);
+  EXPECT_EQ(shard_.memoryUsed(), 1000u << 10);
   EXPECT_EQ(first->allocate(firstContext.value(), 16).code(), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(second->memoryInfo(secondContext.value()).value().free, 0u);
   EXPECT_EQ(wait(second->free(fits.value())), CUDA_SUCCESS);
@@ -315,14 +315,14 @@ TEST_F(GpuClientTest, ModulesCountAgainstTheTenantLimit) {
   auto context = client->createContext(0);
   EXPECT_EQ(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx)).code(),
             CUDA_ERROR_OUT_OF_MEMORY);
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
   tenant_->setLimits(TenantLimits{});
   auto module = client->loadModule(context.value(), bytes(testing::kTestKernelsPtx));
   ASSERT_TRUE(module.ok());
   EXPECT_GT(tenant_->memoryUsed(0), 1024u);
   EXPECT_EQ(wait(client->unloadModule(module.value())), CUDA_SUCCESS);
   EXPECT_EQ(tenant_->memoryUsed(0), 0u);
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
 }
 
 TEST_F(GpuClientTest, KernelTimeAndCountReachTheClientsStats) {
@@ -357,10 +357,10 @@ TEST_F(GpuClientTest, PrimaryContextIsReferenceCounted) {
   ASSERT_TRUE(client->allocate(first.value(), 4096).ok());
   EXPECT_TRUE(client->primaryContextState().active);
   EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_SUCCESS);
-  EXPECT_EQ(worker_.memoryUsed(), 4096u);  // still retained once
+  EXPECT_EQ(shard_.memoryUsed(), 4096u);  // still retained once
   EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_SUCCESS);
   EXPECT_FALSE(client->primaryContextState().active);
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_ERROR_INVALID_CONTEXT);
 }
 
@@ -370,7 +370,7 @@ TEST_F(GpuClientTest, APrimaryContextKeepsItsHandleThroughAReset) {
   ASSERT_TRUE(before.ok());
   ASSERT_TRUE(client->allocate(before.value(), 4096).ok());
   EXPECT_EQ(wait(client->resetPrimaryContext()), CUDA_SUCCESS);
-  EXPECT_EQ(worker_.memoryUsed(), 0u);  // its resources went
+  EXPECT_EQ(shard_.memoryUsed(), 0u);  // its resources went
   EXPECT_EQ(client->allocate(before.value(), 4096).code(), CUDA_ERROR_INVALID_CONTEXT);
   auto after = client->retainPrimaryContext();
   ASSERT_TRUE(after.ok());
@@ -396,16 +396,16 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   EXPECT_EQ(wait(culprit->synchronizeContext(culpritContext.value())), CUDA_ERROR_ILLEGAL_ADDRESS);
   // The synchronise can see the poisoned device before the faulting kernel's own completion has
   // named its client.
-  EXPECT_TRUE(soon([&] { return worker_.faultingPid() == 20; })) << worker_.faultingPid();
+  EXPECT_TRUE(soon([&] { return shard_.faultingPid() == 20; })) << shard_.faultingPid();
   // The shared context is poisoned for the other client too.
   EXPECT_EQ(victim->allocate(victimContext.value(), 16).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
   wait(culprit->drain());
   culprit.reset();
-  EXPECT_NE(worker_.stickyError(), CUDA_SUCCESS);  // the victim is still attached
+  EXPECT_NE(shard_.stickyError(), CUDA_SUCCESS);  // the victim is still attached
   wait(victim->drain());
   victim.reset();
-  EXPECT_EQ(worker_.stickyError(), CUDA_SUCCESS);
-  EXPECT_EQ(worker_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.stickyError(), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
   auto fresh = newClient(30);
   auto freshContext = fresh->createContext(0);
   EXPECT_TRUE(fresh->allocate(freshContext.value(), 16).ok());

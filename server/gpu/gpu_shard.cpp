@@ -1,4 +1,4 @@
-#include "server/gpu/gpu_worker.hpp"
+#include "server/gpu/gpu_shard.hpp"
 
 #include "protocol/cuda_result.hpp"
 #include "server/gpu/gpu_client.hpp"
@@ -9,39 +9,39 @@
 
 namespace gpuproxy::server {
 
-GpuWorker::GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
+GpuShard::GpuShard(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
                      const dispatch::DispatchOptions& dispatch)
     : index_(index),
       device_(std::make_unique<dispatch::ScheduledDevice>(
           std::move(device), dispatch::newScheduler(dispatch), timer)) {}
 
-GpuWorker::~GpuWorker() {
-  // The device first: its threads may still run kernel callbacks that report to this worker.
+GpuShard::~GpuShard() {
+  // The device first: its threads may still run kernel callbacks that report to this shard.
   device_.reset();
 }
 
-std::unique_ptr<GpuClient> GpuWorker::openClient(std::shared_ptr<ClientStats> stats) {
+std::unique_ptr<GpuClient> GpuShard::openClient(std::shared_ptr<ClientStats> stats) {
   auto client = std::make_unique<GpuClient>(*this, std::move(stats));
   clients_.insert(client.get());
   return client;
 }
 
-void GpuWorker::detach(GpuClient& client) {
+void GpuShard::detach(GpuClient& client) {
   clients_.erase(&client);
   recoverIfIdle();
 }
 
-backend::Result<CUdeviceptr> GpuWorker::allocate(std::size_t bytes, backend::AddressSpace owner) {
+backend::Result<CUdeviceptr> GpuShard::allocate(std::size_t bytes, backend::AddressSpace owner) {
   return device_->allocate(bytes, owner);
 }
 
-CUresult GpuWorker::free(CUdeviceptr pointer) {
+CUresult GpuShard::free(CUdeviceptr pointer) {
   // Accounting follows what the client held (its MemoryCharge goes with the allocation), even
   // when a poisoned context refuses the free: the memory comes back with the context reset.
   return device_->free(pointer);
 }
 
-void GpuWorker::noteKernelStatus(CUresult status, pid_t pid) {
+void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
   if (!isStickyError(status)) return;
   bool expected = false;
   if (!faultReported_.compare_exchange_strong(expected, true)) return;
@@ -54,7 +54,7 @@ void GpuWorker::noteKernelStatus(CUresult status, pid_t pid) {
       detail.empty() ? "" : detail + ")");
 }
 
-void GpuWorker::recoverIfIdle() {
+void GpuShard::recoverIfIdle() {
   if (!clients_.empty()) return;
   if (device_->stickyError() == CUDA_SUCCESS) return;
   CUresult reset = device_->reset();

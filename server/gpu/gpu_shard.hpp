@@ -23,15 +23,15 @@ namespace gpuproxy::server {
 
 class GpuClient;
 
-class GpuWorker {
+class GpuShard {
 public:
   // `timer` is the event loop's; the dispatcher wakes the scheduler with it. Throws
   // std::invalid_argument when `dispatch` names no scheduler.
-  GpuWorker(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
+  GpuShard(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
             const dispatch::DispatchOptions& dispatch = {});
-  ~GpuWorker();
-  GpuWorker(const GpuWorker&) = delete;
-  GpuWorker& operator=(const GpuWorker&) = delete;
+  ~GpuShard();
+  GpuShard(const GpuShard&) = delete;
+  GpuShard& operator=(const GpuShard&) = delete;
 
   std::uint32_t index() const { return index_; }
   // The scheduled device: streams and events made here are the dispatcher's proxies.
@@ -39,7 +39,7 @@ public:
   dispatch::ScheduledDevice& dispatcher() { return *device_; }
   const backend::DeviceProperties& properties() const { return device_->properties(); }
 
-  // A client's state on this GPU. The worker keeps a borrowed reference for status until the
+  // A client's state on this GPU. The shard keeps a borrowed reference for status until the
   // GpuClient is destroyed.
   std::unique_ptr<GpuClient> openClient(std::shared_ptr<ClientStats> stats);
 
