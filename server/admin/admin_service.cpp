@@ -91,6 +91,10 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     const dispatch::DispatchStats dispatched = gpu.dispatcher().stats();
     device.setKernelsQueued(dispatched.kernelsQueued);
     device.setKernelsInFlight(dispatched.kernelsInFlight);
+    const BlockingCallThread::Stats blocking = gpu.blockingCalls();
+    device.setBlockingCalls(blocking.completed);
+    device.setBlockingCallNanoseconds(blocking.nanoseconds);
+    device.setBlockingCallsPending(blocking.pending);
     const backend::StreamPriorityRange range = gpu.dispatcher().streamPriorityRange();
     const auto setBand = [](protocol::PriorityBand::Builder out,
                             const backend::StreamPriorityRange& band) {

@@ -3,7 +3,8 @@
 // run time) and `sim` (a simulator for machines without a GPU). Everything the daemon does to a
 // GPU goes through these interfaces, so a GPU's whole state can later move into a worker process.
 //
-// Threading: a Device and every object it created are used by one owner thread at a time.
+// Threading: a Device and every object it created are used by one owner thread at a time, except
+// Device::prepareModule, which any thread may call at any time (it is what may take long).
 // Callbacks run on a backend thread, must be quick, and must not call back into the backend.
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
 // Module returns at once, and work already queued that uses it still completes (as in CUDA).
@@ -148,6 +149,13 @@ public:
   virtual const FunctionInfo& info() const = 0;
 };
 
+// A module image made ready for one device by Device::prepareModule; only that device's
+// loadPrepared reads it.
+class PreparedModule {
+public:
+  virtual ~PreparedModule() = default;
+};
+
 class Module {
 public:
   virtual ~Module() = default;
@@ -241,12 +249,24 @@ public:
   }
   virtual CUresult unregisterHostMemory(void* host) = 0;
 
-  // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`). Its
-  // variables are `owner`'s memory.
-  virtual Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image,
-                                                     AddressSpace owner) = 0;
-  Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image) {
-    return loadModule(image, kDaemonAddressSpace);
+  // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`) loads in
+  // two steps, so that the slow one can run away from the owner thread:
+  // - prepareModule does what may take long and touches no device state: choosing a fatbin's
+  //   entry, decompressing it, parsing PTX, the JIT (seconds for a large PTX module on `cuda`).
+  //   It may be called from any thread, concurrently with any other call on this device.
+  // - loadPrepared is the owner thread's and quick: it places the module in the device's memory.
+  //   Its variables are `owner`'s memory.
+  // Errors are cuModuleLoadData's, from whichever step finds them.
+  virtual Result<std::unique_ptr<PreparedModule>> prepareModule(
+      std::span<const std::byte> image) const = 0;
+  virtual Result<std::unique_ptr<Module>> loadPrepared(std::unique_ptr<PreparedModule> prepared,
+                                                       AddressSpace owner) = 0;
+  // Both steps on the calling thread.
+  Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image,
+                                             AddressSpace owner = kDaemonAddressSpace) {
+    auto prepared = prepareModule(image);
+    if (!prepared.ok()) return prepared.code();
+    return loadPrepared(std::move(prepared).value(), owner);
   }
   // A stream for `workClass` at `priority` (clamped to streamPriorityRange()), whose kernels run
   // in `owner`'s address space. With an SM partition the stream may only use its class's SMs.

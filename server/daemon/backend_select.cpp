@@ -7,14 +7,8 @@
 
 namespace gpuproxy::server::backend {
 
-BackendChoice selectBackend(const std::string& requested, int simDevices,
-                            std::uint64_t simMemoryBytes) {
-  auto simulator = [&]() {
-    sim::SimOptions options;
-    options.devices = simDevices;
-    options.memoryBytes = simMemoryBytes;
-    return sim::newSimBackend(options);
-  };
+BackendChoice selectBackend(const std::string& requested, const sim::SimOptions& simOptions) {
+  auto simulator = [&]() { return sim::newSimBackend(simOptions); };
   if (requested == "sim") return {simulator(), "sim backend requested"};
 
   std::string whyNot;

@@ -2,6 +2,7 @@
 // Chooses the backend for --backend auto|cuda|sim and says why.
 
 #include "server/backend/backend.hpp"
+#include "server/backend/sim/sim_backend.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -14,8 +15,8 @@ struct BackendChoice {
   std::string reason;                // one line for the log: why this one, or why none
 };
 
-// `auto` takes `cuda` when a driver and at least one GPU are present, else `sim`.
-BackendChoice selectBackend(const std::string& requested, int simDevices,
-                            std::uint64_t simMemoryBytes);
+// `auto` takes `cuda` when a driver and at least one GPU are present, else `sim`, made with
+// `simulator`.
+BackendChoice selectBackend(const std::string& requested, const sim::SimOptions& simulator);
 
 }  // namespace gpuproxy::server::backend

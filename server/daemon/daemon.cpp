@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -145,7 +146,12 @@ int runDaemon(const DaemonOptions& options) {
   ::setenv("GPUPROXY_INSIDE_DAEMON", "1", 1);
   backend::BackendChoice choice;
   try {
-    choice = backend::selectBackend(options.backend, options.simDevices, options.simMemoryBytes);
+    sim::SimOptions simulator;
+    simulator.devices = options.simDevices;
+    simulator.memoryBytes = options.simMemoryBytes;
+    simulator.slowModuleLoadDevice = options.simSlowModuleLoadDevice;
+    simulator.moduleLoadDelay = std::chrono::milliseconds(options.simModuleLoadDelayMs);
+    choice = backend::selectBackend(options.backend, simulator);
   } catch (const std::exception& error) {
     spdlog::critical("cannot start the {} backend: {}", options.backend, error.what());
     return 1;
@@ -187,8 +193,8 @@ int runDaemon(const DaemonOptions& options) {
       return 1;
     }
     state.gpus.push_back(std::make_unique<GpuShard>(static_cast<std::uint32_t>(i),
-                                                     std::move(device).value(),
-                                                     io.provider->getTimer(), dispatchOptions));
+                                                    std::move(device).value(),
+                                                    io.provider->getTimer(), dispatchOptions));
     const auto& properties = state.gpus.back()->properties();
     spdlog::info("device {}: {}, {} bytes", i, properties.name, properties.totalMemory);
   }

@@ -30,6 +30,7 @@ bool parseBestEffortSms(const std::string& text, unsigned& sms, unsigned& percen
 std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   DaemonOptions options;
   std::string simMemory = "16GiB";
+  std::string slowModuleLoad;
   std::string bestEffortSms;
   CLI::App app{
       "gpuproxyd: owns the GPUs of this node and serves CUDA clients through the gpuproxy stub"};
@@ -46,6 +47,10 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sim-memory", simMemory, "Memory of each simulated device, e.g. 16GiB")
       ->capture_default_str();
+  app.add_option("--sim-slow-module-load", slowModuleLoad,
+                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to prepare each module, "
+                 "as a large PTX JIT does on a GPU (for testing)")
+      ->group("Testing");
   app.add_option("--config", options.configPath,
                  "Tenants file (YAML); SIGHUP reloads it. Without it, every client of --socket is "
                  "the unlimited tenant 'default'")
@@ -88,6 +93,21 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
     return 2;
   }
   options.simMemoryBytes = *bytes;
+  if (!slowModuleLoad.empty()) {
+    unsigned device = 0;
+    unsigned milliseconds = 0;
+    char end = 0;
+    if (std::sscanf(slowModuleLoad.c_str(), "%u:%u%c", &device, &milliseconds, &end) != 2 ||
+        device >= static_cast<unsigned>(options.simDevices) || milliseconds > 600'000) {
+      std::fprintf(stderr,
+                   "gpuproxyd: --sim-slow-module-load: '%s' is not DEVICE:MS with a device below "
+                   "--sim-devices and at most 600000 ms\n",
+                   slowModuleLoad.c_str());
+      return 2;
+    }
+    options.simSlowModuleLoadDevice = static_cast<int>(device);
+    options.simModuleLoadDelayMs = milliseconds;
+  }
   if (!bestEffortSms.empty() &&
       !parseBestEffortSms(bestEffortSms, options.bestEffortSms, options.bestEffortPercent)) {
     std::fprintf(stderr,

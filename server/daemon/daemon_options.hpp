@@ -15,6 +15,10 @@ struct DaemonOptions {
   std::string adminSocketPath = protocol::kDefaultAdminSocket;
   int simDevices = 1;
   std::uint64_t simMemoryBytes = 16ull << 30;
+  // --sim-slow-module-load DEVICE:MS: that sim device takes MS milliseconds longer to prepare
+  // each module, as a large JIT would on a GPU (for testing that a slow load stalls no one else).
+  int simSlowModuleLoadDevice = -1;
+  std::uint32_t simModuleLoadDelayMs = 0;
   std::string logLevel = "info";
   std::string configPath;          // tenants file; empty = only the default tenant
   std::string metricsAddress;      // e.g. 127.0.0.1:9400; empty = no metrics endpoint

@@ -263,11 +263,6 @@ backend::MemoryInfo ScheduledDevice::memoryInfo() {
   return device_->memoryInfo();
 }
 
-backend::Result<std::unique_ptr<backend::Module>> ScheduledDevice::loadModule(
-    std::span<const std::byte> image, backend::AddressSpace owner) {
-  return device_->loadModule(image, owner);
-}
-
 CUresult ScheduledDevice::stickyError() {
   return device_->stickyError();
 }

@@ -91,7 +91,6 @@ public:
   // backend::Device
   using backend::Device::allocate;
   using backend::Device::createStreamFor;
-  using backend::Device::loadModule;
   using backend::Device::registerHostMemory;
   const backend::DeviceProperties& properties() const override { return device_->properties(); }
   backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override;
@@ -105,8 +104,16 @@ public:
     return device_->registerHostMemory(host, bytes, owner);
   }
   CUresult unregisterHostMemory(void* host) override { return device_->unregisterHostMemory(host); }
-  backend::Result<std::unique_ptr<backend::Module>> loadModule(
-      std::span<const std::byte> image, backend::AddressSpace owner) override;
+  // Modules are the real device's business too; preparing one touches nothing here, so any
+  // thread may, as the contract allows.
+  backend::Result<std::unique_ptr<backend::PreparedModule>> prepareModule(
+      std::span<const std::byte> image) const override {
+    return device_->prepareModule(image);
+  }
+  backend::Result<std::unique_ptr<backend::Module>> loadPrepared(
+      std::unique_ptr<backend::PreparedModule> prepared, backend::AddressSpace owner) override {
+    return device_->loadPrepared(std::move(prepared), owner);
+  }
   // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant, placed
   // as best-effort (createStream) or as `workClass` (createStreamFor).
   backend::Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags,

@@ -30,9 +30,7 @@ struct StagedBytes {
 }  // namespace
 
 GpuClient::GpuClient(GpuShard& shard, std::shared_ptr<ClientStats> stats)
-    : shard_(shard),
-      stats_(std::move(stats)),
-      schedulingId_(shard_.dispatcher().newClientId()) {}
+    : shard_(shard), stats_(std::move(stats)), schedulingId_(shard_.dispatcher().newClientId()) {}
 
 GpuClient::~GpuClient() {
   std::vector<Handle> contexts;
@@ -46,6 +44,7 @@ std::uint32_t GpuClient::deviceIndex() const {
 }
 
 Handle GpuClient::newHandle(HandleKind kind) {
+  shard_.owner().check();
   return makeHandle(kind, shard_.index(), nextSerial_++);
 }
 
@@ -53,6 +52,7 @@ Handle GpuClient::newHandle(HandleKind kind) {
 // Contexts
 
 std::optional<TenantObjectHold> GpuClient::holdObject(TenantObject kind) {
+  shard_.owner().check();
   auto hold = TenantObjectHold::take(stats_->tenant, kind);
   if (!hold) {
     ++stats_->tenant->oomCount;
@@ -71,8 +71,8 @@ backend::Result<Handle> GpuClient::createContextAs(Handle handle, unsigned flags
   if (CUresult sticky = shard_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
   auto hold = holdObject(TenantObject::kContext);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto nullStream = shard_.dispatcher().createStream(
-      {stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
+  auto nullStream =
+      shard_.dispatcher().createStream({stats_->tenant, schedulingId_, stats_->addressSpace}, 0, 0);
   if (!nullStream.ok()) return nullStream.code();
   Context& context = contexts_[handle];
   context.flags = flags;
@@ -201,6 +201,7 @@ void GpuClient::destroyContextNow(Handle context) {
 // Streams and the legacy NULL stream
 
 std::optional<GpuClient::Target> GpuClient::resolveStream(Handle context, Handle stream) {
+  shard_.owner().check();
   if (stream == 0) {
     auto found = contexts_.find(context);
     if (found == contexts_.end()) return std::nullopt;
@@ -386,6 +387,7 @@ void GpuClient::boundTouches(Touches& touches) {
 }
 
 std::uint64_t GpuClient::abandon() {
+  shard_.owner().check();
   struct Queue {
     backend::Stream* stream;
     Touches* touches;
@@ -700,25 +702,33 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
 // ---------------------------------------------------------------------------------------------
 // Modules and kernels
 
-backend::Result<Handle> GpuClient::loadModule(Handle context, std::span<const std::byte> image) {
-  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
+kj::Promise<backend::Result<Handle>> GpuClient::loadModule(Handle context,
+                                                           std::vector<std::byte> image) {
+  using Loaded = backend::Result<Handle>;
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return Loaded(CUDA_ERROR_INVALID_CONTEXT);
+  if (image.empty()) return Loaded(CUDA_ERROR_INVALID_IMAGE);
   auto hold = holdObject(TenantObject::kModule);
-  if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
-  auto loaded = shard_.device().loadModule(image, stats_->addressSpace);
-  if (!loaded.ok()) return loaded.code();
-  // Module memory counts against the tenant like an allocation; its size is only known once the
-  // module is loaded, so an over-limit module is unloaded again at once.
-  auto charge =
-      MemoryCharge::take(ledger(), loaded.value()->deviceBytes(), MemoryCharge::Kind::kModule);
-  if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
-  Handle handle = newHandle(HandleKind::kModule);
-  Module& module = modules_[handle];
-  module.context = context;
-  module.module = std::move(loaded).value();
-  module.charge.emplace(std::move(*charge));
-  module.hold = std::move(*hold);
-  return handle;
+  if (!hold) return Loaded(CUDA_ERROR_OUT_OF_MEMORY);
+  return shard_.loadModule(std::move(image), stats_->addressSpace)
+      .then([this, context, hold = std::move(*hold)](
+                backend::Result<std::unique_ptr<backend::Module>> loaded) mutable -> Loaded {
+        if (!loaded.ok()) return loaded.code();
+        // Another thread of the client may have destroyed the context meanwhile.
+        if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+        // Module memory counts against the tenant like an allocation; its size is only known
+        // once the module is loaded, so an over-limit module is unloaded again at once.
+        auto charge = MemoryCharge::take(ledger(), loaded.value()->deviceBytes(),
+                                         MemoryCharge::Kind::kModule);
+        if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
+        Handle handle = newHandle(HandleKind::kModule);
+        Module& module = modules_[handle];
+        module.context = context;
+        module.module = std::move(loaded).value();
+        module.charge.emplace(std::move(*charge));
+        module.hold = std::move(hold);
+        return handle;
+      });
 }
 
 kj::Promise<CUresult> GpuClient::unloadModule(Handle module) {
@@ -754,6 +764,7 @@ backend::Result<backend::GlobalVariable> GpuClient::global(Handle module, const 
 }
 
 MemoryLedger GpuClient::ledger() {
+  shard_.owner().check();
   return MemoryLedger{stats_, shard_.index(), &memoryUsed_, &shard_.memoryCount()};
 }
 

@@ -97,7 +97,8 @@ public:
   CUresult enqueue(Handle context, Handle stream, const backend::MemoryOperation& operation);
 
   // Modules and kernels.
-  backend::Result<Handle> loadModule(Handle context, std::span<const std::byte> image);
+  // Answers once the module is loaded: its preparation (decoding, JIT) runs off this thread.
+  kj::Promise<backend::Result<Handle>> loadModule(Handle context, std::vector<std::byte> image);
   // Waits for the client's queued work first: a copy into the module's variables may be pending.
   kj::Promise<CUresult> unloadModule(Handle module);
   backend::Result<FunctionHandle> function(Handle module, const std::string& name);

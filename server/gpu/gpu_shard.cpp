@@ -5,37 +5,93 @@
 
 #include <spdlog/spdlog.h>
 
+#include <string>
 #include <utility>
 
 namespace gpuproxy::server {
 
 GpuShard::GpuShard(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
-                     const dispatch::DispatchOptions& dispatch)
+                   const dispatch::DispatchOptions& dispatch)
     : index_(index),
-      device_(std::make_unique<dispatch::ScheduledDevice>(
-          std::move(device), dispatch::newScheduler(dispatch), timer)) {}
+      device_(std::make_unique<dispatch::ScheduledDevice>(std::move(device),
+                                                          dispatch::newScheduler(dispatch), timer)),
+      blockingCalls_(std::make_unique<BlockingCallThread>("gpuproxy-slow" + std::to_string(index))),
+      blockingCallAnswers_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {}
 
-GpuShard::~GpuShard() {
-  // The device first: its threads may still run kernel callbacks that report to this shard.
+GpuShard::~GpuShard() noexcept {
+  owner_.check();
+  // The answers still on their way are dropped, then the blocking-call thread ends (after the
+  // call it is in), so that nothing runs on the device once it is gone.
+  blockingCallAnswers_ = nullptr;
+  blockingCalls_.reset();
+  // The device next: its threads may still run kernel callbacks that report to this shard.
   device_.reset();
 }
 
 std::unique_ptr<GpuClient> GpuShard::openClient(std::shared_ptr<ClientStats> stats) {
+  owner_.check();
   auto client = std::make_unique<GpuClient>(*this, std::move(stats));
   clients_.insert(client.get());
   return client;
 }
 
 void GpuShard::detach(GpuClient& client) {
+  owner_.check();
   clients_.erase(&client);
   recoverIfIdle();
 }
 
 backend::Result<CUdeviceptr> GpuShard::allocate(std::size_t bytes, backend::AddressSpace owner) {
+  owner_.check();
   return device_->allocate(bytes, owner);
 }
 
+kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> GpuShard::loadModule(
+    std::vector<std::byte> image, backend::AddressSpace owner) {
+  owner_.check();
+  using Loaded = backend::Result<std::unique_ptr<backend::Module>>;
+  ++modulesPreparing_;
+  // Shared with the blocking call, which fills it in: the promise carries no value, since a
+  // move-only one through kj's cross-thread fulfiller trips GCC's maybe-uninitialized analysis.
+  struct Preparation {
+    backend::Result<std::unique_ptr<backend::PreparedModule>> module = CUDA_ERROR_UNKNOWN;
+  };
+  auto preparation = std::make_shared<Preparation>();
+  const dispatch::ScheduledDevice* device = device_.get();
+  auto prepared = blockingCalls_->run([device, image = std::move(image), preparation]() {
+    preparation->module = device->prepareModule(image);
+  });
+  // The caller's promise is fulfilled from a task of the shard's, so that the shard learns of the
+  // end of the call even when the caller has stopped waiting (its client went away).
+  auto answer = kj::newPromiseAndFulfiller<Loaded>();
+  auto fulfiller =
+      std::make_shared<kj::Own<kj::PromiseFulfiller<Loaded>>>(kj::mv(answer.fulfiller));
+  blockingCallAnswers_->add(prepared.then(
+      [this, owner, fulfiller, preparation]() {
+        --modulesPreparing_;
+        if (!preparation->module.ok()) {
+          (*fulfiller)->fulfill(Loaded(preparation->module.code()));
+        } else if ((*fulfiller)->isWaiting()) {
+          (*fulfiller)
+              ->fulfill(device_->loadPrepared(std::move(preparation->module).value(), owner));
+        }  // else nobody wants it any more: it is not placed in device memory
+        recoverIfIdle();
+      },
+      [this, fulfiller](kj::Exception&& exception) {
+        --modulesPreparing_;
+        (*fulfiller)->reject(kj::mv(exception));
+        recoverIfIdle();
+      }));
+  return kj::mv(answer.promise);
+}
+
+void GpuShard::taskFailed(kj::Exception&& exception) {
+  spdlog::error("device {}: a blocking call's answer was lost: {}", index_,
+                exception.getDescription().cStr());
+}
+
 CUresult GpuShard::free(CUdeviceptr pointer) {
+  owner_.check();
   // Accounting follows what the client held (its MemoryCharge goes with the allocation), even
   // when a poisoned context refuses the free: the memory comes back with the context reset.
   return device_->free(pointer);
@@ -55,7 +111,11 @@ void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
 }
 
 void GpuShard::recoverIfIdle() {
+  owner_.check();
   if (!clients_.empty()) return;
+  // A module still being prepared may be JIT-compiled in the context; the last one to end comes
+  // back here.
+  if (modulesPreparing_ > 0) return;
   if (device_->stickyError() == CUDA_SUCCESS) return;
   CUresult reset = device_->reset();
   if (reset != CUDA_SUCCESS) {

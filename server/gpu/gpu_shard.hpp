@@ -7,8 +7,11 @@
 #include "protocol/cuda_result.hpp"
 #include "server/backend/backend.hpp"
 #include "server/dispatch/scheduled_device.hpp"
+#include "server/gpu/blocking_call_thread.hpp"
 #include "server/gpu/client_stats.hpp"
+#include "server/gpu/owner_thread.hpp"
 
+#include <kj/async.h>
 #include <kj/timer.h>
 
 #include <sys/types.h>
@@ -18,18 +21,23 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <vector>
 
 namespace gpuproxy::server {
 
 class GpuClient;
 
-class GpuShard {
+// Threading: a shard is owned by the thread that made it (the daemon's event loop), which alone
+// touches its state and that of its clients (OwnerThread checks it). Backend calls that may block
+// for long run on the shard's BlockingCallThread instead, so that a slow module load on one GPU
+// holds up no other client's commands, on this GPU or any other, nor the admin socket.
+class GpuShard final : private kj::TaskSet::ErrorHandler {
 public:
   // `timer` is the event loop's; the dispatcher wakes the scheduler with it. Throws
   // std::invalid_argument when `dispatch` names no scheduler.
   GpuShard(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
-            const dispatch::DispatchOptions& dispatch = {});
-  ~GpuShard();
+           const dispatch::DispatchOptions& dispatch = {});
+  ~GpuShard() noexcept;
   GpuShard(const GpuShard&) = delete;
   GpuShard& operator=(const GpuShard&) = delete;
 
@@ -48,6 +56,12 @@ public:
   backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner);
   CUresult free(CUdeviceptr pointer);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
+  // A module for `owner`: prepared (decoded, JIT-compiled) on the blocking-call thread, then
+  // placed in device memory here. Its device memory is not charged yet: the caller charges it.
+  kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> loadModule(
+      std::vector<std::byte> image, backend::AddressSpace owner);
+  // The blocking-call thread's counters, for status and metrics.
+  BlockingCallThread::Stats blockingCalls() const { return blockingCalls_->stats(); }
   std::uint64_t memoryUsed() const { return memoryUsed_; }
   // Modules take device memory the backend allocates itself; the accounting still covers it.
   // The device's total in the memory ledger (server/gpu/memory_charge.hpp): every client's
@@ -60,6 +74,8 @@ public:
   // Sticky faults: the first kernel that completes with a sticky error names the faulting client.
   // Called from backend threads.
   void noteKernelStatus(CUresult status, pid_t pid);
+  // The owner thread's check, for the state of this GPU kept elsewhere (its clients').
+  const OwnerThread& owner() const { return owner_; }
   CUresult stickyError() { return device_->stickyError(); }
   pid_t faultingPid() const { return faultingPid_.load(); }
 
@@ -67,9 +83,19 @@ private:
   friend class GpuClient;
   void detach(GpuClient& client);
   void recoverIfIdle();
+  void taskFailed(kj::Exception&& exception) override;
 
+  OwnerThread owner_;
   std::uint32_t index_;
   std::unique_ptr<dispatch::ScheduledDevice> device_;
+  // Declared after the device and destroyed before it (see the destructor): its thread may be
+  // inside a call on the device.
+  std::unique_ptr<BlockingCallThread> blockingCalls_;
+  // Each blocking call's answer, carried back to this thread whether or not its caller still
+  // waits, so that the shard always learns that the call has ended.
+  kj::Own<kj::TaskSet> blockingCallAnswers_;
+  // Modules being prepared: the context is not reset while one is, since the JIT runs in it.
+  unsigned modulesPreparing_ = 0;
   std::uint64_t memoryUsed_ = 0;
   std::set<GpuClient*> clients_;
   std::atomic<pid_t> faultingPid_{0};

@@ -154,6 +154,23 @@ void writeDevices(ExpositionWriter& out, capnp::List<protocol::DeviceStatus>::Re
   for (unsigned i = 0; i < devices.size(); ++i) {
     out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getKernelsInFlight()));
   }
+  out.family("gpuproxy_device_blocking_calls_total", "counter",
+             "Backend calls that may block for long (module preparation: decoding, the JIT) "
+             "ended on the device's blocking-call thread.");
+  for (unsigned i = 0; i < devices.size(); ++i) {
+    out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getBlockingCalls()));
+  }
+  out.family("gpuproxy_device_blocking_call_seconds_total", "counter",
+             "Time the ended blocking calls took, all together.");
+  for (unsigned i = 0; i < devices.size(); ++i) {
+    out.sample({{"device", indexes[i]}},
+               formatNanosAsSeconds(devices[i].getBlockingCallNanoseconds()));
+  }
+  out.family("gpuproxy_device_blocking_calls_pending", "gauge",
+             "Blocking calls queued or running on the device's blocking-call thread.");
+  for (unsigned i = 0; i < devices.size(); ++i) {
+    out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getBlockingCallsPending()));
+  }
   out.family("gpuproxy_device_poisoned", "gauge",
              "1 when a faulting kernel left the device's shared context with a sticky error.");
   for (unsigned i = 0; i < devices.size(); ++i) {

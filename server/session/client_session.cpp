@@ -265,12 +265,14 @@ kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
 
 kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
   auto params = context.getParams();
-  return answerCreated(
-      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
-      [&](GpuClient& client) {
-        return client.loadModule(params.getContext(), bytesOf(params.getImage()));
-      },
-      [](auto& results, Handle module) { results.setModule(module); });
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  const auto image = bytesOf(params.getImage());
+  return answerLoadedModule(context,
+                            client->loadModule(params.getContext(), {image.begin(), image.end()}));
 }
 
 kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {

@@ -83,6 +83,17 @@ private:
     TenantMemoryHold charge;
   };
 
+  // Answers a call that loads a module (loadModule, loadModuleImage) once the load has ended.
+  template <typename Context>
+  static kj::Promise<void> answerLoadedModule(Context context,
+                                              kj::Promise<backend::Result<Handle>> loaded) {
+    return loaded.then([context](backend::Result<Handle> module) mutable {
+      auto results = context.getResults();
+      results.setResult(module.code());
+      if (module.ok()) results.setModule(module.value());
+    });
+  }
+
   // dispatchCall once the records ahead of the call have left the ring.
   kj::Promise<void> dispatchAfterRing(
       std::uint64_t interfaceId, std::uint16_t methodId,

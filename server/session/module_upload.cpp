@@ -107,12 +107,9 @@ kj::Promise<void> ClientSession::loadModuleImage(LoadModuleImageContext context)
   // Loading charges the module's own memory, so the image's charge is released first: an image
   // the limit just allowed must not be refused for being counted twice.
   const std::uint64_t moduleContext = upload->context;
-  const std::vector<std::byte> image = std::move(upload->image);
+  std::vector<std::byte> image = std::move(upload->image);
   upload.reset();
-  auto loaded = client->loadModule(moduleContext, image);
-  results.setResult(loaded.code());
-  if (loaded.ok()) results.setModule(loaded.value());
-  return kj::READY_NOW;
+  return answerLoadedModule(context, client->loadModule(moduleContext, std::move(image)));
 }
 
 }  // namespace gpuproxy::server

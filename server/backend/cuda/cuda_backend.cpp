@@ -2,6 +2,7 @@
 
 #include "protocol/overloaded.hpp"
 
+#include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -1291,6 +1292,13 @@ struct HostRegistrations {
 
 constexpr unsigned kHostRegisterFlags = CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE;
 
+// What the driver is given to load: the client's image, NUL-terminated, or the cubin the JIT made
+// of its PTX ahead of the load.
+struct CudaPreparedModule final : backend::PreparedModule {
+  std::vector<char> image;
+  std::optional<ptx::PtxModuleInfo> ptxLayouts;  // kernels' layouts, where the driver cannot say
+};
+
 class CudaDevice final : public backend::Device {
 public:
   CudaDevice(std::shared_ptr<DeviceCore> core, std::shared_ptr<HostRegistrations> registrations)
@@ -1300,7 +1308,6 @@ public:
 
   using backend::Device::allocate;
   using backend::Device::createStreamFor;
-  using backend::Device::loadModule;
   using backend::Device::registerHostMemory;
 
   // The owner (address space) is the sim's to enforce: one CUDA context cannot keep kernels apart.
@@ -1360,39 +1367,49 @@ public:
     return MemoryInfo{free, total};
   }
 
-  Result<std::unique_ptr<backend::Module>> loadModule(std::span<const std::byte> image,
-                                                      backend::AddressSpace /*owner*/) override {
+  Result<std::unique_ptr<backend::PreparedModule>> prepareModule(
+      std::span<const std::byte> image) const override {
     if (image.empty()) {
       return CUDA_ERROR_INVALID_VALUE;
     }
+    auto prepared = std::make_unique<CudaPreparedModule>();
     // cuModuleLoadData takes no size: PTX is read up to its NUL, which a client's image need not
     // carry. Cubin and fatbin carry their sizes and ignore the extra byte.
-    std::vector<char> terminated(image.size() + 1, '\0');
-    std::memcpy(terminated.data(), image.data(), image.size());
-
-    std::optional<ptx::PtxModuleInfo> ptxLayouts;
-    if (core_->api().funcGetParamInfo == nullptr && ptx::looksLikePtx(image)) {
-      ptx::PtxParseResult parsed = ptx::parsePtx(image);
-      if (parsed.ok()) {
-        ptxLayouts = std::move(parsed.module);
-      } else {
-        spdlog::warn("cuda device {}: PTX parser: {}; its kernels cannot be launched",
-                     core_->index(), parsed.error);
+    prepared->image.assign(image.size() + 1, '\0');
+    std::memcpy(prepared->image.data(), image.data(), image.size());
+    if (ptx::looksLikePtx(image)) {
+      if (core_->api().funcGetParamInfo == nullptr) {
+        ptx::PtxParseResult parsed = ptx::parsePtx(image);
+        if (parsed.ok()) {
+          prepared->ptxLayouts = std::move(parsed.module);
+        } else {
+          spdlog::warn("cuda device {}: PTX parser: {}; its kernels cannot be launched",
+                       core_->index(), parsed.error);
+        }
       }
+      compileAheadOfLoad(*prepared);
     }
+    return std::unique_ptr<backend::PreparedModule>(std::move(prepared));
+  }
 
+  Result<std::unique_ptr<backend::Module>> loadPrepared(
+      std::unique_ptr<backend::PreparedModule> preparedModule,
+      backend::AddressSpace /*owner*/) override {
+    auto* prepared = dynamic_cast<CudaPreparedModule*>(preparedModule.get());
+    KJ_REQUIRE(prepared != nullptr, "a module prepared by another backend");
     CUmodule module = nullptr;
     // The driver does not say how much device memory a module takes; the drop in free memory
     // across the load does. The daemon is the only allocator in its context and the owner thread
-    // makes one call at a time, so the difference belongs to this module.
+    // makes one call at a time (prepareModule's JIT takes no device memory), so the difference
+    // belongs to this module.
     const std::uint64_t freeBefore = memoryInfo().free;
     // With an SM partition the kernels run in the green contexts, where a CUfunction of the
     // primary context cannot be launched; a library's CUkernel can, in any context.
     CUlibrary library = nullptr;
     const CUresult result = call([&](const DriverApi& api) {
-      return core_->partitioned() ? api.libraryLoadData(&library, terminated.data(), nullptr,
+      return core_->partitioned() ? api.libraryLoadData(&library, prepared->image.data(), nullptr,
                                                         nullptr, 0, nullptr, nullptr, 0)
-                                  : api.moduleLoadData(&module, terminated.data());
+                                  : api.moduleLoadData(&module, prepared->image.data());
     });
     if (result != CUDA_SUCCESS) {
       return result;
@@ -1400,7 +1417,7 @@ public:
     const std::uint64_t freeAfter = memoryInfo().free;
     const std::uint64_t deviceBytes = freeBefore > freeAfter ? freeBefore - freeAfter : 0;
     return std::unique_ptr<backend::Module>(std::make_unique<CudaModule>(
-        core_, LoadedImage{module, library}, std::move(ptxLayouts), deviceBytes));
+        core_, LoadedImage{module, library}, std::move(prepared->ptxLayouts), deviceBytes));
   }
 
   Result<std::unique_ptr<backend::Stream>> createStream(unsigned flags, int priority) override {
@@ -1505,8 +1522,47 @@ private:
     }
   }
 
+  // Compiles a PTX image for this device with the driver's linker, so that the JIT, which may
+  // take seconds, runs in prepareModule and cuModuleLoadData only has a cubin to load. The
+  // linker needs a current context (its target is the context's device) but no device memory.
+  // Where it is missing or fails, the PTX stays and the driver compiles it at load, reporting
+  // its own error there.
+  void compileAheadOfLoad(CudaPreparedModule& prepared) const {
+    const DriverApi& driver = core_->api();
+    if (driver.linkCreate == nullptr || driver.linkAddData == nullptr ||
+        driver.linkComplete == nullptr || driver.linkDestroy == nullptr) {
+      return;
+    }
+    std::vector<char> cubin;
+    const CUresult result = call([&](const DriverApi& api) {
+      CUlinkState link = nullptr;
+      CUresult status = api.linkCreate(0, nullptr, nullptr, &link);
+      if (status != CUDA_SUCCESS) return status;
+      status = api.linkAddData(link, CU_JIT_INPUT_PTX, prepared.image.data(), prepared.image.size(),
+                               "module", 0, nullptr, nullptr);
+      void* linked = nullptr;
+      std::size_t linkedBytes = 0;
+      if (status == CUDA_SUCCESS) status = api.linkComplete(link, &linked, &linkedBytes);
+      if (status == CUDA_SUCCESS) {
+        // The linker owns its output until linkDestroy.
+        const auto* bytes = static_cast<const char*>(linked);
+        cubin.assign(bytes, bytes + linkedBytes);
+      }
+      api.linkDestroy(link);
+      return status;
+    });
+    if (result != CUDA_SUCCESS || cubin.empty()) {
+      spdlog::debug(
+          "cuda device {}: compiling PTX ahead of its load failed ({}); the driver "
+          "compiles it at load",
+          core_->index(), driver.describe(result));
+      return;
+    }
+    prepared.image = std::move(cubin);
+  }
+
   template <typename Call>
-  CUresult call(Call&& function) {
+  CUresult call(Call&& function) const {
     if (const CUresult sticky = core_->sticky(); sticky != CUDA_SUCCESS) {
       return sticky;
     }

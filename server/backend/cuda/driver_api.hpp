@@ -69,7 +69,9 @@ namespace gpuproxy::server::cuda {
 
 // Entry points an older driver may lack; null when absent, and every use checks. The green
 // context and library ones are needed only for an SM partition (DeviceOptions), which checks
-// them all when a device is opened with one (greenContextEntryPointsMissing).
+// them all when a device is opened with one (greenContextEntryPointsMissing). The linker's
+// compile PTX ahead of a module's load (CudaDevice::prepareModule); without them the driver
+// compiles it inside cuModuleLoadData.
 #define GPUPROXY_CUDA_OPTIONAL_ENTRY_POINTS(X)                     \
   X(funcGetParamInfo, cuFuncGetParamInfo, 12040)                   \
   X(funcLoad, cuFuncLoad, 12040)                                   \
@@ -84,7 +86,11 @@ namespace gpuproxy::server::cuda {
   X(greenCtxCreate, cuGreenCtxCreate, 12040)                       \
   X(greenCtxDestroy, cuGreenCtxDestroy, 12040)                     \
   X(ctxFromGreenCtx, cuCtxFromGreenCtx, 12040)                     \
-  X(greenCtxStreamCreate, cuGreenCtxStreamCreate, 12050)
+  X(greenCtxStreamCreate, cuGreenCtxStreamCreate, 12050)           \
+  X(linkCreate, cuLinkCreate, 6050)                                \
+  X(linkAddData, cuLinkAddData, 6050)                              \
+  X(linkComplete, cuLinkComplete, 5050)                            \
+  X(linkDestroy, cuLinkDestroy, 5050)
 
 struct DriverApi {
 #define GPUPROXY_CUDA_DECLARE_ENTRY_POINT(member, symbol, version) \

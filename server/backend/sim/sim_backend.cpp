@@ -1,5 +1,6 @@
 #include "server/backend/sim/sim_backend.hpp"
 
+#include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -42,6 +43,7 @@ using backend::KernelCallback;
 using backend::LaunchConfig;
 using backend::MemoryInfo;
 using backend::Module;
+using backend::PreparedModule;
 using backend::Result;
 using backend::Stream;
 using Clock = std::chrono::steady_clock;
@@ -85,6 +87,12 @@ struct EventState {
 };
 
 class DeviceCore;
+
+// A module decoded and ready to be placed in a device's memory.
+struct SimPreparedModule final : PreparedModule {
+  std::shared_ptr<const ptx::Program> program;
+  std::size_t imageBytes = 0;  // the PTX text's size: what the module's code takes on the device
+};
 
 // A loaded module: its decoded program, placed in device memory (its variables in one
 // allocation of the owner's), shared by its functions and by launches still queued when the
@@ -896,8 +904,10 @@ private:
 class SimDevice final : public Device {
 public:
   SimDevice(int index, std::uint64_t memoryBytes, std::unique_ptr<DeviceArena> arena,
-            std::shared_ptr<ptx::Interpreter> interpreter)
-      : core_(std::make_shared<DeviceCore>(index, std::move(arena), std::move(interpreter))) {
+            std::shared_ptr<ptx::Interpreter> interpreter,
+            std::chrono::milliseconds moduleLoadDelay)
+      : core_(std::make_shared<DeviceCore>(index, std::move(arena), std::move(interpreter))),
+        moduleLoadDelay_(moduleLoadDelay) {
     properties_.name = "gpuproxy sim device " + std::to_string(index);
     // Reads "gpuproxy-sim" followed by the index: stable across runs and plainly not a real GPU.
     constexpr char kPrefix[] = "gpuproxy-sim";
@@ -916,7 +926,6 @@ public:
 
   using Device::allocate;
   using Device::createStreamFor;
-  using Device::loadModule;
   using Device::registerHostMemory;
 
   Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override {
@@ -995,9 +1004,11 @@ public:
     return hasUsablePtx ? CUDA_ERROR_INVALID_IMAGE : CUDA_ERROR_NO_BINARY_FOR_GPU;
   }
 
-  Result<std::unique_ptr<Module>> loadModule(std::span<const std::byte> image,
-                                             backend::AddressSpace owner) override {
-    if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
+  // Everything up to a decoded program: the fatbin's entry, decompression, the PTX decoder. It
+  // reads only the image and the device's index.
+  Result<std::unique_ptr<PreparedModule>> prepareModule(
+      std::span<const std::byte> image) const override {
+    if (moduleLoadDelay_.count() > 0) std::this_thread::sleep_for(moduleLoadDelay_);
     const int index = core_->index();
     // A fatbin runs from its PTX entry (the interpreter executes PTX, not SASS).
     std::string ptxOfFatbin;
@@ -1038,8 +1049,19 @@ public:
       spdlog::warn("sim device {}: malformed PTX: {}", index, decoded.message);
       return CUDA_ERROR_INVALID_PTX;
     }
+    auto prepared = std::make_unique<SimPreparedModule>();
+    prepared->program = std::shared_ptr<const ptx::Program>(std::move(decoded.program));
+    prepared->imageBytes = image.size();
+    return std::unique_ptr<PreparedModule>(std::move(prepared));
+  }
+
+  Result<std::unique_ptr<Module>> loadPrepared(std::unique_ptr<PreparedModule> preparedModule,
+                                               backend::AddressSpace owner) override {
+    if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
+    auto* prepared = dynamic_cast<SimPreparedModule*>(preparedModule.get());
+    KJ_REQUIRE(prepared != nullptr, "a module prepared by another backend");
     auto moduleImage = std::make_shared<ModuleImage>();
-    moduleImage->program = std::shared_ptr<const ptx::Program>(std::move(decoded.program));
+    moduleImage->program = std::move(prepared->program);
     moduleImage->core = core_;
     moduleImage->owner = owner;
     const ptx::Program& program = *moduleImage->program;
@@ -1104,7 +1126,7 @@ public:
       functions.emplace(kernel.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
     return std::unique_ptr<Module>(std::make_unique<SimModule>(
-        std::move(moduleImage), std::move(functions), image.size() + variableBytes));
+        std::move(moduleImage), std::move(functions), prepared->imageBytes + variableBytes));
   }
 
   Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) override {
@@ -1152,6 +1174,7 @@ public:
 private:
   DeviceProperties properties_;
   std::shared_ptr<DeviceCore> core_;
+  const std::chrono::milliseconds moduleLoadDelay_;
 };
 
 class SimBackend final : public backend::Backend {
@@ -1159,7 +1182,9 @@ public:
   explicit SimBackend(const SimOptions& options)
       : devices_(options.devices),
         memoryBytes_(options.memoryBytes / kAllocationAlignment * kAllocationAlignment),
-        interpreter_(std::make_shared<ptx::Interpreter>(workerThreads(options))) {}
+        interpreter_(std::make_shared<ptx::Interpreter>(workerThreads(options))),
+        slowModuleLoadDevice_(options.slowModuleLoadDevice),
+        moduleLoadDelay_(options.moduleLoadDelay) {}
 
   std::string_view name() const override { return "sim"; }
   int driverVersion() const override { return CUDA_VERSION; }
@@ -1185,8 +1210,10 @@ public:
                     index, memoryBytes_);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return std::unique_ptr<Device>(
-        std::make_unique<SimDevice>(index, memoryBytes_, std::move(arena), interpreter_));
+    const auto moduleLoadDelay =
+        index == slowModuleLoadDevice_ ? moduleLoadDelay_ : std::chrono::milliseconds{0};
+    return std::unique_ptr<Device>(std::make_unique<SimDevice>(
+        index, memoryBytes_, std::move(arena), interpreter_, moduleLoadDelay));
   }
 
 private:
@@ -1201,6 +1228,8 @@ private:
   const std::uint64_t memoryBytes_;
   // Shared by every device: blocks of concurrent launches share the host's cores.
   const std::shared_ptr<ptx::Interpreter> interpreter_;
+  const int slowModuleLoadDevice_;
+  const std::chrono::milliseconds moduleLoadDelay_;
 };
 
 }  // namespace

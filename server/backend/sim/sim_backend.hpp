@@ -8,6 +8,7 @@
 // kernel may touch only the memory of its launching client's address space, and PTX that the
 // interpreter cannot execute is refused at load time rather than pretended.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -21,6 +22,10 @@ struct SimOptions {
   // Threads that run a launch's blocks beside the device's engine thread; -1: one per core
   // beyond the first.
   int workerThreads = -1;
+  // Makes preparing a module on device `slowModuleLoadDevice` take at least `moduleLoadDelay`, as
+  // a large PTX JIT does on a GPU: for testing that a slow load stalls no one else. -1: none.
+  int slowModuleLoadDevice = -1;
+  std::chrono::milliseconds moduleLoadDelay{0};
 };
 
 // Throws std::invalid_argument when the options are out of range.

@@ -50,7 +50,7 @@ protected:
   }
 
   Handle launchSpin(GpuClient& client, Handle context, Handle stream, std::uint64_t ns) {
-    auto module = client.loadModule(context, bytes(testing::kTestKernelsPtx));
+    auto module = wait(client.loadModule(context, bytes(testing::kTestKernelsPtx)));
     EXPECT_TRUE(module.ok());
     auto spin = client.function(module.value(), "spin");
     EXPECT_TRUE(spin.ok());
@@ -60,8 +60,9 @@ protected:
     return module.value();
   }
 
-  static std::span<const std::byte> bytes(const char* text) {
-    return {reinterpret_cast<const std::byte*>(text), std::strlen(text) + 1};
+  static std::vector<std::byte> bytes(const char* text) {
+    const auto* begin = reinterpret_cast<const std::byte*>(text);
+    return {begin, begin + std::strlen(text) + 1};
   }
 
   // Held by pointer: kj's destructors may throw, which a gtest fixture's destructor may not.
@@ -313,11 +314,11 @@ TEST_F(GpuClientTest, ModulesCountAgainstTheTenantLimit) {
   tenant_->setLimits(limits);
   auto client = newClient();
   auto context = client->createContext(0);
-  EXPECT_EQ(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx)).code(),
+  EXPECT_EQ(wait(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx))).code(),
             CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(shard_.memoryUsed(), 0u);
   tenant_->setLimits(TenantLimits{});
-  auto module = client->loadModule(context.value(), bytes(testing::kTestKernelsPtx));
+  auto module = wait(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx)));
   ASSERT_TRUE(module.ok());
   EXPECT_GT(tenant_->memoryUsed(0), 1024u);
   EXPECT_EQ(wait(client->unloadModule(module.value())), CUDA_SUCCESS);
@@ -388,7 +389,7 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   auto victimContext = victim->createContext(0);
   auto culpritContext = culprit->createContext(0);
   ASSERT_TRUE(victim->allocate(victimContext.value(), 4096).ok());
-  auto module = culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx));
+  auto module = wait(culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx)));
   auto trap = culprit->function(module.value(), "trap");
   ASSERT_EQ(culprit->launchKernel(culpritContext.value(), trap.value().handle,
                                   {{1, 1, 1}, {1, 1, 1}, 0}, 0, {}),

@@ -35,6 +35,9 @@ void fillExample(protocol::DaemonStatus::Builder status) {
   devices[0].setClients(2);
   devices[0].setKernelsQueued(7);
   devices[0].setKernelsInFlight(2);
+  devices[0].setBlockingCalls(3);
+  devices[0].setBlockingCallNanoseconds(4'250'000'000);
+  devices[0].setBlockingCallsPending(1);
   devices[1].setIndex(1);
   devices[1].setName("sim \"fast\" \\ GPU\nrev2");  // every character that needs escaping
   devices[1].setMemoryTotal(16 * kGiB);
@@ -136,6 +139,13 @@ TEST(PrometheusText, DaemonAndDeviceLines) {
            "# TYPE gpuproxy_device_kernels_queued gauge",
            "gpuproxy_device_kernels_queued{device=\"0\"} 7",
            "gpuproxy_device_kernels_in_flight{device=\"0\"} 2",
+           "# TYPE gpuproxy_device_blocking_calls_total counter",
+           "gpuproxy_device_blocking_calls_total{device=\"0\"} 3",
+           "gpuproxy_device_blocking_calls_total{device=\"1\"} 0",
+           "# TYPE gpuproxy_device_blocking_call_seconds_total counter",
+           "gpuproxy_device_blocking_call_seconds_total{device=\"0\"} 4.25",
+           "# TYPE gpuproxy_device_blocking_calls_pending gauge",
+           "gpuproxy_device_blocking_calls_pending{device=\"0\"} 1",
        }) {
     EXPECT_TRUE(hasLine(text, line)) << "missing line: " << line << "\nin:\n" << text;
   }
@@ -243,7 +253,7 @@ TEST(PrometheusText, EveryLineParses) {
       current = family;
     }
   }
-  EXPECT_EQ(samples, 39);  // 4 daemon, 6 x 2 device, 23 tenant
+  EXPECT_EQ(samples, 45);  // 4 daemon, 9 x 2 device, 23 tenant
 }
 
 TEST(PrometheusText, EmptyDaemonStillRendersItsOwnLines) {

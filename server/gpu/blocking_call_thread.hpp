@@ -1,0 +1,84 @@
+#pragma once
+// A GPU's thread for the backend calls that may block for long (preparing a module: a fatbin's
+// decompression, PTX decoding, the driver's JIT, which can take seconds). The shard's owner thread
+// hands such a call here and goes on serving every client's commands and the admin socket; the
+// answer comes back as a promise on the owner's event loop. Calls run one at a time, in the order
+// given, so one GPU's slow loads queue behind each other and never behind another GPU's.
+//
+// Threading: the constructor, run(), stats() and the destructor are the owner thread's. The calls
+// run on this object's thread and may touch only what the backend contract lets any thread touch
+// (backend::Device::prepareModule). A call's answer is delivered through a cross-thread promise:
+// when the owner has dropped the promise (the client went away), the answer is destroyed on this
+// thread, so it must not be anything that belongs to the owner thread.
+
+#include <kj/async.h>
+#include <kj/debug.h>
+#include <kj/function.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+namespace gpuproxy::server {
+
+class BlockingCallThread {
+public:
+  // `name` becomes the thread's name (at most 15 characters are kept), as ps and top show it.
+  explicit BlockingCallThread(std::string name);
+  // Waits for the call running now; calls not yet started are dropped, rejecting their promises.
+  ~BlockingCallThread();
+  BlockingCallThread(const BlockingCallThread&) = delete;
+  BlockingCallThread& operator=(const BlockingCallThread&) = delete;
+
+  // Runs `call` on this thread after the calls given before it. An exception it throws rejects
+  // the promise.
+  template <typename Call>
+  kj::Promise<std::invoke_result_t<Call&>> run(Call&& call) {
+    using Answer = std::invoke_result_t<Call&>;
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<Answer>();
+    enqueue([call = std::forward<Call>(call), fulfiller = kj::mv(paf.fulfiller)]() mutable {
+      KJ_IF_MAYBE (error, kj::runCatchingExceptions([&]() {
+                     if constexpr (std::is_void_v<Answer>) {
+                       call();
+                       fulfiller->fulfill();
+                     } else {
+                       fulfiller->fulfill(call());
+                     }
+                   })) {
+        fulfiller->reject(kj::mv(*error));
+      }
+    });
+    return kj::mv(paf.promise);
+  }
+
+  struct Stats {
+    std::uint64_t completed = 0;    // calls that have ended
+    std::uint64_t nanoseconds = 0;  // time those calls took, all together
+    std::uint32_t pending = 0;      // calls given and not yet ended (queued or running)
+  };
+  Stats stats() const;
+  bool idle() const { return pending_.load() == 0; }
+
+private:
+  void enqueue(kj::Function<void()> call);
+  void serve();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<kj::Function<void()>> queue_;  // guarded by mutex_
+  bool stopping_ = false;                   // guarded by mutex_
+  std::atomic<std::uint64_t> completed_{0};
+  std::atomic<std::uint64_t> nanoseconds_{0};
+  std::atomic<std::uint32_t> pending_{0};
+  std::string name_;
+  std::thread thread_;  // last: started once everything it reads exists
+};
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,112 @@
+// A module load that takes seconds (a large PTX JIT on a GPU; here a sim device told to be that
+// slow) stalls no one else: not the clients of another GPU, not the other clients of the same
+// GPU, not gpuproxyctl. The daemon prepares modules on each GPU's blocking-call thread, and its
+// status and metrics count those calls.
+#include "tests/support/process.hpp"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <string>
+
+namespace gpuproxy::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+constexpr int kSlowLoadMs = 4000;
+
+// The slowest round trip steady_client saw: the upper bound of its last non-empty bucket.
+double slowestRoundTripUs(const std::string& output) {
+  double slowest = 0;
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string key;
+    double upper = 0;
+    unsigned long long count = 0;
+    if (words >> key >> upper >> count && key == "latency_us" && count > 0) {
+      slowest = std::max(slowest, upper);
+    }
+  }
+  return slowest;
+}
+
+TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  options.extraArguments = {"--sim-slow-module-load", "0:" + std::to_string(kSlowLoadMs)};
+  Daemon daemon(options);
+  // Steady clients on both GPUs, each synchronising a small kernel every millisecond. The one on
+  // device 0 waits through its own slow load first; wait until both are in their loops.
+  auto onSlowGpu = daemon.startClient(
+      "steady_client", {"--interval-us", "1000", "--seconds", "60", "--device", "0"});
+  auto onOtherGpu = daemon.startClient(
+      "steady_client", {"--interval-us", "1000", "--seconds", "60", "--device", "1"});
+  ASSERT_TRUE(eventually(
+      [&] {
+        nlohmann::json status = daemon.status();
+        return status["devices"][0]["blocking_calls"]["ended"].get<int>() >= 1 &&
+               status["devices"][0]["blocking_calls"]["pending"].get<int>() == 0;
+      },
+      std::chrono::seconds(30)))
+      << daemon.log();
+
+  // Another client loads a module on device 0: seconds of preparation.
+  const auto loadStarted = steady_clock::now();
+  auto loader = daemon.startClient("vector_add", {"--elements", "1024", "--device", "0"});
+  EXPECT_TRUE(eventually(
+      [&] { return daemon.status()["devices"][0]["blocking_calls"]["pending"].get<int>() == 1; },
+      std::chrono::seconds(10)))
+      << "the admin socket never answered while the module was being prepared\n"
+      << daemon.log();
+
+  // While it is being prepared, the admin socket answers at once, every time.
+  int answersDuringTheLoad = 0;
+  while (steady_clock::now() - loadStarted < milliseconds(kSlowLoadMs - 1500)) {
+    const auto asked = steady_clock::now();
+    RunResult status = daemon.ctl({"status"});
+    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - asked);
+    ASSERT_TRUE(status.status.exitedWith(0)) << status.errors;
+    EXPECT_LT(took.count(), kSlowLoadMs / 4) << "gpuproxyctl status waited for the module load";
+    ++answersDuringTheLoad;
+  }
+  EXPECT_GT(answersDuringTheLoad, 0);
+
+  // The load itself completes, and was as slow as the device was told to be.
+  ExitStatus loaded = loader->wait(std::chrono::seconds(60));
+  EXPECT_TRUE(loaded.exitedWith(0)) << loader->errors() << daemon.log();
+  EXPECT_GE(std::chrono::duration_cast<milliseconds>(steady_clock::now() - loadStarted).count(),
+            kSlowLoadMs);
+
+  // Neither steady client ever waited anywhere near that long for a synchronise.
+  for (auto* client : {onSlowGpu.get(), onOtherGpu.get()}) {
+    client->signal(SIGTERM);
+    ExitStatus status = client->wait(std::chrono::seconds(30));
+    ASSERT_TRUE(status.exitedWith(0)) << client->errors();
+    const std::map<std::string, std::string> seen = answers(client->output());
+    EXPECT_EQ(seen.at("errors"), "0") << client->output();
+    EXPECT_GT(std::stoull(seen.at("round_trips")), 100u) << client->output();
+    EXPECT_LT(slowestRoundTripUs(client->output()), kSlowLoadMs * 1000.0 / 4)
+        << "a synchronise waited for another client's module load:\n"
+        << client->output();
+  }
+
+  // Every preparation is counted where it ran: two slow ones on device 0 (the steady client's
+  // and the loader's), one quick one on device 1.
+  nlohmann::json status = daemon.status();
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 2) << status.dump(2);
+  EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(),
+            2 * kSlowLoadMs / 1000.0);
+  EXPECT_EQ(status["devices"][1]["blocking_calls"]["ended"].get<int>(), 1) << status.dump(2);
+  EXPECT_LT(status["devices"][1]["blocking_calls"]["seconds"].get<double>(), kSlowLoadMs / 1000.0);
+}
+
+}  // namespace
+}  // namespace gpuproxy::testing
