@@ -4,7 +4,9 @@
 // GPU goes through these interfaces, so a GPU's whole state can later move into a worker process.
 //
 // Threading: a Device and every object it created are used by one owner thread at a time, except
-// Device::prepareModule, which any thread may call at any time (it is what may take long).
+// what may take long: Device::prepareModule, which any thread may call at any time, and
+// registerHostMemory/unregisterHostMemory, which may be called from one other thread besides the
+// owner, concurrently with the owner's calls (never with reset()).
 // Callbacks run on a backend thread, must be quick, and must not call back into the backend.
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
 // Module returns at once, and work already queued that uses it still completes (as in CUDA).

@@ -46,11 +46,35 @@ backend::Result<CUdeviceptr> GpuShard::allocate(std::size_t bytes, backend::Addr
   return device_->allocate(bytes, owner);
 }
 
+template <typename Answer, typename Call, typename Finish>
+kj::Promise<Answer> GpuShard::runBlocking(Call&& call, Finish&& finish) {
+  owner_.check();
+  ++blockingCallsOutstanding_;
+  auto ended = blockingCalls_->run(std::forward<Call>(call));
+  // The caller's promise is fulfilled from a task of the shard's, so that the shard learns of the
+  // end of the call even when the caller has stopped waiting (its client went away).
+  auto answer = kj::newPromiseAndFulfiller<Answer>();
+  auto fulfiller =
+      std::make_shared<kj::Own<kj::PromiseFulfiller<Answer>>>(kj::mv(answer.fulfiller));
+  blockingCallAnswers_->add(ended.then(
+      [this, fulfiller, finish = std::forward<Finish>(finish)]() mutable {
+        --blockingCallsOutstanding_;
+        const bool callerWaits = (*fulfiller)->isWaiting();
+        Answer result = finish(callerWaits);
+        if (callerWaits) (*fulfiller)->fulfill(std::move(result));
+        recoverIfIdle();
+      },
+      [this, fulfiller](kj::Exception&& exception) {
+        --blockingCallsOutstanding_;
+        (*fulfiller)->reject(kj::mv(exception));
+        recoverIfIdle();
+      }));
+  return kj::mv(answer.promise);
+}
+
 kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> GpuShard::loadModule(
     std::vector<std::byte> image, backend::AddressSpace owner) {
-  owner_.check();
   using Loaded = backend::Result<std::unique_ptr<backend::Module>>;
-  ++modulesPreparing_;
   // Shared with the blocking call, which fills it in: the promise carries no value, since a
   // move-only one through kj's cross-thread fulfiller trips GCC's maybe-uninitialized analysis.
   struct Preparation {
@@ -58,31 +82,35 @@ kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> GpuShard::loadMod
   };
   auto preparation = std::make_shared<Preparation>();
   const dispatch::ScheduledDevice* device = device_.get();
-  auto prepared = blockingCalls_->run([device, image = std::move(image), preparation]() {
-    preparation->module = device->prepareModule(image);
-  });
-  // The caller's promise is fulfilled from a task of the shard's, so that the shard learns of the
-  // end of the call even when the caller has stopped waiting (its client went away).
-  auto answer = kj::newPromiseAndFulfiller<Loaded>();
-  auto fulfiller =
-      std::make_shared<kj::Own<kj::PromiseFulfiller<Loaded>>>(kj::mv(answer.fulfiller));
-  blockingCallAnswers_->add(prepared.then(
-      [this, owner, fulfiller, preparation]() {
-        --modulesPreparing_;
-        if (!preparation->module.ok()) {
-          (*fulfiller)->fulfill(Loaded(preparation->module.code()));
-        } else if ((*fulfiller)->isWaiting()) {
-          (*fulfiller)
-              ->fulfill(device_->loadPrepared(std::move(preparation->module).value(), owner));
-        }  // else nobody wants it any more: it is not placed in device memory
-        recoverIfIdle();
+  return runBlocking<Loaded>(
+      [device, image = std::move(image), preparation]() {
+        preparation->module = device->prepareModule(image);
       },
-      [this, fulfiller](kj::Exception&& exception) {
-        --modulesPreparing_;
-        (*fulfiller)->reject(kj::mv(exception));
-        recoverIfIdle();
-      }));
-  return kj::mv(answer.promise);
+      [this, owner, preparation](bool callerWaits) -> Loaded {
+        if (!preparation->module.ok()) return preparation->module.code();
+        // Nobody wants it any more: it is not placed in device memory.
+        if (!callerWaits) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        return device_->loadPrepared(std::move(preparation->module).value(), owner);
+      });
+}
+
+kj::Promise<CUresult> GpuShard::registerHostMemory(void* host, std::size_t bytes,
+                                                   backend::AddressSpace owner) {
+  auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
+  dispatch::ScheduledDevice* device = device_.get();
+  return runBlocking<CUresult>(
+      [device, host, bytes, owner, status]() {
+        *status = device->registerHostMemory(host, bytes, owner);
+      },
+      [status](bool) { return *status; });
+}
+
+kj::Promise<CUresult> GpuShard::unregisterHostMemory(void* host) {
+  auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
+  dispatch::ScheduledDevice* device = device_.get();
+  return runBlocking<CUresult>(
+      [device, host, status]() { *status = device->unregisterHostMemory(host); },
+      [status](bool) { return *status; });
 }
 
 void GpuShard::taskFailed(kj::Exception&& exception) {
@@ -113,9 +141,9 @@ void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
 void GpuShard::recoverIfIdle() {
   owner_.check();
   if (!clients_.empty()) return;
-  // A module still being prepared may be JIT-compiled in the context; the last one to end comes
+  // A blocking call may be using the context (a JIT, a registration); the last one to end comes
   // back here.
-  if (modulesPreparing_ > 0) return;
+  if (blockingCallsOutstanding_ > 0) return;
   if (device_->stickyError() == CUDA_SUCCESS) return;
   CUresult reset = device_->reset();
   if (reset != CUDA_SUCCESS) {

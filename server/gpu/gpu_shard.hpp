@@ -60,6 +60,12 @@ public:
   // placed in device memory here. Its device memory is not charged yet: the caller charges it.
   kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> loadModule(
       std::vector<std::byte> image, backend::AddressSpace owner);
+  // Host memory registered with (or unregistered from) this GPU on the blocking-call thread:
+  // pinning a large range takes time in proportion to its size. Contract as
+  // backend::Device::registerHostMemory's.
+  kj::Promise<CUresult> registerHostMemory(void* host, std::size_t bytes,
+                                           backend::AddressSpace owner);
+  kj::Promise<CUresult> unregisterHostMemory(void* host);
   // The blocking-call thread's counters, for status and metrics.
   BlockingCallThread::Stats blockingCalls() const { return blockingCalls_->stats(); }
   std::uint64_t memoryUsed() const { return memoryUsed_; }
@@ -84,6 +90,10 @@ private:
   void detach(GpuClient& client);
   void recoverIfIdle();
   void taskFailed(kj::Exception&& exception) override;
+  // Runs `call` on the blocking-call thread; then, on this thread, `finish(callerWaits)` gives
+  // the caller's answer, whether or not the caller still waits for it.
+  template <typename Answer, typename Call, typename Finish>
+  kj::Promise<Answer> runBlocking(Call&& call, Finish&& finish);
 
   OwnerThread owner_;
   std::uint32_t index_;
@@ -94,8 +104,8 @@ private:
   // Each blocking call's answer, carried back to this thread whether or not its caller still
   // waits, so that the shard always learns that the call has ended.
   kj::Own<kj::TaskSet> blockingCallAnswers_;
-  // Modules being prepared: the context is not reset while one is, since the JIT runs in it.
-  unsigned modulesPreparing_ = 0;
+  // Blocking calls not yet ended: the context is not reset while one is, since it may use it.
+  unsigned blockingCallsOutstanding_ = 0;
   std::uint64_t memoryUsed_ = 0;
   std::set<GpuClient*> clients_;
   std::atomic<pid_t> faultingPid_{0};

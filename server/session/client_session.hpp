@@ -135,7 +135,7 @@ private:
   void evict(const std::string& reason);
 
   // Pinned host memory (server/session/pinned_memory.cpp).
-  CUresult registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
+  kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
   // Unregisters what is left at teardown, once `drained` resolves.
   void releasePinnedAtTeardown(kj::Promise<void> drained);
 
@@ -158,13 +158,15 @@ private:
   // later (synchronisations, device-to-host copies) and are dropped before the channel.
   std::shared_ptr<ClientChannel> channel_;
   kj::Own<kj::TaskSet> ringTasks_;
-  // Pinned allocations in the channel's pinned heap: offset -> bytes. Each is charged to the
-  // tenant and registered with every GPU until it is unregistered and the work before that has
-  // drained (retiring_ meanwhile), or the session ends.
   // Module images being uploaded in pieces (server/session/module_upload.cpp), by upload id.
   static constexpr std::size_t kMaxModuleUploads = 4;
   std::map<std::uint64_t, std::unique_ptr<ModuleUpload>> uploads_;
   std::uint64_t lastUpload_ = 0;
+  // Pinned allocations in the channel's pinned heap: offset -> bytes. Each is charged to the
+  // tenant and registered with every GPU (registering_ while the GPUs' blocking-call threads do
+  // it) until it is unregistered and the work before that has drained (retiring_ meanwhile), or
+  // the session ends.
+  std::map<std::uint64_t, std::uint64_t> registering_;
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
   // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.

@@ -9,6 +9,7 @@
 
 #include "ipc/shared_segment.hpp"
 
+#include <kj/vector.h>
 #include <spdlog/spdlog.h>
 
 #include <iterator>
@@ -28,15 +29,20 @@ bool overlapsAny(const std::map<std::uint64_t, std::uint64_t>& ranges, std::uint
   return previous->first + previous->second > offset;
 }
 
-// Unregisters `host` from the GPUs in `gpus` (all of them had it registered).
-void unregisterFromAll(const std::vector<GpuShard*>& gpus, void* host) {
+// Unregisters `host` from the GPUs in `gpus` (all of them had it registered), on their
+// blocking-call threads; resolves once every one has.
+kj::Promise<void> unregisterFromAll(const std::vector<GpuShard*>& gpus, void* host) {
+  kj::Vector<kj::Promise<void>> unregistered;
   for (GpuShard* gpu : gpus) {
-    const CUresult result = gpu->device().unregisterHostMemory(host);
-    if (result != CUDA_SUCCESS) {
-      spdlog::warn("device {}: unregistering pinned host memory at {} failed: CUresult {}",
-                   gpu->index(), host, static_cast<int>(result));
-    }
+    unregistered.add(
+        gpu->unregisterHostMemory(host).then([index = gpu->index(), host](CUresult result) {
+          if (result != CUDA_SUCCESS) {
+            spdlog::warn("device {}: unregistering pinned host memory at {} failed: CUresult {}",
+                         index, host, static_cast<int>(result));
+          }
+        }));
   }
+  return kj::joinPromises(unregistered.releaseAsArray());
 }
 
 std::vector<GpuShard*> allGpus(ServerState& state) {
@@ -47,13 +53,15 @@ std::vector<GpuShard*> allGpus(ServerState& state) {
 
 }  // namespace
 
-CUresult ClientSession::registerPinnedRange(std::uint64_t offset, std::uint64_t bytes) {
+kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
+                                                         std::uint64_t bytes) {
   if (!channel_ || channel_->pinnedHeap().empty()) return CUDA_ERROR_NOT_SUPPORTED;
   const std::span<std::byte> heap = channel_->pinnedHeap();
   const std::uint64_t page = ipc::pageSize();
   if (bytes == 0 || offset % page != 0 || bytes % page != 0) return CUDA_ERROR_INVALID_VALUE;
   if (offset > heap.size() || bytes > heap.size() - offset) return CUDA_ERROR_INVALID_VALUE;
-  if (overlapsAny(pinned_, offset, bytes) || overlapsAny(retiring_, offset, bytes)) {
+  if (overlapsAny(pinned_, offset, bytes) || overlapsAny(retiring_, offset, bytes) ||
+      overlapsAny(registering_, offset, bytes)) {
     return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   }
   Tenant& tenant = *stats_->tenant;
@@ -64,25 +72,51 @@ CUresult ClientSession::registerPinnedRange(std::uint64_t offset, std::uint64_t 
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   void* host = heap.data() + offset;
-  std::vector<GpuShard*> registered;
-  for (auto& gpu : state_.gpus) {
-    const CUresult result = gpu->device().registerHostMemory(host, bytes, stats_->addressSpace);
-    if (result != CUDA_SUCCESS) {
-      unregisterFromAll(registered, host);
-      tenant.creditPinned(bytes);
-      return result;
-    }
-    registered.push_back(gpu.get());
+  registering_.emplace(offset, bytes);
+  std::vector<GpuShard*> gpus = allGpus(state_);
+  kj::Vector<kj::Promise<CUresult>> registrations;
+  for (GpuShard* gpu : gpus) {
+    registrations.add(gpu->registerHostMemory(host, bytes, stats_->addressSpace));
   }
-  pinned_.emplace(offset, bytes);
-  stats_->pinnedMemoryUsed += bytes;
-  return CUDA_SUCCESS;
+  // Pinning is done on each GPU's blocking-call thread. What follows must run even if the client
+  // goes away meanwhile (the range is then unregistered and credited here, not by the teardown),
+  // so it is the reaper's task, and the call is answered through a fulfiller.
+  auto answer = kj::newPromiseAndFulfiller<CUresult>();
+  state_.reaper->add(
+      kj::joinPromises(registrations.releaseAsArray())
+          .then([this, alive = std::weak_ptr<bool>(alive_), gpus = std::move(gpus), host, offset,
+                 bytes, stats = stats_, segment = channel_->keepAlive(),
+                 fulfiller = kj::mv(answer.fulfiller)](kj::Array<CUresult> results) mutable {
+            CUresult first = CUDA_SUCCESS;
+            std::vector<GpuShard*> registered;
+            for (std::size_t i = 0; i < results.size(); ++i) {
+              if (results[i] == CUDA_SUCCESS) {
+                registered.push_back(gpus[i]);
+              } else if (first == CUDA_SUCCESS) {
+                first = results[i];
+              }
+            }
+            const bool sessionLive = !alive.expired() && *alive.lock();
+            if (sessionLive) registering_.erase(offset);
+            if (sessionLive && first == CUDA_SUCCESS) {
+              pinned_.emplace(offset, bytes);
+              stats->pinnedMemoryUsed += bytes;
+              fulfiller->fulfill(CUDA_SUCCESS);
+              return kj::Promise<void>(kj::READY_NOW);
+            }
+            fulfiller->fulfill(first != CUDA_SUCCESS ? first : CUDA_ERROR_CONTEXT_IS_DESTROYED);
+            return unregisterFromAll(registered, host)
+                .then([stats, bytes, segment = kj::mv(segment)]() {
+                  stats->tenant->creditPinned(bytes);
+                });
+          }));
+  return kj::mv(answer.promise);
 }
 
 kj::Promise<void> ClientSession::registerPinned(RegisterPinnedContext context) {
   auto params = context.getParams();
-  context.getResults().setResult(registerPinnedRange(params.getOffset(), params.getBytes()));
-  return kj::READY_NOW;
+  return registerPinnedRange(params.getOffset(), params.getBytes())
+      .then([context](CUresult result) mutable { context.getResults().setResult(result); });
 }
 
 kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext context) {
@@ -101,16 +135,25 @@ kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext contex
   for (auto& [device, client] : clients_) drains.add(client->drain());
   std::weak_ptr<bool> alive = alive_;
   return kj::joinPromises(drains.releaseAsArray())
-      .then([this, alive, offset, bytes, context]() mutable {
+      .then([this, alive, offset, bytes, context]() mutable -> kj::Promise<void> {
         if (alive.expired() || !*alive.lock()) {
           context.getResults().setResult(CUDA_SUCCESS);
-          return;
+          return kj::READY_NOW;
         }
+        // From here on the range is this call's to release, not the teardown's, and the release
+        // is the reaper's task, so that it completes even if the client goes away meanwhile.
         retiring_.erase(offset);
-        unregisterFromAll(allGpus(state_), channel_->pinnedHeap().data() + offset);
-        stats_->tenant->creditPinned(bytes);
-        stats_->pinnedMemoryUsed -= bytes;
-        context.getResults().setResult(CUDA_SUCCESS);
+        auto released = kj::newPromiseAndFulfiller<void>();
+        state_.reaper->add(
+            unregisterFromAll(allGpus(state_), channel_->pinnedHeap().data() + offset)
+                .then([bytes, stats = stats_, segment = channel_->keepAlive(),
+                       fulfiller = kj::mv(released.fulfiller)]() mutable {
+                  stats->tenant->creditPinned(bytes);
+                  stats->pinnedMemoryUsed -= bytes;
+                  fulfiller->fulfill();
+                }));
+        return released.promise.then(
+            [context]() mutable { context.getResults().setResult(CUDA_SUCCESS); });
       });
 }
 
@@ -127,11 +170,16 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
   pinned_.clear();
   retiring_.clear();
   state_.reaper->add(drained.then([gpus = allGpus(state_), ranges = std::move(ranges), total,
-                                   stats = stats_, segment = channel_->keepAlive()]() {
-    for (const auto& [host, bytes] : ranges) unregisterFromAll(gpus, host);
-    stats->tenant->creditPinned(total);
-    stats->pinnedMemoryUsed -= total;
-    spdlog::info("reclaimed {} bytes of pinned host memory of pid {}", total, stats->identity.pid);
+                                   stats = stats_, segment = channel_->keepAlive()]() mutable {
+    kj::Vector<kj::Promise<void>> unregistered;
+    for (const auto& [host, bytes] : ranges) unregistered.add(unregisterFromAll(gpus, host));
+    return kj::joinPromises(unregistered.releaseAsArray())
+        .then([total, stats, segment = kj::mv(segment)]() {
+          stats->tenant->creditPinned(total);
+          stats->pinnedMemoryUsed -= total;
+          spdlog::info("reclaimed {} bytes of pinned host memory of pid {}", total,
+                       stats->identity.pid);
+        });
   }));
 }
 
