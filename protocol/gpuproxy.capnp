@@ -191,8 +191,9 @@ struct DeviceStatus {
   bestEffortPriorities @11 :PriorityBand;       # ... and best-effort tenants' streams
   hasSmPartition @12 :Bool;                     # --best-effort-sms is on for this device
   smPartition @13 :SmPartitionStatus;           # meaningful when hasSmPartition
-  # Backend calls that may block for long (preparing modules: decoding, the JIT), run on the
-  # device's own blocking-call thread rather than the one serving clients.
+  # Backend calls that may block for long (preparing modules: decoding, the JIT; registering
+  # pinned host memory), run on the device's own blocking-call thread rather than the one
+  # serving clients.
   blockingCalls @14 :UInt64;            # ended
   blockingCallNanoseconds @15 :UInt64;  # time the ended ones took, all together
   blockingCallsPending @16 :UInt32;     # given and not ended (queued or running)

@@ -1,15 +1,16 @@
 #pragma once
-// A GPU's thread for the backend calls that may block for long (preparing a module: a fatbin's
-// decompression, PTX decoding, the driver's JIT, which can take seconds). The shard's owner thread
-// hands such a call here and goes on serving every client's commands and the admin socket; the
-// answer comes back as a promise on the owner's event loop. Calls run one at a time, in the order
-// given, so one GPU's slow loads queue behind each other and never behind another GPU's.
+// A GPU's thread for the backend calls that may block for long: preparing a module (a fatbin's
+// decompression, PTX decoding, the driver's JIT, which can take seconds) and pinning a client's
+// host memory. The shard's owner thread hands such a call here and goes on serving every client's
+// commands and the admin socket; the answer comes back as a promise on the owner's event loop.
+// Calls run one at a time, in the order given, so one GPU's slow calls queue behind each other
+// and never behind another GPU's.
 //
 // Threading: the constructor, run(), stats() and the destructor are the owner thread's. The calls
-// run on this object's thread and may touch only what the backend contract lets any thread touch
-// (backend::Device::prepareModule). A call's answer is delivered through a cross-thread promise:
-// when the owner has dropped the promise (the client went away), the answer is destroyed on this
-// thread, so it must not be anything that belongs to the owner thread.
+// run on this object's thread and may touch only what the backend contract lets another thread
+// touch (backend.hpp). A call's answer is delivered through a cross-thread promise: when the
+// owner has dropped the promise, the answer is destroyed on this thread, so it must not be
+// anything that belongs to the owner thread.
 
 #include <kj/async.h>
 #include <kj/debug.h>

@@ -154,9 +154,10 @@ void writeDevices(ExpositionWriter& out, capnp::List<protocol::DeviceStatus>::Re
   for (unsigned i = 0; i < devices.size(); ++i) {
     out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getKernelsInFlight()));
   }
-  out.family("gpuproxy_device_blocking_calls_total", "counter",
-             "Backend calls that may block for long (module preparation: decoding, the JIT) "
-             "ended on the device's blocking-call thread.");
+  out.family(
+      "gpuproxy_device_blocking_calls_total", "counter",
+      "Backend calls that may block for long (module preparation, pinned-memory registration) "
+      "ended on the device's blocking-call thread.");
   for (unsigned i = 0; i < devices.size(); ++i) {
     out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getBlockingCalls()));
   }
