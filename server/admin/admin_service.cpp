@@ -68,18 +68,18 @@ std::optional<TenantClass> tenantClassFromWire(protocol::TenantClass wire) {
   return std::nullopt;
 }
 
-void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status,
+void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder status,
                       const TenantControl* tenantControl) {
-  status.setBackend(state.backendName);
+  status.setBackend(view.facts.backendName);
   status.setVersion(GPUPROXY_VERSION);
   status.setPid(static_cast<std::uint32_t>(::getpid()));
-  status.setUptimeSeconds(secondsSince(state.startedAt));
-  status.setDriverVersion(state.driverVersion);
-  status.setScheduler(state.schedulerName);
+  status.setUptimeSeconds(secondsSince(view.facts.startedAt));
+  status.setDriverVersion(view.facts.driverVersion);
+  status.setScheduler(view.facts.schedulerName);
 
-  auto devices = status.initDevices(static_cast<unsigned>(state.gpus.size()));
-  for (unsigned i = 0; i < state.gpus.size(); ++i) {
-    GpuShard& gpu = *state.gpus[i];
+  auto devices = status.initDevices(static_cast<unsigned>(view.gpus.size()));
+  for (unsigned i = 0; i < view.gpus.size(); ++i) {
+    GpuShard& gpu = *view.gpus[i];
     auto device = devices[i];
     device.setIndex(gpu.index());
     device.setName(gpu.properties().name);
@@ -116,9 +116,9 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     }
   }
 
-  auto clients = status.initClients(static_cast<unsigned>(state.sessions.size()));
+  auto clients = status.initClients(static_cast<unsigned>(view.sessions.size()));
   unsigned i = 0;
-  for (ClientSession* session : state.sessions) {
+  for (ClientSession* session : view.sessions) {
     const ClientStats& stats = session->stats();
     auto client = clients[i++];
     client.setPid(static_cast<std::uint32_t>(stats.identity.pid));
@@ -151,13 +151,13 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
                                std::chrono::steady_clock::now().time_since_epoch())
                                .count();
   std::uint64_t windowTotal = 0;
-  for (const auto& [name, tenant] : state.tenants.byName()) {
+  for (const auto& [name, tenant] : view.tenants.byName()) {
     windowTotal += tenant->gpuTimeWindow.total(now);
   }
 
-  auto tenants = status.initTenants(static_cast<unsigned>(state.tenants.size()));
+  auto tenants = status.initTenants(static_cast<unsigned>(view.tenants.size()));
   unsigned t = 0;
-  for (const auto& [name, tenant] : state.tenants.byName()) {
+  for (const auto& [name, tenant] : view.tenants.byName()) {
     auto out = tenants[t++];
     const TenantLimits& limits = tenant->limits();
     out.setName(name);
@@ -188,14 +188,14 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
     out.setHasMemoryLimit(limits.memoryLimit.has_value());
     out.setMemoryLimit(limits.memoryLimit.value_or(0));
     out.setMemoryUsed(tenant->memoryUsed());
-    auto perDevice = out.initMemoryUsedPerDevice(static_cast<unsigned>(state.gpus.size()));
-    for (unsigned d = 0; d < state.gpus.size(); ++d) perDevice.set(d, tenant->memoryUsed(d));
+    auto perDevice = out.initMemoryUsedPerDevice(static_cast<unsigned>(view.gpus.size()));
+    for (unsigned d = 0; d < view.gpus.size(); ++d) perDevice.set(d, tenant->memoryUsed(d));
     out.setWeight(limits.weight);
     out.setClass(limits.tenantClass == TenantClass::kLatencyCritical
                      ? protocol::TenantClass::LATENCY_CRITICAL
                      : protocol::TenantClass::BEST_EFFORT);
     std::vector<std::uint32_t> devices;
-    for (std::uint32_t d = 0; d < state.gpus.size(); ++d) {
+    for (std::uint32_t d = 0; d < view.gpus.size(); ++d) {
       if (tenant->mayUseDevice(d)) devices.push_back(d);
     }
     auto deviceList = out.initDevices(static_cast<unsigned>(devices.size()));
@@ -215,7 +215,7 @@ void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status
 }
 
 kj::Promise<void> AdminService::status(StatusContext context) {
-  fillDaemonStatus(state_, context.getResults().initStatus(), &tenants_);
+  fillDaemonStatus(view_, context.getResults().initStatus(), &tenants_);
   return kj::READY_NOW;
 }
 
@@ -308,7 +308,7 @@ std::variant<TenantDefinition, std::string> definitionOf(protocol::TenantSpec::R
 kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) {
   auto params = context.getParams();
   std::string name = params.getTenant();
-  std::shared_ptr<Tenant> tenant = state_.tenants.find(name);
+  std::shared_ptr<Tenant> tenant = view_.tenants.find(name);
   if (!tenant) {
     context.getResults().setError("no tenant named '" + name + "'");
     return kj::READY_NOW;
@@ -319,7 +319,7 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
     return kj::READY_NOW;
   }
   tenant->setLimits(limits);
-  for (auto& gpu : state_.gpus) gpu->dispatcher().refreshTenants();
+  for (auto& gpu : view_.gpus) gpu->dispatcher().refreshTenants();
   spdlog::info(
       "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
       "operator)",
@@ -337,7 +337,7 @@ kj::Promise<void> AdminService::evict(EvictContext context) {
     return kj::READY_NOW;
   }
   auto pid = static_cast<pid_t>(requested);
-  std::uint32_t ended = state_.connections.end(pid);
+  std::uint32_t ended = view_.connections.end(pid);
   context.getResults().setEvicted(ended);
   if (ended == 0) {
     context.getResults().setError("no client with pid " + std::to_string(pid));
@@ -359,7 +359,7 @@ kj::Promise<void> AdminService::createTenant(CreateTenantContext context) {
         tenants_.createTenant(std::move(std::get<TenantDefinition>(parsed)));
     results.setId(tenant->id());
     results.setSocket(tenant->socketPath());
-    for (auto& gpu : state_.gpus) gpu->dispatcher().refreshTenants();
+    for (auto& gpu : view_.gpus) gpu->dispatcher().refreshTenants();
   } catch (const TenantError& error) {
     spdlog::warn("refused to create a tenant: {}", error.what());
     results.setError(error.what());
@@ -380,7 +380,7 @@ kj::Promise<void> AdminService::removeTenant(RemoveTenantContext context) {
 kj::Promise<void> AdminService::setTenantPod(SetTenantPodContext context) {
   auto params = context.getParams();
   auto results = context.getResults();
-  std::shared_ptr<Tenant> tenant = state_.tenants.find(params.getName().cStr());
+  std::shared_ptr<Tenant> tenant = view_.tenants.find(params.getName().cStr());
   if (!tenant) {
     results.setError("no tenant named '" + std::string(params.getName().cStr()) + "'");
     return kj::READY_NOW;

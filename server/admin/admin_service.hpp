@@ -3,17 +3,28 @@
 // is checked before anything changes; a refused one answers `error` and changes nothing.
 
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
-#include "server/session/server_state.hpp"
+#include "server/session/session_services.hpp"
 #include "server/tenant/tenant_control.hpp"
+#include "server/tenant/tenant_registry.hpp"
 
 namespace gpuproxy::server {
+
+// What the admin plane reads and changes: everything an operator sees, the tenants, and the
+// connections it may end. Each piece is the daemon's and outlives the admin service.
+struct AdminView {
+  const DaemonFacts& facts;
+  const Gpus& gpus;
+  const std::set<ClientSession*>& sessions;
+  TenantRegistry& tenants;
+  ConnectionRegistry& connections;
+};
 
 // The largest process id Linux hands out (PID_MAX_LIMIT on 64-bit systems).
 inline constexpr std::uint32_t kMaxPid = 4194304;
 
 class AdminService final : public protocol::Admin::Server {
 public:
-  AdminService(ServerState& state, TenantControl& tenants) : state_(state), tenants_(tenants) {}
+  AdminService(AdminView view, TenantControl& tenants) : view_(view), tenants_(tenants) {}
 
 protected:
   // gpuproxy::protocol::Admin
@@ -25,13 +36,13 @@ protected:
   kj::Promise<void> setTenantPod(SetTenantPodContext context) override;
 
 private:
-  ServerState& state_;
+  AdminView view_;
   TenantControl& tenants_;
 };
 
 // Fills `status` from the daemon's live state (also used by tests and the demo's logs). Each
 // tenant's connection limit comes from `tenants` (left 0 without it).
-void fillDaemonStatus(ServerState& state, protocol::DaemonStatus::Builder status,
+void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder status,
                       const TenantControl* tenants = nullptr);
 
 // A tenant class from the wire: nullopt for a value this daemon does not know.

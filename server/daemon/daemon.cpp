@@ -8,7 +8,7 @@
 #include "server/daemon/tenant_sockets.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/metrics/metrics_server.hpp"
-#include "server/session/server_state.hpp"
+#include "server/session/session_services.hpp"
 #include "server/tenant/tenant_config.hpp"
 
 #include <kj/async-io.h>
@@ -83,15 +83,15 @@ std::uint32_t defaultConnectionsPerTenant(rlim_t descriptors) {
   return static_cast<std::uint32_t>(std::clamp<rlim_t>(share, 1, kMaxDefaultConnectionsPerTenant));
 }
 
-kj::Promise<void> acceptAdmins(kj::ConnectionReceiver& receiver, ServerState& state,
+kj::Promise<void> acceptAdmins(kj::ConnectionReceiver& receiver, AdminView view,
                                TenantControl& tenants, kj::TaskSet& connections) {
   return receiver.accept().then(
-      [&receiver, &state, &tenants, &connections](kj::Own<kj::AsyncIoStream> stream) {
+      [&receiver, view, &tenants, &connections](kj::Own<kj::AsyncIoStream> stream) {
         auto connection =
-            kj::heap<RpcConnection>(kj::mv(stream), kj::heap<AdminService>(state, tenants));
+            kj::heap<RpcConnection>(kj::mv(stream), kj::heap<AdminService>(view, tenants));
         auto disconnected = connection->network_.onDisconnect();
         connections.add(disconnected.attach(kj::mv(connection)));
-        return acceptAdmins(receiver, state, tenants, connections);
+        return acceptAdmins(receiver, view, tenants, connections);
       });
 }
 
@@ -101,20 +101,20 @@ TenantConfig readConfig(const DaemonOptions& options, std::uint32_t deviceCount)
 }
 
 kj::Promise<void> reloadOnHangup(kj::AsyncIoContext& io, const DaemonOptions& options,
-                                 ServerState& state, TenantSockets& sockets) {
+                                 const Gpus& gpus, TenantSockets& sockets) {
   return io.unixEventPort.onSignal(SIGHUP).then([&](siginfo_t) {
     if (options.configPath.empty()) {
       spdlog::info("SIGHUP: no --config to reload");
     } else {
       try {
-        sockets.applyConfig(readConfig(options, static_cast<std::uint32_t>(state.gpus.size())));
-        for (auto& gpu : state.gpus) gpu->dispatcher().refreshTenants();
+        sockets.applyConfig(readConfig(options, static_cast<std::uint32_t>(gpus.size())));
+        for (const auto& gpu : gpus) gpu->dispatcher().refreshTenants();
         spdlog::info("SIGHUP: reloaded {}", options.configPath);
       } catch (const std::exception& error) {
         spdlog::error("SIGHUP: keeping the running configuration: {}", error.what());
       }
     }
-    return reloadOnHangup(io, options, state, sockets);
+    return reloadOnHangup(io, options, gpus, sockets);
   });
 }
 
@@ -164,22 +164,28 @@ int runDaemon(const DaemonOptions& options) {
   LoggingErrorHandler reaperErrors("reclaim");
   auto io = kj::setupAsyncIo();
 
-  ServerState state;
-  state.backendName = std::string(choice.backend->name());
+  // The daemon's state, each piece owned here and lent to the parts that use it (SessionServices,
+  // AdminView): nothing reaches into one bag of everything.
+  DaemonFacts facts;
+  facts.backendName = std::string(choice.backend->name());
   dispatch::DispatchOptions dispatchOptions;
   dispatchOptions.name = options.scheduler;
-  state.schedulerName = options.scheduler;
+  facts.schedulerName = options.scheduler;
   spdlog::info("scheduler {}", options.scheduler);
-  state.driverVersion = choice.backend->driverVersion();
-  spdlog::info("backend {}: {}", state.backendName, choice.reason);
+  facts.driverVersion = choice.backend->driverVersion();
+  spdlog::info("backend {}: {}", facts.backendName, choice.reason);
+  Gpus gpus;
+  std::set<ClientSession*> sessions;
+  TenantRegistry tenants;
+  ConnectionRegistry connectionRegistry;
   backend::DeviceOptions deviceOptions;
   deviceOptions.bestEffortSms = options.bestEffortSms;
   deviceOptions.bestEffortPercent = options.bestEffortPercent;
-  if (deviceOptions.wantsSmPartition() && state.backendName != "cuda") {
+  if (deviceOptions.wantsSmPartition() && facts.backendName != "cuda") {
     spdlog::critical(
         "--best-effort-sms needs the cuda backend (green contexts); the {} backend runs one "
         "kernel at a time and has no SMs to partition",
-        state.backendName);
+        facts.backendName);
     return 1;
   }
   for (int i = 0; i < choice.backend->deviceCount(); ++i) {
@@ -192,23 +198,22 @@ int runDaemon(const DaemonOptions& options) {
                            : "");
       return 1;
     }
-    state.gpus.push_back(std::make_unique<GpuShard>(static_cast<std::uint32_t>(i),
-                                                    std::move(device).value(),
-                                                    io.provider->getTimer(), dispatchOptions));
-    const auto& properties = state.gpus.back()->properties();
+    gpus.push_back(std::make_unique<GpuShard>(static_cast<std::uint32_t>(i),
+                                              std::move(device).value(), io.provider->getTimer(),
+                                              dispatchOptions));
+    const auto& properties = gpus.back()->properties();
     spdlog::info("device {}: {}, {} bytes", i, properties.name, properties.totalMemory);
   }
 
   TenantConfig config;
   try {
-    config = readConfig(options, static_cast<std::uint32_t>(state.gpus.size()));
+    config = readConfig(options, static_cast<std::uint32_t>(gpus.size()));
   } catch (const std::exception& error) {
     spdlog::critical("{}", error.what());
     return 1;
   }
 
   kj::TaskSet reaper(reaperErrors);
-  state.reaper = &reaper;
   DataPlaneOptions dataPlaneOptions;
   dataPlaneOptions.poller = options.poller == "io_uring" ? ipc::PollerBackend::kIoUring
                             : options.poller == "epoll"  ? ipc::PollerBackend::kEpoll
@@ -221,7 +226,9 @@ int runDaemon(const DaemonOptions& options) {
     return 1;
   }
   DataPlane& dataPlane = *dataPlaneStorage;
-  state.dataPlane = &dataPlane;
+  const SessionServices sessionServices{facts,  gpus,      sessions, connectionRegistry,
+                                        reaper, &dataPlane};
+  const AdminView adminView{facts, gpus, sessions, tenants, connectionRegistry};
   // The data plane keeps the event queue non-empty while it spins; look at sockets and signals
   // every few turns anyway, so control calls are not starved by a busy client.
   io.waitScope.setBusyPollInterval(4);
@@ -231,7 +238,7 @@ int runDaemon(const DaemonOptions& options) {
   int exitCode = 0;
   {
     kj::TaskSet connections(connectionErrors);
-    TenantSockets sockets(io, state, connections, connectionPolicy);
+    TenantSockets sockets(io, sessionServices, tenants, connections, connectionPolicy);
     UnixListener adminListener;
     std::unique_ptr<MetricsServer> metrics;
     try {
@@ -240,8 +247,8 @@ int runDaemon(const DaemonOptions& options) {
       if (!options.metricsAddress.empty()) {
         metrics = std::make_unique<MetricsServer>(
             io.provider->getNetwork(), io.provider->getTimer(), options.metricsAddress,
-            [&state, &sockets](protocol::DaemonStatus::Builder status) {
-              fillDaemonStatus(state, status, &sockets);
+            [&adminView, &sockets](protocol::DaemonStatus::Builder status) {
+              fillDaemonStatus(adminView, status, &sockets);
             });
         metrics->start(io.waitScope);
       }
@@ -252,11 +259,11 @@ int runDaemon(const DaemonOptions& options) {
       spdlog::critical("cannot listen: {}", error.getDescription().cStr());
       return 1;
     }
-    auto admins = acceptAdmins(*adminListener.receiver, state, sockets, connections)
+    auto admins = acceptAdmins(*adminListener.receiver, adminView, sockets, connections)
                       .eagerlyEvaluate([](auto&& e) {
                         spdlog::critical("admin listener failed: {}", e.getDescription().cStr());
                       });
-    auto reloads = reloadOnHangup(io, options, state, sockets).eagerlyEvaluate(nullptr);
+    auto reloads = reloadOnHangup(io, options, gpus, sockets).eagerlyEvaluate(nullptr);
     spdlog::info("serving clients on {} and operators on {}", options.socketPath,
                  options.adminSocketPath);
     // Declared after `metrics`, so it is dropped first, as MetricsServer::listen() requires.
@@ -280,8 +287,6 @@ int runDaemon(const DaemonOptions& options) {
   reaper.onEmpty()
       .exclusiveJoin(io.provider->getTimer().afterDelay(kShutdownGrace))
       .wait(io.waitScope);
-  state.reaper = nullptr;
-  state.dataPlane = nullptr;
   spdlog::info("stopped");
   return exitCode;
 }

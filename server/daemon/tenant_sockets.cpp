@@ -85,9 +85,14 @@ void checkSocketDirectory(const std::string& directory) {
 
 }  // namespace
 
-TenantSockets::TenantSockets(kj::AsyncIoContext& io, ServerState& state, kj::TaskSet& connections,
+TenantSockets::TenantSockets(kj::AsyncIoContext& io, SessionServices sessions,
+                             TenantRegistry& tenants, kj::TaskSet& connections,
                              ConnectionPolicy policy)
-    : io_(io), state_(state), connections_(connections), policy_(std::move(policy)) {}
+    : io_(io),
+      sessions_(sessions),
+      tenants_(tenants),
+      connections_(connections),
+      policy_(std::move(policy)) {}
 
 TenantSockets::~TenantSockets() = default;
 
@@ -101,7 +106,7 @@ void TenantSockets::checkPathIsFree(const std::string& path, TenantId owner) con
   }
   for (const auto& [id, listener] : listeners_) {
     if (id != owner && listener.listening.socket.path() == path) {
-      auto tenant = state_.tenants.find(id);
+      auto tenant = tenants_.find(id);
       throw std::runtime_error("socket " + path + " is tenant '" +
                                (tenant ? tenant->name() : std::string("?")) + "''s");
     }
@@ -113,7 +118,7 @@ void TenantSockets::applyConfig(const TenantConfig& config) {
   std::set<std::string> listed;
   for (const TenantDefinition& definition : config.tenants) {
     listed.insert(definition.name);
-    auto existing = state_.tenants.find(definition.name);
+    auto existing = tenants_.find(definition.name);
     if (existing && existing->origin() == TenantOrigin::kRuntime) {
       throw std::runtime_error("tenant '" + definition.name +
                                "' was created at run time; give the file's tenant another name");
@@ -121,7 +126,7 @@ void TenantSockets::applyConfig(const TenantConfig& config) {
   }
   std::map<std::string, UnixListener> opened;  // by tenant name; withdrawn if we throw
   for (const TenantDefinition& definition : config.tenants) {
-    auto existing = state_.tenants.find(definition.name);
+    auto existing = tenants_.find(definition.name);
     if (existing && existing->socketPath() == definition.socketPath) continue;
     // A path may pass from a tenant the file drops to a new one only through two reloads, so
     // that no client of the old tenant can be taken for one of the new.
@@ -130,11 +135,11 @@ void TenantSockets::applyConfig(const TenantConfig& config) {
   }
 
   for (const TenantDefinition& definition : config.tenants) {
-    std::shared_ptr<Tenant> tenant = state_.tenants.find(definition.name);
+    std::shared_ptr<Tenant> tenant = tenants_.find(definition.name);
     if (!tenant) {
       TenantDefinition added = definition;
       added.origin = TenantOrigin::kConfig;
-      tenant = state_.tenants.add(std::move(added));
+      tenant = tenants_.add(std::move(added));
       spdlog::info("tenant '{}' (id {}) serves {}", tenant->name(), tenant->id(),
                    definition.socketPath);
     } else {
@@ -151,13 +156,13 @@ void TenantSockets::applyConfig(const TenantConfig& config) {
     }
   }
   std::vector<std::string> dropped;
-  for (const auto& [name, tenant] : state_.tenants.byName()) {
+  for (const auto& [name, tenant] : tenants_.byName()) {
     if (tenant->origin() == TenantOrigin::kConfig && listed.count(name) == 0) {
       dropped.push_back(name);
     }
   }
   for (const std::string& name : dropped) {
-    std::shared_ptr<Tenant> tenant = state_.tenants.remove(name);
+    std::shared_ptr<Tenant> tenant = tenants_.remove(name);
     spdlog::info("tenant '{}' (id {}) removed; its {} client(s) keep running until they exit", name,
                  tenant->id(), tenant->clients);
     stop(tenant->id());
@@ -169,7 +174,7 @@ std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition)
     throw TenantError("tenant name '" + definition.name +
                       "' is not valid: letters, digits, '-', '_' and '.' (at most 64)");
   }
-  if (state_.tenants.find(definition.name)) {
+  if (tenants_.find(definition.name)) {
     throw TenantError("a tenant named '" + definition.name + "' exists");
   }
   checkSocketDirectory(definition.socketPath);
@@ -191,9 +196,9 @@ std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition)
     if (limits.devices->empty()) throw TenantError("a tenant needs at least one device");
     std::set<std::uint32_t> seen;
     for (std::uint32_t device : *limits.devices) {
-      if (device >= state_.gpus.size()) {
+      if (device >= sessions_.gpus.size()) {
         throw TenantError("device " + std::to_string(device) + " does not exist (this node has " +
-                          std::to_string(state_.gpus.size()) + ")");
+                          std::to_string(sessions_.gpus.size()) + ")");
       }
       if (!seen.insert(device).second) {
         throw TenantError("device " + std::to_string(device) + " is listed twice");
@@ -209,7 +214,7 @@ std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition)
   }
   definition.socketPath = path;
   definition.origin = TenantOrigin::kRuntime;
-  std::shared_ptr<Tenant> tenant = state_.tenants.add(std::move(definition));
+  std::shared_ptr<Tenant> tenant = tenants_.add(std::move(definition));
   start(tenant, std::move(listening));
   spdlog::info(
       "tenant '{}' (id {}) created: serves {}{}", tenant->name(), tenant->id(), path,
@@ -218,15 +223,15 @@ std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition)
 }
 
 std::uint32_t TenantSockets::removeTenant(std::string_view name) {
-  std::shared_ptr<Tenant> tenant = state_.tenants.find(name);
+  std::shared_ptr<Tenant> tenant = tenants_.find(name);
   if (!tenant) throw TenantError("no tenant named '" + std::string(name) + "'");
   if (tenant->origin() != TenantOrigin::kRuntime) {
     throw TenantError("tenant '" + std::string(name) +
                       "' comes from the tenants file: remove it there and reload (SIGHUP)");
   }
-  state_.tenants.remove(name);
+  tenants_.remove(name);
   stop(tenant->id());
-  const std::uint32_t ended = state_.connections.endTenant(tenant->id());
+  const std::uint32_t ended = sessions_.connections.endTenant(tenant->id());
   spdlog::info("tenant '{}' (id {}) removed: socket closed, {} connection(s) ended", tenant->name(),
                tenant->id(), ended);
   return ended;
@@ -333,7 +338,7 @@ void TenantSockets::serve(kj::Own<kj::AsyncIoStream> stream,
                        " connections, its limit: refusing pid " + std::to_string(peer.pid));
         return;
       }
-      auto process = kj::heap<PeerProcess>(*state_.dataPlane, *fd, peer.pid);
+      auto process = kj::heap<PeerProcess>(*sessions_.dataPlane, *fd, peer.pid);
       PodIdentity pod = podIdentityFromCgroup(readCgroupFile(peer.pid));
       if (!process->alive()) return;  // gone: what was read may be another process's
       if (!admitPod(*tenant, peer.pid, pod)) return;
@@ -344,20 +349,20 @@ void TenantSockets::serve(kj::Own<kj::AsyncIoStream> stream,
           duplicate, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP |
                          kj::LowLevelAsyncIoProvider::ALREADY_CLOEXEC);
       stream = nullptr;
-      auto registration = state_.connections.add(peer.pid, tenant->id());
+      auto registration = sessions_.connections.add(peer.pid, tenant->id());
       std::uint64_t id = registration.id;
       auto connection = kj::heap<RpcConnection>(
-          kj::mv(socket), kj::heap<ClientGateway>(state_, peer, tenant, id, kj::mv(pod)));
+          kj::mv(socket), kj::heap<ClientGateway>(sessions_, peer, tenant, id, kj::mv(pod)));
       ++tenant->connections;
-      ServerState& state = state_;
+      ConnectionRegistry& registry = sessions_.connections;
       // Whichever comes first ends the connection and with it the client's session: the socket
       // hanging up, the process exiting, an operator's eviction or the tenant's removal.
       auto ended = connection->network_.onDisconnect()
                        .exclusiveJoin(process->exited())
                        .exclusiveJoin(kj::mv(registration.endRequested));
       connections_.add(
-          ended.attach(kj::mv(connection), kj::mv(process), kj::defer([&state, id, tenant]() {
-                         state.connections.forget(id);
+          ended.attach(kj::mv(connection), kj::mv(process), kj::defer([&registry, id, tenant]() {
+                         registry.forget(id);
                          --tenant->connections;
                        })));
     } catch (const std::exception& error) {

@@ -10,9 +10,10 @@
 
 #include "server/daemon/rpc_connection.hpp"
 #include "server/session/pod_identity.hpp"
-#include "server/session/server_state.hpp"
+#include "server/session/session_services.hpp"
 #include "server/tenant/tenant_config.hpp"
 #include "server/tenant/tenant_control.hpp"
+#include "server/tenant/tenant_registry.hpp"
 
 #include <kj/async-io.h>
 
@@ -34,8 +35,10 @@ struct ConnectionPolicy {
 
 class TenantSockets final : public TenantControl {
 public:
-  TenantSockets(kj::AsyncIoContext& io, ServerState& state, kj::TaskSet& connections,
-                ConnectionPolicy policy);
+  // Clients' sessions are made with `sessions`; `tenants` is the daemon's registry, which this
+  // changes as the tenants file and the admin interface say.
+  TenantSockets(kj::AsyncIoContext& io, SessionServices sessions, TenantRegistry& tenants,
+                kj::TaskSet& connections, ConnectionPolicy policy);
   ~TenantSockets() override;
   TenantSockets(const TenantSockets&) = delete;
   TenantSockets& operator=(const TenantSockets&) = delete;
@@ -70,7 +73,8 @@ private:
   void logRefusal(const std::string& reason, const std::string& message);
 
   kj::AsyncIoContext& io_;
-  ServerState& state_;
+  SessionServices sessions_;
+  TenantRegistry& tenants_;
   kj::TaskSet& connections_;
   ConnectionPolicy policy_;
   std::map<TenantId, Listener> listeners_;

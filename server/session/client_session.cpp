@@ -67,24 +67,24 @@ kj::Promise<void> answerWhenDone(Context& context, GpuClient* client, CUresult m
 
 }  // namespace
 
-ClientSession::ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
+ClientSession::ClientSession(SessionServices services, std::shared_ptr<ClientStats> stats,
                              std::vector<std::uint32_t> visibleDevices, std::uint64_t connectionId)
-    : state_(state),
+    : services_(services),
       stats_(std::move(stats)),
       visibleDevices_(std::move(visibleDevices)),
       connectionId_(connectionId),
       ringTasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {
-  state_.sessions.insert(this);
+  services_.sessions.insert(this);
   ++stats_->tenant->clients;
 }
 
 ClientSession::~ClientSession() noexcept {
   *alive_ = false;
   // The ring first: nothing may execute a command of this client once teardown has begun.
-  if (channel_ && state_.dataPlane != nullptr) state_.dataPlane->remove(*channel_);
+  if (channel_ && services_.dataPlane != nullptr) services_.dataPlane->remove(*channel_);
   ringTasks_ = nullptr;
   kj::Vector<kj::Promise<void>> drains;
-  state_.sessions.erase(this);
+  services_.sessions.erase(this);
   --stats_->tenant->clients;
   const ClientIdentity& who = stats_->identity;
   spdlog::info("client pid {} ({}) detached; reclaiming what it held", who.pid, who.command);
@@ -100,7 +100,7 @@ ClientSession::~ClientSession() noexcept {
     }
     auto drained = client->drain().fork();
     drains.add(drained.addBranch());
-    state_.reaper->add(
+    services_.reaper.add(
         drained.addBranch().then([client = std::move(client), held, pid, index]() mutable {
           client.reset();
           if (held > 0) {
@@ -120,10 +120,10 @@ ClientSession::~ClientSession() noexcept {
 GpuClient* ClientSession::clientForDevice(std::uint32_t ordinal) {
   if (ordinal >= visibleDevices_.size()) return nullptr;
   std::uint32_t device = visibleDevices_[ordinal];
-  if (device >= state_.gpus.size()) return nullptr;
+  if (device >= services_.gpus.size()) return nullptr;
   auto found = clients_.find(device);
   if (found != clients_.end()) return found->second.get();
-  auto client = state_.gpus[device]->openClient(stats_);
+  auto client = services_.gpus[device]->openClient(stats_);
   GpuClient* raw = client.get();
   clients_.emplace(device, std::move(client));
   return raw;
@@ -388,10 +388,10 @@ kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext contex
 // ---------------------------------------------------------------------------------------------
 // Gateway
 
-ClientGateway::ClientGateway(ServerState& state, ipc::PeerCredentials peer,
+ClientGateway::ClientGateway(SessionServices services, ipc::PeerCredentials peer,
                              std::shared_ptr<Tenant> tenant, std::uint64_t connectionId,
                              PodIdentity pod)
-    : state_(state),
+    : services_(services),
       peer_(peer),
       tenant_(std::move(tenant)),
       connectionId_(connectionId),
@@ -444,7 +444,7 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
   // Connection ids are never reused, so neither are address spaces.
   stats->addressSpace = connectionId_;
   std::vector<std::uint32_t> visible;
-  for (std::uint32_t i = 0; i < state_.gpus.size(); ++i) {
+  for (std::uint32_t i = 0; i < services_.gpus.size(); ++i) {
     if (tenant_->mayUseDevice(i)) visible.push_back(i);
   }
   spdlog::info("client pid {} ({}, uid {}, cgroup {}) attached as tenant '{}' (id {}){}", peer_.pid,
@@ -454,19 +454,19 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
                                    : ", pod " + pod_.podUid + " container " +
                                          (pod_.containerId.empty() ? "?" : pod_.containerId));
   results.setResult(CUDA_SUCCESS);
-  results.setSession(kj::heap<ClientSession>(state_, std::move(stats), visible, connectionId_));
-  results.setBackend(state_.backendName);
-  results.setDriverVersion(state_.driverVersion);
+  results.setSession(kj::heap<ClientSession>(services_, std::move(stats), visible, connectionId_));
+  results.setBackend(services_.facts.backendName);
+  results.setDriverVersion(services_.facts.driverVersion);
   auto devices = results.initDevices(static_cast<unsigned>(visible.size()));
   for (unsigned i = 0; i < visible.size(); ++i) {
-    const backend::DeviceProperties& properties = state_.gpus[visible[i]]->properties();
+    const backend::DeviceProperties& properties = services_.gpus[visible[i]]->properties();
     auto device = devices[i];
     device.setIndex(i);
     device.setName(properties.name);
     device.setUuid(kj::arrayPtr(properties.uuid.data(), properties.uuid.size()));
     device.setTotalMemory(properties.totalMemory);
     const backend::StreamPriorityRange priorities =
-        state_.gpus[visible[i]]->dispatcher().streamPriorityRange();
+        services_.gpus[visible[i]]->dispatcher().streamPriorityRange();
     device.initStreamPriorities().setLeast(priorities.least);
     device.getStreamPriorities().setGreatest(priorities.greatest);
     auto attributes = device.initAttributes(static_cast<unsigned>(properties.attributes.size()));

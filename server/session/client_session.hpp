@@ -12,7 +12,7 @@
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_client.hpp"
 #include "server/session/pod_identity.hpp"
-#include "server/session/server_state.hpp"
+#include "server/session/session_services.hpp"
 
 #include <map>
 #include <memory>
@@ -26,8 +26,8 @@ class ClientSession final : public protocol::Session::Server,
 public:
   // `visibleDevices` maps the client's device ordinals to the daemon's devices: a tenant limited
   // to some devices sees only those, numbered from 0, as with CUDA_VISIBLE_DEVICES.
-  // `connectionId` is the connection's entry in state.connections (0: none).
-  ClientSession(ServerState& state, std::shared_ptr<ClientStats> stats,
+  // `connectionId` is the connection's entry in services.connections (0: none).
+  ClientSession(SessionServices services, std::shared_ptr<ClientStats> stats,
                 std::vector<std::uint32_t> visibleDevices, std::uint64_t connectionId = 0);
   ~ClientSession() noexcept;
 
@@ -148,7 +148,7 @@ private:
   // The GpuClient owning device pointer `pointer`, or null.
   GpuClient* clientOwning(CUdeviceptr pointer);
 
-  ServerState& state_;
+  SessionServices services_;
   std::shared_ptr<ClientStats> stats_;
   std::vector<std::uint32_t> visibleDevices_;
   std::uint64_t connectionId_;
@@ -183,7 +183,7 @@ private:
 class ClientGateway final : public protocol::Gateway::Server {
 public:
   // `pod` is what the peer's cgroup said when it connected.
-  ClientGateway(ServerState& state, ipc::PeerCredentials peer, std::shared_ptr<Tenant> tenant,
+  ClientGateway(SessionServices services, ipc::PeerCredentials peer, std::shared_ptr<Tenant> tenant,
                 std::uint64_t connectionId = 0, PodIdentity pod = {});
 
 protected:
@@ -191,7 +191,7 @@ protected:
   kj::Promise<void> attach(AttachContext context) override;
 
 private:
-  ServerState& state_;
+  SessionServices services_;
   ipc::PeerCredentials peer_;
   std::shared_ptr<Tenant> tenant_;
   std::uint64_t connectionId_;

@@ -73,7 +73,7 @@ ClientSession::DispatchCallResult ClientSession::dispatchCall(
     capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
   if (channel_) {
     channel_->pumpAll();
-    if (channel_->throttled() && state_.dataPlane != nullptr) {
+    if (channel_->throttled() && services_.dataPlane != nullptr) {
       // The client may go away while the call waits; its session must not outlive it for that.
       context.allowCancellation();
       return {dispatchAfterRing(interfaceId, methodId, context), false};
@@ -86,7 +86,7 @@ kj::Promise<void> ClientSession::dispatchAfterRing(
     std::uint64_t interfaceId, std::uint16_t methodId,
     capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
   std::weak_ptr<bool> alive = alive_;
-  return state_.dataPlane->afterThrottledRecheck().then(
+  return services_.dataPlane->afterThrottledRecheck().then(
       [this, alive, interfaceId, methodId, context]() mutable -> kj::Promise<void> {
         if (alive.expired() || !*alive.lock()) {
           return KJ_EXCEPTION(DISCONNECTED, "the session ended");
@@ -106,7 +106,7 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setResult(CUDA_ERROR_ALREADY_MAPPED);
     return kj::READY_NOW;
   }
-  if (state_.dataPlane == nullptr) {
+  if (services_.dataPlane == nullptr) {
     results.setResult(CUDA_ERROR_NOT_SUPPORTED);
     return kj::READY_NOW;
   }
@@ -143,7 +143,7 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setDoorbell(kj::heap<SharedFileServer>(channel->doorbellFd()));
     results.setSegmentBytes(channel->segmentBytes());
     results.setPinnedHeapBytes(channel->pinnedHeap().size());
-    state_.dataPlane->add(*channel);
+    services_.dataPlane->add(*channel);
     channel_ = std::move(channel);
     results.setResult(CUDA_SUCCESS);
   } catch (const std::exception& error) {
@@ -175,7 +175,7 @@ void ClientSession::evict(const std::string& reason) {
 void ClientSession::channelBroken(const std::string& reason) {
   spdlog::warn("pid {} ({}) broke the data-plane format ({}): disconnecting it",
                stats_->identity.pid, stats_->identity.command, reason);
-  state_.connections.endConnection(connectionId_);
+  services_.connections.endConnection(connectionId_);
 }
 
 namespace {
@@ -381,7 +381,7 @@ kj::Promise<void> ClientSession::submit(SubmitContext context) {
 
 kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> batch) {
   while (!batch->rest.empty()) {
-    if (!readyForCommands() && state_.dataPlane != nullptr) {
+    if (!readyForCommands() && services_.dataPlane != nullptr) {
       // The client is at its bound on queued work: the call waits, as a ring's writer does when
       // its ring is full. Calls waiting that way hold their messages in the daemon, so only a
       // few may: past that, what they carry fails as out of memory instead of piling up.
@@ -392,7 +392,7 @@ kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> b
       // Counted until the call goes on or is cancelled (its client went away meanwhile).
       auto waiting = std::make_shared<WaitingCall>(submitsWaiting_);
       std::weak_ptr<bool> alive = alive_;
-      return state_.dataPlane->afterThrottledRecheck().then(
+      return services_.dataPlane->afterThrottledRecheck().then(
           [this, alive, batch, waiting]() mutable -> kj::Promise<void> {
             waiting.reset();
             if (alive.expired() || !*alive.lock()) {
@@ -716,7 +716,8 @@ namespace gpuproxy::server {
 
 void ClientSession::collectDeviceOutput(CommandPort& port) {
   for (const auto& [device, client] : clients_) {
-    const std::string text = state_.gpus[device]->device().takeDeviceOutput(stats_->addressSpace);
+    const std::string text =
+        services_.gpus[device]->device().takeDeviceOutput(stats_->addressSpace);
     if (text.empty()) continue;
     deviceOutput_ += text;
     if (deviceOutput_.size() > kMaxDeviceOutputBytes) {

@@ -45,9 +45,9 @@ kj::Promise<void> unregisterFromAll(const std::vector<GpuShard*>& gpus, void* ho
   return kj::joinPromises(unregistered.releaseAsArray());
 }
 
-std::vector<GpuShard*> allGpus(ServerState& state) {
+std::vector<GpuShard*> allGpus(const Gpus& all) {
   std::vector<GpuShard*> gpus;
-  for (auto& gpu : state.gpus) gpus.push_back(gpu.get());
+  for (const auto& gpu : all) gpus.push_back(gpu.get());
   return gpus;
 }
 
@@ -73,7 +73,7 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   }
   void* host = heap.data() + offset;
   registering_.emplace(offset, bytes);
-  std::vector<GpuShard*> gpus = allGpus(state_);
+  std::vector<GpuShard*> gpus = allGpus(services_.gpus);
   kj::Vector<kj::Promise<CUresult>> registrations;
   for (GpuShard* gpu : gpus) {
     registrations.add(gpu->registerHostMemory(host, bytes, stats_->addressSpace));
@@ -82,7 +82,7 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   // goes away meanwhile (the range is then unregistered and credited here, not by the teardown),
   // so it is the reaper's task, and the call is answered through a fulfiller.
   auto answer = kj::newPromiseAndFulfiller<CUresult>();
-  state_.reaper->add(
+  services_.reaper.add(
       kj::joinPromises(registrations.releaseAsArray())
           .then([this, alive = std::weak_ptr<bool>(alive_), gpus = std::move(gpus), host, offset,
                  bytes, stats = stats_, segment = channel_->keepAlive(),
@@ -144,8 +144,8 @@ kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext contex
         // is the reaper's task, so that it completes even if the client goes away meanwhile.
         retiring_.erase(offset);
         auto released = kj::newPromiseAndFulfiller<void>();
-        state_.reaper->add(
-            unregisterFromAll(allGpus(state_), channel_->pinnedHeap().data() + offset)
+        services_.reaper.add(
+            unregisterFromAll(allGpus(services_.gpus), channel_->pinnedHeap().data() + offset)
                 .then([bytes, stats = stats_, segment = channel_->keepAlive(),
                        fulfiller = kj::mv(released.fulfiller)]() mutable {
                   stats->tenant->creditPinned(bytes);
@@ -169,18 +169,19 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
   }
   pinned_.clear();
   retiring_.clear();
-  state_.reaper->add(drained.then([gpus = allGpus(state_), ranges = std::move(ranges), total,
-                                   stats = stats_, segment = channel_->keepAlive()]() mutable {
-    kj::Vector<kj::Promise<void>> unregistered;
-    for (const auto& [host, bytes] : ranges) unregistered.add(unregisterFromAll(gpus, host));
-    return kj::joinPromises(unregistered.releaseAsArray())
-        .then([total, stats, segment = kj::mv(segment)]() {
-          stats->tenant->creditPinned(total);
-          stats->pinnedMemoryUsed -= total;
-          spdlog::info("reclaimed {} bytes of pinned host memory of pid {}", total,
-                       stats->identity.pid);
-        });
-  }));
+  services_.reaper.add(
+      drained.then([gpus = allGpus(services_.gpus), ranges = std::move(ranges), total,
+                    stats = stats_, segment = channel_->keepAlive()]() mutable {
+        kj::Vector<kj::Promise<void>> unregistered;
+        for (const auto& [host, bytes] : ranges) unregistered.add(unregisterFromAll(gpus, host));
+        return kj::joinPromises(unregistered.releaseAsArray())
+            .then([total, stats, segment = kj::mv(segment)]() {
+              stats->tenant->creditPinned(total);
+              stats->pinnedMemoryUsed -= total;
+              spdlog::info("reclaimed {} bytes of pinned host memory of pid {}", total,
+                           stats->identity.pid);
+            });
+      }));
 }
 
 bool ClientSession::pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const {
