@@ -1031,6 +1031,20 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> seeds() {
                                        .add(toHost(2, b(4096), 0, 1024, 1))
                                        .add(synchronize(ring::SynchronizeKind::kEvent, 0, 2))
                                        .add(synchronize(ring::SynchronizeKind::kStream, 2, 3)));
+  // The same event recorded twice on a stream whose kernels the dispatcher still holds, and a
+  // wait for the later record (an application recording one event per iteration): the waiting
+  // stream was once forgotten when the earlier record was released, and never ran again.
+  ring::LaunchKernel fillAgain = launch(0, 1, fillArgs, 1, 32);
+  seed("event_recorded_twice_while_held",
+       SeedWriter(0)
+           .add(launch(1, 0, addArgs, 1, 32))
+           .add(launch(1, 1, addArgs, 1, 32))
+           .add(record)
+           .add(fillAgain)
+           .add(record)
+           .add(wait)
+           .add(toHost(2, a(0), 0, 256, 1))
+           .add(synchronize(ring::SynchronizeKind::kStream, 2, 2)));
   ring::EventRecord second = record;
   second.event = 1;
   second.stream = 0;
