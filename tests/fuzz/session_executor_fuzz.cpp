@@ -23,7 +23,8 @@
 //     callback, which client input must never cause); kernel faults are allowed;
 //   - after the session is gone, the daemon holds no session and no client on the GPU, the GPU's
 //     and the tenant's memory accounting and the device's free memory are what they were before
-//     it, and a GPU a kernel fault poisoned has recovered;
+//     it, nothing its kernels printed stays behind, and a GPU a kernel fault poisoned has
+//     recovered;
 //   - nothing waits forever: every wait here is bounded (kBound).
 //
 // Input: byte 0 selects the mode (ModeBits), bytes 1-2 (little-endian) how many of the following
@@ -877,6 +878,10 @@ RunResult runOne(std::span<const std::byte> input) {
   require(tenant->clients == 0, "the tenant still counts the client");
   require(gpu.stickyError() == CUDA_SUCCESS, "the GPU stayed poisoned after its clients left");
   require(gpu.memoryInfo().free == freeBefore, "the device did not get its memory back");
+  // The client's address space is its connection's id, never reused: whatever its kernels
+  // printed that nobody took would stay in the daemon for good.
+  require(gpu.device().takeDeviceOutput(registration.id).empty(),
+          "the daemon kept what a gone client's kernels printed");
   return outcome;
 }
 
@@ -1078,6 +1083,8 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> seeds() {
                                     .add(launch(0, 1, fillArgs, 1, 32))
                                     .add(toHost(1, b(0), 0, 4096, 2, ring::HostRegion::kMessage))
                                     .add(synchronize(ring::SynchronizeKind::kStream, 1, 3)));
+  // A client that exits without synchronising after its kernels printed.
+  seed("device_printf_then_exit", SeedWriter(kTearDownBusy).add(launch(1, 1, addPrintArgs, 1, 32)));
   seed("teardown_with_work_queued", SeedWriter(kTearDownBusy, host)
                                         .add(toDevice(1, b(0), 0, 4096))
                                         .add(launch(1, 1, addArgs, 4, 32))
