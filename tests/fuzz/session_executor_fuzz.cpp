@@ -478,7 +478,9 @@ public:
 struct Daemon {
   Daemon() : io(kj::setupAsyncIo()) {
     auto logger = std::make_shared<spdlog::logger>("gpuproxyd", std::make_shared<FindingSink>());
-    logger->set_level(spdlog::level::info);
+    // Below warnings nothing is a finding; formatting every attach and detach line would cost
+    // more than some inputs do.
+    logger->set_level(kVerbose ? spdlog::level::debug : spdlog::level::warn);
     spdlog::set_default_logger(logger);
 
     state.backendName = "sim";
@@ -512,8 +514,8 @@ struct Daemon {
   }
 
   kj::AsyncIoContext io;
-  // One engine thread runs every block (no interpreter workers): the same input runs the same
-  // way each time.
+  // The engine thread runs every block itself (no interpreter workers): fewer threads, so an
+  // input runs the same way more often.
   std::unique_ptr<backend::Backend> backend =
       sim::newSimBackend(sim::SimOptions{1, kDeviceMemory, 0});
   ReaperErrors reaperErrors;
