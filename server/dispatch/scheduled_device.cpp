@@ -87,8 +87,10 @@ struct ScheduledDevice::EventState {
   std::uint64_t released = 0;  // ... of which have reached a real stream (or failed)
   // whenComplete() callbacks for a record still held: (record number, callback).
   std::vector<std::pair<std::uint64_t, backend::CompletionCallback>> waiters;
-  // Streams whose head waits for a record still held.
-  std::vector<std::weak_ptr<StreamState>> blocked;
+  // Streams whose head waits for a record still held: (stream, record number it waits for).
+  // Each such wait is listed once, so it stays listed until that very record is released, even
+  // when earlier records of the event are released first.
+  std::vector<std::pair<std::weak_ptr<StreamState>, std::uint64_t>> blocked;
 
   bool holding() const { return released < recorded; }
 };
@@ -432,7 +434,7 @@ void ScheduledDevice::advanceOne(std::shared_ptr<StreamState> stream) {
     if (auto* wait = std::get_if<Operation::Wait>(&operation.body)) {
       if (wait->event->released < wait->sequence) {
         if (!wait->registered) {
-          wait->event->blocked.push_back(stream);
+          wait->event->blocked.emplace_back(stream, wait->sequence);
           wait->registered = true;
         }
         break;
@@ -551,8 +553,12 @@ void ScheduledDevice::recordReleased(EventState& event, std::uint64_t sequence, 
   }
   auto blocked = std::move(event.blocked);
   event.blocked.clear();
-  for (std::weak_ptr<StreamState>& weak : blocked) {
-    if (auto stream = weak.lock()) ready_.push_back(std::move(stream));
+  for (auto& [weak, number] : blocked) {
+    if (number > event.released) {
+      if (!weak.expired()) event.blocked.emplace_back(std::move(weak), number);
+    } else if (auto stream = weak.lock()) {
+      ready_.push_back(std::move(stream));
+    }
   }
 }
 

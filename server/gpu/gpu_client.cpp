@@ -36,6 +36,9 @@ GpuClient::~GpuClient() {
   std::vector<Handle> contexts;
   for (const auto& [handle, context] : contexts_) contexts.push_back(handle);
   for (Handle handle : contexts) destroyContextNow(handle);
+  // What its kernels printed since its last synchronisation (it went without one): the device
+  // keeps it by address space, which no client has again, so nobody would ever take it.
+  shard_.device().takeDeviceOutput(stats_->addressSpace);
   shard_.detach(*this);
 }
 

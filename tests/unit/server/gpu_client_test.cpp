@@ -2,6 +2,7 @@
 // per-context cleanup, and the waits CUDA promises (cuMemFree after queued work).
 #include "server/gpu/gpu_client.hpp"
 
+#include "printf_hello_ptx.hpp"
 #include "server/backend/sim/sim_backend.hpp"
 #include "server/gpu/gpu_shard.hpp"
 #include "test_kernels_ptx.hpp"
@@ -105,6 +106,26 @@ TEST_F(GpuClientTest, DestroyingTheClientFreesWhatItHeld) {
   client.reset();
   EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(shard_.clientCount(), 0u);
+}
+
+// A client that goes without synchronising after its kernels printed: its output goes with it,
+// or it would stay in the daemon for good (its address space is never used again).
+TEST_F(GpuClientTest, WhatAGoneClientsKernelsPrintedGoesWithIt) {
+  auto client = newClient();
+  const backend::AddressSpace space = stats_.back()->addressSpace;
+  auto context = client->createContext(0);
+  ASSERT_TRUE(context.ok());
+  auto module = client->loadModule(context.value(), bytes(testing::kPrintfHelloPtx));
+  ASSERT_TRUE(module.ok());
+  auto hello = client->function(module.value(), "hello");
+  ASSERT_TRUE(hello.ok());
+  const int launchNumber = 1;
+  ASSERT_EQ(client->launchKernel(context.value(), hello.value().handle, {{1, 1, 1}, {2, 1, 1}, 0},
+                                 0, std::as_bytes(std::span(&launchNumber, 1))),
+            CUDA_SUCCESS);
+  wait(client->drain());
+  client.reset();
+  EXPECT_EQ(shard_.device().takeDeviceOutput(space), "");
 }
 
 TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #if __has_include("test_kernels_ptx.hpp")
@@ -205,6 +206,40 @@ TEST_F(ScheduledDeviceTest, AWaitIsHeldUntilTheRecordItWaitsForReachesTheGpu) {
   ASSERT_EQ(sync(consumer), CUDA_SUCCESS);
   EXPECT_EQ(seen, std::vector<std::uint32_t>(1024, 9));
   EXPECT_EQ(ready.query(), CUDA_SUCCESS);
+  EXPECT_EQ(sync(producer), CUDA_SUCCESS);
+}
+
+// An event recorded twice while both records are held (an application recording the same event
+// each iteration), and a wait for the second: releasing the first record must not forget the
+// waiting stream, or nothing ever releases it and its synchronisation never returns.
+TEST_F(ScheduledDeviceTest, AWaitForAnEventRecordedAgainWhileHeldIsReleasedByTheLaterRecord) {
+  open("fair");
+  auto tenant = makeTenant("t", 1);
+  backend::Stream& producer = stream(owner(tenant));
+  backend::Stream& consumer = stream(owner(tenant));
+  auto buffer = device_->allocate(4096);
+  ASSERT_TRUE(buffer.ok());
+
+  // Held behind the first (unmeasured, so long) kernel: both records and the fill between them.
+  ASSERT_EQ(spin(producer, 20 * kMs), CUDA_SUCCESS);
+  ASSERT_EQ(spin(producer, 1 * kMs), CUDA_SUCCESS);
+  backend::Event& ready = event();
+  ASSERT_EQ(producer.record(ready), CUDA_SUCCESS);
+  ASSERT_EQ(fill(producer, buffer.value(), 9, 1024), CUDA_SUCCESS);
+  ASSERT_EQ(producer.record(ready), CUDA_SUCCESS);
+  EXPECT_GT(device_->stats().heldOperations, 0u);
+
+  std::vector<std::uint32_t> seen(1024, 0xdead);
+  ASSERT_EQ(consumer.wait(ready), CUDA_SUCCESS);
+  ASSERT_EQ(consumer.copyDeviceToHost(seen.data(), buffer.value(), 4096), CUDA_SUCCESS);
+  std::optional<CUresult> consumed;
+  auto waiting = whenStreamDone(consumer)
+                     .then([&](CUresult result) { consumed = result; })
+                     .eagerlyEvaluate(nullptr);
+  ASSERT_TRUE(soon([&] { return consumed.has_value(); }));
+  EXPECT_EQ(*consumed, CUDA_SUCCESS);
+  // The copy waited for the second record, so it saw the fill.
+  EXPECT_EQ(seen, std::vector<std::uint32_t>(1024, 9));
   EXPECT_EQ(sync(producer), CUDA_SUCCESS);
 }
 
