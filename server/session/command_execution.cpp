@@ -371,7 +371,7 @@ kj::Promise<void> ClientSession::submit(SubmitContext context) {
   batch->rest = std::span<const std::byte>(reinterpret_cast<const std::byte*>(commands.begin()),
                                            commands.size());
   return executeSubmitted(batch)
-      .then([this, batch]() { return batch->port->whenAnswered(); })
+      .then([batch]() { return batch->port->whenAnswered(); })
       .then([context, batch]() mutable {
         auto results = context.getResults();
         results.setCompletions(batch->port->completions());

@@ -3,8 +3,8 @@
 // (ring_record); this one goes past it, into handle and pointer checks, the dispatcher, the sim
 // and reclamation.
 //
-// Once per process: a kj event loop, one sim GPU of 64 MiB in a GpuShard, a ServerState with the
-// daemon's default tenant and a reaper. Per input: a fresh session, attached through ClientGateway
+// Once per process: a kj event loop, one sim GPU of 64 MiB in a GpuShard, the daemon's state with
+// its default tenant and a reaper. Per input: a fresh session, attached through ClientGateway
 // as a connection would be and set up through its Cap'n Proto interface (a context, allocations,
 // a module with two small kernels and a variable, streams and events, some of each already
 // destroyed so that stale handles exist). Then the input's records are decoded as the ring reader
@@ -40,8 +40,9 @@
 #include "server/data_plane/command_port.hpp"
 #include "server/gpu/gpu_shard.hpp"
 #include "server/session/client_session.hpp"
-#include "server/session/server_state.hpp"
+#include "server/session/session_services.hpp"
 #include "server/tenant/tenant_config.hpp"
+#include "server/tenant/tenant_registry.hpp"
 
 #include <cuda.h>
 #include <kj/async-io.h>
@@ -64,6 +65,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -483,25 +485,28 @@ struct Daemon {
     logger->set_level(kVerbose ? spdlog::level::debug : spdlog::level::warn);
     spdlog::set_default_logger(logger);
 
-    state.backendName = "sim";
-    state.schedulerName = "fair";
-    state.driverVersion = backend->driverVersion();
+    facts.backendName = "sim";
+    facts.schedulerName = "fair";
+    facts.driverVersion = backend->driverVersion();
     auto device = backend->openDevice(0);
     require(device.ok(), "cannot open the sim device");
-    state.gpus.push_back(
+    gpus.push_back(
         std::make_unique<GpuShard>(0, std::move(device).value(), io.provider->getTimer()));
     // The daemon's tenants without a tenants file: the unlimited default tenant.
     // (The socket is never opened: sessions are attached here, not through it.)
     TenantConfig config = defaultTenantConfig("gpuproxy.sock");
     for (TenantDefinition& definition : config.tenants) {
       definition.origin = TenantOrigin::kConfig;
-      state.tenants.add(std::move(definition));
+      tenants.add(std::move(definition));
     }
-    state.reaper = &reaper;
   }
 
-  GpuShard& gpu() { return *state.gpus[0]; }
-  std::shared_ptr<Tenant> tenant() { return state.tenants.find(kDefaultTenantName); }
+  GpuShard& gpu() { return *gpus[0]; }
+  std::shared_ptr<Tenant> tenant() { return tenants.find(kDefaultTenantName); }
+  // What the daemon lends each session; no data plane (records come through the fake port).
+  SessionServices services() {
+    return SessionServices{facts, gpus, sessions, connections, reaper, nullptr};
+  }
   kj::Timer& timer() { return io.provider->getTimer(); }
 
   // Waits for `promise`, at most kBound; `what` names it when it does not come.
@@ -516,11 +521,20 @@ struct Daemon {
   kj::AsyncIoContext io;
   // The engine thread runs every block itself (no interpreter workers): fewer threads, so an
   // input runs the same way more often.
-  std::unique_ptr<backend::Backend> backend =
-      sim::newSimBackend(sim::SimOptions{1, kDeviceMemory, 0});
+  std::unique_ptr<backend::Backend> backend = sim::newSimBackend([] {
+    sim::SimOptions options;
+    options.devices = 1;
+    options.memoryBytes = kDeviceMemory;
+    options.workerThreads = 0;
+    return options;
+  }());
   ReaperErrors reaperErrors;
   kj::TaskSet reaper{reaperErrors};
-  ServerState state;
+  DaemonFacts facts;
+  Gpus gpus;
+  std::set<ClientSession*> sessions;
+  TenantRegistry tenants;
+  ConnectionRegistry connections;
 };
 
 Daemon& daemon() {
@@ -808,11 +822,11 @@ RunResult runOne(std::span<const std::byte> input) {
 
   // A connection as TenantSockets::serve registers it, from this process.
   const ipc::PeerCredentials peer{::getpid(), ::getuid(), ::getgid()};
-  auto registration = daemon.state.connections.add(peer.pid, tenant->id());
+  auto registration = daemon.connections.add(peer.pid, tenant->id());
   RunResult outcome;
   {
     protocol::Gateway::Client gateway =
-        kj::heap<ClientGateway>(daemon.state, peer, tenant, registration.id);
+        kj::heap<ClientGateway>(daemon.services(), peer, tenant, registration.id);
     auto attach = gateway.attachRequest();
     attach.setProtocolVersion(protocol::PROTOCOL_VERSION);
     protocol::Session::Client session = [&]() {
@@ -820,8 +834,8 @@ RunResult runOne(std::span<const std::byte> input) {
       requireOk(answer.getResult(), "attach");
       return answer.getSession();
     }();
-    require(daemon.state.sessions.size() == 1, "attach made no session");
-    ClientSession& attached = **daemon.state.sessions.begin();
+    require(daemon.sessions.size() == 1, "attach made no session");
+    ClientSession& attached = **daemon.sessions.begin();
     // The executor the ring and Session.submit reach. ClientSession implements CommandExecutor
     // privately, for its channel; a C-style cast is the conversion C++ allows to an inaccessible
     // (unambiguous) base, and it is well-defined.
@@ -871,9 +885,9 @@ RunResult runOne(std::span<const std::byte> input) {
     // The client goes away: its capability, and with it the session, is dropped.
   }
   daemon.waitBounded(daemon.reaper.onEmpty(), "the reaper to reclaim the session");
-  daemon.state.connections.forget(registration.id);
+  daemon.connections.forget(registration.id);
 
-  require(daemon.state.sessions.empty(), "a session outlived its client");
+  require(daemon.sessions.empty(), "a session outlived its client");
   require(gpu.clientCount() == 0, "a GpuClient outlived its session");
   require(gpu.memoryUsed() == memoryBefore, "the GPU's memory accounting did not return");
   require(tenant->memoryUsed() == tenantMemoryBefore, "the tenant's memory was not credited");

@@ -115,7 +115,7 @@ TEST_F(GpuClientTest, WhatAGoneClientsKernelsPrintedGoesWithIt) {
   const backend::AddressSpace space = stats_.back()->addressSpace;
   auto context = client->createContext(0);
   ASSERT_TRUE(context.ok());
-  auto module = client->loadModule(context.value(), bytes(testing::kPrintfHelloPtx));
+  auto module = wait(client->loadModule(context.value(), bytes(testing::kPrintfHelloPtx)));
   ASSERT_TRUE(module.ok());
   auto hello = client->function(module.value(), "hello");
   ASSERT_TRUE(hello.ok());
