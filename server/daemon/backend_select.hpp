@@ -17,6 +17,8 @@ struct BackendChoice {
 
 // `auto` takes `cuda` when a driver and at least one GPU are present, else `sim`, made with
 // `simulator`.
-BackendChoice selectBackend(const std::string& requested, const sim::SimOptions& simulator);
+// `cudaDriver` is the library the cuda backend loads (empty: libcuda.so.1).
+BackendChoice selectBackend(const std::string& requested, const sim::SimOptions& simulator,
+                            const std::string& cudaDriver = {});
 
 }  // namespace gpuproxy::server::backend

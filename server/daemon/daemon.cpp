@@ -143,7 +143,8 @@ int runDaemon(const DaemonOptions& options) {
 
   // Tells a gpuproxy stub that the loader might hand us in place of the driver that it is inside
   // the daemon (see client/stub/runtime.cpp).
-  ::setenv("GPUPROXY_INSIDE_DAEMON", "1", 1);
+  // Unless the operator named the library to load: then a stub is meant (a chained daemon).
+  if (options.cudaDriver.empty()) ::setenv("GPUPROXY_INSIDE_DAEMON", "1", 1);
   backend::BackendChoice choice;
   try {
     sim::SimOptions simulator;
@@ -151,7 +152,7 @@ int runDaemon(const DaemonOptions& options) {
     simulator.memoryBytes = options.simMemoryBytes;
     simulator.slowModuleLoadDevice = options.simSlowModuleLoadDevice;
     simulator.moduleLoadDelay = std::chrono::milliseconds(options.simModuleLoadDelayMs);
-    choice = backend::selectBackend(options.backend, simulator);
+    choice = backend::selectBackend(options.backend, simulator, options.cudaDriver);
   } catch (const std::exception& error) {
     spdlog::critical("cannot start the {} backend: {}", options.backend, error.what());
     return 1;

@@ -38,6 +38,10 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
                  "auto: the real GPU when a driver and a device are present, else the simulator")
       ->check(CLI::IsMember({"auto", "cuda", "sim"}))
       ->capture_default_str();
+  app.add_option("--cuda-driver", options.cudaDriver,
+                 "Library the cuda backend loads as the CUDA driver (default: the system's "
+                 "libcuda.so.1). Naming gpuproxy's own stub chains this daemon to the one the "
+                 "stub's GPUPROXY_SOCKET names");
   app.add_option("--socket", options.socketPath, "Unix socket clients connect to")
       ->capture_default_str();
   app.add_option("--admin-socket", options.adminSocketPath, "Unix socket for gpuproxyctl")

@@ -11,6 +11,10 @@ namespace gpuproxy::server {
 
 struct DaemonOptions {
   std::string backend = "auto";  // auto | cuda | sim
+  // --cuda-driver: the library the cuda backend loads as the driver; empty: the system's
+  // libcuda.so.1. Naming one (gpuproxy's own stub, to chain this daemon to another) lifts the
+  // guard that keeps a stub the loader finds by accident from standing in for the driver.
+  std::string cudaDriver;
   std::string socketPath = protocol::kDefaultClientSocket;
   std::string adminSocketPath = protocol::kDefaultAdminSocket;
   int simDevices = 1;

@@ -151,26 +151,69 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
 
 Daemon::Daemon() : Daemon(Options{}) {}
 
-Daemon::Daemon(Options options)
-    : socket_(directory_.file("gpuproxy.sock")), adminSocket_(directory_.file("admin.sock")) {
-  std::vector<std::string> argv{
-      daemonBinary(), "--backend",       "sim",
-      "--socket",     socket_,           "--admin-socket",
-      adminSocket_,   "--sim-devices",   std::to_string(options.simDevices),
-      "--sim-memory", options.simMemory, "--log-level",
-      "debug"};
-  for (auto& argument : options.extraArguments) argv.push_back(argument);
-  process_ = std::make_unique<Child>(std::move(argv), std::map<std::string, std::string>{},
-                                     options.openFileLimit);
+namespace {
+
+// Starts `argv` and waits until gpuproxyctl gets an answer on `adminSocket`; throws with the
+// daemon's log when it does not come.
+std::unique_ptr<Child> startDaemon(std::vector<std::string> argv,
+                                   std::map<std::string, std::string> environment,
+                                   std::optional<unsigned long> openFileLimit,
+                                   const std::string& adminSocket) {
+  auto process = std::make_unique<Child>(std::move(argv), std::move(environment), openFileLimit);
   bool ready = eventually([&] {
-    if (!process_->running()) return true;
-    return run({ctlBinary(), "--admin-socket", adminSocket_, "status", "--json"}, {},
+    if (!process->running()) return true;
+    return run({ctlBinary(), "--admin-socket", adminSocket, "status", "--json"}, {},
                std::chrono::seconds(10))
         .status.exitedWith(0);
   });
-  if (!ready || !process_->running()) {
-    throw std::runtime_error("gpuproxyd did not start:\n" + process_->errors());
+  if (!ready || !process->running()) {
+    throw std::runtime_error("gpuproxyd did not start:\n" + process->errors());
   }
+  return process;
+}
+
+bool isSimArgument(const std::string& argument) {
+  return argument.rfind("--sim-", 0) == 0;
+}
+
+}  // namespace
+
+Daemon::Daemon(Options options)
+    : socket_(directory_.file("gpuproxy.sock")), adminSocket_(directory_.file("admin.sock")) {
+  const std::vector<std::string> simulator{"--sim-devices", std::to_string(options.simDevices),
+                                           "--sim-memory", options.simMemory};
+  std::vector<std::string> argv{daemonBinary(), "--socket",    socket_, "--admin-socket",
+                                adminSocket_,   "--log-level", "debug"};
+  std::map<std::string, std::string> environment;
+  if (!options.cudaOnStub && !chainedCudaBackend()) {
+    argv.insert(argv.end(), {"--backend", "sim"});
+    argv.insert(argv.end(), simulator.begin(), simulator.end());
+    argv.insert(argv.end(), options.extraArguments.begin(), options.extraArguments.end());
+  } else {
+    // The daemon under test runs its cuda backend on gpuproxy's own stub, which forwards to a
+    // sim daemon: the simulator's options (the --sim-* ones) are that daemon's.
+    const std::string upstreamSocket = directory_.file("upstream.sock");
+    const std::string upstreamAdmin = directory_.file("upstream-admin.sock");
+    std::vector<std::string> upstreamArgv{daemonBinary(), "--backend",    "sim",
+                                          "--socket",     upstreamSocket, "--admin-socket",
+                                          upstreamAdmin};
+    upstreamArgv.insert(upstreamArgv.end(), simulator.begin(), simulator.end());
+    for (std::size_t i = 0; i < options.extraArguments.size(); ++i) {
+      const std::string& argument = options.extraArguments[i];
+      const bool forUpstream = isSimArgument(argument);
+      (forUpstream ? upstreamArgv : argv).push_back(argument);
+      if (argument.find('=') == std::string::npos && i + 1 < options.extraArguments.size() &&
+          options.extraArguments[i + 1].rfind("--", 0) != 0) {
+        (forUpstream ? upstreamArgv : argv).push_back(options.extraArguments[++i]);
+      }
+    }
+    upstream_ = startDaemon(std::move(upstreamArgv), {}, options.openFileLimit, upstreamAdmin);
+    argv.insert(argv.end(),
+                {"--backend", "cuda", "--cuda-driver", stubDirectory() + "/libcuda.so.1"});
+    environment["GPUPROXY_SOCKET"] = upstreamSocket;
+  }
+  process_ =
+      startDaemon(std::move(argv), std::move(environment), options.openFileLimit, adminSocket_);
 }
 
 Daemon::~Daemon() {
@@ -180,7 +223,12 @@ Daemon::~Daemon() {
 ExitStatus Daemon::stop() {
   stopped_ = true;
   process_->signal(SIGTERM);
-  return process_->wait(std::chrono::seconds(30));
+  ExitStatus status = process_->wait(std::chrono::seconds(30));
+  if (upstream_) {
+    upstream_->signal(SIGTERM);
+    upstream_->wait(std::chrono::seconds(30));
+  }
+  return status;
 }
 
 std::map<std::string, std::string> Daemon::clientEnvironment() const {
@@ -244,6 +292,11 @@ nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name
     if (tenant["name"] == name) return tenant;
   }
   return nullptr;
+}
+
+bool chainedCudaBackend() {
+  const char* backend = std::getenv("GPUPROXY_TEST_BACKEND");
+  return backend != nullptr && std::string(backend) == "cuda-on-stub";
 }
 
 bool rpcTransport() {

@@ -80,6 +80,9 @@ RunResult run(std::vector<std::string> argv, std::map<std::string, std::string> 
               std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // gpuproxyd on the sim backend with its sockets in a private temp dir. Waits until it answers.
+// With GPUPROXY_TEST_BACKEND=cuda-on-stub (chainedCudaBackend()), the daemon under test runs its
+// cuda backend on gpuproxy's own stub instead, chained to a second daemon on the sim backend
+// (which gets the --sim-* options), so that the cuda backend's code runs without a GPU.
 class Daemon {
 public:
   struct Options {
@@ -88,6 +91,9 @@ public:
     std::vector<std::string> extraArguments;
     // RLIMIT_NOFILE (soft and hard) to start it with; nullopt: the test's own.
     std::optional<unsigned long> openFileLimit;
+    // The cuda backend on gpuproxy's own stub, chained to a sim daemon (as with
+    // GPUPROXY_TEST_BACKEND=cuda-on-stub).
+    bool cudaOnStub = false;
   };
   Daemon();
   explicit Daemon(Options options);
@@ -125,6 +131,7 @@ private:
   TempDir directory_;
   std::string socket_;
   std::string adminSocket_;
+  std::unique_ptr<Child> upstream_;  // the sim daemon the chained cuda backend forwards to
   std::unique_ptr<Child> process_;
   bool stopped_ = false;
 };
@@ -133,6 +140,9 @@ private:
 std::map<std::string, std::string> answers(const std::string& output);
 // The entry of tenant `name` in a `gpuproxyctl status --json`, or null.
 nlohmann::json tenantNamed(const nlohmann::json& status, const std::string& name);
+// Whether the daemon under test is the chained cuda backend (ctest's `cuda_on_stub` re-runs of
+// integration tests): GPUPROXY_TEST_BACKEND=cuda-on-stub.
+bool chainedCudaBackend();
 // Whether the test runs with GPUPROXY_TRANSPORT=rpc (ctest's `rpc` re-runs of integration tests).
 bool rpcTransport();
 

@@ -530,6 +530,30 @@ GPUPROXY_EXPORT CUresult cuFuncGetName(const char** name, CUfunction hfunc) {
   });
 }
 
+// Functions are whole once their module is loaded (the daemon loads modules eagerly), so loading
+// one is only the check that it exists.
+GPUPROXY_EXPORT CUresult cuFuncLoad(CUfunction function) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    ResolvedFunction resolved;
+    return resolveFunction(runtime, handleValue(function), 0, resolved);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction function) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    ResolvedFunction resolved;
+    if (CUresult result = resolveFunction(runtime, handleValue(function), 0, resolved);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    *state = CU_FUNCTION_LOADING_STATE_LOADED;
+    return CUDA_SUCCESS;
+  });
+}
+
 GPUPROXY_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t* paramOffset,
                                             size_t* paramSize) {
   return guarded(__func__, [&](Runtime& runtime) {
