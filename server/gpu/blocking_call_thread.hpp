@@ -65,7 +65,6 @@ public:
     std::uint32_t pending = 0;      // calls given and not yet ended (queued or running)
   };
   Stats stats() const;
-  bool idle() const { return pending_.load() == 0; }
 
 private:
   void enqueue(kj::Function<void()> call);
