@@ -198,6 +198,9 @@ void GpuClient::destroyContextNow(Handle context) {
     primaryContext_.reset();
     primaryRefcount_ = 0;
   }
+  // A client that has let go of its last context here (cuDevicePrimaryCtxReset after a fault, as
+  // the CUDA runtime's cudaDeviceReset does) no longer holds up the recovery of a poisoned GPU.
+  if (contexts_.empty()) shard_.recoverIfIdle();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -133,14 +133,20 @@ void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
   const std::string detail = device_->stickyErrorDetail();
   spdlog::error(
       "device {}: a kernel of pid {} failed with {}{}{}: the GPU context is poisoned for every "
-      "client on this device; it is recovered once they have all detached",
+      "client on this device; it is recovered once none holds a context on it",
       index_, pid, protocol::cudaResultNameOr(status, "a sticky error"), detail.empty() ? "" : " (",
       detail.empty() ? "" : detail + ")");
 }
 
 void GpuShard::recoverIfIdle() {
   owner_.check();
-  if (!clients_.empty()) return;
+  // Idle: no client holds a context on this GPU. One that is still connected but has reset or
+  // destroyed all its contexts has nothing the reset could take from it (device memory, modules,
+  // streams and events all belong to a context); its pinned host memory stays registered, since
+  // a reset keeps host registrations (backend::Device::reset).
+  for (const GpuClient* client : clients_) {
+    if (client->hasContexts()) return;
+  }
   // A blocking call may be using the context (a JIT, a registration); the last one to end comes
   // back here.
   if (blockingCallsOutstanding_ > 0) return;
@@ -151,7 +157,8 @@ void GpuShard::recoverIfIdle() {
                   protocol::cudaResultNameOr(reset, "unknown error"));
     return;
   }
-  memoryUsed_ = 0;
+  // Every charge was credited as its context went; a count left over would be the ledger's bug.
+  if (clients_.empty()) memoryUsed_ = 0;
   faultingPid_ = 0;
   faultReported_ = false;
   spdlog::warn("device {}: context recovered after a sticky fault; serving new clients", index_);
