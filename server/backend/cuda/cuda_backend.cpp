@@ -207,6 +207,7 @@ public:
   const backend::StreamPriorityRange& priorities() const { return priorities_; }
 
   int index() const { return index_; }
+  CUdevice device() const { return device_; }
   std::uint64_t generation() const { return generation_.load(); }
   const DeviceProperties& properties() const { return properties_; }
   CompletionThread& completion() { return completion_; }
@@ -645,10 +646,39 @@ public:
     return kernel_ != nullptr ? reinterpret_cast<CUfunction>(kernel_) : function_;
   }
 
+  // Before a launch with `bytes` of dynamic shared memory. Past the default per-block limit
+  // (48 KiB with the static shared memory) the driver launches only a function whose
+  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES allows it. The client's cuFuncSetAttribute
+  // sets that attribute in the stub, which checks it at the launch, against the opt-in limit as
+  // the driver would; so the daemon raises the attribute here, once per new maximum.
+  CUresult allowDynamicShared(const DriverApi& api, CUdevice device, unsigned bytes) {
+    constexpr unsigned kDefaultPerBlock = 48 * 1024;
+    const unsigned staticBytes = static_cast<unsigned>(std::max(info_.sharedSizeBytes, 0));
+    if (bytes + staticBytes <= kDefaultPerBlock || bytes <= dynamicSharedAllowed_.load()) {
+      return CUDA_SUCCESS;
+    }
+    const int value = static_cast<int>(bytes);
+    CUresult result = CUDA_SUCCESS;
+    if (kernel_ != nullptr) {
+      result = api.kernelSetAttribute != nullptr
+                   ? api.kernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value,
+                                            kernel_, device)
+                   : CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+      result =
+          api.funcSetAttribute(function_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value);
+    }
+    if (result == CUDA_SUCCESS) dynamicSharedAllowed_.store(bytes);
+    return result;
+  }
+
 private:
   CUfunction function_;  // in the primary context: for its attributes and parameter layout
   CUkernel kernel_;      // null for a module loaded with cuModuleLoadData
   FunctionInfo info_;
+  // The largest dynamic shared memory this function's attribute allows, as allowDynamicShared
+  // raised it (launches come from the lanes' threads).
+  std::atomic<unsigned> dynamicSharedAllowed_{0};
 };
 
 // A loaded image: a CUmodule of the primary context or, with an SM partition, a
@@ -1087,6 +1117,14 @@ public:
         core->returnTimingPair(*timing);
         timing.reset();
       }
+    }
+    if (const CUresult allowed =
+            core->note(kernel->allowDynamicShared(api, core->device(), config.sharedMemBytes));
+        allowed != CUDA_SUCCESS) {
+      if (timing) {
+        core->returnTimingPair(*timing);
+      }
+      return allowed;
     }
     const CUresult launched = core->note(
         api.launchKernel(kernel->launchHandle(), config.grid.x, config.grid.y, config.grid.z,

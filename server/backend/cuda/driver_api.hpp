@@ -65,7 +65,8 @@ namespace gpuproxy::server::cuda {
   X(moduleUnload, cuModuleUnload, 2000)                           \
   X(moduleGetFunction, cuModuleGetFunction, 2000)                 \
   X(moduleGetGlobal, cuModuleGetGlobal, 3020)                     \
-  X(funcGetAttribute, cuFuncGetAttribute, 2020)
+  X(funcGetAttribute, cuFuncGetAttribute, 2020)                   \
+  X(funcSetAttribute, cuFuncSetAttribute, 9000)
 
 // Entry points an older driver may lack; null when absent, and every use checks. The green
 // context and library ones are needed only for an SM partition (DeviceOptions), which checks
@@ -79,6 +80,7 @@ namespace gpuproxy::server::cuda {
   X(libraryUnload, cuLibraryUnload, 12000)                         \
   X(libraryGetKernel, cuLibraryGetKernel, 12000)                   \
   X(kernelGetFunction, cuKernelGetFunction, 12000)                 \
+  X(kernelSetAttribute, cuKernelSetAttribute, 12000)               \
   X(libraryGetGlobal, cuLibraryGetGlobal, 12000)                   \
   X(deviceGetDevResource, cuDeviceGetDevResource, 12040)           \
   X(devSmResourceSplitByCount, cuDevSmResourceSplitByCount, 12040) \
