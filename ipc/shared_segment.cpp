@@ -1,11 +1,15 @@
 #include "ipc/shared_segment.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <system_error>
 #include <utility>
 
@@ -34,8 +38,8 @@ std::string hex(std::uintptr_t value) {
 // Maps `bytes` at exactly `address` without replacing anything already there. Returns nullptr
 // with errno set on failure. Kernels before 4.17 ignore MAP_FIXED_NOREPLACE and treat the address
 // as a hint, so a different result counts as "occupied" too.
-void* mapExactly(void* address, std::size_t bytes, int prot, int flags, int fd) {
-  void* result = ::mmap(address, bytes, prot, flags | MAP_FIXED_NOREPLACE, fd, 0);
+void* mapExactly(void* address, std::size_t bytes, int prot, int flags, int fd, off_t offset = 0) {
+  void* result = ::mmap(address, bytes, prot, flags | MAP_FIXED_NOREPLACE, fd, offset);
   if (result == MAP_FAILED) return nullptr;
   if (result != address) {
     ::munmap(result, bytes);
@@ -199,6 +203,38 @@ SharedSegment SharedSegment::map(UniqueFd fd, std::size_t expectedBytes, void* f
   return SharedSegment(std::move(fd), static_cast<std::byte*>(data), expectedBytes);
 }
 
+SharedSegment SharedSegment::mapWindow(UniqueFd fd, std::uint64_t offset, std::size_t bytes,
+                                       void* address) {
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  if (bytes == 0 || offset % pageSize() != 0 || bytes % pageSize() != 0 ||
+      start % pageSize() != 0) {
+    throw std::system_error(EINVAL, std::generic_category(),
+                            "window of " + std::to_string(bytes) + " bytes at file offset " +
+                                std::to_string(offset) + ", address " + hex(start) +
+                                " is not page-aligned");
+  }
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) throwErrno("fstat(shared window)");
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  // Without the shrink seal the sender could truncate the file under our mapping, and our next
+  // access to it would be SIGBUS.
+  if (!S_ISREG(info.st_mode) || seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    throw std::system_error(EINVAL, std::generic_category(),
+                            "shared window is not a memfd sealed against shrinking");
+  }
+  if (info.st_size < 0 || offset > static_cast<std::uint64_t>(info.st_size) ||
+      bytes > static_cast<std::uint64_t>(info.st_size) - offset) {
+    throw std::system_error(EINVAL, std::generic_category(),
+                            "shared window [" + std::to_string(offset) + ", +" +
+                                std::to_string(bytes) + ") lies outside its " +
+                                std::to_string(info.st_size) + "-byte file");
+  }
+  void* data = mapExactly(address, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+                          static_cast<off_t>(offset));
+  if (data == nullptr) throwErrno("mmap(shared window) at " + hex(start));
+  return SharedSegment(std::move(fd), static_cast<std::byte*>(data), bytes);
+}
+
 SharedSegment::~SharedSegment() {
   unmap();
 }
@@ -223,6 +259,56 @@ void SharedSegment::unmap() {
   data_ = nullptr;
   bytes_ = 0;
   fd_.reset();
+}
+
+std::optional<SharedWindow> sharedWindowOf(const void* address, std::size_t bytes) {
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return std::nullopt;
+  // "low-high perms offset major:minor inode path"
+  unsigned long long low = 0, high = 0, offset = 0, inode = 0;
+  unsigned major = 0, minor = 0;
+  char perms[8] = {};
+  bool found = false;
+  char line[4096];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &low, &high, perms, &offset, &major,
+                    &minor, &inode) != 7) {
+      continue;
+    }
+    if (start >= low && start < high) {
+      found = true;
+      break;
+    }
+  }
+  std::fclose(maps);
+  if (!found || bytes > high - start || perms[3] != 's' || inode == 0) return std::nullopt;
+  SharedWindow window;
+  window.fileOffset = offset + (start - low);
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/map_files/%llx-%llx", low, high);
+  window.fd = UniqueFd(::open(path, O_RDWR | O_CLOEXEC));
+  if (window.fd) return window;
+  // Without the privilege: one of our descriptors of the same file, if it is open read-write.
+  DIR* descriptors = ::opendir("/proc/self/fd");
+  if (descriptors == nullptr) return std::nullopt;
+  while (const dirent* entry = ::readdir(descriptors)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == ::dirfd(descriptors)) continue;
+    struct stat info {};
+    if (::fstat(static_cast<int>(fd), &info) != 0 || info.st_ino != inode ||
+        info.st_dev != makedev(major, minor)) {
+      continue;
+    }
+    const int flags = ::fcntl(static_cast<int>(fd), F_GETFL);
+    if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) continue;
+    window.fd = UniqueFd(::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0));
+    if (window.fd) break;
+  }
+  ::closedir(descriptors);
+  if (!window.fd) return std::nullopt;
+  return window;
 }
 
 }  // namespace gpuproxy::ipc

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -111,6 +112,12 @@ public:
   // which it takes over; the rest of the reservation, if any, is unmapped. Unlike `fixedAddress`,
   // no other thread's mmap can land in the range between reserving and mapping.
   static SharedSegment map(UniqueFd fd, std::size_t expectedBytes, AddressReservation& placeInto);
+  // Maps the window `[offset, offset + bytes)` of a received file exactly at `address` (all three
+  // page-aligned), after the same checks except that the file may be larger than the window:
+  // kRequiredSeals' shrink seal set, and the file holds the window. Throws std::system_error
+  // (EEXIST when the range is in use in this process, EINVAL for a file or window refused).
+  static SharedSegment mapWindow(UniqueFd fd, std::uint64_t offset, std::size_t bytes,
+                                 void* address);
 
   SharedSegment() = default;
   ~SharedSegment();
@@ -138,5 +145,17 @@ private:
 
 // The system page size (segment sizes and fixed addresses are multiples of it).
 std::size_t pageSize();
+
+// The file behind a range of this process's memory, when another process can map the same
+// memory: the range lies in one MAP_SHARED mapping of a file (a memfd, such as a SharedSegment's)
+// and a descriptor for it can be had, from /proc/self/map_files (which needs CAP_SYS_ADMIN) or
+// among this process's open descriptors (opened read-write).
+struct SharedWindow {
+  UniqueFd fd;                   // a descriptor of our own
+  std::uint64_t fileOffset = 0;  // where the range starts in the file
+};
+// `address` and `bytes` page-aligned. nullopt: private or anonymous memory, a range spanning
+// mappings, or no descriptor to be had.
+std::optional<SharedWindow> sharedWindowOf(const void* address, std::size_t bytes);
 
 }  // namespace gpuproxy::ipc

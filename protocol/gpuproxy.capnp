@@ -145,6 +145,20 @@ interface Session {
   # client's work queued before it has completed (it may use the memory), as cuMemFreeHost does.
   unregisterPinned @21 (offset :UInt64) -> (result :Int32);
 
+  # cuMemHostRegister of memory the client already has, when it lies in a shared mapping of a
+  # sealed memfd (SharedFile carries its descriptor): the daemon maps `[fileOffset, fileOffset +
+  # bytes)` of that file at `address` in its own address space (page aligned; CUDA_ERROR_INVALID_VALUE
+  # otherwise, or when the file is not a memfd sealed against shrinking or does not hold the range),
+  # so that the memory is the same at the same address in both processes, then charges and
+  # registers it as registerPinned does. CUDA_ERROR_ALREADY_MAPPED: the daemon has something else
+  # at that address; CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: it overlaps a registered range.
+  registerHostRange @27 (file :SharedFile, fileOffset :UInt64, address :UInt64, bytes :UInt64)
+      -> (result :Int32);
+  # cuMemHostUnregister of such a range (by its `address`): answers, as unregisterPinned does,
+  # once the client's work queued before it has completed; then the daemon's mapping goes.
+  # CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED when no range starts there.
+  unregisterHostRange @28 (address :UInt64) -> (result :Int32);
+
   # Device printf output of the client's kernels (vprintf on the sim backend): what they printed
   # up to the last synchronisation, which the stub writes to the application's stdout. A
   # DeviceOutput completion record says there is some. The daemon keeps at most 1 MiB of it per

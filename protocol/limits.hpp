@@ -3,6 +3,7 @@
 // protocol (a value the peer must agree on) or a default the daemon, the stub and gpuproxyctl
 // must share; the format constants of the ring records are in ring_format.hpp.
 
+#include <cstddef>
 #include <cstdint>
 
 namespace gpuproxy::protocol {
@@ -28,5 +29,8 @@ inline constexpr std::uint32_t kMaxKernelParameterBytes = 32764;
 // pinned_memory_limit bounds what a client can actually pin).
 inline constexpr std::uint64_t kDefaultPinnedHeapBytes = std::uint64_t{256} << 20;
 inline constexpr std::uint64_t kMaxPinnedHeapBytes = std::uint64_t{1} << 30;
+// Host ranges one session may have registered at once (cuMemHostRegister): each is a mapping in
+// the daemon, and the kernel caps a process's mappings (vm.max_map_count, 65530 by default).
+inline constexpr std::size_t kMaxHostRangesPerSession = 1024;
 
 }  // namespace gpuproxy::protocol

@@ -7,6 +7,7 @@
 // reaper, which waits for the work already on the GPU and then frees the rest.
 
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
+#include "ipc/shared_segment.hpp"
 #include "ipc/unix_socket.hpp"
 #include "server/data_plane/client_channel.hpp"
 #include "server/gpu/client_stats.hpp"
@@ -66,6 +67,8 @@ protected:
   kj::Promise<void> openDataPlane(OpenDataPlaneContext context) override;
   kj::Promise<void> registerPinned(RegisterPinnedContext context) override;
   kj::Promise<void> unregisterPinned(UnregisterPinnedContext context) override;
+  kj::Promise<void> registerHostRange(RegisterHostRangeContext context) override;
+  kj::Promise<void> unregisterHostRange(UnregisterHostRangeContext context) override;
   kj::Promise<void> takeDeviceOutput(TakeDeviceOutputContext context) override;
   kj::Promise<void> beginModuleImage(BeginModuleImageContext context) override;
   kj::Promise<void> appendModuleImage(AppendModuleImageContext context) override;
@@ -136,6 +139,17 @@ private:
 
   // Pinned host memory (server/session/pinned_memory.cpp).
   kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
+  // Registers `[host, host + bytes)`, already charged to the tenant, with every GPU, on their
+  // blocking-call threads; `keepAlive` keeps it mapped until that is undone. `settled(registered)`
+  // runs on this thread once every GPU has answered, if the session is still there; if it is not,
+  // or a GPU refused, the registrations made are undone and the charge credited (a reaper task).
+  kj::Promise<CUresult> pinForEveryGpu(void* host, std::uint64_t bytes,
+                                       std::shared_ptr<const void> keepAlive,
+                                       kj::Function<void(bool)> settled);
+  // Unregisters a range registered by pinForEveryGpu from every GPU and credits its charge (a
+  // reaper task, finished even if the session goes meanwhile); resolves when done.
+  kj::Promise<void> unpinFromEveryGpu(void* host, std::uint64_t bytes,
+                                      std::shared_ptr<const void> keepAlive);
   // Unregisters what is left at teardown, once `drained` resolves.
   void releasePinnedAtTeardown(kj::Promise<void> drained);
 
@@ -169,6 +183,16 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
+  // Host memory of the client's own that it registered (cuMemHostRegister) from a shared memfd
+  // mapping: mapped here at the same address, by address. Charged and registered with every GPU
+  // as the pinned heap's allocations are.
+  struct HostWindow {
+    enum class State { kRegistering, kLive, kRetiring };
+    std::uint64_t bytes = 0;
+    std::shared_ptr<ipc::SharedSegment> mapping;
+    State state = State::kRegistering;
+  };
+  std::map<std::uint64_t, HostWindow> hostWindows_;
   // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.
   bool pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const;
   // Device printf output not yet fetched by the client (bounded as a GPU's printf buffer is).

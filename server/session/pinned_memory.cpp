@@ -8,9 +8,14 @@
 #include "server/session/client_session.hpp"
 
 #include "ipc/shared_segment.hpp"
+#include "protocol/limits.hpp"
 
+#include <fcntl.h>
 #include <kj/vector.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <system_error>
 
 #include <iterator>
 #include <utility>
@@ -73,6 +78,15 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   }
   void* host = heap.data() + offset;
   registering_.emplace(offset, bytes);
+  return pinForEveryGpu(host, bytes, channel_->keepAlive(), [this, offset, bytes](bool registered) {
+    registering_.erase(offset);
+    if (registered) pinned_.emplace(offset, bytes);
+  });
+}
+
+kj::Promise<CUresult> ClientSession::pinForEveryGpu(void* host, std::uint64_t bytes,
+                                                    std::shared_ptr<const void> keepAlive,
+                                                    kj::Function<void(bool)> settled) {
   std::vector<GpuShard*> gpus = allGpus(services_.gpus);
   kj::Vector<kj::Promise<CUresult>> registrations;
   for (GpuShard* gpu : gpus) {
@@ -84,8 +98,8 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   auto answer = kj::newPromiseAndFulfiller<CUresult>();
   services_.reaper.add(
       kj::joinPromises(registrations.releaseAsArray())
-          .then([this, alive = std::weak_ptr<bool>(alive_), gpus = std::move(gpus), host, offset,
-                 bytes, stats = stats_, segment = channel_->keepAlive(),
+          .then([alive = std::weak_ptr<bool>(alive_), gpus = std::move(gpus), host, bytes,
+                 stats = stats_, keepAlive = std::move(keepAlive), settled = kj::mv(settled),
                  fulfiller = kj::mv(answer.fulfiller)](kj::Array<CUresult> results) mutable {
             CUresult first = CUDA_SUCCESS;
             std::vector<GpuShard*> registered;
@@ -97,20 +111,32 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
               }
             }
             const bool sessionLive = !alive.expired() && *alive.lock();
-            if (sessionLive) registering_.erase(offset);
+            if (sessionLive) settled(first == CUDA_SUCCESS);
             if (sessionLive && first == CUDA_SUCCESS) {
-              pinned_.emplace(offset, bytes);
               stats->pinnedMemoryUsed += bytes;
               fulfiller->fulfill(CUDA_SUCCESS);
               return kj::Promise<void>(kj::READY_NOW);
             }
             fulfiller->fulfill(first != CUDA_SUCCESS ? first : CUDA_ERROR_CONTEXT_IS_DESTROYED);
             return unregisterFromAll(registered, host)
-                .then([stats, bytes, segment = kj::mv(segment)]() {
+                .then([stats, bytes, keepAlive = std::move(keepAlive)]() {
                   stats->tenant->creditPinned(bytes);
                 });
           }));
   return kj::mv(answer.promise);
+}
+
+kj::Promise<void> ClientSession::unpinFromEveryGpu(void* host, std::uint64_t bytes,
+                                                   std::shared_ptr<const void> keepAlive) {
+  auto released = kj::newPromiseAndFulfiller<void>();
+  services_.reaper.add(unregisterFromAll(allGpus(services_.gpus), host)
+                           .then([bytes, stats = stats_, keepAlive = std::move(keepAlive),
+                                  fulfiller = kj::mv(released.fulfiller)]() mutable {
+                             stats->tenant->creditPinned(bytes);
+                             stats->pinnedMemoryUsed -= bytes;
+                             fulfiller->fulfill();
+                           }));
+  return kj::mv(released.promise);
 }
 
 kj::Promise<void> ClientSession::registerPinned(RegisterPinnedContext context) {
@@ -143,39 +169,151 @@ kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext contex
         // From here on the range is this call's to release, not the teardown's, and the release
         // is the reaper's task, so that it completes even if the client goes away meanwhile.
         retiring_.erase(offset);
-        auto released = kj::newPromiseAndFulfiller<void>();
-        services_.reaper.add(
-            unregisterFromAll(allGpus(services_.gpus), channel_->pinnedHeap().data() + offset)
-                .then([bytes, stats = stats_, segment = channel_->keepAlive(),
-                       fulfiller = kj::mv(released.fulfiller)]() mutable {
-                  stats->tenant->creditPinned(bytes);
-                  stats->pinnedMemoryUsed -= bytes;
-                  fulfiller->fulfill();
-                }));
-        return released.promise.then(
-            [context]() mutable { context.getResults().setResult(CUDA_SUCCESS); });
+        return unpinFromEveryGpu(channel_->pinnedHeap().data() + offset, bytes,
+                                 channel_->keepAlive())
+            .then([context]() mutable { context.getResults().setResult(CUDA_SUCCESS); });
+      });
+}
+
+kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext context) {
+  auto params = context.getParams();
+  const std::uint64_t address = params.getAddress();
+  const std::uint64_t bytes = params.getBytes();
+  const std::uint64_t fileOffset = params.getFileOffset();
+  const std::uint64_t page = ipc::pageSize();
+  auto answer = [context](CUresult result) mutable { context.getResults().setResult(result); };
+  if (bytes == 0 || address == 0 || address % page != 0 || bytes % page != 0 ||
+      fileOffset % page != 0 || address + bytes < address) {
+    answer(CUDA_ERROR_INVALID_VALUE);
+    return kj::READY_NOW;
+  }
+  // Overlapping another of its ranges; the pinned heap cannot be overlapped, being mapped here.
+  auto next = hostWindows_.lower_bound(address);
+  if ((next != hostWindows_.end() && next->first < address + bytes) ||
+      (next != hostWindows_.begin() &&
+       std::prev(next)->first + std::prev(next)->second.bytes > address)) {
+    answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    return kj::READY_NOW;
+  }
+  if (hostWindows_.size() >= protocol::kMaxHostRangesPerSession) {
+    spdlog::info("pid {}: cuMemHostRegister refused: {} host ranges registered already",
+                 stats_->identity.pid, hostWindows_.size());
+    answer(CUDA_ERROR_OUT_OF_MEMORY);
+    return kj::READY_NOW;
+  }
+  return params.getFile().getFd().then([this, alive = std::weak_ptr<bool>(alive_), address, bytes,
+                                        fileOffset, answer](
+                                           kj::Maybe<int> received) mutable -> kj::Promise<void> {
+    if (alive.expired() || !*alive.lock()) {
+      answer(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+      return kj::READY_NOW;
+    }
+    int fd = -1;
+    KJ_IF_MAYBE (descriptor, received) {
+      fd = ::fcntl(*descriptor, F_DUPFD_CLOEXEC, 0);
+    }
+    if (fd < 0) {
+      answer(CUDA_ERROR_INVALID_VALUE);
+      return kj::READY_NOW;
+    }
+    // The range may have been taken while the descriptor arrived.
+    auto next = hostWindows_.lower_bound(address);
+    if ((next != hostWindows_.end() && next->first < address + bytes) ||
+        (next != hostWindows_.begin() &&
+         std::prev(next)->first + std::prev(next)->second.bytes > address)) {
+      ::close(fd);
+      answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+      return kj::READY_NOW;
+    }
+    std::shared_ptr<ipc::SharedSegment> mapping;
+    try {
+      mapping = std::make_shared<ipc::SharedSegment>(ipc::SharedSegment::mapWindow(
+          ipc::UniqueFd(fd), fileOffset, bytes, reinterpret_cast<void*>(address)));
+    } catch (const std::system_error& error) {
+      spdlog::info("pid {}: cuMemHostRegister of {} bytes at {:#x} refused: {}",
+                   stats_->identity.pid, bytes, address, error.what());
+      answer(error.code().value() == EEXIST ? CUDA_ERROR_ALREADY_MAPPED : CUDA_ERROR_INVALID_VALUE);
+      return kj::READY_NOW;
+    }
+    Tenant& tenant = *stats_->tenant;
+    if (!tenant.tryChargePinned(bytes)) {
+      spdlog::info("pid {}: {} bytes of pinned memory refused: tenant '{}' holds {} of its {}",
+                   stats_->identity.pid, bytes, tenant.name(), tenant.pinnedMemoryUsed(),
+                   tenant.limits().pinnedMemoryLimit.value_or(0));
+      answer(CUDA_ERROR_OUT_OF_MEMORY);
+      return kj::READY_NOW;
+    }
+    hostWindows_.emplace(address, HostWindow{bytes, mapping, HostWindow::State::kRegistering});
+    return pinForEveryGpu(mapping->data(), bytes, mapping,
+                          [this, address](bool registered) {
+                            if (registered) {
+                              hostWindows_.at(address).state = HostWindow::State::kLive;
+                            } else {
+                              hostWindows_.erase(address);
+                            }
+                          })
+        .then([answer](CUresult result) mutable { answer(result); });
+  });
+}
+
+kj::Promise<void> ClientSession::unregisterHostRange(UnregisterHostRangeContext context) {
+  const std::uint64_t address = context.getParams().getAddress();
+  auto found = hostWindows_.find(address);
+  if (found == hostWindows_.end() || found->second.state != HostWindow::State::kLive) {
+    context.getResults().setResult(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    return kj::READY_NOW;
+  }
+  found->second.state = HostWindow::State::kRetiring;
+  // As unregisterPinned: the work queued before this call may use the range.
+  kj::Vector<kj::Promise<void>> drains;
+  for (auto& [device, client] : clients_) drains.add(client->drain());
+  std::weak_ptr<bool> alive = alive_;
+  return kj::joinPromises(drains.releaseAsArray())
+      .then([this, alive, address, context]() mutable -> kj::Promise<void> {
+        if (alive.expired() || !*alive.lock()) {
+          context.getResults().setResult(CUDA_SUCCESS);
+          return kj::READY_NOW;
+        }
+        HostWindow window = std::move(hostWindows_.at(address));
+        hostWindows_.erase(address);
+        void* host = window.mapping->data();
+        return unpinFromEveryGpu(host, window.bytes, std::move(window.mapping))
+            .then([context]() mutable { context.getResults().setResult(CUDA_SUCCESS); });
       });
 }
 
 void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
-  if (!channel_ || (pinned_.empty() && retiring_.empty())) return;
-  std::vector<std::pair<void*, std::uint64_t>> ranges;
-  std::uint64_t total = 0;
-  for (const auto* table : {&pinned_, &retiring_}) {
-    for (const auto& [offset, bytes] : *table) {
-      ranges.emplace_back(channel_->pinnedHeap().data() + offset, bytes);
-      total += bytes;
+  // Each range still registered, with what keeps it mapped: the segment, or its own mapping.
+  struct Held {
+    void* host;
+    std::uint64_t bytes;
+    std::shared_ptr<const void> mapping;
+  };
+  std::vector<Held> held;
+  if (channel_) {
+    for (const auto* table : {&pinned_, &retiring_}) {
+      for (const auto& [offset, bytes] : *table) {
+        held.push_back(Held{channel_->pinnedHeap().data() + offset, bytes, channel_->keepAlive()});
+      }
     }
   }
   pinned_.clear();
   retiring_.clear();
-  services_.reaper.add(
-      drained.then([gpus = allGpus(services_.gpus), ranges = std::move(ranges), total,
-                    stats = stats_, segment = channel_->keepAlive()]() mutable {
+  for (auto& [address, window] : hostWindows_) {
+    // One still registering is released where its registration ends (pinForEveryGpu).
+    if (window.state == HostWindow::State::kRegistering) continue;
+    held.push_back(Held{window.mapping->data(), window.bytes, window.mapping});
+  }
+  hostWindows_.clear();
+  if (held.empty()) return;
+  std::uint64_t total = 0;
+  for (const Held& range : held) total += range.bytes;
+  services_.reaper.add(drained.then(
+      [gpus = allGpus(services_.gpus), held = std::move(held), total, stats = stats_]() mutable {
         kj::Vector<kj::Promise<void>> unregistered;
-        for (const auto& [host, bytes] : ranges) unregistered.add(unregisterFromAll(gpus, host));
+        for (const Held& range : held) unregistered.add(unregisterFromAll(gpus, range.host));
         return kj::joinPromises(unregistered.releaseAsArray())
-            .then([total, stats, segment = kj::mv(segment)]() {
+            .then([total, stats, held = std::move(held)]() {
               stats->tenant->creditPinned(total);
               stats->pinnedMemoryUsed -= total;
               spdlog::info("reclaimed {} bytes of pinned host memory of pid {}", total,

@@ -9,7 +9,11 @@
 //   pinned_probe async           an async copy returns while the stream is busy; a blocking one
 //                                waits for it
 //   pinned_probe hold BYTES      cuMemHostAlloc, touch every page, then wait to be killed
+//   pinned_probe register        cuMemHostRegister of a sealed memfd's shared mapping (kernels
+//                                reach it) and of malloc'd memory (copies only), and its errors
 #include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "test_kernels_ptx.hpp"
@@ -20,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -225,6 +230,99 @@ int async() {
   return 0;
 }
 
+// A sealed memfd of `pages` pages, mapped shared: memory another process can map too.
+unsigned char* sharedMemory(std::size_t pages, bool sealed) {
+  const std::size_t bytes = pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const int fd = ::memfd_create("pinned_probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) die("memfd_create/ftruncate");
+  if (sealed && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    die("F_ADD_SEALS");
+  }
+  void* memory = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (memory == MAP_FAILED) die("mmap");
+  ::close(fd);  // the mapping keeps the file
+  return static_cast<unsigned char*>(memory);
+}
+
+int registered() {
+  CUmodule module = setUp();
+  CUfunction fillU32;
+  CHECK(cuModuleGetFunction(&fillU32, module, "fill_u32"));
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  CUdeviceptr device;
+  CHECK(cuMemAlloc(&device, 4 * page));
+
+  // Shared memory: gpuproxyd maps it too, so a kernel writes it through its device pointer.
+  // The range starts inside a page and ends inside another, as a buffer may.
+  unsigned char* shared = sharedMemory(4, /*sealed=*/true);
+  unsigned char* start = shared + page + 100;
+  const std::size_t bytes = 2 * page;
+  report(
+      "register-shared",
+      cuMemHostRegister(start, bytes, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+  report("register-shared-again", cuMemHostRegister(start + 8, 8, 0));
+  CUdeviceptr onDevice = 0;
+  report("shared-device-pointer", cuMemHostGetDevicePointer(&onDevice, start, 0));
+  std::printf("shared-device-pointer-is-host %s\n",
+              onDevice == reinterpret_cast<CUdeviceptr>(start) ? "yes" : "no");
+  unsigned value = 0xfeed5eedu;
+  unsigned long long count = bytes / sizeof(unsigned);
+  void* fillParams[] = {&onDevice, &value, &count};
+  std::memset(start, 0, bytes);
+  report("shared-kernel", cuLaunchKernel(fillU32, static_cast<unsigned>((count + 127) / 128), 1, 1,
+                                         128, 1, 1, 0, nullptr, fillParams, nullptr));
+  report("shared-kernel-sync", cuCtxSynchronize());
+  bool filled = true;
+  for (unsigned long long i = 0; i < count; ++i) {
+    unsigned word = 0;
+    std::memcpy(&word, start + i * sizeof(unsigned), sizeof(word));
+    filled = filled && word == value;
+  }
+  std::printf("shared-kernel-wrote %s\n", filled ? "yes" : "no");
+  // Copies from and to it.
+  fillPattern(start, bytes, 5);
+  CHECK(cuMemcpyHtoD(device, start, bytes));
+  std::vector<unsigned char> back(bytes);
+  CHECK(cuMemcpyDtoH(back.data(), device, bytes));
+  expectSame(back.data(), start, bytes, "copies of registered shared memory");
+  report("unregister-shared", cuMemHostUnregister(start));
+  report("unregister-shared-again", cuMemHostUnregister(start));
+
+  // malloc'd memory cannot be shared after the fact: registered for copies, not for devices.
+  std::vector<unsigned char> heap(3 * page + 7);
+  report("register-heap-devicemap",
+         cuMemHostRegister(heap.data(), heap.size(), CU_MEMHOSTREGISTER_DEVICEMAP));
+  report("register-heap", cuMemHostRegister(heap.data(), heap.size(), 0));
+  report("register-heap-overlap", cuMemHostRegister(heap.data() + 100, 10, 0));
+  report("heap-device-pointer", cuMemHostGetDevicePointer(&onDevice, heap.data(), 0));
+  fillPattern(heap.data(), heap.size(), 6);
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  std::vector<unsigned char> landing(heap.size());
+  CHECK(cuMemcpyHtoDAsync(device, heap.data(), heap.size(), stream));
+  CHECK(cuMemcpyDtoHAsync(landing.data(), device, heap.size(), stream));
+  CHECK(cuStreamSynchronize(stream));
+  expectSame(landing.data(), heap.data(), heap.size(), "copies of registered heap memory");
+  report("unregister-heap-inside", cuMemHostUnregister(heap.data() + 1));
+  report("unregister-heap", cuMemHostUnregister(heap.data()));
+
+  // What the daemon cannot map safely: a memfd its owner could still shrink.
+  unsigned char* unsealed = sharedMemory(1, /*sealed=*/false);
+  report("register-unsealed-devicemap",
+         cuMemHostRegister(unsealed, page, CU_MEMHOSTREGISTER_DEVICEMAP));
+
+  // Bad arguments.
+  report("register-null", cuMemHostRegister(nullptr, page, 0));
+  report("register-empty", cuMemHostRegister(heap.data(), 0, 0));
+  report("register-bad-flags", cuMemHostRegister(heap.data(), page, 0x80));
+  report("register-iomemory", cuMemHostRegister(heap.data(), page, CU_MEMHOSTREGISTER_IOMEMORY));
+  report("unregister-never", cuMemHostUnregister(heap.data()));
+  CHECK(cuStreamDestroy(stream));
+  CHECK(cuMemFree(device));
+  std::printf("register OK\n");
+  return 0;
+}
+
 int hold(std::size_t bytes) {
   setUp();
   void* memory = nullptr;
@@ -249,5 +347,6 @@ int main(int argc, char** argv) {
   if (scenario == "kernel") return kernel(number(2));
   if (scenario == "async") return async();
   if (scenario == "hold") return hold(number(2));
-  die("usage: pinned_probe copies BYTES | kernel COUNT | async | hold BYTES");
+  if (scenario == "register") return registered();
+  die("usage: pinned_probe copies BYTES | kernel COUNT | async | hold BYTES | register");
 }

@@ -11,10 +11,13 @@ struct HostAllocationRange {
   std::uint64_t bytes = 0;    // as mapped: whole pages
   std::uint64_t context = 0;  // current when it was allocated
   std::uint64_t bufferId = 0;
-  bool deviceMapped = false;  // from the shared pinned heap: devices reach it at the same address
+  // Devices reach it at the same address: the shared pinned heap's, or a cuMemHostRegister range
+  // that gpuproxyd maps too.
+  bool deviceMapped = false;
 };
 
-// The cuMemAllocHost / cuMemHostAlloc allocation `pointer` points into, if any.
+// The cuMemAllocHost / cuMemHostAlloc allocation or cuMemHostRegister range `pointer` points
+// into, if any.
 std::optional<HostAllocationRange> hostAllocationContaining(std::uint64_t pointer);
 
 }  // namespace gpuproxy::stub

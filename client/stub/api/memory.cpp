@@ -34,6 +34,7 @@
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/pinned_heap.hpp"
+#include "ipc/shared_segment.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::currentContext;
@@ -212,6 +213,14 @@ CUresult memset2DOnStream(const char* entryPoint, CUdeviceptr dstDevice, size_t 
 struct HostAllocations {
   std::mutex mutex;
   std::unordered_map<void*, std::size_t> sizes;  // pointer -> mapped length
+  // cuMemHostRegister's ranges, by the pointer it was given: the whole pages that hold them, and
+  // whether gpuproxyd maps them too (device-mapped) or they stay this process's own.
+  struct Registration {
+    std::uint64_t pageStart = 0;
+    std::uint64_t pageBytes = 0;
+    bool deviceMapped = false;
+  };
+  std::map<std::uint64_t, Registration> registrations;
   // Every page-locked allocation, pinned heap or not, by start (cuPointerGetAttribute).
   std::map<std::uint64_t, gpuproxy::stub::HostAllocationRange> ranges;
 };
@@ -304,6 +313,129 @@ CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned 
     }
     rememberHostAllocation(runtime, memory, length, /*deviceMapped=*/false);
     *pp = memory;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Whether [address, address + bytes) overlaps a page-locked range this process has already.
+bool overlapsPageLocked(std::uint64_t address, std::uint64_t bytes) {
+  HostAllocations& allocations = hostAllocations();
+  std::lock_guard lock(allocations.mutex);
+  auto next = allocations.ranges.lower_bound(address);
+  if (next != allocations.ranges.end() && next->first < address + bytes) return true;
+  if (next == allocations.ranges.begin()) return false;
+  const auto& previous = std::prev(next)->second;
+  return previous.start + previous.bytes > address;
+}
+
+// A capability whose content is one descriptor (protocol::SharedFile), sent with a request.
+class SharedFileServer final : public gpuproxy::protocol::SharedFile::Server {
+public:
+  explicit SharedFileServer(gpuproxy::ipc::UniqueFd fd) : fd_(std::move(fd)) {}
+  kj::Maybe<int> getFd() override { return fd_.get(); }
+
+private:
+  gpuproxy::ipc::UniqueFd fd_;
+};
+
+// cuMemHostRegister. Memory that lies in a shared mapping of a sealed memfd (another process's
+// shared segment, such as gpuproxyd's pinned memory when its cuda backend runs on this stub) is
+// mapped by gpuproxyd at the same address and registered with its GPUs: devices reach it, as on
+// a GPU. Other memory (malloc, the stack, private mappings) cannot be shared after the fact; it is
+// registered here alone, for what needs no device mapping: copies from and to it work (through
+// the staging area, as for pageable memory), and CU_MEMHOSTREGISTER_DEVICEMAP is refused with
+// CUDA_ERROR_NOT_SUPPORTED, as cuMemHostGetDevicePointer is for it.
+CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned flags) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    constexpr unsigned kKnownFlags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                     CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+    const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+    if (p == nullptr || bytesize == 0 || (flags & ~kKnownFlags) != 0 ||
+        address + bytesize < address) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if ((flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "%s: CU_MEMHOSTREGISTER_IOMEMORY (device I/O memory) is not "
+                        "supported through gpuproxy",
+                        entryPoint);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (overlapsPageLocked(address, bytesize)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t pageStart = address / page * page;
+    const std::uint64_t pageBytes = (address + bytesize + page - 1) / page * page - pageStart;
+    bool deviceMapped = false;
+    if (auto window =
+            gpuproxy::ipc::sharedWindowOf(reinterpret_cast<void*>(pageStart), pageBytes)) {
+      const CUresult result = runtime.call([&](Session::Client& session) {
+        auto request = session.registerHostRangeRequest();
+        request.setFile(kj::heap<SharedFileServer>(std::move(window->fd)));
+        request.setFileOffset(window->fileOffset);
+        request.setAddress(pageStart);
+        request.setBytes(pageBytes);
+        return request.send().then([](auto response) { return toResult(response.getResult()); });
+      });
+      if (result == CUDA_SUCCESS) {
+        deviceMapped = true;
+      } else if (result != CUDA_ERROR_ALREADY_MAPPED && result != CUDA_ERROR_INVALID_VALUE) {
+        return result;  // over the tenant's pinned memory limit, a range taken, ...
+      } else {
+        GPUPROXY_STUB_LOG(kDebug, "%s: gpuproxyd cannot map %llu bytes at %p (%s)", entryPoint,
+                          static_cast<unsigned long long>(pageBytes),
+                          reinterpret_cast<void*>(pageStart),
+                          result == CUDA_ERROR_ALREADY_MAPPED ? "the address is taken there"
+                                                              : "not a sealed memfd");
+      }
+    }
+    if (!deviceMapped && (flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0) {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "%s: CU_MEMHOSTREGISTER_DEVICEMAP of %p: gpuproxyd can map only memory "
+                        "shared with it (cuMemHostAlloc's, or a shared mapping of a sealed memfd); "
+                        "registered without it, copies work but devices cannot reach the memory",
+                        entryPoint, p);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    {
+      HostAllocations& allocations = hostAllocations();
+      std::lock_guard lock(allocations.mutex);
+      allocations.registrations[address] =
+          HostAllocations::Registration{pageStart, pageBytes, deviceMapped};
+    }
+    rememberHostAllocation(runtime, p, bytesize, deviceMapped);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult hostUnregister(const char* entryPoint, void* p) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+    HostAllocations::Registration registration;
+    {
+      HostAllocations& allocations = hostAllocations();
+      std::lock_guard lock(allocations.mutex);
+      auto found = allocations.registrations.find(address);
+      if (found == allocations.registrations.end()) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+      registration = found->second;
+    }
+    if (registration.deviceMapped) {
+      // Answered once the work queued before, which may use the memory, has completed.
+      const CUresult result = runtime.call([&](Session::Client& session) {
+        auto request = session.unregisterHostRangeRequest();
+        request.setAddress(registration.pageStart);
+        return request.send().then([](auto response) { return toResult(response.getResult()); });
+      });
+      if (result != CUDA_SUCCESS) return result;
+    }
+    {
+      HostAllocations& allocations = hostAllocations();
+      std::lock_guard lock(allocations.mutex);
+      allocations.registrations.erase(address);
+    }
+    forgetHostAllocation(p);
     return CUDA_SUCCESS;
   });
 }
@@ -541,6 +673,18 @@ GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
   });
 }
 
+GPUPROXY_EXPORT CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags) {
+  return hostRegister(__func__, p, bytesize, Flags);
+}
+
+GPUPROXY_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  return hostRegister(__func__, p, bytesize, Flags);
+}
+
+GPUPROXY_EXPORT CUresult cuMemHostUnregister(void* p) {
+  return hostUnregister(__func__, p);
+}
+
 GPUPROXY_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p,
                                                       unsigned int Flags) {
   return guarded(__func__, [&](Runtime& runtime) {
@@ -550,6 +694,15 @@ GPUPROXY_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* 
     // inside the allocation.
     gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap();
     if (heap == nullptr || !heap->offsetInAllocation(p, 1)) {
+      const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+      if (auto range = gpuproxy::stub::hostAllocationContaining(address)) {
+        // A cuMemHostRegister range gpuproxyd maps at the same address, or one it does not.
+        if (range->deviceMapped) {
+          *pdptr = static_cast<CUdeviceptr>(address);
+          return CUDA_SUCCESS;
+        }
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
       HostAllocations& allocations = hostAllocations();
       std::lock_guard lock(allocations.mutex);
       // Page-locked memory local to this process is not mapped for the device.

@@ -199,5 +199,62 @@ TEST(SharedSegment, MoveTransfersOwnership) {
   EXPECT_FALSE(moved.valid());
 }
 
+// cuMemHostRegister's path: the stub finds the memfd behind a range of its shared segment, and
+// the daemon maps that window at the same address and sees the same bytes.
+TEST(SharedWindow, FoundForASharedSegmentAndMappedAtTheSameAddressElsewhere) {
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", 4 * pageSize());
+  std::byte* range = segment.data() + pageSize();
+  auto window = sharedWindowOf(range, 2 * pageSize());
+  ASSERT_TRUE(window.has_value());
+  EXPECT_EQ(window->fileOffset, pageSize());
+  SocketPair sockets;
+  ForkedChild child([&] {
+    std::byte byte{};
+    ReceivedMessage received = receiveWithFds(sockets.client.get(), std::span(&byte, 1), 1);
+    if (received.fds.size() != 1) return 1;
+    // The parent's range is free in the child once the child unmaps its inherited copy.
+    ::munmap(segment.data(), segment.size());
+    SharedSegment mapped =
+        SharedSegment::mapWindow(std::move(received.fds[0]), pageSize(), 2 * pageSize(), range);
+    if (mapped.data() != range) return 2;
+    std::memcpy(mapped.data() + 10, "window", 6);
+    return 0;
+  });
+  const int fd = window->fd.get();
+  const char nothing = 0;
+  sendWithFds(sockets.daemon.get(), std::as_bytes(std::span(&nothing, 1)), std::span(&fd, 1));
+  ASSERT_EQ(child.wait(), 0);
+  EXPECT_EQ(std::memcmp(range + 10, "window", 6), 0);
+}
+
+TEST(SharedWindow, NoneForPrivateMemoryOrARangeSpanningMappings) {
+  void* anonymous =
+      ::mmap(nullptr, 2 * pageSize(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(anonymous, MAP_FAILED);
+  EXPECT_FALSE(sharedWindowOf(anonymous, pageSize()).has_value());
+  ::munmap(anonymous, 2 * pageSize());
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", pageSize());
+  EXPECT_FALSE(sharedWindowOf(segment.data(), 2 * pageSize()).has_value());
+}
+
+TEST(SharedWindow, MapWindowRefusesAFileThatCouldShrinkOrAWindowPastItsEnd) {
+  UniqueFd unsealed(::memfd_create("gpuproxy-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(unsealed);
+  ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(2 * pageSize())), 0);
+  EXPECT_THROW(SharedSegment::mapWindow(std::move(unsealed), 0, pageSize(), nullptr),
+               std::system_error);
+  SharedSegment segment = SharedSegment::create("gpuproxy-test", 2 * pageSize());
+  UniqueFd fd(::fcntl(segment.fd(), F_DUPFD_CLOEXEC, 0));
+  AddressReservation free = AddressReservation::reserve(4 * pageSize(), 0x200000000000);
+  void* at = free.address();
+  free = AddressReservation();
+  try {
+    SharedSegment::mapWindow(std::move(fd), pageSize(), 2 * pageSize(), at);
+    FAIL() << "mapped a window past the end of its file";
+  } catch (const std::system_error& error) {
+    EXPECT_EQ(error.code().value(), EINVAL) << error.what();
+  }
+}
+
 }  // namespace
 }  // namespace gpuproxy::ipc
