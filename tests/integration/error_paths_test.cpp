@@ -69,12 +69,16 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   auto got = probe("unknown-kernel");
   EXPECT_EQ(got["cuModuleLoadData"], "CUDA_SUCCESS");
   EXPECT_EQ(got["cuModuleGetFunction"], "CUDA_ERROR_NOT_FOUND");
+  EXPECT_EQ(got["cuModuleLoadData(garbage)"], "CUDA_ERROR_INVALID_IMAGE");
+  if (chainedCudaBackend()) {
+    GTEST_SKIP() << "what the sim cannot run is the sim's to refuse; the cuda backend hands every "
+                    "module to the driver";
+  }
   // Valid PTX the sim's interpreter does not execute: refused at load, naming what and where.
   EXPECT_EQ(got["cuModuleLoadData(texture)"], "CUDA_ERROR_NOT_SUPPORTED");
   EXPECT_NE(daemon_.log().find("texture_kernel"), std::string::npos) << daemon_.log();
   EXPECT_NE(daemon_.log().find("tex.2d.v4.f32.f32"), std::string::npos) << daemon_.log();
   EXPECT_EQ(got["cuModuleLoadData(malformed)"], "CUDA_ERROR_INVALID_PTX");
-  EXPECT_EQ(got["cuModuleLoadData(garbage)"], "CUDA_ERROR_INVALID_IMAGE");
   expectDaemonStillServes();
 }
 
@@ -82,6 +86,10 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
 // clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that would run with a wrong
 // answer), and the daemon's log names the first such instruction and its kernel.
 TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
+  if (chainedCudaBackend()) {
+    GTEST_SKIP() << "what the sim cannot run is the sim's to refuse; the cuda backend hands every "
+                    "module to the driver";
+  }
   auto got = probe("unsupported-kernels");
   const std::pair<std::string, std::string> refused[] = {
       {"texture_sample", "'tex.2d.v4.f32.f32' (textures and surfaces)"},
@@ -140,6 +148,11 @@ TEST_F(ErrorPaths, AnotherClientsMemoryIsUnreachable) {
   // A kernel given the pointer stops at it on the sim (on a GPU, one shared context could not
   // stop it: README, "What one shared context isolates"), and the log says whose kernel it was.
   EXPECT_EQ(got["cuLaunchKernel(foreign)"], "CUDA_SUCCESS");
+  if (chainedCudaBackend()) {
+    // The cuda backend's one context: the kernel reaches the other client's memory unchecked.
+    EXPECT_EQ(got["cuCtxSynchronize(after foreign kernel)"], "CUDA_SUCCESS");
+    return;
+  }
   EXPECT_EQ(got["cuCtxSynchronize(after foreign kernel)"], "CUDA_ERROR_ILLEGAL_ADDRESS");
   EXPECT_NE(daemon_.log().find("fill_u32"), std::string::npos) << daemon_.log();
   EXPECT_NE(daemon_.log().find(pointer.substr(2)), std::string::npos) << daemon_.log();
