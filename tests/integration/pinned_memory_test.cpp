@@ -177,6 +177,26 @@ TEST_F(PinnedTenants, TheLimitRefusesPinnedMemoryAndAKilledClientGivesItBack) {
   EXPECT_EQ(holdResult(alpha_, 16 * kMiB), "CUDA_SUCCESS");
 }
 
+// Memory registered with cuMemHostRegister counts against the same limit, over either
+// transport, and a killed client gives it back.
+TEST_F(PinnedTenants, RegisteredHostMemoryCountsAgainstTheLimit) {
+  auto holder =
+      daemon_->startClientOn(alpha_, "pinned_probe", {"hold-registered", std::to_string(6 * kMiB)});
+  ASSERT_TRUE(eventually([&] { return holder->output().find("holding") != std::string::npos; }))
+      << holder->output() << holder->errors() << daemon_->log();
+  auto second =
+      daemon_->runClientOn(alpha_, "pinned_probe", {"hold-registered", std::to_string(4 * kMiB)});
+  EXPECT_EQ(answers(second.output)["cuMemHostRegister"], "CUDA_ERROR_OUT_OF_MEMORY")
+      << second.output << second.errors;
+  auto status = daemon_->status();
+  EXPECT_EQ(tenantNamed(status, "alpha")["pinned_memory_used"], 6 * kMiB) << status.dump(2);
+  holder->signal(SIGKILL);
+  EXPECT_EQ(holder->wait().signal, SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    return tenantNamed(daemon_->status(), "alpha")["pinned_memory_used"] == 0;
+  })) << daemon_->status().dump(2);
+}
+
 // ---- the daemon's checks, from a hand-written client ----
 
 int connectTo(const std::string& path) {

@@ -11,6 +11,8 @@
 //   pinned_probe hold BYTES      cuMemHostAlloc, touch every page, then wait to be killed
 //   pinned_probe register        cuMemHostRegister of a sealed memfd's shared mapping (kernels
 //                                reach it) and of malloc'd memory (copies only), and its errors
+//   pinned_probe hold-registered BYTES   cuMemHostRegister of BYTES of shared memory, then wait
+//                                to be killed
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -335,6 +337,20 @@ int hold(std::size_t bytes) {
   for (;;) ::pause();
 }
 
+// cuMemHostRegister of a sealed memfd's shared mapping of BYTES, touched, then held until killed.
+int holdRegistered(std::size_t bytes) {
+  setUp();
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  unsigned char* memory = sharedMemory((bytes + page - 1) / page, /*sealed=*/true);
+  const CUresult result = cuMemHostRegister(memory, bytes, CU_MEMHOSTREGISTER_DEVICEMAP);
+  report("cuMemHostRegister", result);
+  if (result != CUDA_SUCCESS) return 0;
+  std::memset(memory, 0x5a, bytes);
+  std::printf("holding\n");
+  std::fflush(stdout);
+  for (;;) ::pause();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -348,5 +364,7 @@ int main(int argc, char** argv) {
   if (scenario == "async") return async();
   if (scenario == "hold") return hold(number(2));
   if (scenario == "register") return registered();
-  die("usage: pinned_probe copies BYTES | kernel COUNT | async | hold BYTES | register");
+  if (scenario == "hold-registered") return holdRegistered(number(2));
+  die("usage: pinned_probe copies BYTES | kernel COUNT | async | hold BYTES | register | "
+      "hold-registered BYTES");
 }
