@@ -139,9 +139,11 @@ TEST_P(CudartPrograms, MachineCodeWithoutPtxIsNoKernelImageAndTheDaemonCarriesOn
   EXPECT_TRUE(result.status.exitedWith(1)) << describe(result, daemon);
   EXPECT_NE(result.output.find("cudaErrorNoKernelImageForDevice"), std::string::npos)
       << result.output;
-  EXPECT_NE(daemon.log().find("no PTX entry for sm_90; the fatbin holds: sm_90 (ELF)"),
-            std::string::npos)
-      << daemon.log();
+  if (!chainedCudaBackend()) {  // the sim's account, in the upstream daemon's log
+    EXPECT_NE(daemon.log().find("no PTX entry for sm_90; the fatbin holds: sm_90 (ELF)"),
+              std::string::npos)
+        << daemon.log();
+  }
   RunResult after = daemon.runClient(program("multi_arch"));
   EXPECT_TRUE(after.status.exitedWith(0)) << describe(after, daemon);
 }

@@ -55,6 +55,8 @@ TEST(FatbinImages, MachineCodeForTheSimsGpuAndNewerPtxRunsFromThatPtx) {
       daemon.runClient("error_probe", {"load-image", kData + "/sass90_ptx100.fatbin"});
   EXPECT_NE(result.output.find("scale-result OK"), std::string::npos)
       << result.output << daemon.log();
+  // The sim's own account (through the chain, the upstream sim daemon's log has it).
+  if (chainedCudaBackend()) return;
   EXPECT_NE(daemon.log().find("has machine code for sm_90 but no PTX for it; running its "
                               "compute_100 PTX"),
             std::string::npos)
@@ -67,6 +69,7 @@ TEST(FatbinImages, MachineCodeAloneIsNoBinaryForGpuWithTheArchitecturesLogged) {
       daemon.runClient("error_probe", {"load-image", kData + "/sass_only_compressed.fatbin"});
   EXPECT_NE(result.output.find("cuModuleLoadData CUDA_ERROR_NO_BINARY_FOR_GPU"), std::string::npos)
       << result.output;
+  if (chainedCudaBackend()) return;  // the sim's account, in the upstream daemon's log
   EXPECT_NE(daemon.log().find("no PTX entry for sm_90; the fatbin holds: sm_75 (ELF), sm_80 (ELF)"),
             std::string::npos)
       << daemon.log();
@@ -108,8 +111,10 @@ TEST(FatbinImages, ImagesThatLieAreInvalidAndTheDaemonCarriesOn) {
         << name << "\n"
         << result.output << daemon.log();
   }
-  EXPECT_NE(daemon.log().find("malformed fatbin"), std::string::npos) << daemon.log();
-  EXPECT_NE(daemon.log().find("cannot load a fatbin"), std::string::npos) << daemon.log();
+  if (!chainedCudaBackend()) {  // the sim's account, in the upstream daemon's log
+    EXPECT_NE(daemon.log().find("malformed fatbin"), std::string::npos) << daemon.log();
+    EXPECT_NE(daemon.log().find("cannot load a fatbin"), std::string::npos) << daemon.log();
+  }
 
   RunResult after = daemon.runClient("vector_add", {"--elements", "4096"});
   EXPECT_TRUE(after.status.exitedWith(0)) << after.errors << daemon.log();
