@@ -357,6 +357,17 @@ DecodedCommand decodeSynchronize(const CommandReader& reader) {
                      body.handle,       body.completionToken, reader.flag(kSynchronizeQuery)};
 }
 
+// HostFunction and HostFunctionReturned share their body.
+template <typename Record>
+DecodedCommand decodeHostFunction(const CommandReader& reader) {
+  if (auto error = reader.checkShape<wire::HostFunctionBody>(0)) return *error;
+  const auto body = load<wire::HostFunctionBody>(reader.body(), 0);
+  if (body.completionToken == 0) {
+    return reader.valueError(DecodeFailure::kMissingCompletionToken, body.context, body.stream);
+  }
+  return Record{reader.sequence(), body.context, body.stream, body.completionToken};
+}
+
 // Common framing of both record kinds: the header's length is the record's size, aligned and
 // within the format's maximum.
 std::optional<DecodeFailure> checkFraming(std::size_t recordBytes, std::uint32_t length,
@@ -499,6 +510,10 @@ DecodedCommand decodeCommand(std::span<const std::byte> record, const SegmentLim
       return decodeSynchronize(reader);
     case Opcode::kMemset2D:
       return decodeMemset2D(reader);
+    case Opcode::kHostFunction:
+      return decodeHostFunction<HostFunction>(reader);
+    case Opcode::kHostFunctionReturned:
+      return decodeHostFunction<HostFunctionReturned>(reader);
   }
   return reader.shapeError(DecodeFailure::kUnknownOpcode);
 }
@@ -604,6 +619,12 @@ std::uint32_t encodedSize(const Synchronize&) {
 }
 std::uint32_t encodedSize(const Memset2D&) {
   return commandBytes(sizeof(wire::Memset2DBody));
+}
+std::uint32_t encodedSize(const HostFunction&) {
+  return commandBytes(sizeof(wire::HostFunctionBody));
+}
+std::uint32_t encodedSize(const HostFunctionReturned&) {
+  return commandBytes(sizeof(wire::HostFunctionBody));
 }
 std::uint32_t encodedSize(const Completion&) {
   return sizeof(wire::CompletionHeader) + sizeof(wire::CompletionBody);
@@ -725,6 +746,17 @@ std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out) {
   body.value = command.value;
   body.elementSize = command.elementSize;
   return writeCommand(Opcode::kMemset2D, 0, command.sequence, body, out);
+}
+
+std::size_t encodeHostFunction(const HostFunction& command, std::span<std::byte> out) {
+  const wire::HostFunctionBody body{command.context, command.stream, command.completionToken};
+  return writeCommand(Opcode::kHostFunction, 0, command.sequence, body, out);
+}
+
+std::size_t encodeHostFunctionReturned(const HostFunctionReturned& command,
+                                       std::span<std::byte> out) {
+  const wire::HostFunctionBody body{command.context, command.stream, command.token};
+  return writeCommand(Opcode::kHostFunctionReturned, 0, command.sequence, body, out);
 }
 
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out) {

@@ -29,7 +29,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // Bumped on every change that makes one side read a record or the header differently from the
 // other (RING_FORMAT.md, "Versioning").
-inline constexpr std::uint32_t kFormatVersion = 3;
+inline constexpr std::uint32_t kFormatVersion = 4;
 // "GPXYRING" as bytes in memory.
 inline constexpr std::uint64_t kSegmentMagic = 0x474E495259585047ull;
 
@@ -197,6 +197,14 @@ struct SynchronizeBody {
 static_assert(sizeof(SynchronizeBody) == 32);
 static_assert(offsetof(SynchronizeBody, kind) == 24);
 
+// HostFunction and HostFunctionReturned.
+struct HostFunctionBody {
+  std::uint64_t context;
+  std::uint64_t stream;
+  std::uint64_t completionToken;
+};
+static_assert(sizeof(HostFunctionBody) == 24);
+
 // At the start of the control region. The daemon increments `completionsPublished` after every
 // completion record it writes and wakes the client with FUTEX_WAKE when `completionWaiters` is
 // nonzero (the pair is ipc::CompletionWord).
@@ -258,6 +266,8 @@ enum class Opcode : std::uint16_t {
   kStreamWaitEvent = 7,
   kSynchronize = 8,
   kMemset2D = 9,
+  kHostFunction = 10,
+  kHostFunctionReturned = 11,
 };
 
 enum class CompletionKind : std::uint16_t {
@@ -421,6 +431,29 @@ struct Synchronize {
   friend bool operator==(const Synchronize&, const Synchronize&) = default;
 };
 
+// Host work on a stream (cuLaunchHostFunc, cuStreamAddCallback), which the stub runs itself: the
+// daemon answers `completionToken` with a Completion once the stream's earlier work is done (its
+// result: the stream's status), and holds the stream's later work until the stub sends
+// HostFunctionReturned with the same token.
+struct HostFunction {
+  static constexpr Opcode kOpcode = Opcode::kHostFunction;
+  std::uint64_t sequence = 0;
+  Handle context = 0;
+  Handle stream = 0;
+  std::uint64_t completionToken = 0;
+  friend bool operator==(const HostFunction&, const HostFunction&) = default;
+};
+
+// The host function of that token has returned: the stream goes on.
+struct HostFunctionReturned {
+  static constexpr Opcode kOpcode = Opcode::kHostFunctionReturned;
+  std::uint64_t sequence = 0;
+  Handle context = 0;
+  Handle stream = 0;
+  std::uint64_t token = 0;  // the HostFunction's completionToken (nobody waits for an answer)
+  friend bool operator==(const HostFunctionReturned&, const HostFunctionReturned&) = default;
+};
+
 struct Completion {
   std::uint64_t token = 0;
   CUresult result = CUDA_SUCCESS;
@@ -513,7 +546,8 @@ struct CommandTable {
   }
 };
 using Commands = CommandTable<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice,
-                              Memset, EventRecord, StreamWaitEvent, Synchronize, Memset2D>;
+                              Memset, EventRecord, StreamWaitEvent, Synchronize, Memset2D,
+                              HostFunction, HostFunctionReturned>;
 
 // Any one command, as the stub hands it to its command sink.
 using Command = Commands::Command;
@@ -558,6 +592,8 @@ std::uint32_t encodedSize(const EventRecord& command);
 std::uint32_t encodedSize(const StreamWaitEvent& command);
 std::uint32_t encodedSize(const Synchronize& command);
 std::uint32_t encodedSize(const Memset2D& command);
+std::uint32_t encodedSize(const HostFunction& command);
+std::uint32_t encodedSize(const HostFunctionReturned& command);
 std::uint32_t encodedSize(const Completion& completion);
 std::uint32_t encodedSize(const AsyncError& completion);
 std::uint32_t encodedSize(const StagingRelease& completion);
@@ -572,6 +608,9 @@ std::size_t encodeEventRecord(const EventRecord& command, std::span<std::byte> o
 std::size_t encodeStreamWaitEvent(const StreamWaitEvent& command, std::span<std::byte> out);
 std::size_t encodeSynchronize(const Synchronize& command, std::span<std::byte> out);
 std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out);
+std::size_t encodeHostFunction(const HostFunction& command, std::span<std::byte> out);
+std::size_t encodeHostFunctionReturned(const HostFunctionReturned& command,
+                                       std::span<std::byte> out);
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out);
 std::size_t encodeAsyncError(const AsyncError& completion, std::span<std::byte> out);
 std::size_t encodeStagingRelease(const StagingRelease& completion, std::span<std::byte> out);
@@ -604,6 +643,12 @@ inline std::size_t encode(const Synchronize& c, std::span<std::byte> out) {
 }
 inline std::size_t encode(const Memset2D& c, std::span<std::byte> out) {
   return encodeMemset2D(c, out);
+}
+inline std::size_t encode(const HostFunction& c, std::span<std::byte> out) {
+  return encodeHostFunction(c, out);
+}
+inline std::size_t encode(const HostFunctionReturned& c, std::span<std::byte> out) {
+  return encodeHostFunctionReturned(c, out);
 }
 inline std::size_t encode(const Completion& c, std::span<std::byte> out) {
   return encodeCompletion(c, out);

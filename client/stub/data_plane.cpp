@@ -219,6 +219,27 @@ CUresult DataPlane::waitFor(std::uint64_t token) {
   }
 }
 
+std::optional<std::pair<std::uint64_t, CUresult>> DataPlane::waitForAny(
+    std::span<const std::uint64_t> tokens) {
+  std::uint32_t seen = 0;
+  {
+    std::lock_guard lock(completionMutex_);
+    seen = completionWordValue();
+    drainLocked();
+    for (const std::uint64_t token : tokens) {
+      if (auto found = results_.find(token); found != results_.end()) {
+        const CUresult result = found->second;
+        results_.erase(found);
+        return std::pair{token, result};
+      }
+    }
+  }
+  if (!waitForProgress(seen, kWaitSlice)) {
+    return std::pair{std::uint64_t{0}, CUDA_ERROR_MPS_CONNECTION_FAILED};
+  }
+  return std::nullopt;
+}
+
 CUresult DataPlane::synchronize(std::uint64_t context, ring::SynchronizeKind kind,
                                 std::uint64_t handle, bool query) {
   ring::Synchronize command;

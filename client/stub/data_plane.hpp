@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "client/stub/async_errors.hpp"
@@ -103,6 +104,11 @@ public:
 
   // Waits for the Completion of `token` and returns its result.
   CUresult waitFor(std::uint64_t token);
+  // Waits a while (at most one bounded wait) for the Completion of any of `tokens`: that token
+  // and its result; nullopt if none came; token 0 with CUDA_ERROR_MPS_CONNECTION_FAILED once
+  // gpuproxyd is gone.
+  std::optional<std::pair<std::uint64_t, CUresult>> waitForAny(
+      std::span<const std::uint64_t> tokens);
 
   // cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize and (with `query`) cuStreamQuery,
   // cuEventQuery: a Synchronize record, then its answer. An asynchronous error of the stream (or

@@ -210,6 +210,7 @@ public:
   int priority() const override { return state_->requestedPriority; }
 
   const StreamState& state() const { return *state_; }
+  const std::shared_ptr<StreamState>& sharedState() const { return state_; }
   const ScheduledDevice& device() const { return device_; }
 
 private:
@@ -536,6 +537,42 @@ void ScheduledDevice::submitKernel(StreamState& stream, Operation& operation,
     pending->fulfiller->fulfill(KernelDone{status, 0});
     if (stream.deferredError == CUDA_SUCCESS) stream.deferredError = status;
   }
+}
+
+struct ScheduledDevice::HostGate {
+  std::shared_ptr<EventState> event;  // its one record is promised, made by openHostGate
+  bool open = false;
+};
+
+backend::Result<std::shared_ptr<ScheduledDevice::HostGate>> ScheduledDevice::pushHostGate(
+    backend::Stream& stream, backend::CompletionCallback reached) {
+  auto* proxy = dynamic_cast<ProxyStream*>(&stream);
+  if (proxy == nullptr || &proxy->device() != this) return CUDA_ERROR_INVALID_HANDLE;
+  // The real event is never recorded: once the gate opens, the real stream's wait for it is no
+  // wait at all (as for an event never recorded, in CUDA and in both backends).
+  auto real = device_->createEvent(CU_EVENT_DISABLE_TIMING);
+  if (!real.ok()) return real.code();
+  auto gate = std::make_shared<HostGate>();
+  gate->event = std::make_shared<EventState>();
+  gate->event->real = std::move(real).value();
+  gate->event->recorded = 1;
+  const std::shared_ptr<StreamState>& state = proxy->sharedState();
+  if (CUresult pushed = push(state, Operation{Operation::Callback{std::move(reached)}});
+      pushed != CUDA_SUCCESS) {
+    return pushed;
+  }
+  if (CUresult held = push(state, Operation{Operation::Wait{gate->event, 1}});
+      held != CUDA_SUCCESS) {
+    return held;
+  }
+  return gate;
+}
+
+void ScheduledDevice::openHostGate(HostGate& gate) {
+  if (std::exchange(gate.open, true)) return;
+  recordReleased(*gate.event, 1, CUDA_SUCCESS);
+  drainReady();
+  pump();
 }
 
 void ScheduledDevice::recordReleased(EventState& event, std::uint64_t sequence, CUresult status) {

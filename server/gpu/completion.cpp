@@ -40,19 +40,24 @@ kj::Promise<CUresult> handedOver(kj::Promise<CUresult> promise, HandOff handOff)
 
 }  // namespace
 
-kj::Promise<CUresult> whenStreamDone(backend::Stream& stream) {
+CallbackOnLoop callbackOnLoop() {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
   auto handOff = std::make_shared<std::atomic<bool>>(false);
-  CUresult queued = stream.addCallback(fulfillWith(kj::mv(paf.fulfiller), handOff));
+  return CallbackOnLoop{fulfillWith(kj::mv(paf.fulfiller), handOff),
+                        handedOver(kj::mv(paf.promise), handOff)};
+}
+
+kj::Promise<CUresult> whenStreamDone(backend::Stream& stream) {
+  CallbackOnLoop done = callbackOnLoop();
+  CUresult queued = stream.addCallback(std::move(done.callback));
   if (queued != CUDA_SUCCESS) return queued;
-  return handedOver(kj::mv(paf.promise), handOff);
+  return kj::mv(done.promise);
 }
 
 kj::Promise<CUresult> whenEventDone(backend::Event& event) {
-  auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
-  auto handOff = std::make_shared<std::atomic<bool>>(false);
-  event.whenComplete(fulfillWith(kj::mv(paf.fulfiller), handOff));
-  return handedOver(kj::mv(paf.promise), handOff);
+  CallbackOnLoop done = callbackOnLoop();
+  event.whenComplete(std::move(done.callback));
+  return kj::mv(done.promise);
 }
 
 kj::Promise<CUresult> firstError(kj::Array<kj::Promise<CUresult>> statuses) {

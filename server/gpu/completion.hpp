@@ -17,6 +17,13 @@ kj::Promise<CUresult> whenStreamDone(backend::Stream& stream);
 // A promise for the completion of `event`'s most recent record.
 kj::Promise<CUresult> whenEventDone(backend::Event& event);
 
+// A backend callback and the promise on the calling thread's event loop that it fulfils.
+struct CallbackOnLoop {
+  backend::CompletionCallback callback;
+  kj::Promise<CUresult> promise;
+};
+CallbackOnLoop callbackOnLoop();
+
 // Waits for all `statuses` and answers the first error among them (CUDA_SUCCESS if none).
 kj::Promise<CUresult> firstError(kj::Array<kj::Promise<CUresult>> statuses);
 

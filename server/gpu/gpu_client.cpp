@@ -590,6 +590,28 @@ CUresult GpuClient::enqueue(Handle context, Handle stream,
   return countUntilDone(*target->stream, 0);
 }
 
+GpuClient::HostFunctionHold GpuClient::holdForHostFunction(Handle context, Handle stream) {
+  auto refused = [](CUresult error) { return HostFunctionHold{error, CUDA_SUCCESS, nullptr}; };
+  auto target = resolveStream(context, stream);
+  if (!target) {
+    return refused(stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
+  }
+  CallbackOnLoop reached = callbackOnLoop();
+  auto gate = shard_.dispatcher().pushHostGate(*target->stream, std::move(reached.callback));
+  if (!gate.ok()) return refused(gate.code());
+  // Counted as queued work until the stream has gone past it (status, queued_operations).
+  if (CUresult counted = countUntilDone(*target->stream, 0); counted != CUDA_SUCCESS) {
+    shard_.dispatcher().openHostGate(*gate.value());
+    return refused(counted);
+  }
+  return HostFunctionHold{CUDA_SUCCESS, kj::mv(reached.promise), std::move(gate).value()};
+}
+
+void GpuClient::openHostGate(dispatch::ScheduledDevice::HostGate& gate) {
+  shard_.owner().check();
+  shard_.dispatcher().openHostGate(gate);
+}
+
 CUresult GpuClient::countUntilDone(backend::Stream& stream, std::uint64_t bytes) {
   auto work = std::make_shared<QueuedWork>(stats_, bytes);
   // The callback holds the count; the operation before it is done when it runs.

@@ -10,6 +10,7 @@
 
 #include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
+#include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/handles.hpp"
 #include "server/gpu/memory_charge.hpp"
@@ -95,6 +96,16 @@ public:
   // device range it touches lies inside one of this client's allocations (else
   // CUDA_ERROR_INVALID_VALUE). Host memory it names must stay valid until it has completed.
   CUresult enqueue(Handle context, Handle stream, const backend::MemoryOperation& operation);
+  // Host work on (context, stream), which the client runs itself (cuLaunchHostFunc): `reached`
+  // resolves with the stream's status once its earlier work is done, and the stream's later work
+  // waits until openHostGate(gate) (ScheduledDevice::pushHostGate).
+  struct HostFunctionHold {
+    CUresult result = CUDA_SUCCESS;  // an error: nothing is held
+    kj::Promise<CUresult> reached = CUDA_SUCCESS;
+    std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;
+  };
+  HostFunctionHold holdForHostFunction(Handle context, Handle stream);
+  void openHostGate(dispatch::ScheduledDevice::HostGate& gate);
 
   // Modules and kernels.
   // Answers once the module is loaded: its preparation (decoding, JIT) runs off this thread.

@@ -132,6 +132,9 @@ private:
   // Moves what the client's kernels printed from the GPUs into deviceOutput_, and tells the
   // client through `port` if there is any (a synchronisation is about to be answered).
   void collectDeviceOutput(CommandPort& port);
+  // Host functions (cuLaunchHostFunc) run by the client: the stream waits for it.
+  void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
+  void openHostGate(std::uint64_t token);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
   // Ends this client's connection: it broke the ring format (channelBroken follows).
@@ -183,6 +186,12 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
+  // Streams held for a host function the client runs, by its token, until it has returned.
+  struct HostGate {
+    std::uint32_t device = 0;  // the GpuClient's daemon device index
+    std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;
+  };
+  std::map<std::uint64_t, HostGate> hostGates_;
   // Host memory of the client's own that it registered (cuMemHostRegister) from a shared memfd
   // mapping: mapped here at the same address, by address. Charged and registered with every GPU
   // as the pinned heap's allocations are.

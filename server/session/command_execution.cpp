@@ -5,6 +5,7 @@
 // command that fails becomes an AsyncError the stub reports at the next synchronising call; a
 // waited-for command answers its completion token.
 
+#include "protocol/limits.hpp"
 #include "protocol/overloaded.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/session/client_session.hpp"
@@ -537,6 +538,8 @@ void ClientSession::executeChecked(const ring::DecodedCommand& command, CommandP
           },
           [&](const ring::StreamWaitEvent& wait) { report(port, streamWaitEvent(wait), wait); },
           [&](const ring::Synchronize& sync) { executeSynchronize(sync, port); },
+          [&](const ring::HostFunction& call) { executeHostFunction(call, port); },
+          [&](const ring::HostFunctionReturned& returned) { openHostGate(returned.token); },
           [&](const ring::DecodeError& error) {
             if (error.disconnect) {
               evict(std::string(ring::describe(error.failure)));
@@ -643,6 +646,42 @@ void ClientSession::executeCopyToHost(const ring::CopyDeviceToHost& copy, Comman
     if (copy.completionToken != 0) collectDeviceOutput(*port);
     answer(*port, result, copy.completionToken, copy);
   }));
+}
+
+void ClientSession::executeHostFunction(const ring::HostFunction& call, CommandPort& port) {
+  // Answered when due: in the completion ring, or in the answer of the Session.submit call that
+  // carried it (which then waits, as for a Synchronize).
+  const std::uint64_t token = call.completionToken;
+  if (hostGates_.count(token) != 0 || hostGates_.size() >= protocol::kMaxPendingHostFunctions) {
+    port.postCompletion(token, CUDA_ERROR_INVALID_VALUE);
+    return;
+  }
+  CUresult missing = CUDA_SUCCESS;
+  GpuClient* client = clientForStream(call.context, call.stream, missing);
+  if (client == nullptr) {
+    port.postCompletion(token, missing);
+    return;
+  }
+  GpuClient::HostFunctionHold hold = client->holdForHostFunction(call.context, call.stream);
+  if (hold.result != CUDA_SUCCESS) {
+    port.postCompletion(token, hold.result);
+    return;
+  }
+  hostGates_.emplace(token, HostGate{client->deviceIndex(), std::move(hold.gate)});
+  ringTasks_->add(hold.reached.then([port = port.shared_from_this(), token](CUresult status) {
+    port->postCompletion(token, status);
+  }));
+}
+
+void ClientSession::openHostGate(std::uint64_t token) {
+  // A token that holds nothing (answered with an error, opened already) changes nothing.
+  auto found = hostGates_.find(token);
+  if (found == hostGates_.end()) return;
+  HostGate gate = std::move(found->second);
+  hostGates_.erase(found);
+  if (auto client = clients_.find(gate.device); client != clients_.end()) {
+    client->second->openHostGate(*gate.gate);
+  }
 }
 
 void ClientSession::executeSynchronize(const ring::Synchronize& sync, CommandPort& port) {

@@ -61,6 +61,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -350,6 +351,13 @@ public:
     }
     ++answeredTokens_[token];
     ++answered_;
+    // A host function is due: the harness, as the stub, runs it (there is nothing to run) and
+    // says it returned.
+    if (auto host = hostFunctions_.find(token); host != hostFunctions_.end()) {
+      const ring::HostFunctionReturned returned = host->second;
+      hostFunctions_.erase(host);
+      if (onHostFunctionDue) onHostFunctionDue(returned);
+    }
     // A query of work still running is answered "not ready", which is no failure.
     if (result != CUDA_SUCCESS && result != CUDA_ERROR_NOT_READY) ++failures_;
     settleIfDone();
@@ -394,6 +402,10 @@ public:
             if constexpr (requires { decoded.completionToken; }) {
               expectToken(decoded.completionToken);
             }
+            if constexpr (std::is_same_v<T, ring::HostFunction>) {
+              hostFunctions_[decoded.completionToken] = ring::HostFunctionReturned{
+                  0, decoded.context, decoded.stream, decoded.completionToken};
+            }
             if constexpr (std::is_same_v<T, ring::CopyHostToDevice>) {
               if (decoded.source.region == ring::HostRegion::kStaging) {
                 expectRelease(decoded.source.offset, decoded.bytes);
@@ -420,7 +432,11 @@ public:
 
   std::uint64_t failures() const { return failures_; }
 
+  // Set by the harness: says a due host function returned (later, on the loop).
+  std::function<void(const ring::HostFunctionReturned&)> onHostFunctionDue;
+
 private:
+  std::map<std::uint64_t, ring::HostFunctionReturned> hostFunctions_;  // by token, not yet due
   template <typename Answer>
   static void checkDecodes(const Answer& answer) {
     std::array<std::byte, ring::kMaxCompletionRecordBytes> record{};
@@ -717,6 +733,10 @@ void steerCommand(ring::DecodedCommand& command, const Objects& objects,
           context(decoded.context);
           if (decoded.kind == ring::SynchronizeKind::kStream) stream(decoded.handle);
           if (decoded.kind == ring::SynchronizeKind::kEvent) event(decoded.handle);
+        } else if constexpr (std::is_same_v<T, ring::HostFunction> ||
+                             std::is_same_v<T, ring::HostFunctionReturned>) {
+          context(decoded.context);
+          stream(decoded.stream);
         }
         // A DecodeError is answered from its own fields; nothing of it reaches the GPU.
       },
@@ -843,6 +863,20 @@ RunResult runOne(std::span<const std::byte> input) {
 
     const Objects objects = setUp(daemon, session);
     auto port = std::make_shared<FuzzPort>(limits, hostData);
+    // Host functions that became due return on a later turn of the loop, as the stub's
+    // host-function thread answers.
+    struct FailOnError final : kj::TaskSet::ErrorHandler {
+      void taskFailed(kj::Exception&& exception) override {
+        fail("returning a host function threw: " + std::string(exception.getDescription().cStr()));
+      }
+    } failOnError;
+    kj::TaskSet returns(failOnError);
+    port->onHostFunctionDue = [&returns, &executor,
+                               port = port.get()](const ring::HostFunctionReturned& returned) {
+      returns.add(kj::evalLater([&executor, port, returned] {
+        executor.execute(ring::DecodedCommand{returned}, *port);
+      }));
+    };
     std::vector<std::byte> parameters;
     while (!rest.empty()) {
       // A ring leaves the client's records where they are while it is at its bound on queued
@@ -882,6 +916,7 @@ RunResult runOne(std::span<const std::byte> input) {
       daemon.waitBounded(port->settled(), "answers the client waits for (tokens, staging ranges)");
     }
     outcome.failures = port->failures();
+    port->onHostFunctionDue = nullptr;
     // The client goes away: its capability, and with it the session, is dropped.
   }
   daemon.waitBounded(daemon.reaper.onEmpty(), "the reaper to reclaim the session");
@@ -1099,6 +1134,19 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> seeds() {
                                     .add(launch(0, 1, fillArgs, 1, 32))
                                     .add(toHost(1, b(0), 0, 4096, 2, ring::HostRegion::kMessage))
                                     .add(synchronize(ring::SynchronizeKind::kStream, 1, 3)));
+  // Host functions: one behind a kernel on stream 1, one on the NULL stream, and a copy behind the
+  // first that must wait for it; the harness returns each once it is due.
+  ring::HostFunction hostFunction;
+  hostFunction.stream = 1;
+  hostFunction.completionToken = 7;
+  ring::HostFunction onNullStream;
+  onNullStream.completionToken = 8;
+  seed("host_functions", SeedWriter(0)
+                             .add(launch(0, 1, fillArgs, 1, 32))
+                             .add(hostFunction)
+                             .add(onNullStream)
+                             .add(toHost(1, a(0), 0, 256, 1))
+                             .add(synchronize(ring::SynchronizeKind::kStream, 1, 2)));
   // A client that exits without synchronising after its kernels printed.
   seed("device_printf_then_exit", SeedWriter(kTearDownBusy).add(launch(1, 1, addPrintArgs, 1, 32)));
   seed("teardown_with_work_queued", SeedWriter(kTearDownBusy, host)

@@ -171,6 +171,20 @@ TEST_F(DriverSurface, HostFunctionsRunInStreamOrder) {
                  {"callback-flags", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
+// A host function may wait for the application that queued it: it runs on a thread of the
+// stub's own, and the stream's later work waits until it returns. Over RPC (no asynchronous
+// answers) the stub runs it on the calling thread, which such a program cannot survive.
+TEST_F(DriverSurface, AHostFunctionMayWaitForTheApplicationThatQueuedIt) {
+  if (rpcTransport()) GTEST_SKIP() << "over RPC the stub runs host functions on the calling thread";
+  expectAnswers({{"host-wait-queued", "CUDA_SUCCESS"},
+                 {"host-wait-event-before-release", "CUDA_ERROR_NOT_READY"},
+                 {"host-wait-stream-before-release", "CUDA_ERROR_NOT_READY"},
+                 {"host-wait-sync", "CUDA_SUCCESS"},
+                 {"host-wait-saw-release", "yes"},
+                 {"host-wait-returned-before-sync", "yes"},
+                 {"host-wait-event-after", "CUDA_SUCCESS"}});
+}
+
 TEST_F(DriverSurface, LaunchKernelExRunsPlainLaunchesAndRefusesTheRest) {
   expectAnswers({{"launch-ex", "CUDA_SUCCESS"},
                  {"launch-ex-result", "yes"},

@@ -11,10 +11,13 @@
 #include "test_kernels_ptx.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -566,6 +569,45 @@ void hostFunctions(CUfunction fillU32) {
   MUST(cuStreamDestroy(stream));
 }
 
+// A host function that waits for the application: CUDA runs it on a thread of its own once due,
+// so cuLaunchHostFunc returns at once, and the stream's later work (an event record here) waits
+// until it has returned. A driver that ran it on the calling thread would never see the release.
+struct Rendezvous {
+  std::atomic<bool> released{false};
+  std::atomic<bool> sawRelease{false};
+  std::atomic<bool> returned{false};
+};
+
+void waitForRelease(void* data) {
+  auto* rendezvous = static_cast<Rendezvous*>(data);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!rendezvous->released.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  rendezvous->sawRelease.store(rendezvous->released.load());
+  rendezvous->returned.store(true);
+}
+
+void hostFunctionWaitsForTheApplication() {
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUevent after = nullptr;
+  MUST(cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
+  Rendezvous rendezvous;
+  report("host-wait-queued", cuLaunchHostFunc(stream, &waitForRelease, &rendezvous));
+  MUST(cuEventRecord(after, stream));
+  // The host function waits for us, so the event behind it cannot have completed.
+  report("host-wait-event-before-release", cuEventQuery(after));
+  report("host-wait-stream-before-release", cuStreamQuery(stream));
+  rendezvous.released.store(true);
+  report("host-wait-sync", cuStreamSynchronize(stream));
+  reportYes("host-wait-saw-release", rendezvous.sawRelease.load());
+  reportYes("host-wait-returned-before-sync", rendezvous.returned.load());
+  report("host-wait-event-after", cuEventQuery(after));
+  MUST(cuEventDestroy(after));
+  MUST(cuStreamDestroy(stream));
+}
+
 void launchEx(CUfunction fillU32) {
   constexpr unsigned long long kCount = 5000;
   CUdeviceptr device = 0;
@@ -661,6 +703,7 @@ int main() {
   pointers();
   copies2D();
   hostFunctions(fillU32);
+  hostFunctionWaitsForTheApplication();
   launchEx(fillU32);
   streamQueries();
 

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -232,7 +233,10 @@ int async() {
   return 0;
 }
 
-// A sealed memfd of `pages` pages, mapped shared: memory another process can map too.
+// A sealed memfd of `pages` pages, mapped shared: memory another process can map too. gpuproxyd
+// maps it at the same address, which must be free there: placed at a random address in a part of
+// the address space neither process's own mappings use (the stub places its segment the same
+// way), not where this process's next mmap would go, which may be in use in the daemon.
 unsigned char* sharedMemory(std::size_t pages, bool sealed) {
   const std::size_t bytes = pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const int fd = ::memfd_create("pinned_probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -240,7 +244,9 @@ unsigned char* sharedMemory(std::size_t pages, bool sealed) {
   if (sealed && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     die("F_ADD_SEALS");
   }
-  void* memory = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  std::random_device random;
+  void* hint = reinterpret_cast<void*>((std::uint64_t{0x3000} + random() % 0x1000) << 32);
+  void* memory = ::mmap(hint, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (memory == MAP_FAILED) die("mmap");
   ::close(fd);  // the mapping keeps the file
   return static_cast<unsigned char*>(memory);

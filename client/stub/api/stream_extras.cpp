@@ -6,7 +6,9 @@
 #include <cstdint>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
+#include "client/stub/host_functions.hpp"
 
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::guarded;
@@ -37,20 +39,33 @@ CUresult captureStatus(const char* entryPoint, CUstream hStream, CUstreamCapture
   });
 }
 
-// Host work on a stream runs after the stream's earlier work and before its later work. The stub
-// does that synchronously: it waits for the stream to drain (through the command sink, like
-// cuStreamSynchronize), runs the function on the calling thread and only then returns, so nothing
-// queued later can start before it. The caller blocks for the stream's earlier work, which CUDA
-// allows (an enqueueing call may complete early); the stream order is kept exactly. The function
-// may not call CUDA, as with the driver. `run` gets the stream's status; it returns what the call
-// returns.
+// The process's host-function thread, made at the first host function that goes through the data
+// plane (there is one data plane per process, for its whole life).
+gpuproxy::stub::HostFunctions& hostFunctionsOf(gpuproxy::stub::DataPlane& dataPlane) {
+  static gpuproxy::stub::HostFunctions* functions = new gpuproxy::stub::HostFunctions(dataPlane);
+  return *functions;
+}
+
+// Host work on a stream runs after the stream's earlier work and before its later work. With the
+// data plane the call returns at once and `run(status)` is called on the stub's host-function
+// thread when due, while gpuproxyd holds the stream's later work (host_functions.hpp). Without it
+// (GPUPROXY_TRANSPORT=rpc, whose calls carry no asynchronous answers) the stub does it
+// synchronously: it waits for the stream to drain (like cuStreamSynchronize), runs the function
+// on the calling thread and only then returns, so nothing queued later can start before it; CUDA
+// allows an enqueueing call to complete early, and the stream order is kept exactly. Either way
+// the function may not call CUDA, as with the driver. `run` gets the stream's status; in the
+// synchronous case the call returns what `run` returns.
 template <typename Run>
-CUresult runOnStream(const char* entryPoint, CUstream hStream, NullStream nullStream, Run&& run) {
+CUresult runOnStream(const char* entryPoint, CUstream hStream, NullStream nullStream, Run run) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
+    }
+    if (gpuproxy::stub::DataPlane* dataPlane = runtime.dataPlane()) {
+      return hostFunctionsOf(*dataPlane)
+          .launch(target.context, target.stream, [run](CUresult status) { run(status); });
     }
     const CUresult drained = runtime.commands().synchronize(
         target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
@@ -63,9 +78,9 @@ CUresult launchHostFunc(const char* entryPoint, CUstream hStream, CUhostFn fn, v
   if (fn == nullptr) {
     return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
-  return runOnStream(entryPoint, hStream, nullStream, [&](CUresult drained) {
-    // A stream that failed does not run later host functions; the failure is reported here, the
-    // first call that learns of it.
+  return runOnStream(entryPoint, hStream, nullStream, [fn, userData](CUresult drained) {
+    // A stream that failed does not run later host functions; the failure is reported at the
+    // stream's next synchronisation (here, when the call itself waited for the stream).
     if (drained != CUDA_SUCCESS) return drained;
     fn(userData);
     return CUDA_SUCCESS;
@@ -77,12 +92,14 @@ CUresult addCallback(const char* entryPoint, CUstream hStream, CUstreamCallback 
   if (callback == nullptr || flags != 0) {
     return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
-  return runOnStream(entryPoint, hStream, nullStream, [&](CUresult drained) {
-    // A callback runs whatever happened and is told the stream's status; the error is also
-    // returned, since this call is where the stub learnt of it.
-    callback(hStream, drained, userData);
-    return drained;
-  });
+  return runOnStream(entryPoint, hStream, nullStream,
+                     [hStream, callback, userData](CUresult drained) {
+                       // A callback runs whatever happened and is told the stream's status; when
+                       // the call itself waited, the error is also returned, since this call is
+                       // where the stub learnt of it.
+                       callback(hStream, drained, userData);
+                       return drained;
+                     });
 }
 
 // Stream ids: a stream's daemon handle, which the daemon never reuses within a session. The

@@ -260,6 +260,25 @@ TEST(RingRoundTrip, Memset2D) {
   EXPECT_EQ(decodedAs<Memset2D>(encoded(oneRow)), oneRow);
 }
 
+TEST(RingRoundTrip, HostFunctions) {
+  const HostFunction call{60, 0x1000, 0x3000, 77};
+  EXPECT_EQ(encoded(call).size(), 40u);
+  EXPECT_EQ(decodedAs<HostFunction>(encoded(call)), call);
+  const HostFunction onNullStream{61, 0x1000, 0, 78};
+  EXPECT_EQ(decodedAs<HostFunction>(encoded(onNullStream)), onNullStream);
+  const HostFunctionReturned returned{62, 0x1000, 0x3000, 77};
+  EXPECT_EQ(decodedAs<HostFunctionReturned>(encoded(returned)), returned);
+  // Without a token nobody could be told the function is due, nor the stream released: the
+  // command fails (it is no framing error).
+  for (const auto& record : {encoded(HostFunction{63, 0x1000, 0x3000, 0}),
+                             encoded(HostFunctionReturned{64, 0x1000, 0x3000, 0})}) {
+    const DecodedCommand decoded = decodeCommand(record, kLimits);
+    ASSERT_TRUE(std::holds_alternative<DecodeError>(decoded));
+    EXPECT_EQ(std::get<DecodeError>(decoded).failure, DecodeFailure::kMissingCompletionToken);
+    EXPECT_FALSE(std::get<DecodeError>(decoded).disconnect);
+  }
+}
+
 TEST(RingRoundTrip, EventsAndWaits) {
   EXPECT_EQ(decodedAs<EventRecord>(encoded(eventRecord())), eventRecord());
   EventRecord external = eventRecord();
@@ -489,7 +508,7 @@ std::vector<Rejection> rejections() {
       // Framing and shape: disconnect.
       {"opcode 0", d2d, set<std::uint16_t>(0, 0), DecodeFailure::kUnknownOpcode, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
-      {"opcode 10", d2d, set<std::uint16_t>(0, 10), DecodeFailure::kUnknownOpcode, kDisconnect,
+      {"opcode 12", d2d, set<std::uint16_t>(0, 12), DecodeFailure::kUnknownOpcode, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
       {"opcode 0xFFFF", d2d, set<std::uint16_t>(0, 0xFFFF), DecodeFailure::kUnknownOpcode,
        kDisconnect, CUDA_ERROR_NOT_SUPPORTED},
@@ -713,7 +732,7 @@ TEST(RingDecode, TheCallsPayloadIsARegionOnlyForRecordsCarriedByACall) {
 TEST(RingRecordTable, KnowsEveryOpcodeAndNothingElse) {
   for (std::uint16_t opcode = 0; opcode < 64; ++opcode) {
     const bool listed = opcode >= static_cast<std::uint16_t>(Opcode::kLaunchKernel) &&
-                        opcode <= static_cast<std::uint16_t>(Opcode::kMemset2D);
+                        opcode <= static_cast<std::uint16_t>(Opcode::kHostFunctionReturned);
     EXPECT_EQ(Commands::knows(opcode), listed) << opcode;
   }
   // The table's order is the variant's, so every alternative carries its own opcode.
