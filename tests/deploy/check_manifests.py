@@ -6,13 +6,16 @@ Kubernetes schemas and keep the promises deploy/README.md makes, without a clust
   2. `kubectl kustomize` of deploy/kubernetes and of every example under it
   3. schema validation (required fields, types) with the npm package kubernetes-models, when
      Node and the package are installed (nothing is downloaded here)
-  4. a strict unknown-field and type walk over Debian's python3-kubernetes models, plus their
+  4. the admission policy's CEL evaluated on the manifests' pods (admitted) and on client pods
+     broken in each way it names (rejected), with the npm package @marcbachmann/cel-js, when
+     installed
+  5. a strict unknown-field and type walk over Debian's python3-kubernetes models, plus their
      required-field checks
-  5. policy: what the DaemonSet needs (hostPID, OnDelete, system-node-critical, readiness through
+  6. policy: what the DaemonSet needs (hostPID, OnDelete, system-node-critical, readiness through
      gpuproxyctl, the socket directory at the daemon's default path from protocol/limits.hpp, only
      flags and tenant keys the C++ sources define), that client examples ask for no NVIDIA
      resource, mount no hostPath and do not see the driver, and the sidecar wiring
-  6. a self-check: broken copies of the rendered objects must be caught by the checks above
+  7. a self-check: broken copies of the rendered objects must be caught by the checks above
 
 Exit status: 0 all passed (parts whose tool is missing are skipped, saying so), 1 a check failed,
 77 kubectl is missing (nothing to render, the test is skipped).
@@ -616,6 +619,81 @@ def schema_errors(script, env, items):
     return [f"{e['where']}: {e['error']}" for e in json.loads(result.stdout)]
 
 
+# ---- admission policy CEL (@marcbachmann/cel-js, npm) --------------------------------------
+
+
+def as_pod(where, spec):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": where}, "spec": copy.deepcopy(spec)}
+
+
+def policy_cases(rendered):
+    """(where, pod, denied?) the admission policy must decide as stated: every pod of the
+    manifests is admitted, and a client pod broken in each way the policy names is not."""
+    cases = []
+    for where, objects in rendered.items():
+        for obj in objects:
+            spec = pod_spec(obj)
+            if spec is not None:
+                cases.append((f"{where}: {name_of(obj)}", as_pod(name_of(obj), spec), False))
+    client = {"containers": [{"name": "app", "image": "app", "env": [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        "resources": {"limits": {GPUPROXY_RESOURCE: 1}}}]}
+
+    def variant(what, denied, change):
+        spec = copy.deepcopy(client)
+        change(spec)
+        cases.append((f"client pod {what}", as_pod("client", spec), denied))
+
+    variant("as the examples write it", False, lambda s: None)
+    variant("with NVIDIA_VISIBLE_DEVICES=none", False,
+            lambda s: s["containers"][0]["env"][0].update(value="none"))
+    variant("without gpuproxy.io, privileged", False, lambda s: (
+        s["containers"][0].pop("resources"),
+        s["containers"][0].update(securityContext={"privileged": True})))
+    variant("also asking for nvidia.com/gpu", True,
+            lambda s: s["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": 1}))
+    variant("with an init container requesting nvidia.com/mig-1g.10gb", True,
+            lambda s: s.update(initContainers=[{"name": "i", "image": "i", "resources": {
+                "requests": {"nvidia.com/mig-1g.10gb": 1}}}]))
+    variant("with a privileged container", True,
+            lambda s: s["containers"].append({"name": "p", "image": "p",
+                                              "securityContext": {"privileged": True}}))
+    variant("with a privileged ephemeral container", True,
+            lambda s: s.update(ephemeralContainers=[{"name": "d", "image": "d",
+                                                     "securityContext": {"privileged": True}}]))
+    variant("with NVIDIA_VISIBLE_DEVICES=all", True,
+            lambda s: s["containers"][0]["env"][0].update(value="all"))
+    variant("with NVIDIA_VISIBLE_DEVICES from a ConfigMap", True,
+            lambda s: s["containers"][0].update(env=[{
+                "name": "NVIDIA_VISIBLE_DEVICES",
+                "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}]))
+    return cases
+
+
+def cel_errors(script, env, rendered):
+    policies = [o for objs in rendered.values() for o in objs
+                if o.get("kind") == "ValidatingAdmissionPolicy"]
+    if not policies:
+        return ["no ValidatingAdmissionPolicy to evaluate"]
+    cases = policy_cases(rendered)
+    items = {"policies": policies, "pods": [{"where": w, "object": p} for w, p, _ in cases]}
+    result = subprocess.run(["node", str(script)], input=json.dumps(items), capture_output=True,
+                            text=True, env=env, timeout=120)
+    if result.returncode != 0:
+        return [f"evaluate_policy.js failed: {result.stderr.strip()}"]
+    denials = {}
+    for entry in json.loads(result.stdout):
+        if entry["denied"] is not None:
+            denials.setdefault(entry["where"], []).append(f"{entry['policy']}: {entry['denied']}")
+    errors = []
+    for where, _, denied in cases:
+        if denied and where not in denials:
+            errors.append(f"{where}: admitted, but the admission policy is to reject it")
+        if not denied and where in denials:
+            errors.append(f"{where}: rejected ({'; '.join(denials[where])})")
+    return errors
+
+
 # ---- self-check: broken copies must be caught -----------------------------------------------
 
 
@@ -672,6 +750,14 @@ def mutations(rendered):
          lambda r: find(r, base, "ValidatingAdmissionPolicy")["spec"].update(validation=[])),
         ("container without a name", "strict", lambda r: daemon(r).pop("name")),
         ("container without a name", "schema", lambda r: daemon(r).pop("name")),
+        ("admission policy that lets nvidia.com/gpu through", "cel",
+         lambda r: find(r, base, "ValidatingAdmissionPolicy")["spec"]["validations"][0].update(
+             expression="true")),
+        ("admission policy that ignores ephemeral containers", "cel",
+         lambda r: find(r, base, "ValidatingAdmissionPolicy")["spec"]["validations"][1].update(
+             expression="!variables.asksGpuproxy || !variables.containers.exists(c, "
+                        "has(c.securityContext) && has(c.securityContext.privileged) && "
+                        "c.securityContext.privileged)")),
         ("privileged as a string", "schema",
          lambda r: daemon(r)["securityContext"].update(privileged="yes")),
     ]
@@ -734,6 +820,18 @@ def main():
         skipped.append("schema: " + ("node is not installed" if probe is None else
                        "the npm package kubernetes-models is not installed (it is not downloaded "
                        "at test time: `npm install -g kubernetes-models@4.5.1`, which runs on Node 20)"))
+
+    cel_script = Path(__file__).resolve().parent / "evaluate_policy.js"
+    probe = subprocess.run(["node", str(cel_script), "--probe"], capture_output=True, text=True,
+                           env=env, timeout=60) if shutil.which("node") else None
+    if probe is not None and probe.returncode == 0:
+        print(f"   @marcbachmann/cel-js {probe.stdout.strip()}")
+        checks["cel"] = lambda r: cel_errors(cel_script, env, r)
+    else:
+        skipped.append("cel: " + ("node is not installed" if probe is None else
+                       "the npm package @marcbachmann/cel-js is not installed (it is not "
+                       "downloaded at test time: `npm install -g @marcbachmann/cel-js@8.0.0`, "
+                       "Node 20.19 or newer)") + "; the admission policy's CEL is not evaluated")
 
     if importlib.util.find_spec("kubernetes") is not None:
         walker = StrictWalker()
