@@ -458,6 +458,8 @@ def policy_errors(root, rendered, facts):
         else:
             check_example(where, root / where, objects, facts, errors)
     check_images(rendered, root, errors)
+    example = root / "deploy/examples/tenants.yaml"
+    check_tenants_file(str(example.relative_to(root)), example.read_text(), facts, errors)
     return errors
 
 
