@@ -49,7 +49,9 @@ protected:
         GPUPROXY_RUN_IN_ROOTFS, rootFilesystem(), stubDirectory(),
         std::filesystem::path(daemon.socketPath()).parent_path().string(), programBinary(program)};
     argv.insert(argv.end(), arguments.begin(), arguments.end());
-    std::map<std::string, std::string> environment = {{"GPUPROXY_SOCKET", daemon.socketPath()}};
+    std::map<std::string, std::string> environment = {
+        {"GPUPROXY_SOCKET", daemon.socketPath()},
+        {"GPUPROXY_ROOTFS_BIND", GPUPROXY_CUDA_LIBRARY_DIR}};
     if (rpcTransport()) environment["GPUPROXY_TRANSPORT"] = "rpc";
     return run(std::move(argv), std::move(environment), std::chrono::seconds(120));
   }
@@ -77,10 +79,15 @@ TEST_F(Debian11, ADriverApiProgramRunsThroughTheShippedStub) {
   EXPECT_NE(result.output.find("gpuproxy sim device 0"), std::string::npos) << result.output;
 }
 
-TEST_F(Debian11, AnNvccBuiltRuntimeProgramRunsThroughTheShippedStub) {
+// cudart linked statically (nvcc's default), and shared: libcudart.so from the toolkit's library
+// directory, mounted at the same path, as a CUDA image has it (it needs only GLIBC_2.17).
+class Debian11Cudart : public Debian11, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(Debian11Cudart, AnNvccBuiltRuntimeProgramRunsThroughTheShippedStub) {
   Daemon daemon;
+  const std::string program = std::string("portable/cudart_checks_") + GetParam();
   for (const char* mode : {"vectors", "streams", "pinned"}) {
-    RunResult result = runThere(daemon, "portable/cudart_checks", {mode});
+    RunResult result = runThere(daemon, program, {mode});
     EXPECT_TRUE(result.status.exitedWith(0)) << mode << "\n" << describe(result, daemon);
     EXPECT_NE(result.output.find(std::string(mode) + ": PASSED"), std::string::npos)
         << result.output;
@@ -91,6 +98,8 @@ TEST_F(Debian11, AnNvccBuiltRuntimeProgramRunsThroughTheShippedStub) {
     return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
   }));
 }
+
+INSTANTIATE_TEST_SUITE_P(Cudart, Debian11Cudart, ::testing::Values("static", "shared"));
 
 }  // namespace
 }  // namespace gpuproxy::testing
