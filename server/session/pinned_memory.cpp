@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <system_error>
+#include <type_traits>
 
 #include <iterator>
 #include <utility>
@@ -25,13 +26,23 @@ namespace gpuproxy::server {
 
 namespace {
 
-bool overlapsAny(const std::map<std::uint64_t, std::uint64_t>& ranges, std::uint64_t offset,
+// Whether [start, start + bytes) overlaps a range of `ranges` (start -> its bytes, or -> an entry
+// with its `bytes`).
+template <typename Entry>
+bool overlapsAny(const std::map<std::uint64_t, Entry>& ranges, std::uint64_t start,
                  std::uint64_t bytes) {
-  auto next = ranges.lower_bound(offset);
-  if (next != ranges.end() && next->first < offset + bytes) return true;
+  auto lengthOf = [](const Entry& entry) -> std::uint64_t {
+    if constexpr (std::is_integral_v<Entry>) {
+      return entry;
+    } else {
+      return entry.bytes;
+    }
+  };
+  auto next = ranges.lower_bound(start);
+  if (next != ranges.end() && next->first < start + bytes) return true;
   if (next == ranges.begin()) return false;
   auto previous = std::prev(next);
-  return previous->first + previous->second > offset;
+  return previous->first + lengthOf(previous->second) > start;
 }
 
 // Unregisters `host` from the GPUs in `gpus` (all of them had it registered), on their
@@ -188,10 +199,7 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
     return kj::READY_NOW;
   }
   // Overlapping another of its ranges; the pinned heap cannot be overlapped, being mapped here.
-  auto next = hostWindows_.lower_bound(address);
-  if ((next != hostWindows_.end() && next->first < address + bytes) ||
-      (next != hostWindows_.begin() &&
-       std::prev(next)->first + std::prev(next)->second.bytes > address)) {
+  if (overlapsAny(hostWindows_, address, bytes)) {
     answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     return kj::READY_NOW;
   }
@@ -217,10 +225,7 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
       return kj::READY_NOW;
     }
     // The range may have been taken while the descriptor arrived.
-    auto next = hostWindows_.lower_bound(address);
-    if ((next != hostWindows_.end() && next->first < address + bytes) ||
-        (next != hostWindows_.begin() &&
-         std::prev(next)->first + std::prev(next)->second.bytes > address)) {
+    if (overlapsAny(hostWindows_, address, bytes)) {
       ::close(fd);
       answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
       return kj::READY_NOW;
