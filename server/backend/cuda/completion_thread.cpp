@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <exception>
+#include <mutex>
+#include <unordered_set>
 
 namespace gpuproxy::server::cuda {
 
@@ -21,12 +23,42 @@ struct CompletionThread::State {
 };
 
 // The userData of one host function. Only hostFunction() and cancel() delete it: a host function
-// the driver never calls (the context faulted or was reset) leaks this small token, which is
-// safer than freeing memory the driver might still hand back.
+// the driver never calls (the context faulted or was reset, or the process is exiting) keeps its
+// small token for good, which is safer than freeing memory the driver might still hand back.
 struct CompletionThread::Token {
   std::weak_ptr<State> state;
   std::uint64_t id = 0;
 };
+
+namespace {
+
+// Owns every token from expect() until hostFunction() or cancel() takes it back, so that one the
+// driver never hands back is still owned rather than lost. Never destroyed: a host function may
+// come during exit.
+struct OutstandingTokens {
+  std::mutex mutex;
+  std::unordered_set<const void*> tokens;
+};
+
+OutstandingTokens& outstandingTokens() {
+  static auto* tokens = new OutstandingTokens;
+  return *tokens;
+}
+
+void* holdToken(const void* token) {
+  OutstandingTokens& all = outstandingTokens();
+  std::lock_guard lock(all.mutex);
+  all.tokens.insert(token);
+  return const_cast<void*>(token);
+}
+
+void releaseToken(const void* token) {
+  OutstandingTokens& all = outstandingTokens();
+  std::lock_guard lock(all.mutex);
+  all.tokens.erase(token);
+}
+
+}  // namespace
 
 CompletionThread::CompletionThread(std::string name, Probe probe)
     : state_(std::make_shared<State>()), probe_(std::move(probe)) {
@@ -42,14 +74,16 @@ CompletionThread::~CompletionThread() {
 
 void* CompletionThread::expect(Work work) {
   auto* token = new Token{state_, 0};
-  std::lock_guard lock(state_->mutex);
-  token->id = state_->nextId++;
-  const bool wasEmpty = state_->expected.empty();
-  state_->expected.emplace(token->id, std::move(work));
-  if (wasEmpty) {
-    state_->wake.notify_one();  // so the thread starts probing
+  {
+    std::lock_guard lock(state_->mutex);
+    token->id = state_->nextId++;
+    const bool wasEmpty = state_->expected.empty();
+    state_->expected.emplace(token->id, std::move(work));
+    if (wasEmpty) {
+      state_->wake.notify_one();  // so the thread starts probing
+    }
   }
-  return token;
+  return holdToken(token);
 }
 
 CompletionThread::Work CompletionThread::cancel(void* userData) {
@@ -66,6 +100,7 @@ CompletionThread::Work CompletionThread::cancel(void* userData) {
       state_->quiet.notify_all();
     }
   }
+  releaseToken(token);
   delete token;
   return work;
 }
@@ -85,6 +120,7 @@ void CUDA_CB CompletionThread::hostFunction(void* userData) {
       }
     }
   }
+  releaseToken(token);
   delete token;
 }
 
