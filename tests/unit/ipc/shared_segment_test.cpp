@@ -245,7 +245,8 @@ TEST(SharedWindow, MapWindowRefusesAFileThatCouldShrinkOrAWindowPastItsEnd) {
                std::system_error);
   SharedSegment segment = SharedSegment::create("gpuproxy-test", 2 * pageSize());
   UniqueFd fd(::fcntl(segment.fd(), F_DUPFD_CLOEXEC, 0));
-  AddressReservation free = AddressReservation::reserve(4 * pageSize(), 0x200000000000);
+  AddressReservation free =
+      AddressReservation::reserve(4 * pageSize(), AddressReservation::kDefaultHint);
   void* at = free.address();
   free = AddressReservation();
   try {
