@@ -5,6 +5,7 @@
 // command that fails becomes an AsyncError the stub reports at the next synchronising call; a
 // waited-for command answers its completion token.
 
+#include "ipc/shared_file.hpp"
 #include "protocol/limits.hpp"
 #include "protocol/overloaded.hpp"
 #include "server/data_plane/data_plane.hpp"
@@ -31,22 +32,13 @@ namespace ring = protocol::ring;
 
 namespace {
 
-// A capability whose only content is a file descriptor (protocol::SharedFile). It owns its own
-// duplicate, so it may outlive the session while Cap'n Proto is still sending it.
-class SharedFileServer final : public protocol::SharedFile::Server {
-public:
-  explicit SharedFileServer(int fd) : fd_(::fcntl(fd, F_DUPFD_CLOEXEC, 0)) {
-    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "dup");
-  }
-  ~SharedFileServer() { ::close(fd_); }
-  SharedFileServer(const SharedFileServer&) = delete;
-  SharedFileServer& operator=(const SharedFileServer&) = delete;
-
-  kj::Maybe<int> getFd() override { return fd_; }
-
-private:
-  int fd_;
-};
+// A SharedFile capability holding a duplicate of `fd` of its own, so that it may outlive the
+// session while Cap'n Proto is still sending it.
+kj::Own<ipc::SharedFileServer> sharedFileOf(int fd) {
+  ipc::UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy) throw std::system_error(errno, std::generic_category(), "dup");
+  return kj::heap<ipc::SharedFileServer>(std::move(copy));
+}
 
 // One Session.submit call waiting for its client's queued work to shrink, counted for as long as
 // it waits.
@@ -140,8 +132,8 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
         std::make_shared<ClientChannel>(static_cast<CommandExecutor&>(*this),
                                         "gpuproxy-client-" + std::to_string(stats_->identity.pid),
                                         sizes, reservation ? &*reservation : nullptr);
-    results.setSegment(kj::heap<SharedFileServer>(channel->segmentFd()));
-    results.setDoorbell(kj::heap<SharedFileServer>(channel->doorbellFd()));
+    results.setSegment(sharedFileOf(channel->segmentFd()));
+    results.setDoorbell(sharedFileOf(channel->doorbellFd()));
     results.setSegmentBytes(channel->segmentBytes());
     results.setPinnedHeapBytes(channel->pinnedHeap().size());
     services_.dataPlane->add(*channel);

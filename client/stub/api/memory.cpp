@@ -34,6 +34,7 @@
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/pinned_heap.hpp"
+#include "ipc/shared_file.hpp"
 #include "ipc/shared_segment.hpp"
 
 using gpuproxy::protocol::Session;
@@ -328,16 +329,6 @@ bool overlapsPageLocked(std::uint64_t address, std::uint64_t bytes) {
   return previous.start + previous.bytes > address;
 }
 
-// A capability whose content is one descriptor (protocol::SharedFile), sent with a request.
-class SharedFileServer final : public gpuproxy::protocol::SharedFile::Server {
-public:
-  explicit SharedFileServer(gpuproxy::ipc::UniqueFd fd) : fd_(std::move(fd)) {}
-  kj::Maybe<int> getFd() override { return fd_.get(); }
-
-private:
-  gpuproxy::ipc::UniqueFd fd_;
-};
-
 // cuMemHostRegister. Memory that lies in a shared mapping of a sealed memfd (another process's
 // shared segment, such as gpuproxyd's pinned memory when its cuda backend runs on this stub) is
 // mapped by gpuproxyd at the same address and registered with its GPUs: devices reach it, as on
@@ -371,7 +362,7 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
             gpuproxy::ipc::sharedWindowOf(reinterpret_cast<void*>(pageStart), pageBytes)) {
       const CUresult result = runtime.call([&](Session::Client& session) {
         auto request = session.registerHostRangeRequest();
-        request.setFile(kj::heap<SharedFileServer>(std::move(window->fd)));
+        request.setFile(kj::heap<gpuproxy::ipc::SharedFileServer>(std::move(window->fd)));
         request.setFileOffset(window->fileOffset);
         request.setAddress(pageStart);
         request.setBytes(pageBytes);
