@@ -21,14 +21,25 @@ std::string buildDir() {
   return dir;
 }
 
+namespace {
+// The prefix gpuproxyd, gpuproxyctl and the stub are taken from: the build tree's, or with
+// GPUPROXY_TEST_INSTALL_ROOT the /usr/local of scripts/package's tarball unpacked there.
+std::string shippedPrefix() {
+  const char* installRoot = std::getenv("GPUPROXY_TEST_INSTALL_ROOT");
+  if (installRoot != nullptr && *installRoot != '\0')
+    return std::string(installRoot) + "/usr/local";
+  return buildDir();  // the same layout: bin/, lib/gpuproxy/
+}
+}  // namespace
+
 std::string daemonBinary() {
-  return buildDir() + "/bin/gpuproxyd";
+  return shippedPrefix() + "/bin/gpuproxyd";
 }
 std::string ctlBinary() {
-  return buildDir() + "/bin/gpuproxyctl";
+  return shippedPrefix() + "/bin/gpuproxyctl";
 }
 std::string stubDirectory() {
-  return buildDir() + "/lib/gpuproxy";
+  return shippedPrefix() + "/lib/gpuproxy";
 }
 std::string programBinary(const std::string& name) {
   return buildDir() + "/tests/programs/" + name;

@@ -19,6 +19,8 @@ namespace gpuproxy::testing {
 
 // The build tree (from $GPUPROXY_BUILD_DIR, which ctest sets).
 std::string buildDir();
+// gpuproxyd, gpuproxyctl and the stub: the build tree's, or with GPUPROXY_TEST_INSTALL_ROOT set,
+// those of scripts/package's tarball unpacked there (under its usr/local).
 std::string daemonBinary();                          // build/bin/gpuproxyd
 std::string ctlBinary();                             // build/bin/gpuproxyctl
 std::string stubDirectory();                         // build/lib/gpuproxy (holds libcuda.so.1)
