@@ -95,7 +95,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
     device.setBlockingCalls(blocking.completed);
     device.setBlockingCallNanoseconds(blocking.nanoseconds);
     device.setBlockingCallsPending(blocking.pending);
-    const backend::StreamPriorityRange range = gpu.dispatcher().streamPriorityRange();
+    const backend::StreamPriorityRange range = gpu.streamPriorityRange();
     const auto setBand = [](protocol::PriorityBand::Builder out,
                             const backend::StreamPriorityRange& band) {
       out.setLeast(band.least);
@@ -106,7 +106,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
             dispatch::priorityBand(range, backend::TenantClass::kLatencyCritical));
     setBand(device.initBestEffortPriorities(),
             dispatch::priorityBand(range, backend::TenantClass::kBestEffort));
-    const backend::SmPartition partition = gpu.dispatcher().smPartition();
+    const backend::SmPartition partition = gpu.smPartition();
     device.setHasSmPartition(partition.enabled);
     if (partition.enabled) {
       auto out = device.initSmPartition();

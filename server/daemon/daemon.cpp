@@ -150,8 +150,8 @@ int runDaemon(const DaemonOptions& options) {
     sim::SimOptions simulator;
     simulator.devices = options.simDevices;
     simulator.memoryBytes = options.simMemoryBytes;
-    simulator.slowModuleLoadDevice = options.simSlowModuleLoadDevice;
-    simulator.moduleLoadDelay = std::chrono::milliseconds(options.simModuleLoadDelayMs);
+    simulator.slowModuleLoad = options.simSlowModuleLoad;
+    simulator.slowReset = options.simSlowReset;
     choice = backend::selectBackend(options.backend, simulator, options.cudaDriver);
   } catch (const std::exception& error) {
     spdlog::critical("cannot start the {} backend: {}", options.backend, error.what());

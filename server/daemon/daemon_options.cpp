@@ -27,10 +27,32 @@ bool parseBestEffortSms(const std::string& text, unsigned& sms, unsigned& percen
   return true;
 }
 
+namespace {
+// DEVICE:MS for a --sim-slow-* option; an empty value leaves `out` alone. Says why on stderr
+// when the value is not one.
+bool parseSlowCall(const char* option, const std::string& value, int devices, sim::SlowCall& out) {
+  if (value.empty()) return true;
+  unsigned device = 0;
+  unsigned milliseconds = 0;
+  char end = 0;
+  if (std::sscanf(value.c_str(), "%u:%u%c", &device, &milliseconds, &end) != 2 ||
+      device >= static_cast<unsigned>(devices) || milliseconds > 600'000) {
+    std::fprintf(stderr,
+                 "gpuproxyd: %s: '%s' is not DEVICE:MS with a device below --sim-devices and at "
+                 "most 600000 ms\n",
+                 option, value.c_str());
+    return false;
+  }
+  out = sim::SlowCall{static_cast<int>(device), std::chrono::milliseconds(milliseconds)};
+  return true;
+}
+}  // namespace
+
 std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   DaemonOptions options;
   std::string simMemory = "16GiB";
   std::string slowModuleLoad;
+  std::string slowReset;
   std::string bestEffortSms;
   CLI::App app{
       "gpuproxyd: owns the GPUs of this node and serves CUDA clients through the gpuproxy stub"};
@@ -54,6 +76,10 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   app.add_option("--sim-slow-module-load", slowModuleLoad,
                  "DEVICE:MS: sim device DEVICE takes MS milliseconds more to prepare each module, "
                  "as a large PTX JIT does on a GPU (for testing)")
+      ->group("Testing");
+  app.add_option("--sim-slow-reset", slowReset,
+                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to reset its context "
+                 "after a sticky fault, as recreating a context does on a GPU (for testing)")
       ->group("Testing");
   app.add_option("--config", options.configPath,
                  "Tenants file (YAML); SIGHUP reloads it. Without it, every client of --socket is "
@@ -97,20 +123,10 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
     return 2;
   }
   options.simMemoryBytes = *bytes;
-  if (!slowModuleLoad.empty()) {
-    unsigned device = 0;
-    unsigned milliseconds = 0;
-    char end = 0;
-    if (std::sscanf(slowModuleLoad.c_str(), "%u:%u%c", &device, &milliseconds, &end) != 2 ||
-        device >= static_cast<unsigned>(options.simDevices) || milliseconds > 600'000) {
-      std::fprintf(stderr,
-                   "gpuproxyd: --sim-slow-module-load: '%s' is not DEVICE:MS with a device below "
-                   "--sim-devices and at most 600000 ms\n",
-                   slowModuleLoad.c_str());
-      return 2;
-    }
-    options.simSlowModuleLoadDevice = static_cast<int>(device);
-    options.simModuleLoadDelayMs = milliseconds;
+  if (!parseSlowCall("--sim-slow-module-load", slowModuleLoad, options.simDevices,
+                     options.simSlowModuleLoad) ||
+      !parseSlowCall("--sim-slow-reset", slowReset, options.simDevices, options.simSlowReset)) {
+    return 2;
   }
   if (!bestEffortSms.empty() &&
       !parseBestEffortSms(bestEffortSms, options.bestEffortSms, options.bestEffortPercent)) {

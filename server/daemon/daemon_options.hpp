@@ -2,6 +2,7 @@
 // gpuproxyd's command line.
 
 #include "protocol/limits.hpp"
+#include "server/backend/sim/sim_backend.hpp"
 
 #include <cstdint>
 #include <string>
@@ -19,10 +20,10 @@ struct DaemonOptions {
   std::string adminSocketPath = protocol::kDefaultAdminSocket;
   int simDevices = 1;
   std::uint64_t simMemoryBytes = 16ull << 30;
-  // --sim-slow-module-load DEVICE:MS: that sim device takes MS milliseconds longer to prepare
-  // each module, as a large JIT would on a GPU (for testing that a slow load stalls no one else).
-  int simSlowModuleLoadDevice = -1;
-  std::uint32_t simModuleLoadDelayMs = 0;
+  // --sim-slow-module-load and --sim-slow-reset DEVICE:MS: that sim device takes MS milliseconds
+  // longer to prepare each module, or to reset its context (for testing that they stall no one).
+  sim::SlowCall simSlowModuleLoad = {};
+  sim::SlowCall simSlowReset = {};
   std::string logLevel = "info";
   std::string configPath;          // tenants file; empty = only the default tenant
   std::string metricsAddress;      // e.g. 127.0.0.1:9400; empty = no metrics endpoint

@@ -255,27 +255,40 @@ scheduler::Nanos ScheduledDevice::now() {
 
 backend::Result<CUdeviceptr> ScheduledDevice::allocate(std::size_t bytes,
                                                        backend::AddressSpace owner) {
-  return device_->allocate(bytes, owner);
+  return backend().allocate(bytes, owner);
 }
 
 CUresult ScheduledDevice::free(CUdeviceptr pointer) {
-  return device_->free(pointer);
+  return backend().free(pointer);
 }
 
 backend::MemoryInfo ScheduledDevice::memoryInfo() {
-  return device_->memoryInfo();
+  return backend().memoryInfo();
 }
 
 CUresult ScheduledDevice::stickyError() {
-  return device_->stickyError();
+  return backend().stickyError();
 }
 
-CUresult ScheduledDevice::reset() {
+kj::Function<CUresult()> ScheduledDevice::beginReset() {
+  KJ_ASSERT(!resetting_, "a reset began while another was under way");
   abandonAll(CUDA_ERROR_CONTEXT_IS_DESTROYED);
   // Real streams made before a reset are invalid after it; only drained, released ones can be
   // left here (the caller dropped every proxy), and nothing of theirs is held any more.
   std::erase_if(streams_, [](const auto& entry) { return entry.second->released; });
-  return device_->reset();
+  resetting_ = true;
+  return [device = device_.get()]() { return device->reset(); };
+}
+
+void ScheduledDevice::finishReset() {
+  KJ_ASSERT(resetting_, "finishReset without beginReset");
+  resetting_ = false;
+}
+
+CUresult ScheduledDevice::reset() {
+  const CUresult status = beginReset()();
+  finishReset();
+  return status;
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(unsigned flags,
@@ -301,9 +314,9 @@ backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStreamF
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::makeStream(
     const StreamOwner& owner, backend::TenantClass workClass, unsigned flags, int priority,
     backend::AddressSpace addressSpace) {
-  const backend::StreamPriorityRange range = device_->streamPriorityRange();
-  auto real = device_->createStreamFor(workClass, flags, devicePriority(range, workClass, priority),
-                                       addressSpace);
+  const backend::StreamPriorityRange range = backend().streamPriorityRange();
+  auto real = backend().createStreamFor(workClass, flags,
+                                        devicePriority(range, workClass, priority), addressSpace);
   if (!real.ok()) return real.code();
   auto state = std::make_shared<StreamState>();
   state->id = nextStreamId_++;
@@ -323,7 +336,7 @@ std::optional<StreamPlacement> ScheduledDevice::placement(const backend::Stream&
 }
 
 backend::Result<std::unique_ptr<backend::Event>> ScheduledDevice::createEvent(unsigned flags) {
-  auto real = device_->createEvent(flags);
+  auto real = backend().createEvent(flags);
   if (!real.ok()) return real.code();
   auto state = std::make_shared<EventState>();
   state->real = std::move(real).value();
@@ -353,7 +366,7 @@ CUresult ScheduledDevice::checkLaunch(const backend::Function& function,
 
 CUresult ScheduledDevice::push(const std::shared_ptr<StreamState>& stream, Operation operation) {
   // New work on a poisoned context fails at once, as the backend would fail it.
-  if (CUresult sticky = device_->stickyError(); sticky != CUDA_SUCCESS) {
+  if (CUresult sticky = backend().stickyError(); sticky != CUDA_SUCCESS) {
     if (auto* record = std::get_if<Operation::Record>(&operation.body)) {
       recordReleased(*record->event, record->sequence, sticky);
     }
@@ -550,7 +563,7 @@ backend::Result<std::shared_ptr<ScheduledDevice::HostGate>> ScheduledDevice::pus
   if (proxy == nullptr || &proxy->device() != this) return CUDA_ERROR_INVALID_HANDLE;
   // The real event is never recorded: once the gate opens, the real stream's wait for it is no
   // wait at all (as for an event never recorded, in CUDA and in both backends).
-  auto real = device_->createEvent(CU_EVENT_DISABLE_TIMING);
+  auto real = backend().createEvent(CU_EVENT_DISABLE_TIMING);
   if (!real.ok()) return real.code();
   auto gate = std::make_shared<HostGate>();
   gate->event = std::make_shared<EventState>();

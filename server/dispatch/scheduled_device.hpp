@@ -30,6 +30,8 @@
 #include "server/tenant/tenant.hpp"
 
 #include <kj/async.h>
+#include <kj/debug.h>
+#include <kj/function.h>
 #include <kj/timer.h>
 
 #include <array>
@@ -112,7 +114,7 @@ public:
   }
   backend::Result<std::unique_ptr<backend::Module>> loadPrepared(
       std::unique_ptr<backend::PreparedModule> prepared, backend::AddressSpace owner) override {
-    return device_->loadPrepared(std::move(prepared), owner);
+    return backend().loadPrepared(std::move(prepared), owner);
   }
   // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant, placed
   // as best-effort (createStream) or as `workClass` (createStreamFor).
@@ -122,18 +124,25 @@ public:
       backend::TenantClass workClass, unsigned flags, int priority,
       backend::AddressSpace owner) override;
   backend::StreamPriorityRange streamPriorityRange() const override {
-    return device_->streamPriorityRange();
+    return backend().streamPriorityRange();
   }
-  backend::SmPartition smPartition() const override { return device_->smPartition(); }
+  backend::SmPartition smPartition() const override { return backend().smPartition(); }
   backend::Result<std::unique_ptr<backend::Event>> createEvent(unsigned flags) override;
   CUresult stickyError() override;
+  // Asked from backend threads too, when a kernel reports a sticky error (the backends allow it).
   std::string stickyErrorDetail() override { return device_->stickyErrorDetail(); }
-  void abandonWorkOf(backend::AddressSpace owner) override { device_->abandonWorkOf(owner); }
+  void abandonWorkOf(backend::AddressSpace owner) override { backend().abandonWorkOf(owner); }
   std::string takeDeviceOutput(backend::AddressSpace owner) override {
-    return device_->takeDeviceOutput(owner);
+    return backend().takeDeviceOutput(owner);
   }
-  // Fails every operation still held here (their callbacks get CUDA_ERROR_CONTEXT_IS_DESTROYED),
-  // then resets the real device.
+  // The context reset, in two halves so that its slow part can leave the owner thread (a reset
+  // recreates a GPU context: it may take long). beginReset, on the owner thread, fails every
+  // operation still held here (their callbacks get CUDA_ERROR_CONTEXT_IS_DESTROYED) and returns
+  // the real device's reset, which one other thread may then run. Until finishReset, also on the
+  // owner thread, the owner makes no call that reaches the real device (checked: KJ_ASSERT).
+  kj::Function<CUresult()> beginReset();
+  void finishReset();
+  // Both halves, on the owner thread.
   CUresult reset() override;
 
   // A stream whose kernels are scheduled for `owner`. Its priority on the GPU is in the band of
@@ -229,8 +238,16 @@ private:
   void forgetExpiredTenants();
   // Fails and drops every held operation.
   void abandonAll(CUresult status);
+  // The real device, for the owner thread's calls: none may reach it while another thread resets
+  // it (beginReset). Immutable facts (properties, occupiedBytes) and the calls the backend
+  // contract lets other threads make go to device_ directly.
+  backend::Device& backend() const {
+    KJ_ASSERT(!resetting_, "a call reached the device while its context is being reset");
+    return *device_;
+  }
 
   std::unique_ptr<backend::Device> device_;
+  bool resetting_ = false;  // from beginReset to finishReset
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   kj::Timer& timer_;
   std::map<scheduler::StreamId, std::shared_ptr<StreamState>> streams_;

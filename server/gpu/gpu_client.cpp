@@ -38,7 +38,7 @@ GpuClient::~GpuClient() {
   for (Handle handle : contexts) destroyContextNow(handle);
   // What its kernels printed since its last synchronisation (it went without one): the device
   // keeps it by address space, which no client has again, so nobody would ever take it.
-  shard_.device().takeDeviceOutput(stats_->addressSpace);
+  shard_.takeDeviceOutput(stats_->addressSpace);
   shard_.detach(*this);
 }
 

@@ -140,6 +140,7 @@ void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
 
 void GpuShard::recoverIfIdle() {
   owner_.check();
+  if (resetting()) return;
   // Idle: no client holds a context on this GPU. One that is still connected but has reset or
   // destroyed all its contexts has nothing the reset could take from it (device memory, modules,
   // streams and events all belong to a context); its pinned host memory stays registered, since
@@ -150,18 +151,76 @@ void GpuShard::recoverIfIdle() {
   // A blocking call may be using the context (a JIT, a registration); the last one to end comes
   // back here.
   if (blockingCallsOutstanding_ > 0) return;
-  if (device_->stickyError() == CUDA_SUCCESS) return;
-  CUresult reset = device_->reset();
-  if (reset != CUDA_SUCCESS) {
+  const CUresult sticky = device_->stickyError();
+  if (sticky == CUDA_SUCCESS) return;
+  startReset(sticky);
+}
+
+void GpuShard::startReset(CUresult sticky) {
+  auto ended = kj::newPromiseAndFulfiller<void>();
+  resetEnded_ =
+      std::make_unique<Reset>(Reset{ended.promise.fork(), kj::mv(ended.fulfiller), sticky,
+                                    device_->streamPriorityRange(), device_->smPartition()});
+  spdlog::info("device {}: resetting the poisoned context", index_);
+  // Recreating a context takes long on a GPU (and re-registering clients' pinned memory in it
+  // longer): the blocking-call thread does it, after any call queued there before, while this
+  // thread goes on serving every other client and GPU. Until it ends, no new context is made
+  // here (whenServing) and nothing here calls the device.
+  // Not a runBlocking call: that would look for a reset to start as soon as this one ended, and
+  // one that failed would be retried at once, for ever; a failed reset is retried when a client
+  // or a blocking call next gives reason to (recoverIfIdle).
+  blockingCallAnswers_->add(
+      blockingCalls_->run([reset = device_->beginReset()]() mutable { return reset(); })
+          .then([this](CUresult status) { finishReset(status); },
+                [this](kj::Exception&& exception) {
+                  spdlog::error("device {}: the context reset threw: {}", index_,
+                                exception.getDescription().cStr());
+                  finishReset(CUDA_ERROR_UNKNOWN);
+                }));
+}
+
+void GpuShard::finishReset(CUresult status) {
+  owner_.check();
+  device_->finishReset();
+  kj::Own<kj::PromiseFulfiller<void>> end = kj::mv(resetEnded_->end);
+  resetEnded_.reset();
+  if (status != CUDA_SUCCESS) {
     spdlog::error("device {}: resetting the poisoned context failed ({})", index_,
-                  protocol::cudaResultNameOr(reset, "unknown error"));
-    return;
+                  protocol::cudaResultNameOr(status, "unknown error"));
+  } else {
+    // Every charge was credited as its context went; a count left over would be the ledger's
+    // bug.
+    if (clients_.empty()) memoryUsed_ = 0;
+    faultingPid_ = 0;
+    faultReported_ = false;
+    spdlog::warn("device {}: context recovered after a sticky fault; serving new clients", index_);
   }
-  // Every charge was credited as its context went; a count left over would be the ledger's bug.
-  if (clients_.empty()) memoryUsed_ = 0;
-  faultingPid_ = 0;
-  faultReported_ = false;
-  spdlog::warn("device {}: context recovered after a sticky fault; serving new clients", index_);
+  // Contexts asked for meanwhile are made now (after a failed reset, they get the sticky error).
+  end->fulfill();
+}
+
+kj::Promise<void> GpuShard::whenServing() {
+  owner_.check();
+  if (resetEnded_) return resetEnded_->ended.addBranch();
+  return kj::READY_NOW;
+}
+
+CUresult GpuShard::stickyError() {
+  owner_.check();
+  return resetEnded_ ? resetEnded_->sticky : device_->stickyError();
+}
+
+backend::StreamPriorityRange GpuShard::streamPriorityRange() const {
+  return resetEnded_ ? resetEnded_->priorities : device_->streamPriorityRange();
+}
+
+backend::SmPartition GpuShard::smPartition() const {
+  return resetEnded_ ? resetEnded_->partition : device_->smPartition();
+}
+
+std::string GpuShard::takeDeviceOutput(backend::AddressSpace owner) {
+  owner_.check();
+  return resetEnded_ ? std::string() : device_->takeDeviceOutput(owner);
 }
 
 }  // namespace gpuproxy::server

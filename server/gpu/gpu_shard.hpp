@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace gpuproxy::server {
@@ -77,18 +78,34 @@ public:
 
   std::size_t clientCount() const { return clients_.size(); }
 
+  // Resolves at once, or, while the GPU's context is being reset, when the reset has ended: a new
+  // context is made only then (the reset would destroy it, or find it in its way).
+  kj::Promise<void> whenServing();
+  bool resetting() const { return resetEnded_ != nullptr; }
+  // The device's stream priorities and SM partition, as status shows them; during a reset, those
+  // from before it.
+  backend::StreamPriorityRange streamPriorityRange() const;
+  backend::SmPartition smPartition() const;
+  // What `owner`'s kernels printed (backend::Device::takeDeviceOutput); nothing during a reset,
+  // which drops it.
+  std::string takeDeviceOutput(backend::AddressSpace owner);
+
   // Sticky faults: the first kernel that completes with a sticky error names the faulting client.
   // Called from backend threads.
   void noteKernelStatus(CUresult status, pid_t pid);
   // The owner thread's check, for the state of this GPU kept elsewhere (its clients').
   const OwnerThread& owner() const { return owner_; }
-  CUresult stickyError() { return device_->stickyError(); }
+  // During a reset, the error it clears.
+  CUresult stickyError();
   pid_t faultingPid() const { return faultingPid_.load(); }
 
 private:
   friend class GpuClient;
   void detach(GpuClient& client);
   void recoverIfIdle();
+  // Resets the context on the blocking-call thread; finishReset (this thread) ends it.
+  void startReset(CUresult sticky);
+  void finishReset(CUresult status);
   void taskFailed(kj::Exception&& exception) override;
   // Runs `call` on the blocking-call thread; then, on this thread, `finish(callerWaits)` gives
   // the caller's answer, whether or not the caller still waits for it.
@@ -106,6 +123,17 @@ private:
   kj::Own<kj::TaskSet> blockingCallAnswers_;
   // Blocking calls not yet ended: the context is not reset while one is, since it may use it.
   unsigned blockingCallsOutstanding_ = 0;
+  // While the context is being reset: resolved when it ends (whenServing), and what status says
+  // of the device meanwhile. The owner thread makes no call on the device then
+  // (ScheduledDevice::beginReset).
+  struct Reset {
+    kj::ForkedPromise<void> ended;
+    kj::Own<kj::PromiseFulfiller<void>> end;
+    CUresult sticky;
+    backend::StreamPriorityRange priorities;
+    backend::SmPartition partition;
+  };
+  std::unique_ptr<Reset> resetEnded_;
   std::uint64_t memoryUsed_ = 0;
   std::set<GpuClient*> clients_;
   std::atomic<pid_t> faultingPid_{0};

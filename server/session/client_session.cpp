@@ -146,21 +146,29 @@ GpuClient* ClientSession::clientOwning(CUdeviceptr pointer) {
 // ---------------------------------------------------------------------------------------------
 // Contexts
 
+kj::Promise<void> ClientSession::whenDeviceServes(std::uint32_t ordinal) {
+  if (ordinal >= visibleDevices_.size() || visibleDevices_[ordinal] >= services_.gpus.size()) {
+    return kj::READY_NOW;  // the call answers CUDA_ERROR_INVALID_DEVICE
+  }
+  return services_.gpus[visibleDevices_[ordinal]]->whenServing();
+}
+
 kj::Promise<void> ClientSession::createContext(CreateContextContext context) {
-  auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientForDevice(params.getDevice());
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_DEVICE);
-    return kj::READY_NOW;
-  }
-  auto created = client->createContext(params.getFlags());
-  results.setResult(created.code());
-  if (created.ok()) {
-    results.setContext(created.value());
-    noteDeviceUsed(client->deviceIndex());
-  }
-  return kj::READY_NOW;
+  const std::uint32_t device = context.getParams().getDevice();
+  return whenDeviceServes(device).then([this, device, context]() mutable {
+    auto results = context.getResults();
+    GpuClient* client = clientForDevice(device);
+    if (client == nullptr) {
+      results.setResult(CUDA_ERROR_INVALID_DEVICE);
+      return;
+    }
+    auto created = client->createContext(context.getParams().getFlags());
+    results.setResult(created.code());
+    if (created.ok()) {
+      results.setContext(created.value());
+      noteDeviceUsed(client->deviceIndex());
+    }
+  });
 }
 
 void ClientSession::noteDeviceUsed(std::uint32_t device) {
@@ -177,20 +185,21 @@ kj::Promise<void> ClientSession::destroyContext(DestroyContextContext context) {
 }
 
 kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContext context) {
-  std::uint32_t device = context.getParams().getDevice();
-  auto results = context.getResults();
-  GpuClient* client = clientForDevice(device);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_DEVICE);
-    return kj::READY_NOW;
-  }
-  auto retained = client->retainPrimaryContext();
-  results.setResult(retained.code());
-  if (retained.ok()) {
-    results.setContext(retained.value());
-    noteDeviceUsed(client->deviceIndex());
-  }
-  return kj::READY_NOW;
+  const std::uint32_t device = context.getParams().getDevice();
+  return whenDeviceServes(device).then([this, device, context]() mutable {
+    auto results = context.getResults();
+    GpuClient* client = clientForDevice(device);
+    if (client == nullptr) {
+      results.setResult(CUDA_ERROR_INVALID_DEVICE);
+      return;
+    }
+    auto retained = client->retainPrimaryContext();
+    results.setResult(retained.code());
+    if (retained.ok()) {
+      results.setContext(retained.value());
+      noteDeviceUsed(client->deviceIndex());
+    }
+  });
 }
 
 kj::Promise<void> ClientSession::releasePrimaryContext(ReleasePrimaryContextContext context) {
@@ -466,7 +475,7 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
     device.setUuid(kj::arrayPtr(properties.uuid.data(), properties.uuid.size()));
     device.setTotalMemory(properties.totalMemory);
     const backend::StreamPriorityRange priorities =
-        services_.gpus[visible[i]]->dispatcher().streamPriorityRange();
+        services_.gpus[visible[i]]->streamPriorityRange();
     device.initStreamPriorities().setLeast(priorities.least);
     device.getStreamPriorities().setGreatest(priorities.greatest);
     auto attributes = device.initAttributes(static_cast<unsigned>(properties.attributes.size()));

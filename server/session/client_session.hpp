@@ -159,6 +159,9 @@ private:
   // The client's state on its device ordinal `device`, created on first use; null for a device
   // it cannot see.
   GpuClient* clientForDevice(std::uint32_t device);
+  // Resolves once the GPU behind visible device `ordinal` serves new contexts: at once, or when
+  // the reset of its context now under way ends (GpuShard::whenServing).
+  kj::Promise<void> whenDeviceServes(std::uint32_t ordinal);
   void noteDeviceUsed(std::uint32_t device);
   // The client's state on the device a handle of `kind` names; null when no such state exists.
   GpuClient* clientFor(std::uint64_t handle, HandleKind kind);

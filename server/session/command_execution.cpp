@@ -747,8 +747,7 @@ namespace gpuproxy::server {
 
 void ClientSession::collectDeviceOutput(CommandPort& port) {
   for (const auto& [device, client] : clients_) {
-    const std::string text =
-        services_.gpus[device]->device().takeDeviceOutput(stats_->addressSpace);
+    const std::string text = services_.gpus[device]->takeDeviceOutput(stats_->addressSpace);
     if (text.empty()) continue;
     deviceOutput_ += text;
     if (deviceOutput_.size() > kMaxDeviceOutputBytes) {

@@ -1,7 +1,7 @@
 // A module load that takes seconds (a large PTX JIT on a GPU; here a sim device told to be that
 // slow) stalls no one else: not the clients of another GPU, not the other clients of the same
-// GPU, not gpuproxyctl. The daemon prepares modules on each GPU's blocking-call thread, and its
-// status and metrics count those calls.
+// GPU, not gpuproxyctl. Nor does the reset of a GPU's context after a sticky fault. The daemon
+// runs both on each GPU's blocking-call thread, and its status and metrics count those calls.
 #include "tests/support/process.hpp"
 
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@ using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
 constexpr int kSlowLoadMs = 4000;
+constexpr int kSlowResetMs = 3000;
 
 // The slowest round trip steady_client saw: the upper bound of its last non-empty bucket.
 double slowestRoundTripUs(const std::string& output) {
@@ -106,6 +107,67 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
             2 * kSlowLoadMs / 1000.0);
   EXPECT_EQ(status["devices"][1]["blocking_calls"]["ended"].get<int>(), 1) << status.dump(2);
   EXPECT_LT(status["devices"][1]["blocking_calls"]["seconds"].get<double>(), kSlowLoadMs / 1000.0);
+}
+
+TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  options.extraArguments = {"--sim-slow-reset", "0:" + std::to_string(kSlowResetMs)};
+  Daemon daemon(options);
+  auto onOtherGpu = daemon.startClient(
+      "steady_client", {"--interval-us", "1000", "--seconds", "60", "--device", "1"});
+  ASSERT_TRUE(eventually(
+      [&] { return daemon.status()["devices"][1]["blocking_calls"]["ended"].get<int>() >= 1; },
+      std::chrono::seconds(30)))
+      << daemon.log();
+
+  // A kernel on device 0 faults, which poisons its context; once its program has gone, the
+  // context is reset, taking seconds.
+  RunResult trap = daemon.runClient("error_probe", {"trap"});
+  ASSERT_TRUE(trap.status.exitedWith(0)) << trap.errors;
+  EXPECT_EQ(answers(trap.output)["cuCtxSynchronize"], "CUDA_ERROR_ILLEGAL_ADDRESS") << trap.output;
+  const auto resetStarted = steady_clock::now();
+  ASSERT_TRUE(eventually(
+      [&] { return daemon.status()["devices"][0]["blocking_calls"]["pending"].get<int>() == 1; },
+      std::chrono::seconds(10)))
+      << daemon.log();
+
+  // A program that starts on device 0 meanwhile gets its context once the reset is over, and
+  // runs: it is neither refused with the fault it never caused nor given a context the reset
+  // would destroy.
+  auto newcomer = daemon.startClient("vector_add", {"--elements", "1024", "--device", "0"});
+
+  // The admin socket answers at once all along, and shows the fault until the reset is over.
+  int answersDuringTheReset = 0;
+  while (steady_clock::now() - resetStarted < milliseconds(kSlowResetMs - 1500)) {
+    const auto asked = steady_clock::now();
+    nlohmann::json status = daemon.status();
+    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - asked);
+    EXPECT_LT(took.count(), kSlowResetMs / 4) << "gpuproxyctl status waited for the reset";
+    EXPECT_EQ(status["devices"][0]["sticky_error"], "CUDA_ERROR_ILLEGAL_ADDRESS") << status.dump(2);
+    ++answersDuringTheReset;
+  }
+  EXPECT_GT(answersDuringTheReset, 0);
+
+  ExitStatus ran = newcomer->wait(std::chrono::seconds(60));
+  EXPECT_TRUE(ran.exitedWith(0)) << newcomer->output() << newcomer->errors() << daemon.log();
+  EXPECT_GE(std::chrono::duration_cast<milliseconds>(steady_clock::now() - resetStarted).count(),
+            kSlowResetMs - 1000);
+  nlohmann::json status = daemon.status();
+  EXPECT_TRUE(status["devices"][0]["sticky_error"].is_null()) << status.dump(2);
+  // Device 0's blocking calls: the two programs' module preparations and the reset.
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 3) << status.dump(2);
+  EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(), kSlowResetMs / 1000.0);
+
+  // The client of the other GPU never waited anywhere near that long for a synchronise.
+  onOtherGpu->signal(SIGTERM);
+  ExitStatus steady = onOtherGpu->wait(std::chrono::seconds(30));
+  ASSERT_TRUE(steady.exitedWith(0)) << onOtherGpu->errors();
+  const std::map<std::string, std::string> seen = answers(onOtherGpu->output());
+  EXPECT_EQ(seen.at("errors"), "0") << onOtherGpu->output();
+  EXPECT_LT(slowestRoundTripUs(onOtherGpu->output()), kSlowResetMs * 1000.0 / 4)
+      << "a synchronise on another GPU waited for the reset:\n"
+      << onOtherGpu->output();
 }
 
 }  // namespace

@@ -313,7 +313,8 @@ public:
     }
   }
 
-  // Recreates the context (Device::reset), and the SM partition in it. Owner thread.
+  // Recreates the context (Device::reset), and the SM partition in it. On the thread the owner
+  // lends the device to for it (the daemon's blocking-call thread), or the owner's.
   CUresult reset() {
     // Host functions still enqueued die with the context: their callbacks run now, and
     // nothing of the completion thread touches the old context afterwards.

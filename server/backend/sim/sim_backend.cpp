@@ -905,9 +905,10 @@ class SimDevice final : public Device {
 public:
   SimDevice(int index, std::uint64_t memoryBytes, std::unique_ptr<DeviceArena> arena,
             std::shared_ptr<ptx::Interpreter> interpreter,
-            std::chrono::milliseconds moduleLoadDelay)
+            std::chrono::milliseconds moduleLoadDelay, std::chrono::milliseconds resetDelay)
       : core_(std::make_shared<DeviceCore>(index, std::move(arena), std::move(interpreter))),
-        moduleLoadDelay_(moduleLoadDelay) {
+        moduleLoadDelay_(moduleLoadDelay),
+        resetDelay_(resetDelay) {
     properties_.name = "gpuproxy sim device " + std::to_string(index);
     // Reads "gpuproxy-sim" followed by the index: stable across runs and plainly not a real GPU.
     constexpr char kPrefix[] = "gpuproxy-sim";
@@ -1169,12 +1170,16 @@ public:
   std::string takeDeviceOutput(backend::AddressSpace owner) override {
     return core_->takeOutput(owner);
   }
-  CUresult reset() override { return core_->reset(); }
+  CUresult reset() override {
+    if (resetDelay_.count() > 0) std::this_thread::sleep_for(resetDelay_);
+    return core_->reset();
+  }
 
 private:
   DeviceProperties properties_;
   std::shared_ptr<DeviceCore> core_;
   const std::chrono::milliseconds moduleLoadDelay_;
+  const std::chrono::milliseconds resetDelay_;
 };
 
 class SimBackend final : public backend::Backend {
@@ -1183,8 +1188,8 @@ public:
       : devices_(options.devices),
         memoryBytes_(options.memoryBytes / kAllocationAlignment * kAllocationAlignment),
         interpreter_(std::make_shared<ptx::Interpreter>(workerThreads(options))),
-        slowModuleLoadDevice_(options.slowModuleLoadDevice),
-        moduleLoadDelay_(options.moduleLoadDelay) {}
+        slowModuleLoad_(options.slowModuleLoad),
+        slowReset_(options.slowReset) {}
 
   std::string_view name() const override { return "sim"; }
   int driverVersion() const override { return CUDA_VERSION; }
@@ -1210,10 +1215,9 @@ public:
                     index, memoryBytes_);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    const auto moduleLoadDelay =
-        index == slowModuleLoadDevice_ ? moduleLoadDelay_ : std::chrono::milliseconds{0};
-    return std::unique_ptr<Device>(std::make_unique<SimDevice>(
-        index, memoryBytes_, std::move(arena), interpreter_, moduleLoadDelay));
+    return std::unique_ptr<Device>(
+        std::make_unique<SimDevice>(index, memoryBytes_, std::move(arena), interpreter_,
+                                    slowModuleLoad_.on(index), slowReset_.on(index)));
   }
 
 private:
@@ -1228,8 +1232,8 @@ private:
   const std::uint64_t memoryBytes_;
   // Shared by every device: blocks of concurrent launches share the host's cores.
   const std::shared_ptr<ptx::Interpreter> interpreter_;
-  const int slowModuleLoadDevice_;
-  const std::chrono::milliseconds moduleLoadDelay_;
+  const SlowCall slowModuleLoad_;
+  const SlowCall slowReset_;
 };
 
 }  // namespace

@@ -16,16 +16,26 @@
 
 namespace gpuproxy::server::sim {
 
+// A call that takes `delay` longer on device `device` (-1: on none).
+struct SlowCall {
+  int device = -1;
+  std::chrono::milliseconds delay{0};
+  std::chrono::milliseconds on(int index) const {
+    return index == device ? delay : std::chrono::milliseconds{0};
+  }
+};
+
 struct SimOptions {
   int devices = 1;                          // 0..256
   std::uint64_t memoryBytes = 16ull << 30;  // per device; 1 byte .. 1 TiB, rounded down to 256
   // Threads that run a launch's blocks beside the device's engine thread; -1: one per core
   // beyond the first.
   int workerThreads = -1;
-  // Makes preparing a module on device `slowModuleLoadDevice` take at least `moduleLoadDelay`, as
-  // a large PTX JIT does on a GPU: for testing that a slow load stalls no one else. -1: none.
-  int slowModuleLoadDevice = -1;
-  std::chrono::milliseconds moduleLoadDelay{0};
+  // Calls made slow on one device, as they can be on a GPU: for testing that they stall no one
+  // else. Preparing a module (a large PTX JIT), and resetting the context after a sticky fault
+  // (recreating it, registering clients' pinned memory in it again).
+  SlowCall slowModuleLoad = {};
+  SlowCall slowReset = {};
 };
 
 // Throws std::invalid_argument when the options are out of range.

@@ -426,8 +426,15 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   EXPECT_NE(shard_.stickyError(), CUDA_SUCCESS);  // the victim is still attached
   wait(victim->drain());
   victim.reset();
+  // The last one gone, the context is reset on the shard's blocking-call thread; until that ends
+  // the shard says what it is recovering from, and new contexts wait for it (whenServing).
+  EXPECT_TRUE(shard_.resetting());
+  EXPECT_EQ(shard_.stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  wait(shard_.whenServing());
+  EXPECT_FALSE(shard_.resetting());
   EXPECT_EQ(shard_.stickyError(), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(shard_.blockingCalls().completed, 2u);  // the module's preparation, and the reset
   auto fresh = newClient(30);
   auto freshContext = fresh->createContext(0);
   EXPECT_TRUE(fresh->allocate(freshContext.value(), 16).ok());
