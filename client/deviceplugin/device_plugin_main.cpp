@@ -4,8 +4,8 @@
 #include "client/deviceplugin/device_plugin_service.hpp"
 #include "client/deviceplugin/plugin_endpoint.hpp"
 #include "client/deviceplugin/pod_resources.hpp"
+#include "client/deviceplugin/profiles_config.hpp"
 #include "client/deviceplugin/slots.hpp"
-#include "protocol/byte_size.hpp"
 #include "protocol/limits.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -14,8 +14,10 @@
 
 #include <csignal>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <variant>
 #include <vector>
@@ -43,44 +45,6 @@ bool stopRequested(const sigset_t& signals, milliseconds timeout) {
   return ::sigtimedwait(&signals, nullptr, &wait) > 0;
 }
 
-// --profile RESOURCE:slots=N[,memory=SIZE][,weight=W][,class=best-effort|latency-critical]
-std::variant<SlotProfile, std::string> parseProfile(const std::string& text) {
-  SlotProfile profile;
-  auto colon = text.find(':');
-  profile.resourceName = text.substr(0, colon);
-  std::string rest = colon == std::string::npos ? "" : text.substr(colon + 1);
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    auto item = rest.substr(0, comma);
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-    auto equals = item.find('=');
-    if (equals == std::string::npos)
-      return "--profile " + text + ": '" + item + "' is not key=value";
-    auto key = item.substr(0, equals);
-    auto value = item.substr(equals + 1);
-    try {
-      if (key == "slots") {
-        profile.slotsPerGpu = static_cast<std::uint32_t>(std::stoul(value));
-      } else if (key == "memory") {
-        auto bytes = gpuproxy::protocol::parseByteSize(value);
-        if (!bytes) return "--profile " + text + ": '" + value + "' is not a size (try 4GiB)";
-        profile.memoryPerSlot = *bytes;
-      } else if (key == "weight") {
-        profile.weightPerSlot = static_cast<std::uint32_t>(std::stoul(value));
-      } else if (key == "class" && (value == "best-effort" || value == "latency-critical")) {
-        profile.latencyCritical = value == "latency-critical";
-      } else {
-        return "--profile " + text + ": unknown '" + item +
-               "' (slots=N, memory=SIZE, weight=W, class=best-effort|latency-critical)";
-      }
-    } catch (const std::exception&) {
-      return "--profile " + text + ": '" + value + "' is not a number";
-    }
-  }
-  if (auto error = profileError(profile); !error.empty()) return "--profile " + text + ": " + error;
-  return profile;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +54,7 @@ int main(int argc, char** argv) {
   std::string podResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   AllocationSettings settings{"/run/gpuproxy/alloc", "/run/gpuproxy/lib"};
   std::uint32_t slotsPerGpu = 4;
-  std::vector<std::string> profileTexts;
+  std::string configFile;
   std::uint64_t registerTimeoutMs = 10000;
   std::uint64_t daemonPollMs = 2000;
   std::uint64_t sweepIntervalMs = 10000;
@@ -113,11 +77,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--slots-per-gpu", slotsPerGpu,
                  "slots of " + std::string(kDefaultResourceName) +
-                     " per GPU, each an equal share of its memory")
+                     " per GPU, each an equal share of its memory (the config file may say "
+                     "otherwise)")
       ->capture_default_str();
-  app.add_option("--profile", profileTexts,
-                 "another resource: NAME:slots=N[,memory=SIZE][,weight=W][,class=C], e.g. "
-                 "gpuproxy.io/gpu-4gb:slots=2,memory=4GiB (repeatable)");
+  app.add_option("--config", configFile,
+                 "gpuproxyd's tenants file: its `device_plugin:` section gives the slot profiles "
+                 "(resources) to advertise");
   app.add_option("--register-timeout-ms", registerTimeoutMs,
                  "how long to wait for the kubelet to answer Register")
       ->capture_default_str();
@@ -136,16 +101,20 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(logLevel));
 
   std::vector<SlotProfile> profiles;
-  SlotProfile defaultProfile;
-  defaultProfile.slotsPerGpu = slotsPerGpu;
-  profiles.push_back(defaultProfile);
-  for (const auto& text : profileTexts) {
-    auto parsed = parseProfile(text);
-    if (auto* error = std::get_if<std::string>(&parsed)) {
-      std::fprintf(stderr, "gpuproxy-device-plugin: %s\n", error->c_str());
-      return 2;
+  try {
+    std::string yaml;
+    if (!configFile.empty()) {
+      std::ifstream file(configFile);
+      if (!file) throw ProfilesConfigError("cannot read " + configFile);
+      std::ostringstream text;
+      text << file.rdbuf();
+      yaml = text.str();
     }
-    profiles.push_back(std::get<SlotProfile>(parsed));
+    profiles = parseProfilesConfig(yaml, slotsPerGpu);
+  } catch (const ProfilesConfigError& error) {
+    std::fprintf(stderr, "gpuproxy-device-plugin: %s%s\n",
+                 configFile.empty() ? "" : (configFile + ": ").c_str(), error.what());
+    return 2;
   }
   std::set<std::string> resources;
   for (const auto& profile : profiles) {

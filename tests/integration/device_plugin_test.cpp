@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -352,10 +353,11 @@ protected:
   }
 
   // Waits until the kubelet has been sent `count` slots with `health`.
-  bool slotsListed(std::size_t count, const std::string& health = "Healthy") {
+  bool slotsListed(std::size_t count, const std::string& health = "Healthy",
+                   const std::string& resource = kResource) {
     return eventually(
         [&] {
-          auto devices = kubelet_.devices();
+          auto devices = kubelet_.devices(resource);
           return devices.size() == count &&
                  std::all_of(devices.begin(), devices.end(),
                              [&](const auto& device) { return device.second == health; });
@@ -530,6 +532,39 @@ TEST_F(DevicePlugin, AKubeletThatNeverAnswersRegisterIsLoggedAndTriedAgain) {
   EXPECT_TRUE(plugin_->running());
   kubelet_.setAnswering(true);
   EXPECT_TRUE(slotsListed(8)) << plugin_->errors();
+}
+
+// Profiles from the daemon's tenants file: each its own resource, registered on its own socket,
+// whose slots carry the profile's memory limit, weight and class.
+TEST_F(DevicePlugin, ProfilesFromTheConfigFileAreResourcesOfTheirOwn) {
+  const std::string config = directory_.file("tenants.yaml");
+  {
+    std::ofstream file(config);
+    file << "tenants: []\n"
+            "device_plugin:\n"
+            "  slots_per_gpu: 2\n"
+            "  profiles:\n"
+            "    - resource: gpuproxy.io/gpu-32mb\n"
+            "      slots_per_gpu: 3\n"
+            "      memory_limit: 32MiB\n"
+            "      weight: 5\n"
+            "      class: latency-critical\n";
+  }
+  startPlugin({"--config", config});
+  ASSERT_TRUE(slotsListed(4)) << plugin_->errors();
+  ASSERT_TRUE(slotsListed(6, "Healthy", "gpuproxy.io/gpu-32mb")) << plugin_->errors();
+  EXPECT_EQ(kubelet_.registrations(), 2);
+
+  v1beta1::AllocateResponse response;
+  auto status = kubelet_.allocate({{"gpu1-slot1", "gpu1-slot2"}}, response, "gpuproxy.io/gpu-32mb");
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  auto tenants = allocationTenants(daemon_.status());
+  ASSERT_EQ(tenants.size(), 1u);
+  EXPECT_EQ(tenants[0]["allocation"]["resource"], "gpuproxy.io/gpu-32mb");
+  EXPECT_EQ(tenants[0]["memory_limit"], 64 * kMiB);
+  EXPECT_EQ(tenants[0]["weight"], 10);
+  EXPECT_EQ(tenants[0]["class"], "latency-critical");
+  EXPECT_EQ(tenants[0]["devices"], nlohmann::json::array({1}));
 }
 
 TEST_F(DevicePlugin, PodResourcesNamesTheAllocationsPodAndItsTenantGoesWithThePod) {
