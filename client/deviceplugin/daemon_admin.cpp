@@ -3,6 +3,8 @@
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 
 #include <capnp/ez-rpc.h>
+#include <kj/async-io.h>
+#include <kj/timer.h>
 
 #include <functional>
 
@@ -12,13 +14,31 @@ namespace {
 
 using protocol::Admin;
 
+// A daemon that accepts the connection but does not answer must not hold the kubelet's Allocate
+// (and every call after it, which wait for the same mutex) for ever.
+constexpr auto kAdminTimeout = 10 * kj::SECONDS;
+
+// What a call needs: the admin capability, and a way to wait for an answer within the timeout.
+struct AdminCall {
+  Admin::Client& admin;
+  capnp::EzRpcClient& client;
+
+  template <typename T>
+  T wait(kj::Promise<T>&& promise) {
+    return client.getIoProvider()
+        .getTimer()
+        .timeoutAfter(kAdminTimeout, kj::mv(promise))
+        .wait(client.getWaitScope());
+  }
+};
+
 template <typename Result>
-Result withAdmin(const std::string& adminSocket,
-                 const std::function<Result(Admin::Client&, kj::WaitScope&)>& body) {
+Result withAdmin(const std::string& adminSocket, const std::function<Result(AdminCall&)>& body) {
   try {
     capnp::EzRpcClient client("unix:" + adminSocket);
     auto admin = client.getMain<Admin>();
-    return body(admin, client.getWaitScope());
+    AdminCall call{admin, client};
+    return body(call);
   } catch (const kj::Exception& error) {
     throw DaemonUnavailable("gpuproxyd is not reachable at " + adminSocket + ": " +
                             error.getDescription().cStr());
@@ -34,8 +54,8 @@ std::vector<std::string> texts(capnp::List<capnp::Text>::Reader list) {
 }  // namespace
 
 DaemonSnapshot DaemonAdmin::status() const {
-  return withAdmin<DaemonSnapshot>(adminSocket_, [](Admin::Client& admin, kj::WaitScope& wait) {
-    auto response = admin.statusRequest().send().wait(wait);
+  return withAdmin<DaemonSnapshot>(adminSocket_, [](AdminCall& call) {
+    auto response = call.wait(call.admin.statusRequest().send());
     auto status = response.getStatus();
     DaemonSnapshot snapshot;
     snapshot.backend = status.getBackend().cStr();
@@ -61,8 +81,8 @@ DaemonSnapshot DaemonAdmin::status() const {
 }
 
 std::string DaemonAdmin::createTenant(const NewTenant& tenant, std::string& socket) const {
-  return withAdmin<std::string>(adminSocket_, [&](Admin::Client& admin, kj::WaitScope& wait) {
-    auto request = admin.createTenantRequest();
+  return withAdmin<std::string>(adminSocket_, [&](AdminCall& call) {
+    auto request = call.admin.createTenantRequest();
     auto spec = request.initSpec();
     spec.setName(tenant.name);
     spec.setSocketDirectory(tenant.socketDirectory);
@@ -77,30 +97,30 @@ std::string DaemonAdmin::createTenant(const NewTenant& tenant, std::string& sock
     allocation.setResource(tenant.resource);
     auto ids = allocation.initDeviceIds(static_cast<unsigned>(tenant.deviceIds.size()));
     for (unsigned i = 0; i < tenant.deviceIds.size(); ++i) ids.set(i, tenant.deviceIds[i]);
-    auto response = request.send().wait(wait);
+    auto response = call.wait(request.send());
     socket = response.getSocket().cStr();
     return std::string(response.getError().cStr());
   });
 }
 
 std::string DaemonAdmin::removeTenant(const std::string& name) const {
-  return withAdmin<std::string>(adminSocket_, [&](Admin::Client& admin, kj::WaitScope& wait) {
-    auto request = admin.removeTenantRequest();
+  return withAdmin<std::string>(adminSocket_, [&](AdminCall& call) {
+    auto request = call.admin.removeTenantRequest();
     request.setName(name);
-    return std::string(request.send().wait(wait).getError().cStr());
+    return std::string(call.wait(request.send()).getError().cStr());
   });
 }
 
 std::string DaemonAdmin::setTenantPod(const std::string& name, const PodName& pod) const {
-  return withAdmin<std::string>(adminSocket_, [&](Admin::Client& admin, kj::WaitScope& wait) {
-    auto request = admin.setTenantPodRequest();
+  return withAdmin<std::string>(adminSocket_, [&](AdminCall& call) {
+    auto request = call.admin.setTenantPodRequest();
     request.setName(name);
     auto reference = request.initPod();
     reference.setPodNamespace(pod.podNamespace);
     reference.setPodName(pod.podName);
     auto containers = reference.initContainers(static_cast<unsigned>(pod.containers.size()));
     for (unsigned i = 0; i < pod.containers.size(); ++i) containers.set(i, pod.containers[i]);
-    return std::string(request.send().wait(wait).getError().cStr());
+    return std::string(call.wait(request.send()).getError().cStr());
   });
 }
 

@@ -508,6 +508,21 @@ TEST_F(DevicePlugin, AnAllocateWhileTheDaemonIsDownIsRefusedAsUnavailable) {
               std::filesystem::is_empty(allocationRoot()));
 }
 
+// A daemon that takes the connection and never answers (stopped) does not hold the kubelet's
+// Allocate, nor the plugin, for ever.
+TEST_F(DevicePlugin, AnAllocateWhileTheDaemonDoesNotAnswerIsRefusedInTime) {
+  startPlugin();
+  ASSERT_TRUE(slotsListed(8)) << plugin_->errors();
+  daemon_.signal(SIGSTOP);
+  v1beta1::AllocateResponse response;
+  auto status = kubelet_.allocate({{"gpu0-slot0"}}, response);
+  daemon_.signal(SIGCONT);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  // Once it answers again, so does the plugin.
+  status = kubelet_.allocate({{"gpu0-slot0"}}, response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 TEST_F(DevicePlugin, RegistersAgainWhenTheKubeletRestarts) {
   startPlugin();
   ASSERT_TRUE(slotsListed(8)) << plugin_->errors();
