@@ -620,6 +620,12 @@ TEST_F(DevicePlugin, PodResourcesNamesTheAllocationsPodAndItsTenantGoesWithThePo
     auto tenants = allocationTenants(daemon_.status());
     return tenants.size() == 1 && tenants[0]["clients"] == 1;
   })) << holding.errors();
+  // Its client is named after the pod as well.
+  const auto status = daemon_.status();
+  ASSERT_EQ(status["clients"].size(), 1u) << status.dump(2);
+  EXPECT_EQ(status["clients"][0]["pod"]["namespace"], "ml");
+  EXPECT_EQ(status["clients"][0]["pod"]["name"], "trainer-0");
+  EXPECT_EQ(status["clients"][0]["pod"]["containers"], nlohmann::json::array({"main"}));
 
   podResources.set({});
   EXPECT_TRUE(eventually([&] { return allocationTenants(daemon_.status()).empty(); }))
