@@ -15,6 +15,10 @@ pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
+# The Kubernetes device plugin (client/deviceplugin) speaks the kubelet's gRPC; nothing else links
+# gRPC or protobuf.
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
 
 # The CUDA headers, without any CUDA library: the daemon dlopens libcuda.so.1 at run time and the
 # stub *is* libcuda.so.1.

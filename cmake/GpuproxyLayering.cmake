@@ -34,6 +34,7 @@ set(GPUPROXY_LAYER_server/daemon
 set(GPUPROXY_LAYER_server "${GPUPROXY_LAYER_server/daemon};server/daemon")
 set(GPUPROXY_LAYER_client/stub "protocol;ipc")
 set(GPUPROXY_LAYER_client/ctl "protocol;ipc")
+set(GPUPROXY_LAYER_client/deviceplugin "protocol;ipc")
 
 set_property(GLOBAL PROPERTY GPUPROXY_LAYERED_TARGETS "")
 

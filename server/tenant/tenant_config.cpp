@@ -162,8 +162,11 @@ TenantConfig parseTenantConfig(const std::string& yaml, const std::string& mainS
   }
   if (!root.IsMap() || !root["tenants"]) throw TenantConfigError("expected a top-level `tenants:`");
   for (const auto& entry : root) {
-    if (entry.first.as<std::string>() != "tenants") {
-      throw TenantConfigError("unknown top-level key `" + entry.first.as<std::string>() + "`");
+    // `device_plugin:` is gpuproxy-device-plugin's (its slot profiles), in the same file so that
+    // one ConfigMap configures both; the daemon leaves it alone.
+    const auto key = entry.first.as<std::string>();
+    if (key != "tenants" && key != "device_plugin") {
+      throw TenantConfigError("unknown top-level key `" + key + "`");
     }
   }
   const YAML::Node tenants = root["tenants"];

@@ -47,14 +47,11 @@ import yaml  # noqa: E402
 
 SKIP = 77
 
-# The extended resource the device plugin is to advertise for the default slot profile. The
-# plugin does not exist yet; once it does, compare this with its constant.
-GPUPROXY_RESOURCE = "gpuproxy.io/gpu"
-# Where the application containers of the examples find the stub: CUDA images put this directory
-# on LD_LIBRARY_PATH (and in /etc/ld.so.conf.d/nvidia.conf).
-STUB_MOUNT = "/usr/local/nvidia/lib64"
-# Marks an example that cannot run before the device plugin exists.
-NEEDS_PLUGIN = "NEEDS THE GPUPROXY DEVICE PLUGIN"
+# The extended resource the device plugin advertises for the default slot profile and where
+# containers find the stub (CUDA images put it on LD_LIBRARY_PATH) are read from the plugin's
+# sources (Facts.resource, Facts.stub_mount): the manifests must use the same.
+# Marks an example that could not run before the device plugin existed: it must not come back.
+STALE_PLUGIN_MARKER = "DEVICE PLUGIN, WHICH IS NOT YET AVAILABLE"
 CLUSTER_SCOPED = {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                   "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass"}
 POD_TEMPLATE_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
@@ -79,9 +76,19 @@ class Facts:
         self.tenant_keys = set(re.findall(r'"([a-z_]+)"', keys.group(1))) if keys else set()
         ctl = (root / "client/ctl/gpuproxyctl_main.cpp").read_text()
         self.ctl_commands = set(re.findall(r'add_subcommand\(\s*"([a-z-]+)"', ctl))
+        slots = (root / "client/deviceplugin/slots.hpp").read_text()
+        self.resource = self._constant(slots, "kDefaultResourceName")
+        self.stub_mount = self._constant(slots, "kContainerStubDirectory")
+        plugin = (root / "client/deviceplugin/device_plugin_main.cpp").read_text()
+        self.plugin_flags = set(re.findall(r'add_option\(\s*"(--[a-z0-9-]+)"', plugin))
+        profiles = (root / "client/deviceplugin/profiles_config.cpp").read_text()
+        keys = re.search(r"kKeys\s*=?\s*\{([^}]*)\}", profiles)
+        self.profile_keys = set(re.findall(r'"([a-z_]+)"', keys.group(1))) if keys else set()
         for what, value in [("daemon flags in daemon_options.cpp", self.daemon_flags),
                             ("tenant keys (kKeys) in tenant_config.cpp", self.tenant_keys),
-                            ("subcommands in gpuproxyctl_main.cpp", self.ctl_commands)]:
+                            ("subcommands in gpuproxyctl_main.cpp", self.ctl_commands),
+                            ("flags in device_plugin_main.cpp", self.plugin_flags),
+                            ("profile keys (kKeys) in profiles_config.cpp", self.profile_keys)]:
             if not value:
                 fail(f"found no {what}: the sources changed shape, update this test")
         if "--metrics-address" not in self.daemon_flags or "status" not in self.ctl_commands:
@@ -91,7 +98,7 @@ class Facts:
     def _constant(text, name):
         match = re.search(name + r'\s*=\s*"([^"]+)"', text)
         if not match:
-            fail(f"protocol/limits.hpp has no {name}: update this test")
+            fail(f"no {name} in the C++ sources where this test looks: update this test")
         return match.group(1)
 
 
@@ -225,10 +232,19 @@ def check_tenants_file(where, text, facts, errors):
     except yaml.YAMLError as error:
         errors.append(f"{where}: not YAML: {error}")
         return None
-    if not isinstance(document, dict) or set(document) != {"tenants"} \
+    if not isinstance(document, dict) or "tenants" not in document \
+            or not set(document) <= {"tenants", "device_plugin"} \
             or not isinstance(document["tenants"], list):
-        errors.append(f"{where}: gpuproxyd wants exactly a top-level `tenants:` list")
+        errors.append(f"{where}: gpuproxyd wants a top-level `tenants:` list (and the device "
+                      "plugin's `device_plugin:`), nothing else")
         return None
+    plugin = document.get("device_plugin") or {}
+    for profile in plugin.get("profiles") or [] if isinstance(plugin, dict) else []:
+        for key in profile if isinstance(profile, dict) else []:
+            if key not in facts.profile_keys:
+                errors.append(f"{where}: device_plugin profile {profile.get('resource')}: the plugin "
+                              f"refuses the key `{key}` (profiles_config.cpp knows "
+                              f"{sorted(facts.profile_keys)})")
     sockets = []
     for tenant in document["tenants"]:
         if not isinstance(tenant, dict) or "name" not in tenant:
@@ -281,9 +297,8 @@ def check_base(where, objects, facts, errors):
         errors.append(f"{at}: no tolerations for tainted GPU nodes")
     containers = pod.get("containers") or []
     names = [c.get("name") for c in containers]
-    if names != ["gpuproxyd"]:
-        errors.append(f"{at}: containers {names}: expected only gpuproxyd (the device plugin is not "
-                      "yet available, its place is a comment)")
+    if names != ["gpuproxyd", "device-plugin"]:
+        errors.append(f"{at}: containers {names}: expected gpuproxyd and device-plugin")
     daemon = next((c for c in containers if c.get("name") == "gpuproxyd"), None)
     if daemon is None:
         return
@@ -325,6 +340,10 @@ def check_base(where, objects, facts, errors):
                    for s in services for p in (s.get("spec") or {}).get("ports") or []):
             errors.append(f"{at}: no Service selects the pods' metrics port")
 
+    plugin = next((c for c in containers if c.get("name") == "device-plugin"), None)
+    if plugin is not None:
+        check_device_plugin(f"{at} container device-plugin", plugin, pod, facts, errors)
+
     policies = [o for o in objects if o.get("kind") == "ValidatingAdmissionPolicy"]
     bindings = [o for o in objects if o.get("kind") == "ValidatingAdmissionPolicyBinding"]
     if not policies:
@@ -338,6 +357,49 @@ def check_base(where, objects, facts, errors):
         if not any((b.get("spec") or {}).get("policyName") == name
                    and "Deny" in ((b.get("spec") or {}).get("validationActions") or []) for b in bindings):
             errors.append(f"{where}: no binding denies what {name_of(policy)} rejects")
+
+
+def check_device_plugin(where, container, pod, facts, errors):
+    """The device plugin's container: real flags, the kubelet's directories from the host at the
+    same paths (directories, not sockets: the kubelet recreates its sockets), the socket directory
+    the daemon uses, and an init container that puts the stub where the plugin mounts it from."""
+    if (container.get("command") or [""])[0] != "gpuproxy-device-plugin":
+        errors.append(f"{where}: does not run gpuproxy-device-plugin")
+    args = [str(a) for a in container.get("args") or []]
+    flags = flag_values(args)
+    for flag in flags:
+        if flag not in facts.plugin_flags:
+            errors.append(f"{where}: gpuproxy-device-plugin has no flag {flag} "
+                          "(device_plugin_main.cpp)")
+    if flags.get("--admin-socket", facts.admin_socket) != facts.admin_socket:
+        errors.append(f"{where}: --admin-socket is not gpuproxyd's {facts.admin_socket}")
+    volumes = {v.get("name"): v for v in pod.get("volumes") or []}
+    run_dir = str(PurePosixPath(facts.client_socket).parent)
+    for path, read_only in [("/var/lib/kubelet/device-plugins", False),
+                            ("/var/lib/kubelet/pod-resources", True), (run_dir, False)]:
+        mount = mount_at(container, path)
+        if mount is None:
+            errors.append(f"{where}: nothing mounted at {path}")
+            continue
+        host = (volumes.get(mount.get("name"), {}).get("hostPath") or {})
+        if host.get("path") != path:
+            errors.append(f"{where}: {path} must be the host's {path} (hostPath), the paths it "
+                          "hands the kubelet")
+        if path != run_dir and host.get("type") != "Directory":
+            errors.append(f"{where}: {path} must be a hostPath of type Directory (the kubelet's)")
+        if read_only and not mount.get("readOnly"):
+            errors.append(f"{where}: {path} should be read-only")
+    stub_dir = flags.get("--stub-directory", run_dir + "/lib")
+    run_mount = mount_at(container, run_dir)
+    installers = [c for c in pod.get("initContainers") or []
+                  if run_mount and any(m.get("name") == run_mount.get("name") and not m.get("readOnly")
+                                       for m in c.get("volumeMounts") or [])
+                  and stub_dir in json.dumps(c.get("command") or []) + json.dumps(c.get("args") or [])]
+    if not installers:
+        errors.append(f"{where}: no init container puts the stub into {stub_dir}, which the plugin "
+                      f"mounts into pods at {facts.stub_mount}")
+    if (container.get("securityContext") or {}).get("privileged"):
+        errors.append(f"{where}: the device plugin needs no privilege")
 
 
 def check_example(where, directory, objects, facts, errors):
@@ -363,8 +425,9 @@ def check_example(where, directory, objects, facts, errors):
             gpuproxy = sorted(n for n in names if n.startswith("gpuproxy.io/"))
             for name in gpuproxy:
                 asks_plugin = True
-                if name != GPUPROXY_RESOURCE:
-                    errors.append(f"{cat} asks for {name}, not {GPUPROXY_RESOURCE}")
+                if name != facts.resource:
+                    errors.append(f"{cat} asks for {name}, not {facts.resource} (the plugin's "
+                                  "kDefaultResourceName)")
             if env_value(container, "NVIDIA_VISIBLE_DEVICES") != "void":
                 errors.append(f"{cat}: NVIDIA_VISIBLE_DEVICES must be void (no driver, no "
                               "/dev/nvidia*)")
@@ -380,13 +443,11 @@ def check_example(where, directory, objects, facts, errors):
                               "clients' pids as 0 and refuses them")
             check_sidecar(at, pod, sidecar, apps, objects, facts, errors)
         if not sidecars and not any(n.startswith("gpuproxy.io/") for c in apps for n in resource_names(c)):
-            errors.append(f"{at}: neither a gpuproxyd sidecar nor a {GPUPROXY_RESOURCE} request")
+            errors.append(f"{at}: neither a gpuproxyd sidecar nor a {facts.resource} request")
     if asks_plugin:
         for path in [directory / "kustomization.yaml"] + sorted(directory.glob("*.yaml")):
-            text = path.read_text()
-            if (path.name == "kustomization.yaml" or GPUPROXY_RESOURCE in text) and NEEDS_PLUGIN not in text:
-                errors.append(f"{where}: {path.name} asks for {GPUPROXY_RESOURCE} but does not say "
-                              f"\"{NEEDS_PLUGIN}\"")
+            if STALE_PLUGIN_MARKER in path.read_text():
+                errors.append(f"{where}: {path.name} still says the device plugin is not available")
 
 
 def check_sidecar(at, pod, sidecar, apps, objects, facts, errors):
@@ -420,9 +481,9 @@ def check_sidecar(at, pod, sidecar, apps, objects, facts, errors):
         if served is None or (served not in tenants and served != facts.client_socket):
             errors.append(f"{cat}: its socket {socket} is {served} in the sidecar, which no tenant "
                           f"listens on ({tenants})")
-        stub = mount_at(app, STUB_MOUNT)
+        stub = mount_at(app, facts.stub_mount)
         if stub is None:
-            errors.append(f"{cat}: the stub is not mounted at {STUB_MOUNT}")
+            errors.append(f"{cat}: the stub is not mounted at {facts.stub_mount}")
             continue
         writers = [i for i, c in enumerate(init) if not is_sidecar_daemon(c)
                    and any(m.get("name") == stub.get("name") and not m.get("readOnly")
@@ -444,7 +505,8 @@ def check_images(rendered, root, errors):
                 if ref in ("gpuproxy", "cuda-app") or ":" not in ref:
                     errors.append(f"{where}: {name_of(obj)} container {container.get('name')}: image "
                                   f"{ref!r} is a placeholder kustomize did not set")
-                if (container.get("command") or [""])[0] in ("gpuproxyd", "gpuproxyctl") \
+                if (container.get("command") or [""])[0] in ("gpuproxyd", "gpuproxyctl",
+                                                              "gpuproxy-device-plugin") \
                         and ref != wanted:
                     errors.append(f"{where}: {name_of(obj)} container {container.get('name')} runs "
                                   f"{ref}, not the image components/image sets ({wanted})")
@@ -639,7 +701,7 @@ def policy_cases(rendered):
                 cases.append((f"{where}: {name_of(obj)}", as_pod(name_of(obj), spec), False))
     client = {"containers": [{"name": "app", "image": "app", "env": [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
-        "resources": {"limits": {GPUPROXY_RESOURCE: 1}}}]}
+        "resources": {"limits": {"gpuproxy.io/gpu": 1}}}]}
 
     def variant(what, denied, change):
         spec = copy.deepcopy(client)
@@ -713,6 +775,9 @@ def mutations(rendered):
     def daemon(r):
         return ds(r)["containers"][0]
 
+    def plugin(r):
+        return next(c for c in ds(r)["containers"] if c["name"] == "device-plugin")
+
     def app(r):
         return pod_spec(find(r, sidecar, "Deployment"))["containers"][0]
 
@@ -745,6 +810,14 @@ def mutations(rendered):
          lambda r: sidecar_pod(r).pop("shareProcessNamespace")),
         ("client socket no tenant listens on", "policy",
          lambda r: [m.update(name="run") for m in app(r)["volumeMounts"] if m["mountPath"] == "/run/gpuproxy"]),
+        ("device plugin without the kubelet's directory", "policy",
+         lambda r: plugin(r).update(volumeMounts=[m for m in plugin(r)["volumeMounts"]
+                                                  if m["name"] != "device-plugins"])),
+        ("device plugin flag that does not exist", "policy",
+         lambda r: plugin(r)["args"].extend(["--slots", "4"])),
+        ("device plugin profile key it refuses", "policy",
+         lambda r: configmap(r).update({"tenants.yaml": "tenants: []\ndevice_plugin:\n  profiles:\n"
+                                                        "    - resource: a.io/b\n      memory: 1GiB\n"})),
         ("misspelt field", "strict", lambda r: daemon(r).update(imagePullPolicyy="Always")),
         ("privileged as a string", "strict",
          lambda r: daemon(r)["securityContext"].update(privileged="yes")),

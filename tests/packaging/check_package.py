@@ -3,14 +3,16 @@
 
   - everything lies under usr/local, and the programs, the stub and the package list are there;
   - no ELF file carries a run path (it would point into the build tree) or debug sections;
-  - every shared library a shipped ELF file needs (as ldd resolves it on this Debian 12 machine,
-    the image's base) belongs to a Debian package the list names, so the image that installs
-    those packages can run what it holds. A library ldd cannot find is a violation too.
+  - every shared library a shipped ELF file names as NEEDED (found where ldd resolves it on this
+    Debian 12 machine, the image's base) belongs to a Debian package the list names, so the image
+    that installs those packages (and, through apt, what they depend on) can run what it holds.
+    A library ldd cannot find is a violation too.
 
 Prints every violation and exits 1 when there is one. Uses binutils' readelf, ldd and dpkg-query.
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -49,16 +51,19 @@ def owning_package(library):
 
 
 def needed_libraries(path):
-    """(name, resolved path or None) for every library ldd lists for `path`."""
-    result = []
+    """(name, resolved path or None) for every library `path` itself names as NEEDED: the
+    packages of those depend on the packages of the rest."""
+    resolved = {}
     for line in run("ldd", path).stdout.splitlines():
         line = line.strip()
         if "=>" not in line:
             continue  # the vDSO and the dynamic loader itself
         name, _, rest = line.partition("=>")
-        resolved = rest.split("(")[0].strip()
-        result.append((name.strip(), None if resolved in ("", "not found") else resolved))
-    return result
+        where = rest.split("(")[0].strip()
+        resolved[name.strip()] = None if where in ("", "not found") else where
+    dynamic = run("readelf", "--wide", "--dynamic", path).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+    return [(name, resolved.get(name)) for name in needed if not name.startswith("ld-linux")]
 
 
 def main():

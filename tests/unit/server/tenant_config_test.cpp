@@ -52,6 +52,17 @@ TEST(TenantConfig, ANamedDefaultTenantServesTheMainSocketWithItsOwnLimits) {
   EXPECT_EQ(config.tenants[0].limits.memoryLimit, 1ull << 30);
 }
 
+// The device plugin reads its slot profiles from the same file; the daemon leaves them alone.
+TEST(TenantConfig, TheDevicePluginsSectionIsLeftToThePlugin) {
+  auto config = parseTenantConfig(
+      "tenants: []\ndevice_plugin:\n  slots_per_gpu: 2\n  profiles:\n"
+      "    - resource: gpuproxy.io/gpu-4gb\n      memory_limit: 4GiB\n",
+      kMain, 1);
+  // As without the section: the implicit `default` tenant alone.
+  ASSERT_EQ(config.tenants.size(), 1u);
+  EXPECT_EQ(config.tenants[0].name, "default");
+}
+
 TEST(TenantConfig, RefusesMistakesWithAReason) {
   EXPECT_NE(refusal("tenants: [").find("not valid YAML"), std::string::npos);
   EXPECT_NE(refusal("tennants: []").find("expected a top-level `tenants:`"), std::string::npos);
