@@ -40,21 +40,21 @@ void BlockingCallThread::serve() {
     std::unique_lock lock(mutex_);
     wake_.wait(lock, [this]() { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    const auto started = std::chrono::steady_clock::now();
-    {
-      kj::Function<void()> call = kj::mv(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      call();
-      // The call's own state (its arguments, a fulfiller nobody waits on) ends here, off the
-      // owner thread.
-    }
-    const auto took = std::chrono::steady_clock::now() - started;
-    nanoseconds_ += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
-    ++completed_;
-    --pending_;
+    kj::Function<void()> call = kj::mv(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    call();  // counts itself (noteEnded) before it answers
+    // The call's own state (its arguments, a fulfiller nobody waits on) ends here, off the owner
+    // thread.
   }
+}
+
+void BlockingCallThread::noteEnded(std::chrono::steady_clock::time_point started) {
+  const auto took = std::chrono::steady_clock::now() - started;
+  nanoseconds_ += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
+  ++completed_;
+  --pending_;
 }
 
 }  // namespace gpuproxy::server

@@ -44,16 +44,27 @@ public:
   kj::Promise<std::invoke_result_t<Call&>> run(Call&& call) {
     using Answer = std::invoke_result_t<Call&>;
     auto paf = kj::newPromiseAndCrossThreadFulfiller<Answer>();
-    enqueue([call = std::forward<Call>(call), fulfiller = kj::mv(paf.fulfiller)]() mutable {
-      KJ_IF_MAYBE (error, kj::runCatchingExceptions([&]() {
-                     if constexpr (std::is_void_v<Answer>) {
-                       call();
-                       fulfiller->fulfill();
-                     } else {
-                       fulfiller->fulfill(call());
-                     }
-                   })) {
-        fulfiller->reject(kj::mv(*error));
+    enqueue([this, call = std::forward<Call>(call), fulfiller = kj::mv(paf.fulfiller)]() mutable {
+      // The call is counted as ended before its answer is delivered, so that whoever gets the
+      // answer finds it in stats().
+      const auto started = std::chrono::steady_clock::now();
+      if constexpr (std::is_void_v<Answer>) {
+        kj::Maybe<kj::Exception> error = kj::runCatchingExceptions([&]() { call(); });
+        noteEnded(started);
+        KJ_IF_MAYBE (exception, error) {
+          fulfiller->reject(kj::mv(*exception));
+        } else {
+          fulfiller->fulfill();
+        }
+      } else {
+        kj::Maybe<Answer> answer;
+        kj::Maybe<kj::Exception> error = kj::runCatchingExceptions([&]() { answer = call(); });
+        noteEnded(started);
+        KJ_IF_MAYBE (exception, error) {
+          fulfiller->reject(kj::mv(*exception));
+        } else {
+          fulfiller->fulfill(kj::mv(KJ_ASSERT_NONNULL(answer)));
+        }
       }
     });
     return kj::mv(paf.promise);
@@ -69,6 +80,7 @@ public:
 private:
   void enqueue(kj::Function<void()> call);
   void serve();
+  void noteEnded(std::chrono::steady_clock::time_point started);
 
   std::mutex mutex_;
   std::condition_variable wake_;
