@@ -153,22 +153,29 @@ kj::Promise<void> ClientSession::whenDeviceServes(std::uint32_t ordinal) {
   return services_.gpus[visibleDevices_[ordinal]]->whenServing();
 }
 
-kj::Promise<void> ClientSession::createContext(CreateContextContext context) {
-  const std::uint32_t device = context.getParams().getDevice();
-  return whenDeviceServes(device).then([this, device, context]() mutable {
+template <typename CallContext, typename Make>
+kj::Promise<void> ClientSession::giveContext(CallContext context, std::uint32_t ordinal,
+                                             Make make) {
+  return whenDeviceServes(ordinal).then([this, context, ordinal, make]() mutable {
     auto results = context.getResults();
-    GpuClient* client = clientForDevice(device);
+    GpuClient* client = clientForDevice(ordinal);
     if (client == nullptr) {
       results.setResult(CUDA_ERROR_INVALID_DEVICE);
       return;
     }
-    auto created = client->createContext(context.getParams().getFlags());
-    results.setResult(created.code());
-    if (created.ok()) {
-      results.setContext(created.value());
+    backend::Result<Handle> given = make(*client);
+    results.setResult(given.code());
+    if (given.ok()) {
+      results.setContext(given.value());
       noteDeviceUsed(client->deviceIndex());
     }
   });
+}
+
+kj::Promise<void> ClientSession::createContext(CreateContextContext context) {
+  const unsigned flags = context.getParams().getFlags();
+  return giveContext(context, context.getParams().getDevice(),
+                     [flags](GpuClient& client) { return client.createContext(flags); });
 }
 
 void ClientSession::noteDeviceUsed(std::uint32_t device) {
@@ -185,21 +192,8 @@ kj::Promise<void> ClientSession::destroyContext(DestroyContextContext context) {
 }
 
 kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContext context) {
-  const std::uint32_t device = context.getParams().getDevice();
-  return whenDeviceServes(device).then([this, device, context]() mutable {
-    auto results = context.getResults();
-    GpuClient* client = clientForDevice(device);
-    if (client == nullptr) {
-      results.setResult(CUDA_ERROR_INVALID_DEVICE);
-      return;
-    }
-    auto retained = client->retainPrimaryContext();
-    results.setResult(retained.code());
-    if (retained.ok()) {
-      results.setContext(retained.value());
-      noteDeviceUsed(client->deviceIndex());
-    }
-  });
+  return giveContext(context, context.getParams().getDevice(),
+                     [](GpuClient& client) { return client.retainPrimaryContext(); });
 }
 
 kj::Promise<void> ClientSession::releasePrimaryContext(ReleasePrimaryContextContext context) {

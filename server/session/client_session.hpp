@@ -162,6 +162,10 @@ private:
   // Resolves once the GPU behind visible device `ordinal` serves new contexts: at once, or when
   // the reset of its context now under way ends (GpuShard::whenServing).
   kj::Promise<void> whenDeviceServes(std::uint32_t ordinal);
+  // Answers `context` (a call that gives a context) with the context `make` gives the client on
+  // device `ordinal`, once that GPU serves.
+  template <typename CallContext, typename Make>
+  kj::Promise<void> giveContext(CallContext context, std::uint32_t ordinal, Make make);
   void noteDeviceUsed(std::uint32_t device);
   // The client's state on the device a handle of `kind` names; null when no such state exists.
   GpuClient* clientFor(std::uint64_t handle, HandleKind kind);

@@ -39,6 +39,26 @@ double slowestRoundTripUs(const std::string& output) {
   return slowest;
 }
 
+// A steady_client synchronising a small kernel every millisecond on `device`.
+std::unique_ptr<Child> startSteadyClient(const Daemon& daemon, int device) {
+  return daemon.startClient("steady_client", {"--interval-us", "1000", "--seconds", "60",
+                                              "--device", std::to_string(device)});
+}
+
+// Stops a steady_client and checks that it ran without errors and never waited `slowCallMs` / 4
+// or longer for a synchronise.
+void expectNeverHeldUp(Child& client, int slowCallMs, const char* heldUpBy) {
+  client.signal(SIGTERM);
+  ExitStatus status = client.wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.exitedWith(0)) << client.errors();
+  const std::map<std::string, std::string> seen = answers(client.output());
+  EXPECT_EQ(seen.at("errors"), "0") << client.output();
+  EXPECT_GT(std::stoull(seen.at("round_trips")), 100u) << client.output();
+  EXPECT_LT(slowestRoundTripUs(client.output()), slowCallMs * 1000.0 / 4)
+      << "a synchronise waited for " << heldUpBy << ":\n"
+      << client.output();
+}
+
 TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
   Daemon::Options options;
   options.simDevices = 2;
@@ -46,10 +66,8 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
   Daemon daemon(options);
   // Steady clients on both GPUs, each synchronising a small kernel every millisecond. The one on
   // device 0 waits through its own slow load first; wait until both are in their loops.
-  auto onSlowGpu = daemon.startClient(
-      "steady_client", {"--interval-us", "1000", "--seconds", "60", "--device", "0"});
-  auto onOtherGpu = daemon.startClient(
-      "steady_client", {"--interval-us", "1000", "--seconds", "60", "--device", "1"});
+  auto onSlowGpu = startSteadyClient(daemon, 0);
+  auto onOtherGpu = startSteadyClient(daemon, 1);
   ASSERT_TRUE(eventually(
       [&] {
         nlohmann::json status = daemon.status();
@@ -88,15 +106,7 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
 
   // Neither steady client ever waited anywhere near that long for a synchronise.
   for (auto* client : {onSlowGpu.get(), onOtherGpu.get()}) {
-    client->signal(SIGTERM);
-    ExitStatus status = client->wait(std::chrono::seconds(30));
-    ASSERT_TRUE(status.exitedWith(0)) << client->errors();
-    const std::map<std::string, std::string> seen = answers(client->output());
-    EXPECT_EQ(seen.at("errors"), "0") << client->output();
-    EXPECT_GT(std::stoull(seen.at("round_trips")), 100u) << client->output();
-    EXPECT_LT(slowestRoundTripUs(client->output()), kSlowLoadMs * 1000.0 / 4)
-        << "a synchronise waited for another client's module load:\n"
-        << client->output();
+    expectNeverHeldUp(*client, kSlowLoadMs, "another client's module load");
   }
 
   // Every preparation is counted where it ran: two slow ones on device 0 (the steady client's
@@ -114,8 +124,7 @@ TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
   options.simDevices = 2;
   options.extraArguments = {"--sim-slow-reset", "0:" + std::to_string(kSlowResetMs)};
   Daemon daemon(options);
-  auto onOtherGpu = daemon.startClient(
-      "steady_client", {"--interval-us", "1000", "--seconds", "60", "--device", "1"});
+  auto onOtherGpu = startSteadyClient(daemon, 1);
   ASSERT_TRUE(eventually(
       [&] { return daemon.status()["devices"][1]["blocking_calls"]["ended"].get<int>() >= 1; },
       std::chrono::seconds(30)))
@@ -160,14 +169,7 @@ TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
   EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(), kSlowResetMs / 1000.0);
 
   // The client of the other GPU never waited anywhere near that long for a synchronise.
-  onOtherGpu->signal(SIGTERM);
-  ExitStatus steady = onOtherGpu->wait(std::chrono::seconds(30));
-  ASSERT_TRUE(steady.exitedWith(0)) << onOtherGpu->errors();
-  const std::map<std::string, std::string> seen = answers(onOtherGpu->output());
-  EXPECT_EQ(seen.at("errors"), "0") << onOtherGpu->output();
-  EXPECT_LT(slowestRoundTripUs(onOtherGpu->output()), kSlowResetMs * 1000.0 / 4)
-      << "a synchronise on another GPU waited for the reset:\n"
-      << onOtherGpu->output();
+  expectNeverHeldUp(*onOtherGpu, kSlowResetMs, "another GPU's reset");
 }
 
 }  // namespace
