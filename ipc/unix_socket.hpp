@@ -51,6 +51,9 @@ public:
   // Closes the descriptor if still held, removes the socket file and then every directory this
   // socket created, deepest first, as long as it is empty.
   void withdraw();
+  // The directories this socket created stay when it is withdrawn: something outside this
+  // process holds them (a pod's mount) and the next listener at this path must be in the same.
+  void keepDirectories() { createdDirectories_.clear(); }
 
 private:
   int fd_ = -1;

@@ -319,6 +319,7 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
     return kj::READY_NOW;
   }
   tenant->setLimits(limits);
+  tenants_.tenantChanged(*tenant);
   for (auto& gpu : view_.gpus) gpu->dispatcher().refreshTenants();
   spdlog::info(
       "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
@@ -408,6 +409,7 @@ kj::Promise<void> AdminService::setTenantPod(SetTenantPodContext context) {
                    reference.podNamespace, reference.podName);
     }
     tenant->setPod(std::move(reference));
+    tenants_.tenantChanged(*tenant);
   }
   return kj::READY_NOW;
 }

@@ -5,6 +5,7 @@
 #include "server/admin/admin_service.hpp"
 #include "server/daemon/backend_select.hpp"
 #include "server/daemon/rpc_connection.hpp"
+#include "server/daemon/runtime_tenant_state.hpp"
 #include "server/daemon/tenant_sockets.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/metrics/metrics_server.hpp"
@@ -23,6 +24,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 
@@ -239,11 +241,23 @@ int runDaemon(const DaemonOptions& options) {
   int exitCode = 0;
   {
     kj::TaskSet connections(connectionErrors);
-    TenantSockets sockets(io, sessionServices, tenants, connections, connectionPolicy);
+    TenantPersistence persistence;
+    if (!options.stateDirectory.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(options.stateDirectory, error);
+      if (error) {
+        spdlog::critical("--state-dir {}: {}", options.stateDirectory, error.message());
+        return 1;
+      }
+      persistence.stateFile =
+          (std::filesystem::path(options.stateDirectory) / kRuntimeTenantsFile).string();
+    }
+    TenantSockets sockets(io, sessionServices, tenants, connections, connectionPolicy, persistence);
     UnixListener adminListener;
     std::unique_ptr<MetricsServer> metrics;
     try {
       sockets.applyConfig(config);
+      sockets.restoreRuntimeTenants();
       adminListener = listenUnix(io, options.adminSocketPath, 0600);
       if (!options.metricsAddress.empty()) {
         metrics = std::make_unique<MetricsServer>(

@@ -85,6 +85,12 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
                  "Tenants file (YAML); SIGHUP reloads it. Without it, every client of --socket is "
                  "the unlimited tenant 'default'")
       ->check(CLI::ExistingFile);
+  app.add_option("--state-dir", options.stateDirectory,
+                 "Keep the run-time tenants (gpuproxyctl create-tenant, the Kubernetes device "
+                 "plugin's allocations) in this directory, so that a restarted gpuproxyd serves "
+                 "them again at the same sockets, with their limits and pod bindings, and leave "
+                 "their socket directories in place when it stops. Without it they end with the "
+                 "daemon");
   app.add_option("--metrics-address", options.metricsAddress,
                  "Serve Prometheus metrics over HTTP at HOST:PORT, e.g. 127.0.0.1:9400");
   app.add_option("--scheduler", options.scheduler,

@@ -25,7 +25,9 @@ struct DaemonOptions {
   sim::SlowCall simSlowModuleLoad = {};
   sim::SlowCall simSlowReset = {};
   std::string logLevel = "info";
-  std::string configPath;          // tenants file; empty = only the default tenant
+  std::string configPath;  // tenants file; empty = only the default tenant
+  // --state-dir: where what outlives gpuproxyd is kept (its run-time tenants); empty = nowhere.
+  std::string stateDirectory;
   std::string metricsAddress;      // e.g. 127.0.0.1:9400; empty = no metrics endpoint
   std::string scheduler = "fair";  // fair | fifo
   std::string poller = "auto";     // auto | io_uring | epoll: how the data plane sleeps

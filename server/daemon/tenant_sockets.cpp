@@ -1,4 +1,5 @@
 #include "server/daemon/tenant_sockets.hpp"
+#include "server/daemon/runtime_tenant_state.hpp"
 
 #include "server/data_plane/data_plane.hpp"
 #include "server/session/client_session.hpp"
@@ -14,7 +15,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 namespace gpuproxy::server {
@@ -87,14 +90,76 @@ void checkSocketDirectory(const std::string& directory) {
 
 TenantSockets::TenantSockets(kj::AsyncIoContext& io, SessionServices sessions,
                              TenantRegistry& tenants, kj::TaskSet& connections,
-                             ConnectionPolicy policy)
+                             ConnectionPolicy policy, TenantPersistence persistence)
     : io_(io),
       sessions_(sessions),
       tenants_(tenants),
       connections_(connections),
-      policy_(std::move(policy)) {}
+      policy_(std::move(policy)),
+      persistence_(std::move(persistence)) {}
 
-TenantSockets::~TenantSockets() = default;
+TenantSockets::~TenantSockets() {
+  if (persistence_.stateFile.empty()) return;
+  // The next daemon serves these tenants again, in these directories, which pods hold mounted:
+  // a directory made anew would be another one than theirs.
+  for (auto& [id, listener] : listeners_) {
+    std::shared_ptr<Tenant> tenant = tenants_.find(id);
+    if (tenant && tenant->origin() == TenantOrigin::kRuntime) {
+      listener.listening.socket.keepDirectories();
+    }
+  }
+}
+
+void TenantSockets::tenantChanged(const Tenant& tenant) {
+  if (tenant.origin() == TenantOrigin::kRuntime) saveRuntimeTenants();
+}
+
+void TenantSockets::saveRuntimeTenants() {
+  if (persistence_.stateFile.empty()) return;
+  std::vector<SavedTenant> saved;
+  for (const auto& [name, tenant] : tenants_.byName()) {
+    if (tenant->origin() != TenantOrigin::kRuntime) continue;
+    TenantDefinition definition{tenant->name(),
+                                std::filesystem::path(tenant->socketPath()).parent_path().string(),
+                                tenant->limits(), TenantOrigin::kRuntime, tenant->allocation()};
+    saved.push_back(SavedTenant{std::move(definition), tenant->boundPodUid(), tenant->pod()});
+  }
+  try {
+    replaceFile(persistence_.stateFile, encodeRuntimeTenants(saved));
+  } catch (const std::exception& error) {
+    spdlog::error("cannot keep the run-time tenants for the next start: {}", error.what());
+  }
+}
+
+void TenantSockets::restoreRuntimeTenants() {
+  if (persistence_.stateFile.empty()) return;
+  std::ifstream file(persistence_.stateFile);
+  if (!file) return;  // none yet
+  std::stringstream text;
+  text << file.rdbuf();
+  std::vector<SavedTenant> saved;
+  try {
+    saved = decodeRuntimeTenants(text.str());
+  } catch (const std::exception& error) {
+    spdlog::error("{}: {}; no run-time tenant is served again", persistence_.stateFile,
+                  error.what());
+    return;
+  }
+  for (SavedTenant& entry : saved) {
+    const std::string name = entry.definition.name;
+    try {
+      std::shared_ptr<Tenant> tenant = createTenant(std::move(entry.definition));
+      if (entry.boundPodUid) tenant->bindPodUid(*entry.boundPodUid);
+      tenant->setPod(std::move(entry.pod));
+      spdlog::info("tenant '{}' (id {}) served again from {}{}", name, tenant->id(),
+                   persistence_.stateFile,
+                   entry.boundPodUid ? ", bound to pod " + *entry.boundPodUid : "");
+    } catch (const std::exception& error) {
+      spdlog::error("run-time tenant '{}' is not served again: {}", name, error.what());
+    }
+  }
+  saveRuntimeTenants();
+}
 
 std::uint32_t TenantSockets::maxConnections(const Tenant& tenant) const {
   return tenant.limits().maxConnections.value_or(policy_.maxConnectionsPerTenant);
@@ -219,6 +284,7 @@ std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition)
   spdlog::info(
       "tenant '{}' (id {}) created: serves {}{}", tenant->name(), tenant->id(), path,
       tenant->allocation().empty() ? "" : " for an allocation of " + tenant->allocation().resource);
+  saveRuntimeTenants();
   return tenant;
 }
 
@@ -234,6 +300,7 @@ std::uint32_t TenantSockets::removeTenant(std::string_view name) {
   const std::uint32_t ended = sessions_.connections.endTenant(tenant->id());
   spdlog::info("tenant '{}' (id {}) removed: socket closed, {} connection(s) ended", tenant->name(),
                tenant->id(), ended);
+  saveRuntimeTenants();
   return ended;
 }
 
@@ -309,6 +376,7 @@ bool TenantSockets::admitPod(Tenant& tenant, pid_t pid, const PodIdentity& pod) 
     tenant.bindPodUid(pod.podUid);
     spdlog::info("tenant '{}' (id {}) is bound to pod {}: clients of other pods are refused",
                  tenant.name(), tenant.id(), pod.podUid);
+    saveRuntimeTenants();
     return true;
   }
   if (*tenant.boundPodUid() == pod.podUid) return true;

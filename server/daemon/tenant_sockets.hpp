@@ -26,6 +26,11 @@
 
 namespace gpuproxy::server {
 
+// Where run-time tenants are kept across restarts (runtime_tenant_state.hpp); empty: nowhere.
+struct TenantPersistence {
+  std::string stateFile;
+};
+
 struct ConnectionPolicy {
   // Connections a tenant may hold open at once unless its own limit says otherwise.
   std::uint32_t maxConnectionsPerTenant = 256;
@@ -38,7 +43,10 @@ public:
   // Clients' sessions are made with `sessions`; `tenants` is the daemon's registry, which this
   // changes as the tenants file and the admin interface say.
   TenantSockets(kj::AsyncIoContext& io, SessionServices sessions, TenantRegistry& tenants,
-                kj::TaskSet& connections, ConnectionPolicy policy);
+                kj::TaskSet& connections, ConnectionPolicy policy,
+                TenantPersistence persistence = {});
+  // With persistence, run-time tenants' socket directories stay (pods mount them), and only
+  // their socket files go.
   ~TenantSockets() override;
   TenantSockets(const TenantSockets&) = delete;
   TenantSockets& operator=(const TenantSockets&) = delete;
@@ -48,11 +56,15 @@ public:
   // longer lists stops accepting; its connected clients go on until they exit. Throws
   // std::runtime_error with the reason, and then nothing has changed.
   void applyConfig(const TenantConfig& config);
+  // Serves again the run-time tenants the state file holds (after applyConfig, at start). One
+  // that cannot be (its name or socket now taken, a device gone) is logged and dropped.
+  void restoreRuntimeTenants();
 
   // TenantControl
   std::shared_ptr<Tenant> createTenant(TenantDefinition definition) override;
   std::uint32_t removeTenant(std::string_view name) override;
   std::uint32_t maxConnections(const Tenant& tenant) const override;
+  void tenantChanged(const Tenant& tenant) override;
 
 private:
   struct Listener {
@@ -69,6 +81,8 @@ private:
   // Whether a client of `pod` may use `tenant`: an allocation's socket serves the first pod that
   // came through it and no other. Binds the allocation on its first pod client.
   bool admitPod(Tenant& tenant, pid_t pid, const PodIdentity& pod);
+  // Writes every run-time tenant to the state file (when there is one); a failure is logged.
+  void saveRuntimeTenants();
   // Logs a refused connection, at most once a second per reason, so a flood cannot fill the log.
   void logRefusal(const std::string& reason, const std::string& message);
 
@@ -77,6 +91,7 @@ private:
   TenantRegistry& tenants_;
   kj::TaskSet& connections_;
   ConnectionPolicy policy_;
+  TenantPersistence persistence_;
   std::map<TenantId, Listener> listeners_;
   struct Refusals {
     std::chrono::steady_clock::time_point lastLogged;

@@ -41,6 +41,10 @@ public:
 
   // How many connections `tenant` may hold open at once (its own limit or the daemon's default).
   virtual std::uint32_t maxConnections(const Tenant& tenant) const = 0;
+
+  // `tenant`'s limits or pod changed (the admin interface changed them): for a run-time tenant,
+  // what outlives the daemon is written again (--state-dir).
+  virtual void tenantChanged(const Tenant& tenant) = 0;
 };
 
 }  // namespace gpuproxy::server

@@ -632,7 +632,8 @@ TEST_F(DevicePlugin, PodResourcesNamesTheAllocationsPodAndItsTenantGoesWithThePo
       << plugin_->errors();
   EXPECT_FALSE(std::filesystem::exists(socketDirectory));
   EXPECT_TRUE(eventually([&] {
-    for (const auto& client : daemon_.status()["clients"]) {
+    const nlohmann::json status = daemon_.status();  // kept: the loop reads into it
+    for (const auto& client : status["clients"]) {
       if (client["pid"] == holding.pid()) return false;
     }
     return true;

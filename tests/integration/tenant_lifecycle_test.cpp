@@ -1,12 +1,13 @@
 // Tenants created and removed while the daemon runs (gpuproxyctl create-tenant/remove-tenant, the
 // Admin interface the device plugin uses): each its own socket and limits and an id no other
 // tenant gets; removing one closes its socket and reclaims its clients; a refused request leaves
-// nothing behind.
+// nothing behind; with --state-dir they outlive the daemon.
 #include <cuda.h>
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "tests/support/process.hpp"
 
 #include <capnp/ez-rpc.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -182,6 +183,50 @@ TEST(TenantLifecycleConfig, TenantsFromTheFileAreRemovedOnlyThroughTheFile) {
   EXPECT_TRUE(
       daemon.runClientOn(directory.file("live/gpuproxy.sock"), "vector_add", {"--elements", "1024"})
           .status.exitedWith(0));
+}
+
+// With --state-dir, run-time tenants outlive the daemon: a restarted gpuproxyd serves them again in
+// the very directories that pods hold mounted, with their limits.
+TEST(TenantLifecycleRestart, RunTimeTenantsOutliveARestartWithAStateDirectory) {
+  TempDir directory;
+  Daemon::Options options;
+  options.extraArguments = {"--state-dir", directory.file("state")};
+  const std::string socketDirectory = directory.file("alloc/team");
+  int mount = -1;  // the socket directory, held as a pod's bind mount holds it
+  {
+    Daemon first(options);
+    RunResult created = first.ctl({"create-tenant", "team", "--socket-dir", socketDirectory,
+                                   "--memory", "4MiB", "--weight", "3"});
+    ASSERT_TRUE(created.status.exitedWith(0)) << created.errors;
+    mount = ::open(socketDirectory.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(mount, 0);
+    ASSERT_TRUE(first.stop().exitedWith(0)) << first.log();
+  }
+  // The socket went with the daemon; its directory stays for the next one.
+  EXPECT_TRUE(exists(socketDirectory));
+  EXPECT_FALSE(exists(socketDirectory + "/gpuproxy.sock"));
+
+  Daemon second(options);
+  const nlohmann::json tenant = tenantNamed(second.status(), "team");
+  ASSERT_FALSE(tenant.is_null()) << second.log();
+  EXPECT_EQ(tenant["origin"], "runtime");
+  EXPECT_EQ(tenant["weight"], 3);
+  EXPECT_EQ(tenant["memory_limit"], 4 * kMiB);
+  // A client reaches it through the directory held before the restart, and gets its limit.
+  const std::string throughMount =
+      "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(mount) + "/gpuproxy.sock";
+  RunResult result =
+      second.runClientOn(throughMount, "error_probe", {"alloc", std::to_string(5 * kMiB)});
+  ::close(mount);
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.errors << second.log();
+  EXPECT_EQ(answers(result.output)["cuMemAlloc"], "CUDA_ERROR_OUT_OF_MEMORY");
+  EXPECT_EQ(answers(result.output)["total"], std::to_string(4 * kMiB));
+
+  // Removed, it is gone for good: the next daemon does not serve it.
+  ASSERT_TRUE(second.ctl({"remove-tenant", "team"}).status.exitedWith(0));
+  ASSERT_TRUE(second.stop().exitedWith(0));
+  Daemon third(options);
+  EXPECT_TRUE(tenantNamed(third.status(), "team").is_null()) << third.log();
 }
 
 // What the device plugin sends: a tenant for an allocation, then the pod that holds it.
