@@ -920,6 +920,8 @@ RunResult runOne(std::span<const std::byte> input) {
     // The client goes away: its capability, and with it the session, is dropped.
   }
   daemon.waitBounded(daemon.reaper.onEmpty(), "the reaper to reclaim the session");
+  // A context the client poisoned is reset on the GPU's blocking-call thread once it has gone.
+  daemon.waitBounded(gpu.whenServing(), "the poisoned GPU's context to be reset");
   daemon.connections.forget(registration.id);
 
   require(daemon.sessions.empty(), "a session outlived its client");
