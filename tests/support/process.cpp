@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -78,9 +79,14 @@ Child::Child(std::vector<std::string> argv, std::map<std::string, std::string> e
              std::optional<unsigned long> openFileLimit) {
   std::string out = files_.file("stdout");
   std::string err = files_.file("stderr");
+  const pid_t test = ::getpid();
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
+    // A test that dies without its destructors (a sanitizer's abort, a crash) takes the
+    // processes it started with it rather than leaving daemons running.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != test) ::_exit(125);  // it died before prctl took effect
     int outFd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int errFd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(outFd, STDOUT_FILENO);
