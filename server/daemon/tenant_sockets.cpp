@@ -148,7 +148,7 @@ void TenantSockets::restoreRuntimeTenants() {
   for (SavedTenant& entry : saved) {
     const std::string name = entry.definition.name;
     try {
-      std::shared_ptr<Tenant> tenant = createTenant(std::move(entry.definition));
+      std::shared_ptr<Tenant> tenant = makeRuntimeTenant(std::move(entry.definition));
       if (entry.boundPodUid) tenant->bindPodUid(*entry.boundPodUid);
       tenant->setPod(std::move(entry.pod));
       spdlog::info("tenant '{}' (id {}) served again from {}{}", name, tenant->id(),
@@ -235,6 +235,12 @@ void TenantSockets::applyConfig(const TenantConfig& config) {
 }
 
 std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition) {
+  std::shared_ptr<Tenant> tenant = makeRuntimeTenant(std::move(definition));
+  saveRuntimeTenants();
+  return tenant;
+}
+
+std::shared_ptr<Tenant> TenantSockets::makeRuntimeTenant(TenantDefinition definition) {
   if (!isValidTenantName(definition.name)) {
     throw TenantError("tenant name '" + definition.name +
                       "' is not valid: letters, digits, '-', '_' and '.' (at most 64)");
@@ -284,7 +290,6 @@ std::shared_ptr<Tenant> TenantSockets::createTenant(TenantDefinition definition)
   spdlog::info(
       "tenant '{}' (id {}) created: serves {}{}", tenant->name(), tenant->id(), path,
       tenant->allocation().empty() ? "" : " for an allocation of " + tenant->allocation().resource);
-  saveRuntimeTenants();
   return tenant;
 }
 

@@ -83,6 +83,8 @@ private:
   bool admitPod(Tenant& tenant, pid_t pid, const PodIdentity& pod);
   // Writes every run-time tenant to the state file (when there is one); a failure is logged.
   void saveRuntimeTenants();
+  // createTenant without writing the state file: restoring writes it once, at the end.
+  std::shared_ptr<Tenant> makeRuntimeTenant(TenantDefinition definition);
   // Logs a refused connection, at most once a second per reason, so a flood cannot fill the log.
   void logRefusal(const std::string& reason, const std::string& message);
 

@@ -117,15 +117,21 @@ ClientSession::~ClientSession() noexcept {
   channel_.reset();
 }
 
+std::optional<std::uint32_t> ClientSession::deviceForOrdinal(std::uint32_t ordinal) const {
+  if (ordinal >= visibleDevices_.size()) return std::nullopt;
+  const std::uint32_t device = visibleDevices_[ordinal];
+  if (device >= services_.gpus.size()) return std::nullopt;
+  return device;
+}
+
 GpuClient* ClientSession::clientForDevice(std::uint32_t ordinal) {
-  if (ordinal >= visibleDevices_.size()) return nullptr;
-  std::uint32_t device = visibleDevices_[ordinal];
-  if (device >= services_.gpus.size()) return nullptr;
-  auto found = clients_.find(device);
+  const std::optional<std::uint32_t> device = deviceForOrdinal(ordinal);
+  if (!device) return nullptr;
+  auto found = clients_.find(*device);
   if (found != clients_.end()) return found->second.get();
-  auto client = services_.gpus[device]->openClient(stats_);
+  auto client = services_.gpus[*device]->openClient(stats_);
   GpuClient* raw = client.get();
-  clients_.emplace(device, std::move(client));
+  clients_.emplace(*device, std::move(client));
   return raw;
 }
 
@@ -147,10 +153,9 @@ GpuClient* ClientSession::clientOwning(CUdeviceptr pointer) {
 // Contexts
 
 kj::Promise<void> ClientSession::whenDeviceServes(std::uint32_t ordinal) {
-  if (ordinal >= visibleDevices_.size() || visibleDevices_[ordinal] >= services_.gpus.size()) {
-    return kj::READY_NOW;  // the call answers CUDA_ERROR_INVALID_DEVICE
-  }
-  return services_.gpus[visibleDevices_[ordinal]]->whenServing();
+  const std::optional<std::uint32_t> device = deviceForOrdinal(ordinal);
+  if (!device) return kj::READY_NOW;  // the call answers CUDA_ERROR_INVALID_DEVICE
+  return services_.gpus[*device]->whenServing();
 }
 
 template <typename CallContext, typename Make>

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace gpuproxy::server {
@@ -159,6 +160,8 @@ private:
   // The client's state on its device ordinal `device`, created on first use; null for a device
   // it cannot see.
   GpuClient* clientForDevice(std::uint32_t device);
+  // The daemon's index of the client's visible device `ordinal`; nullopt for one it cannot see.
+  std::optional<std::uint32_t> deviceForOrdinal(std::uint32_t ordinal) const;
   // Resolves once the GPU behind visible device `ordinal` serves new contexts: at once, or when
   // the reset of its context now under way ends (GpuShard::whenServing).
   kj::Promise<void> whenDeviceServes(std::uint32_t ordinal);
