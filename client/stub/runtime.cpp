@@ -243,6 +243,7 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
     session_ = &session;
     executor_ = kj::getCurrentThreadExecutor().addRef();
     openDataPlane(io.waitScope, session);
+    fitHostAccessAttributes();
 
     kj::Promise<void> watch =
         client.onDisconnect()
@@ -258,6 +259,17 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
   } catch (const std::exception& error) {
     if (reported) markLost(error.what());
     report({CUDA_ERROR_NO_DEVICE, true, error.what()});
+  }
+}
+
+void Runtime::fitHostAccessAttributes() {
+  for (DeviceRecord& device : devices_) {
+    for (CUdevice_attribute unreachable :
+         {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+          CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES}) {
+      auto found = device.attributes.find(static_cast<int>(unreachable));
+      if (found != device.attributes.end()) found->second = 0;
+    }
   }
 }
 
@@ -420,8 +432,9 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
               [](const std::shared_ptr<const KernelRecord>& record) { return record->context; });
   {
     std::lock_guard allocationsLock(allocationsMutex_);
-    std::erase_if(allocations_,
-                  [context](const auto& entry) { return entry.second.context == context; });
+    std::erase_if(allocations_, [context](const auto& entry) {
+      return entry.second.context == context && !entry.second.managed;
+    });
   }
   if (destroyed) {
     contexts_.erase(context);
@@ -510,9 +523,10 @@ std::shared_ptr<const KernelRecord> Runtime::function(std::uint64_t function) co
 
 // ---- device allocations ----------------------------------------------------------------------
 
-void Runtime::addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context) {
+void Runtime::addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
+                            bool managed) {
   std::lock_guard lock(allocationsMutex_);
-  allocations_[pointer] = Allocation{bytes, context, 0, newBufferId()};
+  allocations_[pointer] = Allocation{bytes, context, 0, newBufferId(), managed};
 }
 
 void Runtime::addModuleVariable(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
@@ -546,7 +560,8 @@ std::optional<AllocationRange> Runtime::allocationContaining(std::uint64_t point
   if (after == allocations_.begin()) return std::nullopt;
   const auto& [start, allocation] = *std::prev(after);
   if (pointer - start >= allocation.bytes) return std::nullopt;
-  return AllocationRange{start, allocation.bytes, allocation.context, allocation.bufferId};
+  return AllocationRange{start, allocation.bytes, allocation.context, allocation.bufferId,
+                         allocation.managed};
 }
 
 }  // namespace gpuproxy::stub

@@ -106,7 +106,8 @@ struct AllocationRange {
   std::uint64_t bytes = 0;
   std::uint64_t context = 0;
   std::uint64_t bufferId =
-      0;  // unique over the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID)
+      0;                 // unique over the process's lifetime (CU_POINTER_ATTRIBUTE_BUFFER_ID)
+  bool managed = false;  // cuMemAllocManaged's (managed_memory.cpp)
 };
 
 class Runtime {
@@ -197,7 +198,10 @@ public:
 
   // Device allocations this process made (cuMemAlloc), so that copies and memsets can be refused
   // synchronously, as the daemon would, before they go into the ring. The daemon checks again.
-  void addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context);
+  // `managed`: cuMemAllocManaged memory, which outlives a reset of its context (it is the
+  // process's pinned heap's, not the context's) and is freed by cuMemFree only.
+  void addAllocation(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
+                     bool managed = false);
   // A module variable the daemon named (cuModuleGetGlobal): copies to and from it are allowed
   // while its module is loaded.
   void addModuleVariable(std::uint64_t pointer, std::uint64_t bytes, std::uint64_t context,
@@ -224,6 +228,10 @@ private:
   // After attach, on the loop thread: asks for the data plane and maps it. Logs and leaves
   // dataPlane_ null when that fails (the RPC path then carries everything).
   void openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client& session);
+  // Corrects the daemon's device attributes for what the devices reach of this process: only the
+  // memory it shares with gpuproxyd, so never pageable memory, even where the GPU itself could
+  // (a GPU with HMM reports pageable memory access).
+  void fitHostAccessAttributes();
 
   const std::string socketPath_;
   std::thread loopThread_;
@@ -256,6 +264,7 @@ private:
     std::uint64_t context = 0;
     std::uint64_t module = 0;  // the module of a module variable; 0 for cuMemAlloc memory
     std::uint64_t bufferId = 0;
+    bool managed = false;
   };
   mutable std::shared_mutex allocationsMutex_;
   std::map<std::uint64_t, Allocation> allocations_;  // by start address

@@ -536,7 +536,8 @@ bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
     return offset < size && bytes <= size - offset;
   };
   return within(allocations_, [](const Allocation& allocation) { return allocation.bytes; }) ||
-         within(moduleVariables_, [](std::uint64_t size) { return size; });
+         within(moduleVariables_, [](std::uint64_t size) { return size; }) ||
+         shard_.hostRangeIsMapped(stats_->addressSpace, pointer, bytes);
 }
 
 backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t bytes) {

@@ -217,7 +217,8 @@ private:
   // The backend streams of `context` (every context when 0).
   std::vector<backend::Stream*> streamsOf(Handle context);
   kj::Promise<CUresult> drainStreams(Handle context);
-  // Inside one allocation, or inside one module variable the client has looked up.
+  // Inside one allocation, one module variable the client has looked up, or one host range of
+  // the client's that is mapped for this GPU (pinned or managed memory).
   bool rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const;
   // Whether a blocking stream of `context` has work the NULL stream has not waited for yet.
   bool blockingWorkUnseen(Handle context) const;

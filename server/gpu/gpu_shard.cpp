@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -102,15 +103,31 @@ kj::Promise<CUresult> GpuShard::registerHostMemory(void* host, std::size_t bytes
       [device, host, bytes, owner, status]() {
         *status = device->registerHostMemory(host, bytes, owner);
       },
-      [status](bool) { return *status; });
+      [this, host, bytes, owner, status](bool) {
+        if (*status == CUDA_SUCCESS) {
+          mappedHostRanges_[reinterpret_cast<CUdeviceptr>(host)] = MappedHostRange{bytes, owner};
+        }
+        return *status;
+      });
 }
 
 kj::Promise<CUresult> GpuShard::unregisterHostMemory(void* host) {
+  mappedHostRanges_.erase(reinterpret_cast<CUdeviceptr>(host));
   auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
   dispatch::ScheduledDevice* device = device_.get();
   return runBlocking<CUresult>(
       [device, host, status]() { *status = device->unregisterHostMemory(host); },
       [status](bool) { return *status; });
+}
+
+bool GpuShard::hostRangeIsMapped(backend::AddressSpace owner, CUdeviceptr pointer,
+                                 std::uint64_t bytes) const {
+  owner_.check();
+  auto after = mappedHostRanges_.upper_bound(pointer);
+  if (after == mappedHostRanges_.begin()) return false;
+  const auto& [start, range] = *std::prev(after);
+  const std::uint64_t offset = pointer - start;
+  return range.owner == owner && offset < range.bytes && bytes <= range.bytes - offset;
 }
 
 void GpuShard::taskFailed(kj::Exception&& exception) {

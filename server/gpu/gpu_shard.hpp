@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -67,6 +68,12 @@ public:
   kj::Promise<CUresult> registerHostMemory(void* host, std::size_t bytes,
                                            backend::AddressSpace owner);
   kj::Promise<CUresult> unregisterHostMemory(void* host);
+  // Whether [pointer, pointer + bytes) lies in one host range registered here for `owner`: such
+  // memory is device-mapped at its own address (unified addressing), so copies and memsets may
+  // name it as device memory, as kernels may (pinned and managed memory). A range leaves this
+  // table when its unregistration starts: nothing queued after that may use it.
+  bool hostRangeIsMapped(backend::AddressSpace owner, CUdeviceptr pointer,
+                         std::uint64_t bytes) const;
   // The blocking-call thread's counters, for status and metrics.
   BlockingCallThread::Stats blockingCalls() const { return blockingCalls_->stats(); }
   std::uint64_t memoryUsed() const { return memoryUsed_; }
@@ -135,6 +142,12 @@ private:
   };
   std::unique_ptr<Reset> resetEnded_;
   std::uint64_t memoryUsed_ = 0;
+  // Host ranges registered with the device, by start (hostRangeIsMapped).
+  struct MappedHostRange {
+    std::uint64_t bytes = 0;
+    backend::AddressSpace owner = backend::kDaemonAddressSpace;
+  };
+  std::map<CUdeviceptr, MappedHostRange> mappedHostRanges_;
   std::set<GpuClient*> clients_;
   std::atomic<pid_t> faultingPid_{0};
   std::atomic<bool> faultReported_{false};

@@ -148,6 +148,74 @@ TEST_P(CudartPrograms, MachineCodeWithoutPtxIsNoKernelImageAndTheDaemonCarriesOn
   EXPECT_TRUE(after.status.exitedWith(0)) << describe(after, daemon);
 }
 
+// cudaMallocManaged memory lives in the client's shared pinned heap, which gpuproxyd maps at the
+// same address and registers with the GPUs: the host and kernels share it, copies and memsets
+// name it, and it is charged to the tenant's pinned memory.
+TEST_P(CudartPrograms, ManagedMemoryIsSharedByTheHostAndKernels) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("managed_memory"), {"saxpy"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("saxpy max error 0"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("saxpy: PASSED"), std::string::npos) << result.output;
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return tenantNamed(status, "default")["pinned_memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
+// Past the pinned heap's room, or without a heap at all, each allocation is shared memory of its
+// own that gpuproxyd maps at the same address.
+TEST_P(CudartPrograms, ManagedMemoryNeedsNoRoomInThePinnedHeap) {
+  Daemon daemon;
+  RunResult large =
+      daemon.runClientOn(daemon.socketPath(), program("managed_memory"),
+                         {"large", std::to_string(48 << 20)}, {{"GPUPROXY_PINNED_HEAP", "8MiB"}});
+  ASSERT_TRUE(large.status.exitedWith(0)) << describe(large, daemon);
+  EXPECT_NE(large.output.find("50331648 managed bytes doubled"), std::string::npos) << large.output;
+  RunResult overRpc = daemon.runClientOn(daemon.socketPath(), program("managed_memory"), {"saxpy"},
+                                         {{"GPUPROXY_TRANSPORT", "rpc"}});
+  ASSERT_TRUE(overRpc.status.exitedWith(0)) << describe(overRpc, daemon);
+  EXPECT_NE(overRpc.output.find("saxpy: PASSED"), std::string::npos) << overRpc.output;
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return tenantNamed(status, "default")["pinned_memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
+TEST_P(CudartPrograms, ManagedMemoryCountsAgainstThePinnedMemoryLimit) {
+  Daemon daemon;
+  ASSERT_TRUE(
+      daemon.ctl({"set-limit", "default", "--pinned-memory", "16MiB"}).status.exitedWith(0));
+  RunResult result =
+      daemon.runClient(program("managed_memory"), {"over-limit", std::to_string(64 << 20)});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("returned cudaErrorMemoryAllocation"), std::string::npos)
+      << result.output;
+}
+
+TEST_P(CudartPrograms, AKilledProgramsManagedMemoryComesBack) {
+  Daemon daemon;
+  // One allocation in the pinned heap, one (larger than the heap) of its own.
+  auto inHeap = daemon.startClient(program("managed_memory"), {"hold", std::to_string(24 << 20)});
+  auto ownMapping =
+      daemon.startClientOn(daemon.socketPath(), program("managed_memory"),
+                           {"hold", std::to_string(40 << 20)}, {{"GPUPROXY_PINNED_HEAP", "8MiB"}});
+  for (auto* holder : {inHeap.get(), ownMapping.get()}) {
+    ASSERT_TRUE(eventually([&] { return holder->output().find("holding") != std::string::npos; }))
+        << holder->output() << holder->errors() << daemon.log();
+  }
+  EXPECT_GE(tenantNamed(daemon.status(), "default")["pinned_memory_used"].get<std::uint64_t>(),
+            64u << 20);
+  for (auto* holder : {inHeap.get(), ownMapping.get()}) {
+    ::kill(holder->pid(), SIGKILL);
+    holder->wait();
+  }
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return tenantNamed(status, "default")["pinned_memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
 INSTANTIATE_TEST_SUITE_P(StaticAndSharedCudart, CudartPrograms,
                          ::testing::Values("static", "shared"),
                          [](const auto& info) { return std::string(info.param); });

@@ -1,6 +1,7 @@
 // The driver calls around launches and copies, end to end through the stub and a sim daemon
 // (tests/programs/driver_surface.cpp): function and kernel attributes, the occupancy calculator,
-// pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx and stream queries.
+// pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx, stream queries and
+// managed memory.
 // Also run with GPUPROXY_TRANSPORT=rpc.
 #include "tests/support/process.hpp"
 
@@ -134,6 +135,33 @@ TEST_F(DriverSurface, PointerAttributesOfDeviceAndPinnedMemory) {
 
 // cuPointerGetAttributes succeeds for memory CUDA does not know, which cudaPointerGetAttributes
 // relies on to report cudaMemoryTypeUnregistered.
+// Managed memory: from the shared pinned heap, or (over RPC, which has no heap) shared memory of
+// the allocation's own; the same either way.
+TEST_F(DriverSurface, ManagedMemoryAndItsHints) {
+  expectAnswers({{"managed-zero-bytes", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-bad-flags", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-attribute", "1"},
+                 {"managed-alloc", "CUDA_SUCCESS"},
+                 {"managed-kernel-and-host-agree", "yes"},
+                 {"managed-is-managed", "1"},
+                 {"managed-host-pointer", "yes"},
+                 {"managed-prefetch", "CUDA_SUCCESS"},
+                 {"managed-prefetch-host", "CUDA_SUCCESS"},
+                 {"managed-prefetch-no-device", "CUDA_ERROR_INVALID_DEVICE"},
+                 {"managed-prefetch-past-end", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-prefetch-device-memory", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-advise", "CUDA_SUCCESS"},
+                 {"managed-advise-unknown", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-advise-device-memory", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-attach", "CUDA_SUCCESS"},
+                 {"managed-attach-part", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-attach-inside", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-free-host", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-free-inside", "CUDA_ERROR_INVALID_VALUE"},
+                 {"managed-free", "CUDA_SUCCESS"},
+                 {"managed-freed-prefetch", "CUDA_ERROR_INVALID_VALUE"}});
+}
+
 TEST_F(DriverSurface, UnknownPointers) {
   expectAnswers({{"unknown-memory-type", "CUDA_ERROR_INVALID_VALUE"},
                  {"attributes-unknown", "CUDA_SUCCESS"},

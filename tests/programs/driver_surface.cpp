@@ -1,8 +1,9 @@
 // A driver-API program that exercises the calls around launches and copies that applications and
 // the CUDA runtime use besides the basic ones: function and kernel attributes, the occupancy
 // calculator, pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx and the
-// stream queries. One line per check, "<check> <value>", where a value is a CUresult name, a
-// number, or "yes"/"no" for a property the program checked itself. Runs on a GPU too.
+// stream queries, managed memory. One line per check, "<check> <value>", where a value is a
+// CUresult name, a number, or "yes"/"no" for a property the program checked itself. Runs on a GPU
+// too.
 //
 //   driver_surface
 
@@ -687,6 +688,73 @@ void streamQueries() {
 
 }  // namespace
 
+// Managed memory (cuMemAllocManaged) and its hints, with the driver's refusals.
+void managedMemory(CUfunction fillU32) {
+  int supported = -1;
+  MUST(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, gDevice));
+  reportNumber("managed-attribute", supported);
+  CUdeviceptr bad = 0;
+  report("managed-zero-bytes", cuMemAllocManaged(&bad, 0, CU_MEM_ATTACH_GLOBAL));
+  report("managed-bad-flags", cuMemAllocManaged(&bad, 4096, CU_MEM_ATTACH_SINGLE));
+  CUdeviceptr managed = 0;
+  const unsigned count = 4096;
+  const CUresult allocated =
+      cuMemAllocManaged(&managed, count * sizeof(unsigned), CU_MEM_ATTACH_GLOBAL);
+  report("managed-alloc", allocated);
+  if (allocated != CUDA_SUCCESS) return;
+
+  // The host and a kernel see the same memory at the same address.
+  auto* words = reinterpret_cast<unsigned*>(managed);
+  for (unsigned i = 0; i < count; ++i) words[i] = i;
+  unsigned value = 0xfeedu;
+  unsigned long long n = count / 2;
+  void* params[] = {&managed, &value, &n};
+  MUST(cuLaunchKernel(fillU32, count / 128, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr));
+  MUST(cuCtxSynchronize());
+  reportYes("managed-kernel-and-host-agree", words[0] == 0xfeedu && words[n - 1] == 0xfeedu &&
+                                                 words[n] == n && words[count - 1] == count - 1);
+
+  unsigned isManaged = 0;
+  MUST(cuPointerGetAttribute(&isManaged, CU_POINTER_ATTRIBUTE_IS_MANAGED, managed + 64));
+  reportNumber("managed-is-managed", isManaged);
+  void* hostPointer = nullptr;
+  MUST(cuPointerGetAttribute(&hostPointer, CU_POINTER_ATTRIBUTE_HOST_POINTER, managed + 64));
+  reportYes("managed-host-pointer", hostPointer == reinterpret_cast<void*>(managed + 64));
+
+  // Hints: accepted on managed memory with a place that exists; refused otherwise.
+  CUmemLocation device{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0};
+  CUmemLocation nowhere{CU_MEM_LOCATION_TYPE_DEVICE, 99};
+  report("managed-prefetch", cuMemPrefetchAsync(managed, count, device, 0, nullptr));
+  report("managed-prefetch-host", cuMemPrefetchAsync(managed, count, host, 0, nullptr));
+  report("managed-prefetch-no-device", cuMemPrefetchAsync(managed, count, nowhere, 0, nullptr));
+  report("managed-prefetch-past-end",
+         cuMemPrefetchAsync(managed, count * sizeof(unsigned) + 1, device, 0, nullptr));
+  CUdeviceptr plain = 0;
+  MUST(cuMemAlloc(&plain, 4096));
+  report("managed-prefetch-device-memory", cuMemPrefetchAsync(plain, 4096, device, 0, nullptr));
+  report("managed-advise",
+         cuMemAdvise(managed, count, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device));
+  report("managed-advise-unknown",
+         cuMemAdvise(managed, count, static_cast<CUmem_advise>(42), device));
+  report("managed-advise-device-memory",
+         cuMemAdvise(plain, 4096, CU_MEM_ADVISE_SET_READ_MOSTLY, device));
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  report("managed-attach", cuStreamAttachMemAsync(stream, managed, 0, CU_MEM_ATTACH_SINGLE));
+  report("managed-attach-part", cuStreamAttachMemAsync(stream, managed, 64, CU_MEM_ATTACH_SINGLE));
+  report("managed-attach-inside",
+         cuStreamAttachMemAsync(stream, managed + 64, 0, CU_MEM_ATTACH_SINGLE));
+  MUST(cuStreamDestroy(stream));
+
+  // Freed by cuMemFree, from its start only; never by cuMemFreeHost.
+  report("managed-free-host", cuMemFreeHost(reinterpret_cast<void*>(managed)));
+  report("managed-free-inside", cuMemFree(managed + 64));
+  report("managed-free", cuMemFree(managed));
+  report("managed-freed-prefetch", cuMemPrefetchAsync(managed, count, device, 0, nullptr));
+  MUST(cuMemFree(plain));
+}
+
 int main() {
   MUST(cuInit(0));
   MUST(cuDeviceGet(&gDevice, 0));
@@ -706,6 +774,7 @@ int main() {
   hostFunctionWaitsForTheApplication();
   launchEx(fillU32);
   streamQueries();
+  managedMemory(fillU32);
 
   MUST(cuModuleUnload(module));
   MUST(cuDevicePrimaryCtxRelease(gDevice));

@@ -5,7 +5,8 @@
 // wrong. Lines "<check> <CUresult name>" report results for tests to compare.
 //
 //   pinned_probe copies BYTES    byte-exact H2D and D2H, blocking and on a stream, at offsets
-//   pinned_probe kernel COUNT    fill_u32 and vector_add on device-mapped pinned memory
+//   pinned_probe kernel COUNT    fill_u32 and vector_add on device-mapped pinned memory, and a
+//                                memset and device-to-device copies naming it
 //   pinned_probe async           an async copy returns while the stream is busy; a blocking one
 //                                waits for it
 //   pinned_probe hold BYTES      cuMemHostAlloc, touch every page, then wait to be killed
@@ -190,6 +191,20 @@ int kernel(unsigned long long count) {
       die("vector_add from pinned memory: element " + std::to_string(i));
     if (b[i] != 1.5f * static_cast<float>(i))
       die("vector_add into pinned memory: element " + std::to_string(i));
+  }
+
+  // Copies and memsets may name device-mapped pinned memory by its device pointer, as device
+  // memory (unified addressing): a memset of it, a device-to-device copy out of it and into it.
+  CHECK(cuMemsetD32(wordsOnDevice, 0x0badf00du, static_cast<std::size_t>(count)));
+  CHECK(cuMemcpyDtoD(sum, wordsOnDevice, bytes));
+  CHECK(cuMemcpyDtoD(aOnDevice, sum, bytes));
+  CHECK(cuCtxSynchronize());
+  for (unsigned long long i = 0; i < count; ++i) {
+    unsigned got = 0;
+    std::memcpy(&got, &a[i], sizeof(got));
+    if (words[i] != 0x0badf00du || got != 0x0badf00du) {
+      die("memset and device-to-device copies of pinned memory: element " + std::to_string(i));
+    }
   }
   CHECK(cuMemFree(sum));
   CHECK(cuMemFreeHost(words));

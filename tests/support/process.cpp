@@ -274,11 +274,12 @@ RunResult Daemon::runClientOn(const std::string& socket, const std::string& prog
 }
 
 std::unique_ptr<Child> Daemon::startClientOn(const std::string& socket, const std::string& program,
-                                             std::vector<std::string> arguments) const {
+                                             std::vector<std::string> arguments,
+                                             std::map<std::string, std::string> environment) const {
   arguments.insert(arguments.begin(), programBinary(program));
-  return std::make_unique<Child>(
-      std::move(arguments), std::map<std::string, std::string>{{"LD_LIBRARY_PATH", stubDirectory()},
-                                                               {"GPUPROXY_SOCKET", socket}});
+  environment["LD_LIBRARY_PATH"] = stubDirectory();
+  environment["GPUPROXY_SOCKET"] = socket;
+  return std::make_unique<Child>(std::move(arguments), std::move(environment));
 }
 
 RunResult Daemon::ctl(std::vector<std::string> arguments) const {

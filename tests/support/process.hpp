@@ -122,7 +122,8 @@ public:
                         std::vector<std::string> arguments,
                         std::map<std::string, std::string> environment = {}) const;
   std::unique_ptr<Child> startClientOn(const std::string& socket, const std::string& program,
-                                       std::vector<std::string> arguments) const;
+                                       std::vector<std::string> arguments,
+                                       std::map<std::string, std::string> environment = {}) const;
   // `gpuproxyctl status --json`, parsed.
   nlohmann::json status() const;
   // Any gpuproxyctl command against this daemon.

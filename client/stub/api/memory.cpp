@@ -30,6 +30,7 @@
 #include <unordered_map>
 
 #include "client/stub/api/host_memory.hpp"
+#include "client/stub/api/managed_memory.hpp"
 #include "client/stub/api/memory_pools.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
@@ -48,7 +49,85 @@ using gpuproxy::stub::toResult;
 
 namespace ring = gpuproxy::protocol::ring;
 
+namespace gpuproxy::stub {
+
+CUresult allocateSharedPinned(Runtime& runtime, PinnedHeap& heap, const char* entryPoint,
+                              std::uint64_t bytes, PinnedHeap::Allocation& allocation) {
+  auto allocated = heap.allocate(bytes);
+  if (!allocated) {
+    if (entryPoint == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    GPUPROXY_STUB_LOG(kWarn,
+                      "%s: %llu bytes do not fit in the pinned heap (%llu of %zu bytes in use); "
+                      "GPUPROXY_PINNED_HEAP sets its size",
+                      entryPoint, static_cast<unsigned long long>(bytes),
+                      static_cast<unsigned long long>(heap.bytesInUse()), heap.region().size());
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  // This process faults the pages in before the daemon ever maps them for a device: a shared
+  // page is charged to the memory cgroup of whoever touches it first, and pinned memory is the
+  // application's, so its pod pays for it (as it pays for cuMemHostAlloc's pages on a GPU node).
+  // Rewriting each page's first byte keeps the (unspecified) contents.
+  volatile std::byte* pages = heap.region().data() + allocated->offset;
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  for (std::size_t at = 0; at < allocated->bytes; at += page) pages[at] = pages[at];
+  const CUresult result = runtime.call([&](Session::Client& session) {
+    auto request = session.registerPinnedRequest();
+    request.setOffset(allocated->offset);
+    request.setBytes(allocated->bytes);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+  if (result != CUDA_SUCCESS) {
+    heap.free(allocated->offset);
+    return result;
+  }
+  allocation = *allocated;
+  return CUDA_SUCCESS;
+}
+
+CUresult unregisterSharedPinned(Runtime& runtime, std::uint64_t offset) {
+  // The daemon answers once the work queued before this call, which may use the memory, has
+  // completed; only then may the range be handed out again.
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.unregisterPinnedRequest();
+    request.setOffset(offset);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+}
+
+CUresult registerSharedRange(Runtime& runtime, ipc::UniqueFd file, std::uint64_t fileOffset,
+                             std::uint64_t address, std::uint64_t bytes) {
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.registerHostRangeRequest();
+    request.setFile(kj::heap<ipc::SharedFileServer>(std::move(file)));
+    request.setFileOffset(fileOffset);
+    request.setAddress(address);
+    request.setBytes(bytes);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+}
+
+CUresult unregisterSharedRange(Runtime& runtime, std::uint64_t address) {
+  // Answered once the work queued before this call, which may use the memory, has completed.
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.unregisterHostRangeRequest();
+    request.setAddress(address);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+}
+
+}  // namespace gpuproxy::stub
+
 namespace {
+
+// Memory a copy or a memset may name as device memory: this process's device allocations (managed
+// memory among them) and module variables, and host memory the devices reach at its own address
+// (pinned memory, device-mapped registrations), as the driver's unified addressing allows.
+bool deviceReaches(Runtime& runtime, CUdeviceptr pointer, std::uint64_t bytes) {
+  if (runtime.ownsRange(pointer, bytes)) return true;
+  std::optional<gpuproxy::stub::HostAllocationRange> host =
+      gpuproxy::stub::hostAllocationContaining(pointer);
+  return host && host->deviceMapped && bytes <= host->bytes - (pointer - host->start);
+}
 
 CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* srcHost,
                     size_t byteCount, CUstream stream, NullStream nullStream, bool blocking) {
@@ -59,7 +138,7 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
-    if (srcHost == nullptr || !runtime.ownsRange(dstDevice, byteCount)) {
+    if (srcHost == nullptr || !deviceReaches(runtime, dstDevice, byteCount)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     return runtime.commands().copyHostToDevice(target, dstDevice, srcHost, byteCount, blocking);
@@ -75,7 +154,7 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
-    if (dstHost == nullptr || !runtime.ownsRange(srcDevice, byteCount)) {
+    if (dstHost == nullptr || !deviceReaches(runtime, srcDevice, byteCount)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     return runtime.commands().copyDeviceToHost(target, dstHost, srcDevice, byteCount, blocking);
@@ -91,7 +170,8 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
       return resolved;
     }
     if (byteCount == 0) return CUDA_SUCCESS;
-    if (!runtime.ownsRange(dstDevice, byteCount) || !runtime.ownsRange(srcDevice, byteCount)) {
+    if (!deviceReaches(runtime, dstDevice, byteCount) ||
+        !deviceReaches(runtime, srcDevice, byteCount)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     ring::Command command{ring::CopyDeviceToDevice{}};
@@ -155,7 +235,7 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
     if (dstDevice % elementSize != 0) return CUDA_ERROR_INVALID_VALUE;
     if (count == 0) return CUDA_SUCCESS;
     if (count > std::numeric_limits<std::uint64_t>::max() / elementSize ||
-        !runtime.ownsRange(dstDevice, std::uint64_t{count} * elementSize)) {
+        !deviceReaches(runtime, dstDevice, std::uint64_t{count} * elementSize)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     ring::Command command{ring::Memset{}};
@@ -192,7 +272,7 @@ CUresult memset2DOnStream(const char* entryPoint, CUdeviceptr dstDevice, size_t 
       return CUDA_ERROR_INVALID_VALUE;
     }
     const std::uint64_t extent = (height > 1 ? std::uint64_t{pitch} * (height - 1) : 0) + rowBytes;
-    if (!runtime.ownsRange(dstDevice, extent)) return CUDA_ERROR_INVALID_VALUE;
+    if (!deviceReaches(runtime, dstDevice, extent)) return CUDA_ERROR_INVALID_VALUE;
     ring::Command command{ring::Memset2D{}};
     auto& memset = std::get<ring::Memset2D>(command);
     memset.context = target.context;
@@ -250,34 +330,14 @@ void forgetHostAllocation(void* start) {
 // every device, and write-combining is a CPU caching hint the daemon's mapping does not change.
 CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** pp,
                      size_t bytesize) {
-  auto allocation = heap.allocate(bytesize);
-  if (!allocation) {
-    GPUPROXY_STUB_LOG(kWarn,
-                      "cuMemHostAlloc: %zu bytes do not fit in the pinned heap (%llu of %zu bytes "
-                      "in use); GPUPROXY_PINNED_HEAP sets its size",
-                      bytesize, static_cast<unsigned long long>(heap.bytesInUse()),
-                      heap.region().size());
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  gpuproxy::stub::PinnedHeap::Allocation allocation;
+  if (CUresult allocated = gpuproxy::stub::allocateSharedPinned(runtime, heap, "cuMemHostAlloc",
+                                                                bytesize, allocation);
+      allocated != CUDA_SUCCESS) {
+    return allocated;
   }
-  // This process faults the pages in before the daemon ever maps them for a device: a shared
-  // page is charged to the memory cgroup of whoever touches it first, and pinned memory is the
-  // application's, so its pod pays for it (as it pays for cuMemHostAlloc's pages on a GPU node).
-  // Rewriting each page's first byte keeps the (unspecified) contents.
-  volatile std::byte* pages = heap.region().data() + allocation->offset;
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  for (std::size_t at = 0; at < allocation->bytes; at += page) pages[at] = pages[at];
-  const CUresult result = runtime.call([&](Session::Client& session) {
-    auto request = session.registerPinnedRequest();
-    request.setOffset(allocation->offset);
-    request.setBytes(allocation->bytes);
-    return request.send().then([](auto response) { return toResult(response.getResult()); });
-  });
-  if (result != CUDA_SUCCESS) {
-    heap.free(allocation->offset);
-    return result;
-  }
-  *pp = heap.region().data() + allocation->offset;
-  rememberHostAllocation(runtime, *pp, allocation->bytes, /*deviceMapped=*/true);
+  *pp = heap.region().data() + allocation.offset;
+  rememberHostAllocation(runtime, *pp, allocation.bytes, /*deviceMapped=*/true);
   return CUDA_SUCCESS;
 }
 
@@ -360,14 +420,8 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
     bool deviceMapped = false;
     if (auto window =
             gpuproxy::ipc::sharedWindowOf(reinterpret_cast<void*>(pageStart), pageBytes)) {
-      const CUresult result = runtime.call([&](Session::Client& session) {
-        auto request = session.registerHostRangeRequest();
-        request.setFile(kj::heap<gpuproxy::ipc::SharedFileServer>(std::move(window->fd)));
-        request.setFileOffset(window->fileOffset);
-        request.setAddress(pageStart);
-        request.setBytes(pageBytes);
-        return request.send().then([](auto response) { return toResult(response.getResult()); });
-      });
+      const CUresult result = gpuproxy::stub::registerSharedRange(
+          runtime, std::move(window->fd), window->fileOffset, pageStart, pageBytes);
       if (result == CUDA_SUCCESS) {
         deviceMapped = true;
       } else if (result != CUDA_ERROR_ALREADY_MAPPED && result != CUDA_ERROR_INVALID_VALUE) {
@@ -414,11 +468,8 @@ CUresult hostUnregister(const char* entryPoint, void* p) {
     }
     if (registration.deviceMapped) {
       // Answered once the work queued before, which may use the memory, has completed.
-      const CUresult result = runtime.call([&](Session::Client& session) {
-        auto request = session.unregisterHostRangeRequest();
-        request.setAddress(registration.pageStart);
-        return request.send().then([](auto response) { return toResult(response.getResult()); });
-      });
+      const CUresult result =
+          gpuproxy::stub::unregisterSharedRange(runtime, registration.pageStart);
       if (result != CUDA_SUCCESS) return result;
     }
     {
@@ -564,6 +615,11 @@ GPUPROXY_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, s
 GPUPROXY_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (dptr == 0) return CUDA_SUCCESS;  // as the driver does
+    if (std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(dptr);
+        range && range->managed) {
+      return range->start == dptr ? gpuproxy::stub::freeManaged(runtime, *range)
+                                  : CUDA_ERROR_INVALID_VALUE;
+    }
     return freeAllocation(runtime, dptr);
   });
 }
@@ -634,16 +690,19 @@ GPUPROXY_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int
 GPUPROXY_EXPORT CUresult cuMemFreeHost(void* p) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (p == nullptr) return CUDA_SUCCESS;
+    // Managed memory comes from the same heap, and is not the host allocation cuMemFreeHost frees.
+    if (std::optional<gpuproxy::stub::AllocationRange> managed =
+            runtime.allocationContaining(reinterpret_cast<CUdeviceptr>(p));
+        managed && managed->managed) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     if (gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap()) {
       if (auto allocation = heap->lookup(p)) {
-        // The daemon answers once the work queued before this call, which may use the memory,
-        // has completed; only then may the range be handed out again.
-        const CUresult result = runtime.call([&](Session::Client& session) {
-          auto request = session.unregisterPinnedRequest();
-          request.setOffset(allocation->offset);
-          return request.send().then([](auto response) { return toResult(response.getResult()); });
-        });
-        if (result != CUDA_SUCCESS) return result;
+        if (CUresult unregistered =
+                gpuproxy::stub::unregisterSharedPinned(runtime, allocation->offset);
+            unregistered != CUDA_SUCCESS) {
+          return unregistered;
+        }
         forgetHostAllocation(p);
         heap->free(allocation->offset);
         return CUDA_SUCCESS;
@@ -681,6 +740,12 @@ GPUPROXY_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* 
   return guarded(__func__, [&](Runtime& runtime) {
     if (pdptr == nullptr || p == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    // Managed memory shares the pinned heap but is not page-locked host memory.
+    if (std::optional<gpuproxy::stub::AllocationRange> managed =
+            runtime.allocationContaining(reinterpret_cast<CUdeviceptr>(p));
+        managed && managed->managed) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     // Unified addressing: a pinned buffer's device address is its host address, for any pointer
     // inside the allocation.
     gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap();

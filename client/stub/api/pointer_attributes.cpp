@@ -1,6 +1,7 @@
 // What a pointer is: cuPointerGetAttribute(s) and cuMemGetAddressRange, answered from the stub's
-// own tables of this process's device allocations (Runtime) and page-locked host allocations
-// (memory.cpp). A pointer the process did not get from CUDA is unknown to the driver too.
+// own tables of this process's device allocations (Runtime; managed memory among them) and
+// page-locked host allocations (memory.cpp). A pointer the process did not get from CUDA is unknown
+// to the driver too.
 
 #include <cuda.h>
 
@@ -32,13 +33,15 @@ struct PointerFacts {
   std::uint64_t bufferId = 0;
   bool deviceAccessible = false;  // kernels reach it at the same address
   bool hostAccessible = false;    // the host reaches it at the same address
+  bool managed = false;           // cuMemAllocManaged's
 };
 
 std::optional<PointerFacts> factsOf(Runtime& runtime, CUdeviceptr pointer) {
   std::optional<PointerFacts> facts;
   if (std::optional<AllocationRange> device = runtime.allocationContaining(pointer)) {
-    facts = PointerFacts{CU_MEMORYTYPE_DEVICE, device->start, device->bytes, device->context, 0,
-                         device->bufferId,     true,          false};
+    // Managed memory is device memory to the driver's queries, reachable from the host too.
+    facts = PointerFacts{CU_MEMORYTYPE_DEVICE, device->start, device->bytes,   device->context, 0,
+                         device->bufferId,     true,          device->managed, device->managed};
   } else if (std::optional<HostAllocationRange> host =
                  gpuproxy::stub::hostAllocationContaining(pointer)) {
     facts = PointerFacts{CU_MEMORYTYPE_HOST, host->start,        host->bytes, host->context, 0,
@@ -111,8 +114,8 @@ CUresult answer(const PointerFacts& facts, int attribute, CUdeviceptr pointer, v
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       put(data, static_cast<unsigned long long>(facts.bufferId));
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:  // no managed memory here
-      put(data, 0u);
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      put(data, facts.managed ? 1u : 0u);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       put(data, facts.device);

@@ -52,7 +52,11 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 228 * 1024},
     {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
-    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0},
+    // Managed memory is served by the stub from the pinned heap, which the device reaches at the
+    // host's addresses and the host while kernels run, as on an H100 (client/stub/api/
+    // managed_memory.cpp); pageable memory is not reachable from a kernel.
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
     {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD, 0},
     {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID, 0},
     {CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2},

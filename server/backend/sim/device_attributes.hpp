@@ -10,8 +10,8 @@ namespace gpuproxy::server::sim {
 inline constexpr unsigned kSimComputeCapability = 90;
 
 // Every CUdevice_attribute from 1 to CU_DEVICE_ATTRIBUTE_MAX - 1, as (attribute, value), modelled
-// on an H100 SXM5 (compute capability 9.0). Features the sim does not provide (textures, managed
-// memory, IPC, VMM, ...) answer 0 so that programs take their fallback paths instead of calling
+// on an H100 SXM5 (compute capability 9.0). Features the sim does not provide (textures, IPC,
+// VMM, ...) answer 0 so that programs take their fallback paths instead of calling
 // entry points that would fail. `pciBusId` tells devices apart as real ones are.
 std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId);
 

@@ -168,6 +168,35 @@ TEST_F(GpuClientTest, CopiesMustStayInsideOneOfTheClientsAllocations) {
   EXPECT_EQ(back.value(), data);
 }
 
+// Host memory registered with the GPU for a client (its pinned or managed memory) is reached at
+// its own address: a memset may name it as device memory, for that client only, and only until
+// its unregistration starts.
+TEST_F(GpuClientTest, RegisteredHostMemoryIsDeviceMemoryToItsOwnerOnly) {
+  auto owner = newClient();
+  auto other = newClient(4321);
+  auto ownerContext = owner->createContext(0);
+  auto otherContext = other->createContext(0);
+  std::vector<std::uint32_t> host(1024, 0);
+  const auto address = reinterpret_cast<CUdeviceptr>(host.data());
+  const std::size_t bytes = host.size() * sizeof(std::uint32_t);
+  const backend::Memset fill{address, 0xabcdu, 4, host.size()};
+  EXPECT_EQ(owner->enqueue(ownerContext.value(), 0, fill), CUDA_ERROR_INVALID_VALUE);
+
+  ASSERT_EQ(wait(shard_.registerHostMemory(host.data(), bytes, stats_[0]->addressSpace)),
+            CUDA_SUCCESS);
+  EXPECT_EQ(owner->enqueue(ownerContext.value(), 0, fill), CUDA_SUCCESS);
+  EXPECT_EQ(other->enqueue(otherContext.value(), 0, fill), CUDA_ERROR_INVALID_VALUE);
+  const backend::Memset pastTheEnd{address + 4, 0, 4, host.size()};
+  EXPECT_EQ(owner->enqueue(ownerContext.value(), 0, pastTheEnd), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(wait(owner->synchronizeContext(ownerContext.value())), CUDA_SUCCESS);
+  EXPECT_EQ(host.front(), 0xabcdu);
+  EXPECT_EQ(host.back(), 0xabcdu);
+
+  auto unregistered = shard_.unregisterHostMemory(host.data());
+  EXPECT_EQ(owner->enqueue(ownerContext.value(), 0, fill), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(wait(kj::mv(unregistered)), CUDA_SUCCESS);
+}
+
 TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   auto client = newClient();
   auto context = client->createContext(0);
