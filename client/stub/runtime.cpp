@@ -23,6 +23,7 @@
 #include "client/stub/log.hpp"
 #include "client/stub/ring_sink.hpp"
 #include "client/stub/rpc_sink.hpp"
+#include "client/stub/stream_capture.hpp"
 #include "ipc/shared_segment.hpp"
 #include "ipc/unix_socket.hpp"
 #include "protocol/byte_size.hpp"
@@ -148,7 +149,8 @@ CUresult Runtime::initialize() {
 Runtime::Runtime(std::string socketPath)
     : socketPath_(std::move(socketPath)),
       rpcSink_(std::make_unique<RpcSink>(*this)),
-      commands_(rpcSink_.get()) {}
+      transport_(rpcSink_.get()),
+      capturing_(std::make_unique<CapturingSink>(transport_)) {}
 
 PinnedHeap* Runtime::pinnedHeap() const noexcept {
   return dataPlane_ && dataPlane_->pinnedHeap().usable() ? &dataPlane_->pinnedHeap() : nullptr;
@@ -353,7 +355,7 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
                     : ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
     dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbellFd), lost_);
     ringSink_ = std::make_unique<RingSink>(*dataPlane_, *rpcSink_);
-    commands_ = ringSink_.get();
+    transport_ = ringSink_.get();
     GPUPROXY_STUB_LOG(kDebug, "asynchronous calls go through the shared-memory ring");
   } catch (const kj::Exception& error) {
     GPUPROXY_STUB_LOG(kWarn, "no shared-memory data plane (%s); every call goes over RPC",

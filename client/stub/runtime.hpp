@@ -30,6 +30,7 @@
 
 #include "client/stub/command_sink.hpp"
 #include "client/stub/launch_params.hpp"
+#include "client/stub/stream_capture.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 
 namespace gpuproxy::stub {
@@ -136,7 +137,9 @@ public:
   // Where stream operations go (command_sink.hpp): the shared-memory rings, or the control
   // socket when this process has no data plane (GPUPROXY_TRANSPORT=rpc, or a daemon that could
   // not give it one). Chosen before cuInit returns and constant afterwards.
-  CommandSink& commands() const noexcept { return *commands_; }
+  CommandSink& commands() const noexcept { return *capturing_; }
+  // The same sink, for what only capture needs (stream_capture.hpp).
+  CapturingSink& capturing() const noexcept { return *capturing_; }
   // The segment's pinned host heap when this process has one that is usable, else null.
   PinnedHeap* pinnedHeap() const noexcept;
   // The shared-memory data plane, or null (as above).
@@ -249,7 +252,8 @@ private:
   std::unique_ptr<DataPlane> dataPlane_;
   std::unique_ptr<RpcSink> rpcSink_;
   std::unique_ptr<RingSink> ringSink_;
-  CommandSink* commands_ = nullptr;
+  CommandSink* transport_ = nullptr;  // the ring's sink once the data plane is open, else RPC
+  std::unique_ptr<CapturingSink> capturing_;
 
   // Read on every launch and copy from many threads, written rarely.
   mutable std::shared_mutex tablesMutex_;

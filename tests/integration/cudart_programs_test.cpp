@@ -216,6 +216,28 @@ TEST_P(CudartPrograms, AKilledProgramsManagedMemoryComesBack) {
   })) << daemon.status().dump(2);
 }
 
+// Stream capture records the work instead of running it; each launch of the graph runs it all
+// again, reading the pinned input as it is then.
+TEST_P(CudartPrograms, ACapturedGraphRunsEachTimeItIsLaunched) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"capture"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("graph of 5 nodes"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("3 launches, host function called 3 times"), std::string::npos)
+      << result.output;
+}
+
+TEST_P(CudartPrograms, WhatCaptureCannotHoldIsRefusedAsCudaRefusesIt) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"capture-errors"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line : {"synchronize during capture: cudaErrorStreamCaptureUnsupported",
+                           "end of an invalidated capture: cudaErrorStreamCaptureInvalidated",
+                           "end with an unjoined stream: cudaErrorStreamCaptureUnjoined"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(StaticAndSharedCudart, CudartPrograms,
                          ::testing::Values("static", "shared"),
                          [](const auto& info) { return std::string(info.param); });

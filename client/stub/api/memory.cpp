@@ -35,6 +35,7 @@
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/pinned_heap.hpp"
+#include "client/stub/stream_capture.hpp"
 #include "ipc/shared_file.hpp"
 #include "ipc/shared_segment.hpp"
 
@@ -535,6 +536,11 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
+    // A graph's allocation happens at each launch (a memory node), which is not supported.
+    if (std::optional<CUresult> refused =
+            runtime.capturing().captures().unsupported(target.stream)) {
+      return *refused;
+    }
     std::optional<gpuproxy::stub::ContextRecord> context = runtime.context(target.context);
     if (!context) return CUDA_ERROR_INVALID_CONTEXT;
     if (pool != nullptr && gpuproxy::stub::defaultPoolDevice(pool) != context->device) {
@@ -558,6 +564,10 @@ CUresult freeOnStream(const char* entryPoint, CUdeviceptr dptr, CUstream stream,
       return resolved;
     }
     if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (std::optional<CUresult> refused =
+            runtime.capturing().captures().unsupported(target.stream)) {
+      return *refused;
+    }
     return freeAllocation(runtime, dptr);
   });
 }

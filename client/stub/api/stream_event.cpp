@@ -7,6 +7,7 @@
 
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
+#include "client/stub/stream_capture.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::ContextRecord;
@@ -124,7 +125,10 @@ CUresult destroyStream(const char* entryPoint, CUstream hStream) {
       request.setStream(stream);
       return request.send().then([](auto response) { return toResult(response.getResult()); });
     });
-    if (result == CUDA_SUCCESS) runtime.forgetStream(stream);
+    if (result == CUDA_SUCCESS) {
+      runtime.forgetStream(stream);
+      runtime.capturing().captures().streamGone(stream);
+    }
     return result;
   });
 }

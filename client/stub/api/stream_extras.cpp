@@ -1,14 +1,16 @@
-// Stream queries and host work on streams: capture status (capture itself is not supported, so
-// a valid stream is never capturing), host functions and callbacks, and stream and context ids.
+// Host work on streams (host functions and callbacks), and stream and context ids. Capture and
+// its queries are graphs.cpp's.
 
 #include <cuda.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "client/stub/api_support.hpp"
 #include "client/stub/data_plane.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/host_functions.hpp"
+#include "client/stub/stream_capture.hpp"
 
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::guarded;
@@ -22,28 +24,22 @@ namespace ring = gpuproxy::protocol::ring;
 
 namespace {
 
-// cuStreamIsCapturing and every cuStreamGetCaptureInfo: a stream that exists is not capturing
-// (cuStreamBeginCapture answers NOT_SUPPORTED). The driver returns nothing but the status for a
-// stream that is not capturing, so the optional outputs are left alone.
-CUresult captureStatus(const char* entryPoint, CUstream hStream, CUstreamCaptureStatus* status,
-                       NullStream nullStream) {
-  return guarded(entryPoint, [&](Runtime& runtime) {
-    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    StreamTarget target;
-    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
-        resolved != CUDA_SUCCESS) {
-      return resolved;
-    }
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
-    return CUDA_SUCCESS;
-  });
-}
-
 // The process's host-function thread, made at the first host function that goes through the data
 // plane (there is one data plane per process, for its whole life).
 gpuproxy::stub::HostFunctions& hostFunctionsOf(gpuproxy::stub::DataPlane& dataPlane) {
   static gpuproxy::stub::HostFunctions* functions = new gpuproxy::stub::HostFunctions(dataPlane);
   return *functions;
+}
+
+// A host function as it runs when due: a stream that failed does not run later host functions;
+// the failure is reported at the stream's next synchronisation (or by the call itself, when it
+// waited for the stream).
+auto hostFunctionRun(CUhostFn fn, void* userData) {
+  return [fn, userData](CUresult drained) {
+    if (drained != CUDA_SUCCESS) return drained;
+    fn(userData);
+    return CUDA_SUCCESS;
+  };
 }
 
 // Host work on a stream runs after the stream's earlier work and before its later work. With the
@@ -56,6 +52,17 @@ gpuproxy::stub::HostFunctions& hostFunctionsOf(gpuproxy::stub::DataPlane& dataPl
 // the function may not call CUDA, as with the driver. `run` gets the stream's status; in the
 // synchronous case the call returns what `run` returns.
 template <typename Run>
+CUresult runOn(Runtime& runtime, const StreamTarget& target, Run run) {
+  if (gpuproxy::stub::DataPlane* dataPlane = runtime.dataPlane()) {
+    return hostFunctionsOf(*dataPlane)
+        .launch(target.context, target.stream, [run](CUresult status) { run(status); });
+  }
+  const CUresult drained = runtime.commands().synchronize(
+      target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
+  return run(drained);
+}
+
+template <typename Run>
 CUresult runOnStream(const char* entryPoint, CUstream hStream, NullStream nullStream, Run run) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
@@ -63,14 +70,29 @@ CUresult runOnStream(const char* entryPoint, CUstream hStream, NullStream nullSt
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    if (gpuproxy::stub::DataPlane* dataPlane = runtime.dataPlane()) {
-      return hostFunctionsOf(*dataPlane)
-          .launch(target.context, target.stream, [run](CUresult status) { run(status); });
-    }
-    const CUresult drained = runtime.commands().synchronize(
-        target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
-    return run(drained);
+    return runOn(runtime, target, run);
   });
+}
+
+// The answer to host work on a capturing stream: a host function becomes a node of the graph, a
+// callback is refused (CUDA does not capture cuStreamAddCallback); nullopt when the stream does
+// not capture.
+std::optional<CUresult> captured(const char* entryPoint, CUstream hStream, NullStream nullStream,
+                                 CUhostFn fn, void* userData) {
+  std::optional<CUresult> answer;
+  const CUresult checked = guarded(entryPoint, [&](Runtime& runtime) {
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    gpuproxy::stub::CapturingSink& sink = runtime.capturing();
+    answer = fn != nullptr ? sink.captureHostFunction(target.stream, fn, userData)
+                           : sink.captures().unsupported(target.stream);
+    return CUDA_SUCCESS;
+  });
+  if (checked != CUDA_SUCCESS) return checked;
+  return answer;
 }
 
 CUresult launchHostFunc(const char* entryPoint, CUstream hStream, CUhostFn fn, void* userData,
@@ -78,19 +100,20 @@ CUresult launchHostFunc(const char* entryPoint, CUstream hStream, CUhostFn fn, v
   if (fn == nullptr) {
     return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
-  return runOnStream(entryPoint, hStream, nullStream, [fn, userData](CUresult drained) {
-    // A stream that failed does not run later host functions; the failure is reported at the
-    // stream's next synchronisation (here, when the call itself waited for the stream).
-    if (drained != CUDA_SUCCESS) return drained;
-    fn(userData);
-    return CUDA_SUCCESS;
-  });
+  if (std::optional<CUresult> answer = captured(entryPoint, hStream, nullStream, fn, userData)) {
+    return *answer;
+  }
+  return runOnStream(entryPoint, hStream, nullStream, hostFunctionRun(fn, userData));
 }
 
 CUresult addCallback(const char* entryPoint, CUstream hStream, CUstreamCallback callback,
                      void* userData, unsigned flags, NullStream nullStream) {
   if (callback == nullptr || flags != 0) {
     return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  if (std::optional<CUresult> answer =
+          captured(entryPoint, hStream, nullStream, nullptr, nullptr)) {
+    return *answer;
   }
   return runOnStream(entryPoint, hStream, nullStream,
                      [hStream, callback, userData](CUresult drained) {
@@ -120,62 +143,15 @@ CUresult streamId(const char* entryPoint, CUstream hStream, unsigned long long* 
 
 }  // namespace
 
-GPUPROXY_EXPORT CUresult cuStreamIsCapturing(CUstream hStream,
-                                             CUstreamCaptureStatus* captureStatus) {
-  return ::captureStatus(__func__, hStream, captureStatus, NullStream::kLegacy);
+namespace gpuproxy::stub {
+
+CUresult launchHostFunction(const StreamTarget& target, CUhostFn function, void* userData) {
+  Runtime* runtime = Runtime::instance();
+  if (runtime == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  return runOn(*runtime, target, hostFunctionRun(function, userData));
 }
 
-GPUPROXY_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream,
-                                                  CUstreamCaptureStatus* captureStatus) {
-  return ::captureStatus(__func__, hStream, captureStatus, NullStream::kPerThread);
-}
-
-GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo(CUstream hStream,
-                                                CUstreamCaptureStatus* captureStatus_out,
-                                                cuuint64_t* /*id_out*/) {
-  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kLegacy);
-}
-
-GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream,
-                                                     CUstreamCaptureStatus* captureStatus_out,
-                                                     cuuint64_t* /*id_out*/) {
-  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kPerThread);
-}
-
-GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream,
-                                                   CUstreamCaptureStatus* captureStatus_out,
-                                                   cuuint64_t* /*id_out*/, CUgraph* /*graph_out*/,
-                                                   const CUgraphNode** /*dependencies_out*/,
-                                                   size_t* /*numDependencies_out*/) {
-  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kLegacy);
-}
-
-GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream,
-                                                        CUstreamCaptureStatus* captureStatus_out,
-                                                        cuuint64_t* /*id_out*/,
-                                                        CUgraph* /*graph_out*/,
-                                                        const CUgraphNode** /*dependencies_out*/,
-                                                        size_t* /*numDependencies_out*/) {
-  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kPerThread);
-}
-
-GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream,
-                                                   CUstreamCaptureStatus* captureStatus_out,
-                                                   cuuint64_t* /*id_out*/, CUgraph* /*graph_out*/,
-                                                   const CUgraphNode** dependencies_out,
-                                                   const CUgraphEdgeData** edgeData_out,
-                                                   size_t* /*numDependencies_out*/) {
-  if (edgeData_out != nullptr && dependencies_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kLegacy);
-}
-
-GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(
-    CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* /*id_out*/,
-    CUgraph* /*graph_out*/, const CUgraphNode** dependencies_out,
-    const CUgraphEdgeData** edgeData_out, size_t* /*numDependencies_out*/) {
-  if (edgeData_out != nullptr && dependencies_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return captureStatus(__func__, hStream, captureStatus_out, NullStream::kPerThread);
-}
+}  // namespace gpuproxy::stub
 
 GPUPROXY_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
   return launchHostFunc(__func__, hStream, fn, userData, NullStream::kLegacy);

@@ -1,0 +1,365 @@
+#include "client/stub/stream_capture.hpp"
+
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "client/stub/api/host_memory.hpp"
+#include "client/stub/log.hpp"
+
+namespace gpuproxy::stub {
+
+namespace ring = protocol::ring;
+
+namespace {
+thread_local CUstreamCaptureMode tThreadCaptureMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+}  // namespace
+
+CUstreamCaptureMode threadCaptureMode() {
+  return tThreadCaptureMode;
+}
+
+CUstreamCaptureMode exchangeThreadCaptureMode(CUstreamCaptureMode mode) {
+  return std::exchange(tThreadCaptureMode, mode);
+}
+
+// ---- StreamCaptures ---------------------------------------------------------------------------
+
+std::shared_ptr<StreamCaptures::Capture> StreamCaptures::captureOfLocked(
+    std::uint64_t stream) const {
+  auto found = streams_.find(stream);
+  return found == streams_.end() ? nullptr : found->second;
+}
+
+void StreamCaptures::invalidateLocked(Capture& capture) {
+  if (!capture.invalidated) {
+    GPUPROXY_STUB_LOG(kInfo,
+                      "stream capture %llu invalidated by an operation CUDA does not capture",
+                      static_cast<unsigned long long>(capture.id));
+  }
+  capture.invalidated = true;
+}
+
+CUresult StreamCaptures::begin(const StreamTarget& target, CUstreamCaptureMode mode) {
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The legacy NULL stream synchronises with every other: it cannot be captured.
+  if (target.stream == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  std::lock_guard lock(mutex_);
+  if (streams_.count(target.stream) != 0) return CUDA_ERROR_ILLEGAL_STATE;
+  auto capture = std::make_shared<Capture>();
+  capture->id = nextId_++;
+  capture->origin = target.stream;
+  capture->mode = mode;
+  capture->thread = std::this_thread::get_id();
+  capture->graph = std::make_unique<Graph>();
+  capture->graph->context = target.context;
+  streams_[target.stream] = std::move(capture);
+  countLocked();
+  lastNode_.erase(target.stream);
+  return CUDA_SUCCESS;
+}
+
+CUresult StreamCaptures::end(std::uint64_t stream, std::unique_ptr<Graph>& graph) {
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture || capture->origin != stream) return CUDA_ERROR_ILLEGAL_STATE;
+  if (capture->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+      capture->thread != std::this_thread::get_id()) {
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
+  bool unjoined = false;
+  for (const auto& [joined, back] : capture->joined) unjoined = unjoined || !back;
+  // Either way the capture is over: every stream it held goes back to normal.
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    it = it->second == capture ? streams_.erase(it) : std::next(it);
+  }
+  countLocked();
+  std::erase_if(events_, [&](const auto& entry) { return entry.second.capture == capture; });
+  if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (unjoined) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+  graph = std::move(capture->graph);
+  return CUDA_SUCCESS;
+}
+
+StreamCaptures::Status StreamCaptures::statusOf(std::uint64_t stream) const {
+  if (idle()) return Status{};
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture) return Status{};
+  return Status{
+      capture->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE,
+      capture->id, capture->graph->nodes.size()};
+}
+
+std::optional<CUresult> StreamCaptures::capture(std::uint64_t stream, GraphNode node) {
+  if (idle()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture) return std::nullopt;
+  if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  capture->graph->nodes.push_back(std::move(node));
+  lastNode_[stream] = capture->graph->nodes.size();
+  if (auto joined = capture->joined.find(stream); joined != capture->joined.end()) {
+    joined->second = false;  // has work the origin has not waited for
+  }
+  return CUDA_SUCCESS;
+}
+
+bool StreamCaptures::eventRecorded(std::uint64_t event, std::uint64_t stream) {
+  if (idle()) return false;
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture) {
+    events_.erase(event);
+    return false;
+  }
+  events_[event] = CapturedEvent{capture, stream, capture->graph->nodes.size()};
+  return true;
+}
+
+std::optional<CUresult> StreamCaptures::streamWaits(std::uint64_t stream, std::uint64_t event) {
+  if (idle()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> waiter = captureOfLocked(stream);
+  auto found = events_.find(event);
+  std::shared_ptr<Capture> source = found == events_.end() ? nullptr : found->second.capture;
+  if (!waiter && !source) return std::nullopt;
+  if (waiter && source != waiter) {
+    // An event from outside this capture (or from another one) would tie the graph to work that
+    // is not part of it.
+    invalidateLocked(*waiter);
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  if (!waiter) {
+    // A fork: the stream joins the capture from here on.
+    if (source->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    streams_[stream] = source;
+    countLocked();
+    source->joined[stream] = true;
+    lastNode_.erase(stream);
+    return CUDA_SUCCESS;
+  }
+  // Within one capture: a join when the waiter is the origin (or another stream of the capture)
+  // and the event covers everything the recording stream captured.
+  const CapturedEvent& recorded = found->second;
+  if (auto joined = waiter->joined.find(recorded.stream);
+      joined != waiter->joined.end() && recorded.stream != stream) {
+    auto last = lastNode_.find(recorded.stream);
+    if (last == lastNode_.end() || recorded.nodes >= last->second) joined->second = true;
+  }
+  return CUDA_SUCCESS;
+}
+
+std::optional<CUresult> StreamCaptures::synchronizing(std::uint64_t stream) {
+  if (idle()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture) return std::nullopt;
+  invalidateLocked(*capture);
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+std::optional<CUresult> StreamCaptures::synchronizingContext(std::uint64_t context,
+                                                             CUstreamCaptureMode callerMode) {
+  if (callerMode == CU_STREAM_CAPTURE_MODE_RELAXED || idle()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  std::optional<CUresult> refused;
+  for (const auto& [stream, capture] : streams_) {
+    const bool interferes = capture->graph->context == context &&
+                            (capture->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+                             (capture->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                              capture->thread == std::this_thread::get_id()));
+    if (interferes) {
+      invalidateLocked(*capture);
+      refused = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
+  return refused;
+}
+
+std::optional<CUresult> StreamCaptures::unsupported(std::uint64_t stream) {
+  return synchronizing(stream);
+}
+
+void StreamCaptures::streamGone(std::uint64_t stream) {
+  if (idle()) return;
+  std::lock_guard lock(mutex_);
+  if (std::shared_ptr<Capture> capture = captureOfLocked(stream)) {
+    if (capture->origin == stream) {
+      // The capture cannot be ended any more: every stream it held is released.
+      for (auto it = streams_.begin(); it != streams_.end();) {
+        it = it->second == capture ? streams_.erase(it) : std::next(it);
+      }
+      std::erase_if(events_, [&](const auto& entry) { return entry.second.capture == capture; });
+    } else {
+      streams_.erase(stream);
+      capture->joined.erase(stream);
+    }
+    countLocked();
+  }
+  lastNode_.erase(stream);
+}
+
+// ---- CapturingSink ----------------------------------------------------------------------------
+
+namespace {
+
+// The stream a record names (every stream operation names one).
+std::uint64_t streamOf(const ring::Command& command) {
+  return std::visit(
+      [](const auto& record) -> std::uint64_t {
+        if constexpr (requires { record.stream; }) {
+          return record.stream;
+        } else {
+          return 0;
+        }
+      },
+      command);
+}
+
+}  // namespace
+
+CUresult CapturingSink::enqueue(ring::Command& command) {
+  if (auto* record = std::get_if<ring::EventRecord>(&command)) {
+    if (captures_.eventRecorded(record->event, record->stream)) return CUDA_SUCCESS;
+    return transport_->enqueue(command);
+  }
+  if (auto* wait = std::get_if<ring::StreamWaitEvent>(&command)) {
+    if (std::optional<CUresult> captured = captures_.streamWaits(wait->stream, wait->event)) {
+      return *captured;
+    }
+    return transport_->enqueue(command);
+  }
+  GraphNode node;
+  if (auto* launch = std::get_if<ring::LaunchKernel>(&command)) {
+    node.kind = GraphNode::Kind::kKernel;
+    if (launch->parameterReference) {
+      // Only the transport itself moves parameters out of line.
+      if (captures_.statusOf(launch->stream).status != CU_STREAM_CAPTURE_STATUS_NONE) {
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      }
+      return transport_->enqueue(command);
+    }
+  } else if (std::holds_alternative<ring::Memset>(command) ||
+             std::holds_alternative<ring::Memset2D>(command)) {
+    node.kind = GraphNode::Kind::kMemset;
+  } else if (std::holds_alternative<ring::CopyDeviceToDevice>(command)) {
+    node.kind = GraphNode::Kind::kMemcpy;
+  } else {
+    // A stream operation this file does not know how to keep: refused while its stream captures
+    // (a new record kind must be taught here to be captured; docs/adding-a-cuda-call.md).
+    if (std::optional<CUresult> refused = captures_.unsupported(streamOf(command))) {
+      return *refused;
+    }
+    return transport_->enqueue(command);
+  }
+  const std::uint64_t stream = streamOf(command);
+  if (captures_.statusOf(stream).status == CU_STREAM_CAPTURE_STATUS_NONE) {
+    return transport_->enqueue(command);
+  }
+  node.command = command;
+  if (auto* launch = std::get_if<ring::LaunchKernel>(&node.command)) {
+    node.parameters.assign(launch->inlineParameters.begin(), launch->inlineParameters.end());
+    launch->inlineParameters = {};  // pointed at again at each launch
+  }
+  if (std::optional<CUresult> captured = captures_.capture(stream, std::move(node))) {
+    return *captured;
+  }
+  return transport_->enqueue(command);  // the capture ended meanwhile
+}
+
+std::optional<CUresult> CapturingSink::captureHostFunction(std::uint64_t stream, CUhostFn function,
+                                                           void* userData) {
+  GraphNode node;
+  node.kind = GraphNode::Kind::kHost;
+  node.function = function;
+  node.userData = userData;
+  return captures_.capture(stream, std::move(node));
+}
+
+CUresult CapturingSink::synchronize(std::uint64_t context, ring::SynchronizeKind kind,
+                                    std::uint64_t handle, bool query) {
+  if (kind == ring::SynchronizeKind::kStream) {
+    if (std::optional<CUresult> refused = captures_.synchronizing(handle)) return *refused;
+  } else if (kind == ring::SynchronizeKind::kContext && !query) {
+    if (std::optional<CUresult> refused =
+            captures_.synchronizingContext(context, threadCaptureMode())) {
+      return *refused;
+    }
+  }
+  return transport_->synchronize(context, kind, handle, query);
+}
+
+CUresult CapturingSink::copyWithHost(const StreamTarget& target, bool hostToDevice,
+                                     CUdeviceptr device, void* host, std::size_t bytes,
+                                     bool blocking) {
+  if (captures_.statusOf(target.stream).status == CU_STREAM_CAPTURE_STATUS_NONE) {
+    return hostToDevice ? transport_->copyHostToDevice(target, device, host, bytes, blocking)
+                        : transport_->copyDeviceToHost(target, host, device, bytes, blocking);
+  }
+  // A graph's copy reads (or writes) the host buffer each time it runs: page-locked memory only,
+  // as the driver allows; pageable memory's bytes would have to be taken at capture.
+  const auto address = reinterpret_cast<std::uint64_t>(host);
+  std::optional<HostAllocationRange> range = hostAllocationContaining(address);
+  const bool pageLocked = range && bytes <= range->bytes - (address - range->start);
+  if (blocking || !pageLocked) return *captures_.unsupported(target.stream);
+  GraphNode node;
+  node.kind = GraphNode::Kind::kMemcpy;
+  node.hostToDevice = hostToDevice;
+  node.device = device;
+  node.host = host;
+  node.bytes = bytes;
+  return captures_.capture(target.stream, std::move(node))
+      .value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+CUresult CapturingSink::copyHostToDevice(const StreamTarget& target, CUdeviceptr destination,
+                                         const void* source, std::size_t bytes, bool blocking) {
+  return copyWithHost(target, true, destination, const_cast<void*>(source), bytes, blocking);
+}
+
+CUresult CapturingSink::copyDeviceToHost(const StreamTarget& target, void* destination,
+                                         CUdeviceptr source, std::size_t bytes, bool blocking) {
+  return copyWithHost(target, false, source, destination, bytes, blocking);
+}
+
+CUresult CapturingSink::launch(const Graph& graph, const StreamTarget& target) {
+  if (graph.context != 0 && graph.context != target.context) return CUDA_ERROR_INVALID_VALUE;
+  for (const GraphNode& node : graph.nodes) {
+    CUresult sent = CUDA_SUCCESS;
+    if (node.kind == GraphNode::Kind::kHost) {
+      // Captured again if the launch stream captures.
+      std::optional<CUresult> captured =
+          captureHostFunction(target.stream, node.function, node.userData);
+      sent = captured ? *captured : launchHostFunction(target, node.function, node.userData);
+    } else if (node.host != nullptr) {
+      sent = node.hostToDevice
+                 ? copyHostToDevice(target, node.device, node.host, node.bytes, false)
+                 : copyDeviceToHost(target, node.host, node.device, node.bytes, false);
+    } else {
+      ring::Command command = node.command;
+      std::visit(
+          [&](auto& record) {
+            if constexpr (requires {
+                            record.context;
+                            record.stream;
+                          }) {
+              record.context = target.context;
+              record.stream = target.stream;
+            }
+            if constexpr (std::is_same_v<std::decay_t<decltype(record)>, ring::LaunchKernel>) {
+              record.inlineParameters = node.parameters;
+            }
+          },
+          command);
+      sent = enqueue(command);  // captured again if the launch stream captures
+    }
+    if (sent != CUDA_SUCCESS) return sent;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace gpuproxy::stub

@@ -1,0 +1,182 @@
+#pragma once
+// Stream capture and the graphs it makes (cuStreamBeginCapture ... cuStreamEndCapture,
+// cuGraphInstantiate, cuGraphLaunch), kept entirely in the stub: gpuproxyd never sees a graph,
+// only the records a graph launch sends, exactly as if the application had issued them again.
+//
+// While a stream captures, the stream operations issued to it are not sent: CapturingSink (the
+// CommandSink every entry point uses) keeps a copy of each in the capture's graph, kernel
+// parameters included. A stream waiting on an event recorded in a capturing stream joins that
+// capture (a fork); the origin waiting on an event recorded in a joined stream takes it back (a
+// join). A graph is its operations in the order they were captured, which is an order that
+// respects every dependency between them, so a launch replays them in that order on the launch
+// stream: a legal schedule of the graph, though one without the concurrency a GPU could find in
+// it. What CUDA does not allow during capture is refused as the driver refuses it, and
+// invalidates the capture: synchronising with a capturing stream or (outside relaxed mode) with
+// the context, waiting on an event from outside the capture, copies with pageable host memory
+// (whose bytes a later launch would have to read), stream-ordered allocation (graph memory nodes
+// are not supported). Thread-safe.
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "client/stub/command_sink.hpp"
+#include "protocol/ring_format.hpp"
+
+namespace gpuproxy::stub {
+
+// One captured operation.
+struct GraphNode {
+  enum class Kind : std::uint8_t { kKernel, kMemcpy, kMemset, kHost };
+  Kind kind = Kind::kKernel;
+  // A launch, memset or device-to-device copy, as the entry point built it (its context and stream
+  // are replaced at each launch of the graph).
+  protocol::ring::Command command;
+  std::vector<std::byte> parameters;  // a launch's, which command's view then points into
+  // A copy between device memory and page-locked host memory (which the graph reads or writes at
+  // each launch, as a GPU's copy node does).
+  bool hostToDevice = false;
+  CUdeviceptr device = 0;
+  void* host = nullptr;
+  std::size_t bytes = 0;
+  // A host function (cuLaunchHostFunc).
+  CUhostFn function = nullptr;
+  void* userData = nullptr;
+};
+
+// What cuStreamEndCapture hands out as a CUgraph, and cuGraphInstantiate copies as a CUgraphExec.
+struct Graph {
+  std::uint64_t context = 0;  // where its operations were captured; 0 for an empty graph
+  std::vector<GraphNode> nodes;
+};
+
+// Launches a host function on a stream as cuLaunchHostFunc does (stream_extras.cpp).
+CUresult launchHostFunction(const StreamTarget& target, CUhostFn function, void* userData);
+
+// The calling thread's capture mode (cuThreadExchangeStreamCaptureMode): how much it may do that
+// would disturb a capture in progress. Global until changed.
+CUstreamCaptureMode threadCaptureMode();
+CUstreamCaptureMode exchangeThreadCaptureMode(CUstreamCaptureMode mode);
+
+class StreamCaptures {
+public:
+  struct Status {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    std::uint64_t id = 0;
+    std::size_t nodes = 0;  // captured so far
+  };
+
+  // cuStreamBeginCapture. CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for the legacy NULL stream
+  // (stream 0), CUDA_ERROR_ILLEGAL_STATE for one that is capturing already.
+  CUresult begin(const StreamTarget& target, CUstreamCaptureMode mode);
+  // cuStreamEndCapture: the graph, or CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (capture ended, no
+  // graph), CUDA_ERROR_STREAM_CAPTURE_UNJOINED (a stream that joined has not been joined back),
+  // CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (global or thread-local mode, another thread),
+  // CUDA_ERROR_ILLEGAL_STATE (the stream does not capture, or did not begin the capture).
+  CUresult end(std::uint64_t stream, std::unique_ptr<Graph>& graph);
+  Status statusOf(std::uint64_t stream) const;
+
+  // What a stream operation on `stream` becomes: nullopt when the stream does not capture (the
+  // caller sends it), else the answer to the call (the node kept, or the capture's refusal).
+  std::optional<CUresult> capture(std::uint64_t stream, GraphNode node);
+  // An event recorded on a capturing stream marks that point of the capture (nothing is sent);
+  // recorded elsewhere, it stops marking one. True when the record was captured.
+  bool eventRecorded(std::uint64_t event, std::uint64_t stream);
+  // A stream waiting on an event: nullopt when neither side captures (the caller sends it), else
+  // the answer (a fork or join, or the refusal of an event from outside the capture).
+  std::optional<CUresult> streamWaits(std::uint64_t stream, std::uint64_t event);
+  // A synchronous call that would wait for `stream`: nullopt when it does not capture, else
+  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, having invalidated the capture.
+  std::optional<CUresult> synchronizing(std::uint64_t stream);
+  // A call that would wait for the whole context (cuCtxSynchronize), from a thread whose capture
+  // mode is `callerMode`: refused as above while a capture it may not interfere with is active
+  // there (any in global mode; the calling thread's own in thread-local mode; none when the caller
+  // is relaxed).
+  std::optional<CUresult> synchronizingContext(std::uint64_t context,
+                                               CUstreamCaptureMode callerMode);
+  // Something CUDA does not capture (a copy from pageable memory, a stream-ordered allocation) on
+  // `stream`: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when it captures (and is invalidated by it).
+  std::optional<CUresult> unsupported(std::uint64_t stream);
+  // A stream destroyed or a context gone: what captured there is dropped.
+  void streamGone(std::uint64_t stream);
+
+private:
+  struct Capture {
+    std::uint64_t id = 0;
+    std::uint64_t origin = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool invalidated = false;
+    std::thread::id thread;  // that began it
+    std::unique_ptr<Graph> graph;
+    // Streams that joined, with whether they have been joined back since their last operation.
+    std::map<std::uint64_t, bool> joined;
+  };
+  struct CapturedEvent {
+    std::shared_ptr<Capture> capture;
+    std::uint64_t stream = 0;
+    std::size_t nodes = 0;  // how many operations had been captured when it was recorded
+  };
+  std::shared_ptr<Capture> captureOfLocked(std::uint64_t stream) const;
+  void invalidateLocked(Capture& capture);
+  // After any change to streams_: keeps the count the lock-free check below reads.
+  void countLocked() { capturing_.store(streams_.size(), std::memory_order_release); }
+  // No stream captures (so no event marks a capture either): every query answers at once, without
+  // the lock, which keeps launches free of it when no capture is under way.
+  bool idle() const { return capturing_.load(std::memory_order_acquire) == 0; }
+
+  mutable std::mutex mutex_;
+  std::atomic<std::size_t> capturing_{0};
+  std::uint64_t nextId_ = 1;
+  std::map<std::uint64_t, std::shared_ptr<Capture>> streams_;  // every capturing stream
+  std::map<std::uint64_t, CapturedEvent> events_;              // events recorded in a capture
+  // A stream's last captured operation, so that a join can tell whether it covers it.
+  std::map<std::uint64_t, std::size_t> lastNode_;
+};
+
+// The CommandSink every entry point uses: operations on capturing streams go to their capture,
+// everything else to the transport.
+class CapturingSink final : public CommandSink {
+public:
+  // `transport` is read at each call: the process switches from RPC to the ring once.
+  explicit CapturingSink(CommandSink* const& transport) : transport_(transport) {}
+
+  StreamCaptures& captures() { return captures_; }
+  // Sends a launch of `graph` to `target` (which may itself be capturing: the operations are then
+  // captured there). CUDA_ERROR_INVALID_VALUE when the graph was captured in another context.
+  CUresult launch(const Graph& graph, const StreamTarget& target);
+
+  // cuLaunchHostFunc on `stream`: nullopt when it does not capture (the caller launches it), else
+  // the answer, the function kept as a node.
+  std::optional<CUresult> captureHostFunction(std::uint64_t stream, CUhostFn function,
+                                              void* userData);
+
+  CUresult enqueue(protocol::ring::Command& command) override;
+  CUresult synchronize(std::uint64_t context, protocol::ring::SynchronizeKind kind,
+                       std::uint64_t handle, bool query) override;
+  CUresult copyHostToDevice(const StreamTarget& target, CUdeviceptr destination, const void* source,
+                            std::size_t bytes, bool blocking) override;
+  CUresult copyDeviceToHost(const StreamTarget& target, void* destination, CUdeviceptr source,
+                            std::size_t bytes, bool blocking) override;
+  void eventRecorded(std::uint64_t event, std::uint64_t stream) override {
+    transport_->eventRecorded(event, stream);
+  }
+  void eventDestroyed(std::uint64_t event) override { transport_->eventDestroyed(event); }
+  void contextGone(std::uint64_t context) override { transport_->contextGone(context); }
+
+private:
+  CUresult copyWithHost(const StreamTarget& target, bool hostToDevice, CUdeviceptr device,
+                        void* host, std::size_t bytes, bool blocking);
+
+  CommandSink* const& transport_;
+  StreamCaptures captures_;
+};
+
+}  // namespace gpuproxy::stub

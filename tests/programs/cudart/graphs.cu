@@ -1,0 +1,219 @@
+// CUDA graphs made by stream capture, as applications use them to launch a fixed sequence of work
+// many times with one call. Built by plain nvcc: `graphs <mode>` prints what it saw and ends with
+// "<mode>: PASSED" (exit 0) or a line naming the failing call (exit 1).
+//
+//   capture          a capture across two streams (fork and join through events): a copy from
+//                    pinned memory, kernels, a host function, a copy back; nothing runs while it
+//                    is captured; the graph then launched three times, reading new input each time
+//   capture-errors   what CUDA refuses during capture: the legacy stream, synchronising with a
+//                    capturing stream or the device (which invalidates the capture), a fork that
+//                    is never joined
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    const cudaError_t status_ = (call);                                        \
+    if (status_ != cudaSuccess) {                                              \
+      std::printf("FAILED: %s at line %d returned %s (%s)\n", #call, __LINE__, \
+                  cudaGetErrorName(status_), cudaGetErrorString(status_));     \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+#define EXPECT(condition, ...)  \
+  do {                          \
+    if (!(condition)) {         \
+      std::printf("FAILED: ");  \
+      std::printf(__VA_ARGS__); \
+      std::printf("\n");        \
+      return 1;                 \
+    }                           \
+  } while (0)
+
+__global__ void scale(float* x, float factor, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= factor;
+}
+
+__global__ void accumulate(float* sum, const float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) sum[i] += x[i];
+}
+
+namespace {
+
+void countCall(void* calls) {
+  ++*static_cast<int*>(calls);
+}
+
+int captureMode() {
+  const int n = 1 << 16;
+  const size_t bytes = n * sizeof(float);
+  float* input = nullptr;
+  float* output = nullptr;
+  CHECK(cudaMallocHost(&input, bytes));
+  CHECK(cudaMallocHost(&output, bytes));
+  float* x = nullptr;
+  float* sum = nullptr;
+  CHECK(cudaMalloc(&x, bytes));
+  CHECK(cudaMalloc(&sum, bytes));
+  CHECK(cudaMemset(sum, 0, bytes));
+  CHECK(cudaDeviceSynchronize());
+  for (int i = 0; i < n; ++i) output[i] = -1.0f;
+
+  cudaStream_t main_stream;
+  cudaStream_t side_stream;
+  CHECK(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  cudaEvent_t fork;
+  cudaEvent_t join;
+  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  int calls = 0;
+
+  CHECK(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeGlobal));
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  CHECK(cudaStreamGetCaptureInfo(main_stream, &status, &id));
+  EXPECT(status == cudaStreamCaptureStatusActive && id != 0, "capture status %d id %llu",
+         static_cast<int>(status), id);
+  CHECK(cudaMemcpyAsync(x, input, bytes, cudaMemcpyHostToDevice, main_stream));
+  scale<<<n / 256, 256, 0, main_stream>>>(x, 2.0f, n);
+  CHECK(cudaGetLastError());
+  // Fork: the side stream joins the capture and does the accumulation.
+  CHECK(cudaEventRecord(fork, main_stream));
+  CHECK(cudaStreamWaitEvent(side_stream, fork, 0));
+  CHECK(cudaStreamIsCapturing(side_stream, &status));
+  EXPECT(status == cudaStreamCaptureStatusActive, "the side stream did not join the capture");
+  accumulate<<<n / 256, 256, 0, side_stream>>>(sum, x, n);
+  CHECK(cudaEventRecord(join, side_stream));
+  CHECK(cudaStreamWaitEvent(main_stream, join, 0));  // join
+  CHECK(cudaLaunchHostFunc(main_stream, countCall, &calls));
+  CHECK(cudaMemcpyAsync(output, sum, bytes, cudaMemcpyDeviceToHost, main_stream));
+  cudaGraph_t graph;
+  CHECK(cudaStreamEndCapture(main_stream, &graph));
+  CHECK(cudaStreamIsCapturing(main_stream, &status));
+  EXPECT(status == cudaStreamCaptureStatusNone, "still capturing after the end");
+  CHECK(cudaStreamIsCapturing(side_stream, &status));
+  EXPECT(status == cudaStreamCaptureStatusNone, "the side stream still captures");
+
+  size_t nodes = 0;
+  CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  std::printf("graph of %zu nodes\n", nodes);
+  EXPECT(nodes == 5, "expected 5 nodes (copy, 2 kernels, host function, copy)");
+  // Capturing ran nothing.
+  CHECK(cudaDeviceSynchronize());
+  EXPECT(calls == 0 && output[0] == -1.0f, "work ran during capture (calls %d, output %f)", calls,
+         output[0]);
+
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
+  for (int launch = 1; launch <= 3; ++launch) {
+    // The graph's copy reads the pinned input as it is when the launch runs.
+    for (int i = 0; i < n; ++i) input[i] = static_cast<float>(launch * (i % 100));
+    CHECK(cudaGraphLaunch(exec, main_stream));
+    CHECK(cudaStreamSynchronize(main_stream));
+    // sum = 2 * (1 + ... + launch) * (i % 100)
+    const float factor = static_cast<float>(launch * (launch + 1));
+    for (int i = 0; i < n; i += 97) {
+      EXPECT(output[i] == factor * static_cast<float>(i % 100), "launch %d: output[%d] = %f",
+             launch, i, output[i]);
+    }
+    EXPECT(calls == launch, "the host function ran %d times after %d launches", calls, launch);
+  }
+  std::printf("3 launches, host function called %d times\n", calls);
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaEventDestroy(fork));
+  CHECK(cudaEventDestroy(join));
+  CHECK(cudaStreamDestroy(main_stream));
+  CHECK(cudaStreamDestroy(side_stream));
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(sum));
+  CHECK(cudaFreeHost(input));
+  CHECK(cudaFreeHost(output));
+  return 0;
+}
+
+int captureErrors() {
+  float* x = nullptr;
+  CHECK(cudaMalloc(&x, 1024 * sizeof(float)));
+  cudaStream_t stream;
+  cudaStream_t other;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+
+  cudaError_t status = cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal);
+  std::printf("capture of the legacy stream: %s\n", cudaGetErrorName(status));
+  EXPECT(status != cudaSuccess, "the legacy stream was captured");
+  cudaGetLastError();
+
+  // Synchronising with a capturing stream invalidates the capture.
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  scale<<<4, 256, 0, stream>>>(x, 2.0f, 1024);
+  status = cudaStreamSynchronize(stream);
+  std::printf("synchronize during capture: %s\n", cudaGetErrorName(status));
+  EXPECT(status == cudaErrorStreamCaptureUnsupported, "expected cudaErrorStreamCaptureUnsupported");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CHECK(cudaStreamIsCapturing(stream, &capture));
+  EXPECT(capture == cudaStreamCaptureStatusInvalidated, "capture status %d",
+         static_cast<int>(capture));
+  status = cudaStreamEndCapture(stream, &graph);
+  std::printf("end of an invalidated capture: %s\n", cudaGetErrorName(status));
+  EXPECT(status == cudaErrorStreamCaptureInvalidated && graph == nullptr,
+         "expected cudaErrorStreamCaptureInvalidated and no graph");
+  cudaGetLastError();
+
+  // So does synchronising with the device while a global-mode capture is under way.
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  status = cudaDeviceSynchronize();
+  std::printf("device synchronize during capture: %s\n", cudaGetErrorName(status));
+  EXPECT(status == cudaErrorStreamCaptureUnsupported, "expected cudaErrorStreamCaptureUnsupported");
+  status = cudaStreamEndCapture(stream, &graph);
+  EXPECT(status == cudaErrorStreamCaptureInvalidated, "end gave %s", cudaGetErrorName(status));
+  cudaGetLastError();
+
+  // A stream that joined the capture and was never joined back.
+  cudaEvent_t fork;
+  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK(cudaEventRecord(fork, stream));
+  CHECK(cudaStreamWaitEvent(other, fork, 0));
+  scale<<<4, 256, 0, other>>>(x, 2.0f, 1024);
+  status = cudaStreamEndCapture(stream, &graph);
+  std::printf("end with an unjoined stream: %s\n", cudaGetErrorName(status));
+  EXPECT(status == cudaErrorStreamCaptureUnjoined, "expected cudaErrorStreamCaptureUnjoined");
+  cudaGetLastError();
+  CHECK(cudaStreamIsCapturing(other, &capture));
+  EXPECT(capture == cudaStreamCaptureStatusNone, "the forked stream still captures");
+
+  // Everything works as before afterwards.
+  scale<<<4, 256, 0, stream>>>(x, 2.0f, 1024);
+  CHECK(cudaStreamSynchronize(stream));
+  CHECK(cudaEventDestroy(fork));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaStreamDestroy(other));
+  CHECK(cudaFree(x));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::printf("usage: %s <mode>\n", argv[0]);
+    return 2;
+  }
+  const char* mode = argv[1];
+  int result = 2;
+  if (std::strcmp(mode, "capture") == 0) result = captureMode();
+  if (std::strcmp(mode, "capture-errors") == 0) result = captureErrors();
+  if (result == 2) std::printf("unknown mode %s\n", mode);
+  if (result == 0) std::printf("%s: PASSED\n", mode);
+  return result;
+}
