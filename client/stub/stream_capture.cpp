@@ -127,9 +127,13 @@ std::optional<CUresult> StreamCaptures::streamWaits(std::uint64_t stream, std::u
   auto found = events_.find(event);
   std::shared_ptr<Capture> source = found == events_.end() ? nullptr : found->second.capture;
   if (!waiter && !source) return std::nullopt;
+  if (waiter && !source) {
+    // An event recorded outside any capture marks work that is not the graph's: nothing in the
+    // graph waits for it (nothing is sent either: the stream runs nothing while it captures).
+    return waiter->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+  }
   if (waiter && source != waiter) {
-    // An event from outside this capture (or from another one) would tie the graph to work that
-    // is not part of it.
+    // Another capture's event would merge two independent capture sequences.
     invalidateLocked(*waiter);
     return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
   }
@@ -168,10 +172,13 @@ std::optional<CUresult> StreamCaptures::synchronizingContext(std::uint64_t conte
   std::lock_guard lock(mutex_);
   std::optional<CUresult> refused;
   for (const auto& [stream, capture] : streams_) {
+    // The calling thread's own capture (unless relaxed), or, for a caller in global mode, any
+    // thread's global one.
     const bool interferes = capture->graph->context == context &&
-                            (capture->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
-                             (capture->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-                              capture->thread == std::this_thread::get_id()));
+                            capture->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+                            (capture->thread == std::this_thread::get_id() ||
+                             (callerMode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                              capture->mode == CU_STREAM_CAPTURE_MODE_GLOBAL));
     if (interferes) {
       invalidateLocked(*capture);
       refused = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;

@@ -12,7 +12,7 @@
 // stream: a legal schedule of the graph, though one without the concurrency a GPU could find in
 // it. What CUDA does not allow during capture is refused as the driver refuses it, and
 // invalidates the capture: synchronising with a capturing stream or (outside relaxed mode) with
-// the context, waiting on an event from outside the capture, copies with pageable host memory
+// the context, waiting on another capture's event, copies with pageable host memory
 // (whose bytes a later launch would have to read), stream-ordered allocation (graph memory nodes
 // are not supported). Thread-safe.
 
@@ -91,15 +91,16 @@ public:
   // recorded elsewhere, it stops marking one. True when the record was captured.
   bool eventRecorded(std::uint64_t event, std::uint64_t stream);
   // A stream waiting on an event: nullopt when neither side captures (the caller sends it), else
-  // the answer (a fork or join, or the refusal of an event from outside the capture).
+  // the answer: a fork or a join; nothing for an event recorded outside any capture; the refusal
+  // (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) of another capture's event.
   std::optional<CUresult> streamWaits(std::uint64_t stream, std::uint64_t event);
   // A synchronous call that would wait for `stream`: nullopt when it does not capture, else
   // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, having invalidated the capture.
   std::optional<CUresult> synchronizing(std::uint64_t stream);
   // A call that would wait for the whole context (cuCtxSynchronize), from a thread whose capture
   // mode is `callerMode`: refused as above while a capture it may not interfere with is active
-  // there (any in global mode; the calling thread's own in thread-local mode; none when the caller
-  // is relaxed).
+  // there: the calling thread's own (unless begun relaxed) and, for a caller in global mode, any
+  // thread's global one; none when the caller is relaxed (cuThreadExchangeStreamCaptureMode).
   std::optional<CUresult> synchronizingContext(std::uint64_t context,
                                                CUstreamCaptureMode callerMode);
   // Something CUDA does not capture (a copy from pageable memory, a stream-ordered allocation) on

@@ -162,6 +162,45 @@ TEST_F(DriverSurface, ManagedMemoryAndItsHints) {
                  {"managed-freed-prefetch", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
+// Capture keeps the work instead of running it; each launch runs it again.
+TEST_F(DriverSurface, ACapturedGraphRunsAtEachLaunch) {
+  expectAnswers({{"capture-begin", "CUDA_SUCCESS"},
+                 {"capture-status", "1"},
+                 {"capture-id", "yes"},
+                 {"capture-launch", "CUDA_SUCCESS"},
+                 {"capture-copy", "CUDA_SUCCESS"},
+                 {"capture-memset", "CUDA_SUCCESS"},
+                 {"capture-end", "CUDA_SUCCESS"},
+                 {"capture-ran-nothing", "0"},
+                 {"graph-nodes", "CUDA_SUCCESS"},
+                 {"graph-node-count", "3"},
+                 {"graph-node-types", "12"},
+                 {"graph-instantiate", "CUDA_SUCCESS"},
+                 {"graph-launch", "CUDA_SUCCESS"},
+                 {"graph-launch-again", "CUDA_SUCCESS"},
+                 {"graph-results", "yes"},
+                 {"graph-launch-destroyed", "CUDA_ERROR_INVALID_VALUE"},
+                 {"after-capture-launch", "CUDA_SUCCESS"},
+                 {"after-capture-sync", "CUDA_SUCCESS"}});
+}
+
+TEST_F(DriverSurface, WhatCaptureCannotHoldIsRefusedAndSpoilsTheCapture) {
+  expectAnswers({{"capture-legacy-stream", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+                 {"capture-twice", "CUDA_ERROR_ILLEGAL_STATE"},
+                 {"capture-query", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+                 {"capture-query-status", "2"},  // CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                 {"capture-end-invalidated", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
+                 {"capture-end-not-capturing", "CUDA_ERROR_ILLEGAL_STATE"},
+                 {"capture-alloc-async", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+                 {"capture-alloc-async-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
+                 {"capture-mode-was", "0"},  // CU_STREAM_CAPTURE_MODE_GLOBAL
+                 {"capture-relaxed-context-sync", "CUDA_SUCCESS"},
+                 {"capture-global-context-sync", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+                 {"capture-global-context-sync-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
+                 {"capture-pageable-copy", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+                 {"capture-pageable-copy-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"}});
+}
+
 TEST_F(DriverSurface, UnknownPointers) {
   expectAnswers({{"unknown-memory-type", "CUDA_ERROR_INVALID_VALUE"},
                  {"attributes-unknown", "CUDA_SUCCESS"},
@@ -222,7 +261,7 @@ TEST_F(DriverSurface, LaunchKernelExRunsPlainLaunchesAndRefusesTheRest) {
                  {"launch-ex-null", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
-TEST_F(DriverSurface, StreamsAreNeverCapturingAndHaveIds) {
+TEST_F(DriverSurface, StreamsNotCapturingSaySoAndHaveIds) {
   expectAnswers({{"is-capturing", "CUDA_SUCCESS"},
                  {"is-capturing-status", "0"},
                  {"capture-info", "CUDA_SUCCESS"},

@@ -1,9 +1,9 @@
 // A driver-API program that exercises the calls around launches and copies that applications and
 // the CUDA runtime use besides the basic ones: function and kernel attributes, the occupancy
 // calculator, pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx and the
-// stream queries, managed memory. One line per check, "<check> <value>", where a value is a
-// CUresult name, a number, or "yes"/"no" for a property the program checked itself. Runs on a GPU
-// too.
+// stream queries, managed memory, graphs made by stream capture. One line per check, "<check>
+// <value>", where a value is a CUresult name, a number, or "yes"/"no" for a property the program
+// checked itself. Runs on a GPU too.
 //
 //   driver_surface
 
@@ -686,8 +686,6 @@ void streamQueries() {
   MUST(cuStreamDestroy(second));
 }
 
-}  // namespace
-
 // Managed memory (cuMemAllocManaged) and its hints, with the driver's refusals.
 void managedMemory(CUfunction fillU32) {
   int supported = -1;
@@ -755,6 +753,111 @@ void managedMemory(CUfunction fillU32) {
   MUST(cuMemFree(plain));
 }
 
+// A graph captured on a stream and launched twice, and what capture refuses.
+void graphs(CUfunction fillU32) {
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  const unsigned count = 4096;
+  CUdeviceptr words = 0;
+  CUdeviceptr copy = 0;
+  MUST(cuMemAlloc(&words, count * sizeof(unsigned)));
+  MUST(cuMemAlloc(&copy, count * sizeof(unsigned)));
+  MUST(cuMemsetD32(words, 0, count));
+  MUST(cuMemsetD32(copy, 0, count));
+  MUST(cuCtxSynchronize());
+
+  report("capture-begin", cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  MUST(cuStreamGetCaptureInfo(stream, &status, &id, nullptr, nullptr, nullptr, nullptr));
+  reportNumber("capture-status", status);
+  reportYes("capture-id", id != 0);
+  unsigned value = 7;
+  unsigned long long n = count;
+  void* params[] = {&words, &value, &n};
+  report("capture-launch",
+         cuLaunchKernel(fillU32, count / 128, 1, 1, 128, 1, 1, 0, stream, params, nullptr));
+  report("capture-copy", cuMemcpyDtoDAsync(copy, words, count * sizeof(unsigned), stream));
+  report("capture-memset", cuMemsetD32Async(words, 1, 16, stream));
+  CUgraph graph = nullptr;
+  report("capture-end", cuStreamEndCapture(stream, &graph));
+  MUST(cuCtxSynchronize());
+  unsigned first = 99;
+  MUST(cuMemcpyDtoH(&first, words, sizeof(first)));
+  reportNumber("capture-ran-nothing", first);
+
+  size_t nodes = 0;
+  report("graph-nodes", cuGraphGetNodes(graph, nullptr, &nodes));
+  reportNumber("graph-node-count", static_cast<long long>(nodes));
+  CUgraphNode handles[3] = {};
+  size_t three = 3;
+  MUST(cuGraphGetNodes(graph, handles, &three));
+  long long types = 0;
+  for (CUgraphNode node : handles) {
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    MUST(cuGraphNodeGetType(node, &type));
+    types = types * 10 + type;
+  }
+  reportNumber("graph-node-types", types);  // kernel 0, memcpy 1, memset 2
+  CUgraphExec exec = nullptr;
+  report("graph-instantiate", cuGraphInstantiate(&exec, graph, 0));
+  MUST(cuGraphDestroy(graph));
+  MUST(cuMemsetD32(copy, 0, count));
+  MUST(cuCtxSynchronize());
+  report("graph-launch", cuGraphLaunch(exec, stream));
+  report("graph-launch-again", cuGraphLaunch(exec, stream));
+  MUST(cuStreamSynchronize(stream));
+  std::vector<unsigned> gotWords(count);
+  std::vector<unsigned> gotCopy(count);
+  MUST(cuMemcpyDtoH(gotWords.data(), words, count * sizeof(unsigned)));
+  MUST(cuMemcpyDtoH(gotCopy.data(), copy, count * sizeof(unsigned)));
+  bool right = true;
+  for (unsigned i = 0; i < count; ++i) {
+    right = right && gotWords[i] == (i < 16 ? 1u : 7u) && gotCopy[i] == 7u;
+  }
+  reportYes("graph-results", right);
+  MUST(cuGraphExecDestroy(exec));
+  report("graph-launch-destroyed", cuGraphLaunch(exec, stream));
+
+  // Refusals, each ending the capture it spoiled.
+  CUgraph none = nullptr;
+  report("capture-legacy-stream", cuStreamBeginCapture(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  report("capture-twice", cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  report("capture-query", cuStreamQuery(stream));
+  MUST(cuStreamIsCapturing(stream, &status));
+  reportNumber("capture-query-status", status);
+  report("capture-end-invalidated", cuStreamEndCapture(stream, &none));
+  report("capture-end-not-capturing", cuStreamEndCapture(stream, &none));
+  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr temporary = 0;
+  report("capture-alloc-async", cuMemAllocAsync(&temporary, 256, stream));
+  report("capture-alloc-async-end", cuStreamEndCapture(stream, &none));
+  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  std::vector<unsigned> pageable(16, 3);
+  report("capture-pageable-copy",
+         cuMemcpyHtoDAsync(words, pageable.data(), 16 * sizeof(unsigned), stream));
+  report("capture-pageable-copy-end", cuStreamEndCapture(stream, &none));
+  // A relaxed thread may synchronise the context during capture; a global one may not.
+  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  MUST(cuThreadExchangeStreamCaptureMode(&mode));
+  reportNumber("capture-mode-was", mode);
+  report("capture-relaxed-context-sync", cuCtxSynchronize());
+  MUST(cuThreadExchangeStreamCaptureMode(&mode));
+  report("capture-global-context-sync", cuCtxSynchronize());
+  report("capture-global-context-sync-end", cuStreamEndCapture(stream, &none));
+  // After all that, the stream works as before.
+  report("after-capture-launch",
+         cuLaunchKernel(fillU32, count / 128, 1, 1, 128, 1, 1, 0, stream, params, nullptr));
+  report("after-capture-sync", cuStreamSynchronize(stream));
+  MUST(cuMemFree(words));
+  MUST(cuMemFree(copy));
+  MUST(cuStreamDestroy(stream));
+}
+
+}  // namespace
+
 int main() {
   MUST(cuInit(0));
   MUST(cuDeviceGet(&gDevice, 0));
@@ -775,6 +878,7 @@ int main() {
   launchEx(fillU32);
   streamQueries();
   managedMemory(fillU32);
+  graphs(fillU32);
 
   MUST(cuModuleUnload(module));
   MUST(cuDevicePrimaryCtxRelease(gDevice));
