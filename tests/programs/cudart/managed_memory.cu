@@ -47,8 +47,10 @@ __global__ void saxpy(int n, float a, const float* x, float* y) {
   }
 }
 
-// Counts up until the host raises *stop (or a bound is reached), then records how far it got.
-__global__ void waitForHost(volatile int* stop, int* rounds) {
+// Says it has started, then polls until the host raises *stop (or a bound is reached), and
+// records how far it got.
+__global__ void waitForHost(volatile int* stop, volatile int* started, int* rounds) {
+  *started = 1;
   int round = 0;
   while (*stop == 0 && round < 200000) {
     ++round;
@@ -132,19 +134,23 @@ int saxpyMode() {
   // (the device has concurrent managed access).
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  int* flags = nullptr;
-  CHECK(cudaMallocManaged(&flags, 2 * sizeof(int)));
-  flags[0] = 0;
-  flags[1] = -1;
+  int* flags = nullptr;  // stop, started, rounds
+  CHECK(cudaMallocManaged(&flags, 3 * sizeof(int)));
+  volatile int* shared = flags;
+  shared[0] = 0;
+  shared[1] = 0;
+  shared[2] = -1;
   CHECK(cudaStreamAttachMemAsync(stream, flags, 0, cudaMemAttachSingle));
-  waitForHost<<<1, 1, 0, stream>>>(flags, flags + 1);
+  waitForHost<<<1, 1, 0, stream>>>(flags, flags + 1, flags + 2);
   CHECK(cudaGetLastError());
-  usleep(20000);
+  // The host sees the running kernel's write, and the kernel the host's.
+  for (int waited = 0; shared[1] == 0 && waited < 10000; ++waited) usleep(1000);
+  EXPECT(shared[1] == 1, "the host never saw the kernel start");
   EXPECT(cudaStreamQuery(stream) == cudaErrorNotReady, "the polling kernel ended on its own");
-  reinterpret_cast<volatile int*>(flags)[0] = 1;
+  shared[0] = 1;
   CHECK(cudaStreamSynchronize(stream));
-  std::printf("kernel saw the host's write after %d rounds\n", flags[1]);
-  EXPECT(flags[1] > 0 && flags[1] < 200000, "rounds = %d", flags[1]);
+  std::printf("kernel saw the host's write after %d rounds\n", flags[2]);
+  EXPECT(flags[2] >= 0 && flags[2] < 200000, "rounds = %d", flags[2]);
   CHECK(cudaStreamDestroy(stream));
 
   CHECK(cudaFree(flags));
