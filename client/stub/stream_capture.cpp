@@ -1,10 +1,12 @@
 #include "client/stub/stream_capture.hpp"
 
+#include <set>
 #include <type_traits>
 #include <utility>
 #include <variant>
 
 #include "client/stub/api/host_memory.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/log.hpp"
 
 namespace gpuproxy::stub {
@@ -17,6 +19,17 @@ thread_local CUstreamCaptureMode tThreadCaptureMode = CU_STREAM_CAPTURE_MODE_GLO
 
 CUstreamCaptureMode threadCaptureMode() {
   return tThreadCaptureMode;
+}
+
+bool isCaptureMode(const CUstreamCaptureMode& mode) {
+  switch (enumValue(mode)) {
+    case CU_STREAM_CAPTURE_MODE_GLOBAL:
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL:
+    case CU_STREAM_CAPTURE_MODE_RELAXED:
+      return true;
+    default:
+      return false;
+  }
 }
 
 CUstreamCaptureMode exchangeThreadCaptureMode(CUstreamCaptureMode mode) {
@@ -41,10 +54,7 @@ void StreamCaptures::invalidateLocked(Capture& capture) {
 }
 
 CUresult StreamCaptures::begin(const StreamTarget& target, CUstreamCaptureMode mode) {
-  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-      mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
+  if (!isCaptureMode(mode)) return CUDA_ERROR_INVALID_VALUE;
   // The legacy NULL stream synchronises with every other: it cannot be captured.
   if (target.stream == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   std::lock_guard lock(mutex_);
@@ -268,7 +278,7 @@ CUresult CapturingSink::enqueue(ring::Command& command) {
     return transport_->enqueue(command);
   }
   node.command = command;
-  if (auto* launch = std::get_if<ring::LaunchKernel>(&node.command)) {
+  if (auto* launch = std::get_if<ring::LaunchKernel>(&*node.command)) {
     node.parameters.assign(launch->inlineParameters.begin(), launch->inlineParameters.end());
     launch->inlineParameters = {};  // pointed at again at each launch
   }
@@ -333,21 +343,76 @@ CUresult CapturingSink::copyDeviceToHost(const StreamTarget& target, void* desti
   return copyWithHost(target, false, source, destination, bytes, blocking);
 }
 
-CUresult CapturingSink::launch(const Graph& graph, const StreamTarget& target) {
+std::optional<std::vector<std::size_t>> launchOrder(const Graph& graph) {
+  // Kahn's algorithm, the ready node added first going first.
+  const std::size_t count = graph.nodes.size();
+  std::vector<std::size_t> waiting(count, 0);
+  std::vector<std::vector<std::size_t>> dependents(count);
+  for (std::size_t node = 0; node < count; ++node) {
+    for (std::size_t dependency : graph.nodes[node].dependencies) {
+      if (dependency >= count) return std::nullopt;
+      ++waiting[node];
+      dependents[dependency].push_back(node);
+    }
+  }
+  std::set<std::size_t> ready;
+  for (std::size_t node = 0; node < count; ++node) {
+    if (waiting[node] == 0) ready.insert(node);
+  }
+  std::vector<std::size_t> order;
+  order.reserve(count);
+  while (!ready.empty()) {
+    const std::size_t node = *ready.begin();
+    ready.erase(ready.begin());
+    order.push_back(node);
+    for (std::size_t dependent : dependents[node]) {
+      if (--waiting[dependent] == 0) ready.insert(dependent);
+    }
+  }
+  if (order.size() != count) return std::nullopt;
+  return order;
+}
+
+CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t>& order,
+                               const StreamTarget& target) {
   if (graph.context != 0 && graph.context != target.context) return CUDA_ERROR_INVALID_VALUE;
-  for (const GraphNode& node : graph.nodes) {
+  const CUstream stream = reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(target.stream));
+  for (std::size_t index : order) {
+    const GraphNode& node = graph.nodes[index];
     CUresult sent = CUDA_SUCCESS;
-    if (node.kind == GraphNode::Kind::kHost) {
+    if (node.kind == GraphNode::Kind::kEmpty) {
+      continue;
+    } else if (node.kind == GraphNode::Kind::kHost) {
       // Captured again if the launch stream captures.
       std::optional<CUresult> captured =
           captureHostFunction(target.stream, node.function, node.userData);
       sent = captured ? *captured : launchHostFunction(target, node.function, node.userData);
+    } else if (node.copy) {
+      sent = cuMemcpy3DAsync_v2(&*node.copy, stream);
+    } else if (node.memset) {
+      const CUDA_MEMSET_NODE_PARAMS& memset = *node.memset;
+      switch (memset.elementSize) {
+        case 1:
+          sent =
+              cuMemsetD2D8Async(memset.dst, memset.pitch, static_cast<unsigned char>(memset.value),
+                                memset.width, memset.height, stream);
+          break;
+        case 2:
+          sent = cuMemsetD2D16Async(memset.dst, memset.pitch,
+                                    static_cast<unsigned short>(memset.value), memset.width,
+                                    memset.height, stream);
+          break;
+        default:
+          sent = cuMemsetD2D32Async(memset.dst, memset.pitch, memset.value, memset.width,
+                                    memset.height, stream);
+          break;
+      }
     } else if (node.host != nullptr) {
       sent = node.hostToDevice
                  ? copyHostToDevice(target, node.device, node.host, node.bytes, false)
                  : copyDeviceToHost(target, node.host, node.device, node.bytes, false);
-    } else {
-      ring::Command command = node.command;
+    } else if (node.command) {
+      ring::Command command = *node.command;
       std::visit(
           [&](auto& record) {
             if constexpr (requires {

@@ -7,8 +7,9 @@
 // CommandSink every entry point uses) keeps a copy of each in the capture's graph, kernel
 // parameters included. A stream waiting on an event recorded in a capturing stream joins that
 // capture (a fork); the origin waiting on an event recorded in a joined stream takes it back (a
-// join). A graph is its operations in the order they were captured, which is an order that
-// respects every dependency between them, so a launch replays them in that order on the launch
+// join). A captured graph is its operations in the order they were captured, which respects every
+// dependency between them; one built node by node (api/graphs.cpp) says its dependencies, and
+// launchOrder sorts its nodes by them. A launch sends the nodes in that order to the launch
 // stream: a legal schedule of the graph, though one without the concurrency a GPU could find in
 // it. What CUDA does not allow during capture is refused as the driver refuses it, and
 // invalidates the capture: synchronising with a capturing stream or (outside relaxed mode) with
@@ -21,6 +22,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,13 +35,13 @@
 
 namespace gpuproxy::stub {
 
-// One captured operation.
+// One operation of a graph: captured, or added with cuGraphAdd*Node.
 struct GraphNode {
-  enum class Kind : std::uint8_t { kKernel, kMemcpy, kMemset, kHost };
+  enum class Kind : std::uint8_t { kKernel, kMemcpy, kMemset, kHost, kEmpty };
   Kind kind = Kind::kKernel;
   // A launch, memset or device-to-device copy, as the entry point built it (its context and stream
   // are replaced at each launch of the graph).
-  protocol::ring::Command command;
+  std::optional<protocol::ring::Command> command;
   std::vector<std::byte> parameters;  // a launch's, which command's view then points into
   // A copy between device memory and page-locked host memory (which the graph reads or writes at
   // each launch, as a GPU's copy node does).
@@ -47,16 +49,28 @@ struct GraphNode {
   CUdeviceptr device = 0;
   void* host = nullptr;
   std::size_t bytes = 0;
-  // A host function (cuLaunchHostFunc).
+  // A memcpy or memset node added with its parameters, run as cuMemcpy3DAsync or cuMemsetD2D*Async
+  // would run them at each launch.
+  std::optional<CUDA_MEMCPY3D> copy;
+  std::optional<CUDA_MEMSET_NODE_PARAMS> memset;
+  // A host function (cuLaunchHostFunc, or a host node).
   CUhostFn function = nullptr;
   void* userData = nullptr;
+  // The nodes it waits for, by index in its graph (added nodes; captured ones wait for the one
+  // captured before them, which their order already says).
+  std::vector<std::size_t> dependencies;
 };
 
-// What cuStreamEndCapture hands out as a CUgraph, and cuGraphInstantiate copies as a CUgraphExec.
+// What cuStreamEndCapture or cuGraphCreate hands out as a CUgraph. Nodes never move once added
+// (their addresses are their CUgraphNode handles).
 struct Graph {
-  std::uint64_t context = 0;  // where its operations were captured; 0 for an empty graph
-  std::vector<GraphNode> nodes;
+  std::uint64_t context = 0;  // where its operations run; 0 while it has none
+  std::deque<GraphNode> nodes;
 };
+
+// The order a launch sends a graph's nodes in: each after every node it depends on, otherwise in
+// the order they were added. nullopt when the dependencies form a cycle.
+std::optional<std::vector<std::size_t>> launchOrder(const Graph& graph);
 
 // Launches a host function on a stream as cuLaunchHostFunc does (stream_extras.cpp).
 CUresult launchHostFunction(const StreamTarget& target, CUhostFn function, void* userData);
@@ -64,6 +78,8 @@ CUresult launchHostFunction(const StreamTarget& target, CUhostFn function, void*
 // The calling thread's capture mode (cuThreadExchangeStreamCaptureMode): how much it may do that
 // would disturb a capture in progress. Global until changed.
 CUstreamCaptureMode threadCaptureMode();
+// Whether `mode` (as the application passed it: any integer) is one of the three modes.
+bool isCaptureMode(const CUstreamCaptureMode& mode);
 CUstreamCaptureMode exchangeThreadCaptureMode(CUstreamCaptureMode mode);
 
 class StreamCaptures {
@@ -150,9 +166,11 @@ public:
   explicit CapturingSink(CommandSink* const& transport) : transport_(transport) {}
 
   StreamCaptures& captures() { return captures_; }
-  // Sends a launch of `graph` to `target` (which may itself be capturing: the operations are then
-  // captured there). CUDA_ERROR_INVALID_VALUE when the graph was captured in another context.
-  CUresult launch(const Graph& graph, const StreamTarget& target);
+  // Sends a launch of `graph` to `target`, its nodes in `order` (launchOrder's). The target may
+  // itself be capturing: the operations are then captured there. CUDA_ERROR_INVALID_VALUE when
+  // the graph's operations belong to another context.
+  CUresult launch(const Graph& graph, const std::vector<std::size_t>& order,
+                  const StreamTarget& target);
 
   // cuLaunchHostFunc on `stream`: nullopt when it does not capture (the caller launches it), else
   // the answer, the function kept as a node.

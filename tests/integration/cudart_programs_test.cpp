@@ -227,6 +227,19 @@ TEST_P(CudartPrograms, ACapturedGraphRunsEachTimeItIsLaunched) {
       << result.output;
 }
 
+// A graph built node by node runs its nodes in dependency order; an executable graph takes new
+// kernel arguments, and an update from a graph of the same shape.
+TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"nodes"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"graph of 6 nodes", "4 launches, scaled by 2, 3, 5 and 5",
+        "update from another shape: cudaErrorGraphExecUpdateFailure, result 2", "nodes: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 TEST_P(CudartPrograms, WhatCaptureCannotHoldIsRefusedAsCudaRefusesIt) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("graphs"), {"capture-errors"});

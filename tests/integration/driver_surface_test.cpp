@@ -184,6 +184,20 @@ TEST_F(DriverSurface, ACapturedGraphRunsAtEachLaunch) {
                  {"after-capture-sync", "CUDA_SUCCESS"}});
 }
 
+TEST_F(DriverSurface, AGraphBuiltNodeByNodeRunsInDependencyOrder) {
+  expectAnswers({{"node-memset", "CUDA_SUCCESS"},
+                 {"node-kernel", "CUDA_SUCCESS"},
+                 {"node-dependency", "CUDA_SUCCESS"},
+                 {"node-dependency-again", "CUDA_ERROR_INVALID_VALUE"},
+                 {"node-host", "CUDA_SUCCESS"},
+                 {"node-unknown-dependency", "CUDA_ERROR_INVALID_VALUE"},
+                 {"node-graph-results", "yes"},
+                 {"node-exec-set-params", "CUDA_SUCCESS"},
+                 {"node-new-params-results", "yes"},
+                 {"node-update-other-shape", "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"},
+                 {"node-update-result", "2"}});  // CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
+}
+
 TEST_F(DriverSurface, WhatCaptureCannotHoldIsRefusedAndSpoilsTheCapture) {
   expectAnswers({{"capture-legacy-stream", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
                  {"capture-twice", "CUDA_ERROR_ILLEGAL_STATE"},

@@ -244,15 +244,17 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData(supported)",
            cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   } else if (scenario == "unsupported") {
-    CUgraph graph;
-    report("cuGraphCreate", cuGraphCreate(&graph, 0));
+    CUcontext context = nullptr;
+    cuCtxGetCurrent(&context);
+    report("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(context, 0));
     void* function = nullptr;
     CUdriverProcAddressQueryResult status;
-    report("cuGetProcAddress", cuGetProcAddress("cuGraphCreate", &function, CUDA_VERSION,
+    report("cuGetProcAddress", cuGetProcAddress("cuCtxEnablePeerAccess", &function, CUDA_VERSION,
                                                 CU_GET_PROC_ADDRESS_DEFAULT, &status));
-    using GraphCreate = CUresult (*)(CUgraph*, unsigned int);
+    using EnablePeerAccess = CUresult (*)(CUcontext, unsigned int);
     if (function != nullptr) {
-      report("cuGraphCreate(proc address)", reinterpret_cast<GraphCreate>(function)(&graph, 0));
+      report("cuCtxEnablePeerAccess(proc address)",
+             reinterpret_cast<EnablePeerAccess>(function)(context, 0));
     }
   } else if (scenario == "null-pointers") {
     report("cuMemAlloc(null)", cuMemAlloc(nullptr, 16));

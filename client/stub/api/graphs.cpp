@@ -1,18 +1,24 @@
-// CUDA graphs made by stream capture: cuStreamBeginCapture/EndCapture and the capture queries,
-// cuGraphInstantiate/Launch/Upload and the graph and executable graph lifetimes, a graph's nodes
-// and their types. How capture works, and what a launch does, is stream_capture.hpp's.
-// Building graphs node by node (cuGraphAdd*Node), updating executable graphs, child graphs,
-// conditional nodes, graph memory nodes and device-side launches are not supported: their entry
-// points stay CUDA_ERROR_NOT_SUPPORTED.
+// CUDA graphs: made by stream capture (cuStreamBeginCapture/EndCapture, and the capture queries)
+// or node by node (cuGraphAdd{Kernel,Memcpy,Memset,Host,Empty}Node, cuGraphAddDependencies);
+// instantiated, launched, updated (cuGraphExecUpdate, cuGraph[Exec]KernelNodeSetParams) and
+// destroyed. How capture works, and what a launch does, is stream_capture.hpp's: everything is
+// kept in the stub, and gpuproxyd sees only the operations a launch sends. Child graphs,
+// conditional, event, memory and external-semaphore nodes, edge data other than the default, and
+// device-side launches are not supported: their entry points stay CUDA_ERROR_NOT_SUPPORTED.
 
 #include <cuda.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
+#include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/log.hpp"
@@ -30,18 +36,23 @@ using gpuproxy::stub::StreamTarget;
 
 namespace {
 
-// An executable graph: its own copy of the graph's operations, as CUDA's is (destroying or
-// changing the graph afterwards leaves it alone).
+// An executable graph: its own copy of the graph's nodes, as CUDA's is (destroying or changing
+// the graph afterwards leaves it alone), and the order a launch sends them in.
 struct GraphExec {
   Graph graph;
+  std::vector<std::size_t> order;
+  // The nodes of the graph it was made from (or last updated from), to their copies here: what
+  // cuGraphExecKernelNodeSetParams names.
+  std::map<const GraphNode*, std::size_t> fromGraph;
 };
 
 // Every graph and executable graph handed out, so that a handle that is not one (or no longer
-// one) is refused instead of followed. Leaked on purpose, as the stub's other tables.
+// one) is refused instead of followed. Leaked on purpose, as the stub's other tables. The graphs
+// themselves are the application's to serialise, as CUDA's are.
 struct GraphTables {
   std::mutex mutex;
-  std::set<const Graph*> graphs;
-  std::set<const GraphExec*> execs;
+  std::set<Graph*> graphs;
+  std::set<GraphExec*> execs;
 };
 
 GraphTables& tables() {
@@ -57,18 +68,48 @@ CUgraph adopt(std::unique_ptr<Graph> graph) {
 }
 
 // Null unless `handle` is a live graph.
-const Graph* graphOf(CUgraph handle) {
-  const auto* graph = reinterpret_cast<const Graph*>(handle);
+Graph* graphOf(CUgraph handle) {
+  auto* graph = reinterpret_cast<Graph*>(handle);
   GraphTables& all = tables();
   std::lock_guard lock(all.mutex);
   return all.graphs.count(graph) != 0 ? graph : nullptr;
 }
 
-const GraphExec* execOf(CUgraphExec handle) {
-  const auto* exec = reinterpret_cast<const GraphExec*>(handle);
+GraphExec* execOf(CUgraphExec handle) {
+  auto* exec = reinterpret_cast<GraphExec*>(handle);
   GraphTables& all = tables();
   std::lock_guard lock(all.mutex);
   return all.execs.count(exec) != 0 ? exec : nullptr;
+}
+
+CUgraphNode handleOf(const GraphNode& node) {
+  return reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(&node));
+}
+
+// The index of `node` in `graph`; nullopt when it is not one of its nodes.
+std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (handleOf(graph.nodes[i]) == node) return i;
+  }
+  return std::nullopt;
+}
+
+// The graph `node` belongs to, and its index there.
+std::optional<std::pair<Graph*, std::size_t>> locate(CUgraphNode node) {
+  if (node == nullptr) return std::nullopt;
+  GraphTables& all = tables();
+  std::lock_guard lock(all.mutex);
+  for (Graph* graph : all.graphs) {
+    if (std::optional<std::size_t> index = indexIn(*graph, node)) {
+      return std::make_pair(graph, *index);
+    }
+  }
+  return std::nullopt;
+}
+
+void rememberOrigins(GraphExec& exec, const Graph& graph) {
+  exec.fromGraph.clear();
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) exec.fromGraph[&graph.nodes[i]] = i;
 }
 
 CUresult beginCapture(const char* entryPoint, CUstream hStream, CUstreamCaptureMode mode,
@@ -138,7 +179,13 @@ CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph h
     if ((flags & ~kAccepted) != 0) return CUDA_ERROR_INVALID_VALUE;
     const Graph* graph = graphOf(hGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    auto exec = std::make_unique<GraphExec>(GraphExec{*graph});
+    std::optional<std::vector<std::size_t>> order = launchOrder(*graph);
+    if (!order) {
+      GPUPROXY_STUB_LOG(kWarn, "%s: the graph's dependencies form a cycle", entryPoint);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto exec = std::make_unique<GraphExec>(GraphExec{*graph, std::move(*order), {}});
+    rememberOrigins(*exec, *graph);
     GraphTables& all = tables();
     std::lock_guard lock(all.mutex);
     all.execs.insert(exec.get());
@@ -162,7 +209,7 @@ CUresult launchGraph(const char* entryPoint, CUgraphExec hGraphExec, CUstream hS
     }
     // Uploading prepares nothing here: a launch sends the operations as they are.
     if (upload) return CUDA_SUCCESS;
-    return runtime.capturing().launch(exec->graph, target);
+    return runtime.capturing().launch(exec->graph, exec->order, target);
   });
 }
 
@@ -176,6 +223,8 @@ CUgraphNodeType typeOf(const GraphNode& node) {
       return CU_GRAPH_NODE_TYPE_MEMSET;
     case GraphNode::Kind::kHost:
       return CU_GRAPH_NODE_TYPE_HOST;
+    case GraphNode::Kind::kEmpty:
+      return CU_GRAPH_NODE_TYPE_EMPTY;
   }
   return CU_GRAPH_NODE_TYPE_EMPTY;
 }
@@ -210,11 +259,7 @@ GPUPROXY_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGr
 
 GPUPROXY_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   return guarded(__func__, [&](Runtime&) {
-    if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-        *mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (mode == nullptr || !gpuproxy::stub::isCaptureMode(*mode)) return CUDA_ERROR_INVALID_VALUE;
     *mode = gpuproxy::stub::exchangeThreadCaptureMode(*mode);
     return CUDA_SUCCESS;
   });
@@ -311,7 +356,7 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
 
 GPUPROXY_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
   return guarded(__func__, [&](Runtime&) {
-    const auto* graph = reinterpret_cast<const Graph*>(hGraph);
+    auto* graph = reinterpret_cast<Graph*>(hGraph);
     GraphTables& all = tables();
     {
       std::lock_guard lock(all.mutex);
@@ -334,7 +379,7 @@ GPUPROXY_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, siz
     }
     const std::size_t given = std::min(*numNodes, graph->nodes.size());
     for (std::size_t i = 0; i < given; ++i) {
-      nodes[i] = reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(&graph->nodes[i]));
+      nodes[i] = handleOf(graph->nodes[i]);
     }
     for (std::size_t i = given; i < *numNodes; ++i) nodes[i] = nullptr;
     *numNodes = given;
@@ -344,19 +389,11 @@ GPUPROXY_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, siz
 
 GPUPROXY_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType* type) {
   return guarded(__func__, [&](Runtime&) {
-    if (type == nullptr || hNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // A node is one of a live graph's, which is only known by looking.
-    GraphTables& all = tables();
-    std::lock_guard lock(all.mutex);
-    for (const Graph* graph : all.graphs) {
-      for (const GraphNode& node : graph->nodes) {
-        if (reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(&node)) == hNode) {
-          *type = typeOf(node);
-          return CUDA_SUCCESS;
-        }
-      }
-    }
-    return CUDA_ERROR_INVALID_VALUE;
+    if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    *type = typeOf(found->first->nodes[found->second]);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -412,7 +449,7 @@ GPUPROXY_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphE
 
 GPUPROXY_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   return guarded(__func__, [&](Runtime&) {
-    const auto* exec = reinterpret_cast<const GraphExec*>(hGraphExec);
+    auto* exec = reinterpret_cast<GraphExec*>(hGraphExec);
     GraphTables& all = tables();
     {
       std::lock_guard lock(all.mutex);
@@ -437,4 +474,364 @@ GPUPROXY_EXPORT CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
 
 GPUPROXY_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   return launchGraph(__func__, hGraphExec, hStream, NullStream::kPerThread, /*upload=*/true);
+}
+
+// ---- graphs built node by node ---------------------------------------------------------------
+
+namespace {
+
+// Adds `node`, waiting for `dependencies` (nodes of the same graph), to the graph. `context`: where
+// the node's work runs (0 for a node that runs none); a graph's nodes must share one.
+CUresult addNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
+                 size_t numDependencies, GraphNode node, std::uint64_t context) {
+  if (phGraphNode == nullptr || (numDependencies > 0 && dependencies == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Graph* graph = graphOf(hGraph);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < numDependencies; ++i) {
+    std::optional<std::size_t> index = indexIn(*graph, dependencies[i]);
+    if (!index) return CUDA_ERROR_INVALID_VALUE;
+    if (std::find(node.dependencies.begin(), node.dependencies.end(), *index) !=
+        node.dependencies.end()) {
+      return CUDA_ERROR_INVALID_VALUE;  // the same dependency twice
+    }
+    node.dependencies.push_back(*index);
+  }
+  if (context != 0) {
+    if (graph->context != 0 && graph->context != context) {
+      GPUPROXY_STUB_LOG(kWarn, "a graph whose nodes run in several contexts is not supported");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    graph->context = context;
+  }
+  graph->nodes.push_back(std::move(node));
+  *phGraphNode = handleOf(graph->nodes.back());
+  return CUDA_SUCCESS;
+}
+
+// The context a node's work runs in: the one named, else the calling thread's current one.
+std::uint64_t contextOr(CUcontext ctx) {
+  return ctx != nullptr ? gpuproxy::stub::handleValue(ctx) : gpuproxy::stub::currentContext();
+}
+
+// A kernel node's launch: what cuLaunchKernel would send, without its stream. `f` a CUfunction
+// (which runs in its own context) or, when null, `kern` in `ctx` (or the current context).
+CUresult kernelNode(Runtime& runtime, const CUDA_KERNEL_NODE_PARAMS& params, GraphNode& node,
+                    std::uint64_t& context) {
+  CUfunction f = params.func;
+  if (f != nullptr) {
+    std::shared_ptr<const gpuproxy::stub::KernelRecord> kernel =
+        runtime.function(gpuproxy::stub::handleValue(f));
+    if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
+    context = kernel->context;
+  } else {
+    if (params.kern == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    f = reinterpret_cast<CUfunction>(params.kern);
+    context = contextOr(params.ctx);
+  }
+  if (!runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+  const unsigned grid[3] = {params.gridDimX, params.gridDimY, params.gridDimZ};
+  const unsigned block[3] = {params.blockDimX, params.blockDimY, params.blockDimZ};
+  std::uint64_t function = 0;
+  if (CUresult prepared = gpuproxy::stub::prepareLaunch(runtime, f, context, grid, block,
+                                                        params.sharedMemBytes, params.kernelParams,
+                                                        params.extra, function, node.parameters);
+      prepared != CUDA_SUCCESS) {
+    return prepared;
+  }
+  namespace ring = gpuproxy::protocol::ring;
+  ring::LaunchKernel launch;
+  launch.function = function;
+  launch.grid = ring::Dim3{params.gridDimX, params.gridDimY, params.gridDimZ};
+  launch.block = ring::Dim3{params.blockDimX, params.blockDimY, params.blockDimZ};
+  launch.sharedMemBytes = params.sharedMemBytes;
+  launch.parameterBytes = static_cast<std::uint32_t>(node.parameters.size());
+  node.kind = GraphNode::Kind::kKernel;
+  node.command = ring::Command{launch};
+  return CUDA_SUCCESS;
+}
+
+CUDA_KERNEL_NODE_PARAMS fromV1(const CUDA_KERNEL_NODE_PARAMS_v1& v1) {
+  CUDA_KERNEL_NODE_PARAMS params{};
+  params.func = v1.func;
+  params.gridDimX = v1.gridDimX;
+  params.gridDimY = v1.gridDimY;
+  params.gridDimZ = v1.gridDimZ;
+  params.blockDimX = v1.blockDimX;
+  params.blockDimY = v1.blockDimY;
+  params.blockDimZ = v1.blockDimZ;
+  params.sharedMemBytes = v1.sharedMemBytes;
+  params.kernelParams = v1.kernelParams;
+  params.extra = v1.extra;
+  return params;
+}
+
+CUresult addKernelNode(const char* entryPoint, CUgraphNode* phGraphNode, CUgraph hGraph,
+                       const CUgraphNode* dependencies, size_t numDependencies,
+                       const CUDA_KERNEL_NODE_PARAMS* params) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode node;
+    std::uint64_t context = 0;
+    if (CUresult made = kernelNode(runtime, *params, node, context); made != CUDA_SUCCESS) {
+      return made;
+    }
+    return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), context);
+  });
+}
+
+// A kernel node's launch replaced (cuGraphKernelNodeSetParams, cuGraphExecKernelNodeSetParams):
+// it stays in its context.
+CUresult replaceKernel(Runtime& runtime, GraphNode& node, const CUDA_KERNEL_NODE_PARAMS& params,
+                       std::uint64_t graphContext) {
+  if (node.kind != GraphNode::Kind::kKernel) return CUDA_ERROR_INVALID_VALUE;
+  GraphNode replacement;
+  std::uint64_t context = 0;
+  if (CUresult made = kernelNode(runtime, params, replacement, context); made != CUDA_SUCCESS) {
+    return made;
+  }
+  if (graphContext != 0 && context != graphContext) return CUDA_ERROR_INVALID_VALUE;
+  node.command = std::move(replacement.command);
+  node.parameters = std::move(replacement.parameters);
+  return CUDA_SUCCESS;
+}
+
+CUresult setKernelParams(const char* entryPoint, CUgraphNode hNode,
+                         const CUDA_KERNEL_NODE_PARAMS* params) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    Graph& graph = *found->first;
+    return replaceKernel(runtime, graph.nodes[found->second], *params, graph.context);
+  });
+}
+
+CUresult setExecKernelParams(const char* entryPoint, CUgraphExec hGraphExec, CUgraphNode hNode,
+                             const CUDA_KERNEL_NODE_PARAMS* params) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GraphExec* exec = execOf(hGraphExec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto found = exec->fromGraph.find(reinterpret_cast<const GraphNode*>(hNode));
+    if (found == exec->fromGraph.end()) return CUDA_ERROR_INVALID_VALUE;
+    return replaceKernel(runtime, exec->graph.nodes[found->second], *params, exec->graph.context);
+  });
+}
+
+CUresult addDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
+                         const CUgraphNode* to, const CUgraphEdgeData* edgeData,
+                         size_t numDependencies) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (numDependencies > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    Graph* graph = graphOf(hGraph);
+    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // Only the default edge (full completion of the node before) is supported.
+    if (edgeData != nullptr) {
+      for (size_t i = 0; i < numDependencies; ++i) {
+        const CUgraphEdgeData& edge = edgeData[i];
+        if (edge.from_port != 0 || edge.to_port != 0 ||
+            edge.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT) {
+          return CUDA_ERROR_NOT_SUPPORTED;
+        }
+      }
+    }
+    std::vector<std::pair<std::size_t, std::size_t>> edges;
+    for (size_t i = 0; i < numDependencies; ++i) {
+      std::optional<std::size_t> source = indexIn(*graph, from[i]);
+      std::optional<std::size_t> target = indexIn(*graph, to[i]);
+      if (!source || !target || *source == *target) return CUDA_ERROR_INVALID_VALUE;
+      const std::vector<std::size_t>& existing = graph->nodes[*target].dependencies;
+      if (std::find(existing.begin(), existing.end(), *source) != existing.end()) {
+        return CUDA_ERROR_INVALID_VALUE;  // an edge that exists already
+      }
+      edges.emplace_back(*source, *target);
+    }
+    for (const auto& [source, target] : edges) graph->nodes[target].dependencies.push_back(source);
+    return CUDA_SUCCESS;
+  });
+}
+
+// cuGraphExecUpdate: the executable graph takes `hGraph`'s nodes when it has the same shape
+// (node for node, in the order added: the same kinds, dependencies and context); a kernel node
+// may change its function and arguments, a copy or memset its operands, a host node its function.
+CUresult execUpdate(const char* entryPoint, CUgraphExec hGraphExec, CUgraph hGraph,
+                    CUgraphExecUpdateResultInfo* info) {
+  return guarded(entryPoint, [&](Runtime&) {
+    GraphExec* exec = execOf(hGraphExec);
+    const Graph* graph = graphOf(hGraph);
+    if (exec == nullptr || graph == nullptr || info == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *info = CUgraphExecUpdateResultInfo{CU_GRAPH_EXEC_UPDATE_SUCCESS, nullptr, nullptr};
+    auto refuse = [&](CUgraphExecUpdateResult why, const GraphNode* node) {
+      info->result = why;
+      info->errorNode = node != nullptr ? handleOf(*node) : nullptr;
+      return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    };
+    const Graph& current = exec->graph;
+    if (graph->nodes.size() != current.nodes.size()) {
+      return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, nullptr);
+    }
+    if (graph->context != 0 && current.context != 0 && graph->context != current.context) {
+      return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED, nullptr);
+    }
+    for (std::size_t i = 0; i < graph->nodes.size(); ++i) {
+      const GraphNode& next = graph->nodes[i];
+      const GraphNode& now = current.nodes[i];
+      if (next.dependencies != now.dependencies) {
+        return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, &next);
+      }
+      const bool sameShape = next.kind == now.kind &&
+                             next.copy.has_value() == now.copy.has_value() &&
+                             next.memset.has_value() == now.memset.has_value() &&
+                             (next.host != nullptr) == (now.host != nullptr) &&
+                             next.command.has_value() == now.command.has_value() &&
+                             (!next.command || next.command->index() == now.command->index());
+      if (!sameShape) return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, &next);
+    }
+    exec->graph = *graph;
+    if (exec->graph.context == 0) exec->graph.context = current.context;
+    // Same dependencies node for node: the same launch order.
+    rememberOrigins(*exec, *graph);
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                                 const CUgraphNode* dependencies,
+                                                 size_t numDependencies,
+                                                 const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+  return addKernelNode(__func__, phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                              const CUgraphNode* dependencies,
+                                              size_t numDependencies,
+                                              const CUDA_KERNEL_NODE_PARAMS_v1* nodeParams) {
+  if (nodeParams == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  const CUDA_KERNEL_NODE_PARAMS params = fromV1(*nodeParams);
+  return addKernelNode(__func__, phGraphNode, hGraph, dependencies, numDependencies, &params);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode,
+                                                       const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+  return setKernelParams(__func__, hNode, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode hNode,
+                                                    const CUDA_KERNEL_NODE_PARAMS_v1* nodeParams) {
+  if (nodeParams == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  const CUDA_KERNEL_NODE_PARAMS params = fromV1(*nodeParams);
+  return setKernelParams(__func__, hNode, &params);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(
+    CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+  return setExecKernelParams(__func__, hGraphExec, hNode, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecKernelNodeSetParams(
+    CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1* nodeParams) {
+  if (nodeParams == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  const CUDA_KERNEL_NODE_PARAMS params = fromV1(*nodeParams);
+  return setExecKernelParams(__func__, hGraphExec, hNode, &params);
+}
+
+// Checked when the graph is launched, as cuMemcpy3DAsync checks it.
+GPUPROXY_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                              const CUgraphNode* dependencies,
+                                              size_t numDependencies,
+                                              const CUDA_MEMCPY3D* copyParams, CUcontext ctx) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (copyParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::uint64_t context = contextOr(ctx);
+    if (!runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+    GraphNode node;
+    node.kind = GraphNode::Kind::kMemcpy;
+    node.copy = *copyParams;
+    return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), context);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                              const CUgraphNode* dependencies,
+                                              size_t numDependencies,
+                                              const CUDA_MEMSET_NODE_PARAMS* memsetParams,
+                                              CUcontext ctx) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (memsetParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const CUDA_MEMSET_NODE_PARAMS& memset = *memsetParams;
+    const unsigned element = memset.elementSize;
+    if ((element != 1 && element != 2 && element != 4) || memset.width == 0 || memset.height == 0 ||
+        (memset.height > 1 && memset.pitch < memset.width * element)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t context = contextOr(ctx);
+    if (!runtime.context(context)) return CUDA_ERROR_INVALID_CONTEXT;
+    GraphNode node;
+    node.kind = GraphNode::Kind::kMemset;
+    node.memset = memset;
+    return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), context);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddHostNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                            const CUgraphNode* dependencies, size_t numDependencies,
+                                            const CUDA_HOST_NODE_PARAMS* nodeParams) {
+  return guarded(__func__, [&](Runtime&) {
+    if (nodeParams == nullptr || nodeParams->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode node;
+    node.kind = GraphNode::Kind::kHost;
+    node.function = nodeParams->fn;
+    node.userData = nodeParams->userData;
+    return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), 0);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                             const CUgraphNode* dependencies,
+                                             size_t numDependencies) {
+  return guarded(__func__, [&](Runtime&) {
+    GraphNode node;
+    node.kind = GraphNode::Kind::kEmpty;
+    return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), 0);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddDependencies(CUgraph hGraph, const CUgraphNode* from,
+                                                const CUgraphNode* to, size_t numDependencies) {
+  return addDependencies(__func__, hGraph, from, to, nullptr, numDependencies);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode* from,
+                                                   const CUgraphNode* to,
+                                                   const CUgraphEdgeData* edgeData,
+                                                   size_t numDependencies) {
+  return addDependencies(__func__, hGraph, from, to, edgeData, numDependencies);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                              CUgraphExecUpdateResultInfo* resultInfo) {
+  return execUpdate(__func__, hGraphExec, hGraph, resultInfo);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph,
+                                           CUgraphNode* hErrorNode_out,
+                                           CUgraphExecUpdateResult* updateResult_out) {
+  if (hErrorNode_out == nullptr || updateResult_out == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  CUgraphExecUpdateResultInfo info{};
+  const CUresult result = execUpdate(__func__, hGraphExec, hGraph, &info);
+  *hErrorNode_out = info.errorNode;
+  *updateResult_out = info.result;
+  return result;
 }

@@ -33,6 +33,7 @@
 
 #include "client/stub/api/host_memory.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/log.hpp"
 #include "client/stub/pinned_heap.hpp"
@@ -169,7 +170,7 @@ std::optional<AllocationRange> managedRange(Runtime& runtime, CUdeviceptr pointe
 
 // A location a prefetch or an advice may name: a device of this process, or the host.
 CUresult checkLocation(Runtime& runtime, CUmemLocation location) {
-  switch (location.type) {
+  switch (gpuproxy::stub::enumValue(location.type)) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
       return runtime.device(location.id) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
     case CU_MEM_LOCATION_TYPE_HOST:
@@ -213,7 +214,7 @@ CUresult advise(const char* entryPoint, CUdeviceptr devPtr, size_t count, CUmem_
                 CUmemLocation location) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     if (count == 0 || !managedRange(runtime, devPtr, count)) return CUDA_ERROR_INVALID_VALUE;
-    switch (advice) {
+    switch (gpuproxy::stub::enumValue(advice)) {
       case CU_MEM_ADVISE_SET_READ_MOSTLY:
       case CU_MEM_ADVISE_UNSET_READ_MOSTLY:
       case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION:

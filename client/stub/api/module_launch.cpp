@@ -341,63 +341,71 @@ struct LibraryKernelCache {
   }
 };
 
+CUresult prepareLaunch(Runtime& runtime, CUfunction f, std::uint64_t context,
+                       const unsigned grid[3], const unsigned block[3], unsigned sharedMemBytes,
+                       void** kernelParams, void** extra, std::uint64_t& function,
+                       std::vector<std::byte>& parameters) {
+  function = handleValue(f);
+  // The CUDA runtime launches every <<<>>> through a CUkernel: its function in the launch's
+  // context is remembered per thread, so that the next launch finds it without a lookup.
+  LibraryKernelCache::Entry& cached = LibraryKernelCache::slot(function);
+  const std::uint64_t epoch = runtime.tablesEpoch();
+  const bool knownKernel = cached.kernel == function && cached.epoch == epoch;
+  std::shared_ptr<const KernelRecord> kernel;
+  if (!knownKernel) kernel = runtime.function(function);
+  const bool libraryKernel = knownKernel || (!kernel && gpuproxy::stub::isLibraryKernel(function));
+  if (!kernel && !libraryKernel) return CUDA_ERROR_INVALID_HANDLE;
+  if (kernelParams != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // A CUkernel runs as its function in the context it is launched in.
+  if (libraryKernel) {
+    if (knownKernel && cached.context == context) {
+      function = cached.function;
+      kernel = cached.record;
+    } else {
+      const std::uint64_t handle = function;
+      if (CUresult resolved =
+              gpuproxy::stub::libraryKernelFunction(runtime, handle, context, function);
+          resolved != CUDA_SUCCESS) {
+        return resolved;
+      }
+      kernel = runtime.function(function);
+      if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
+      cached = LibraryKernelCache::Entry{handle, context, epoch, function, kernel};
+    }
+  }
+  const DeviceRecord* device = nullptr;
+  if (auto record = runtime.context(kernel->context)) {
+    device = runtime.device(static_cast<CUdevice>(record->device));
+  }
+  if (CUresult checked = checkLaunchConfiguration(device, *kernel, grid, block, sharedMemBytes);
+      checked != CUDA_SUCCESS) {
+    return checked;
+  }
+  // A kernel runs in the context its module was loaded into (the daemon says the same).
+  if (context != kernel->context) return CUDA_ERROR_INVALID_HANDLE;
+  return gpuproxy::stub::packKernelParameters(kernel->parameters, kernel->parameterBytes,
+                                              kernelParams, extra, parameters);
+}
+
 CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
                       unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
                       unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
                       NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
-    std::uint64_t function = handleValue(f);
-    // The CUDA runtime launches every <<<>>> through a CUkernel: its function in the launch's
-    // context is remembered per thread, so that the next launch finds it without a lookup.
-    LibraryKernelCache::Entry& cached = LibraryKernelCache::slot(function);
-    const std::uint64_t epoch = runtime.tablesEpoch();
-    const bool knownKernel = cached.kernel == function && cached.epoch == epoch;
-    std::shared_ptr<const KernelRecord> kernel;
-    if (!knownKernel) kernel = runtime.function(function);
-    const bool libraryKernel =
-        knownKernel || (!kernel && gpuproxy::stub::isLibraryKernel(function));
-    if (!kernel && !libraryKernel) return CUDA_ERROR_INVALID_HANDLE;
-    if (kernelParams != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    // A CUkernel runs as its function in the context of the stream it is launched into.
-    if (libraryKernel) {
-      if (knownKernel && cached.context == target.context) {
-        function = cached.function;
-        kernel = cached.record;
-      } else {
-        const std::uint64_t handle = function;
-        if (CUresult resolved =
-                gpuproxy::stub::libraryKernelFunction(runtime, handle, target.context, function);
-            resolved != CUDA_SUCCESS) {
-          return resolved;
-        }
-        kernel = runtime.function(function);
-        if (!kernel) return CUDA_ERROR_INVALID_HANDLE;
-        cached = LibraryKernelCache::Entry{handle, target.context, epoch, function, kernel};
-      }
-    }
-    const DeviceRecord* device = nullptr;
-    if (auto context = runtime.context(kernel->context)) {
-      device = runtime.device(static_cast<CUdevice>(context->device));
-    }
     const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
     const unsigned block[3] = {blockDimX, blockDimY, blockDimZ};
-    if (CUresult checked = checkLaunchConfiguration(device, *kernel, grid, block, sharedMemBytes);
-        checked != CUDA_SUCCESS) {
-      return checked;
-    }
-    // A kernel runs in the context its module was loaded into (the daemon says the same).
-    if (target.context != kernel->context) return CUDA_ERROR_INVALID_HANDLE;
     // Reused by the thread's next launch: packing allocates nothing once it has grown.
     thread_local std::vector<std::byte> parameters;
-    if (CUresult packed = gpuproxy::stub::packKernelParameters(
-            kernel->parameters, kernel->parameterBytes, kernelParams, extra, parameters);
-        packed != CUDA_SUCCESS) {
-      return packed;
+    std::uint64_t function = 0;
+    if (CUresult prepared = prepareLaunch(runtime, f, target.context, grid, block, sharedMemBytes,
+                                          kernelParams, extra, function, parameters);
+        prepared != CUDA_SUCCESS) {
+      return prepared;
     }
     namespace ring = gpuproxy::protocol::ring;
     ring::Command command{ring::LaunchKernel{}};

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "client/stub/api_support.hpp"
 #include "client/stub/runtime.hpp"
@@ -32,6 +33,13 @@ bool isLibraryKernel(std::uint64_t handle);
 CUresult libraryKernelFunction(Runtime& runtime, std::uint64_t kernel, std::uint64_t context,
                                std::uint64_t& function);
 
+// What a launch of `f` (a CUfunction or a CUkernel) in `context` sends, whatever stream it goes
+// to: the configuration checked against the device and the kernel, the function (a CUkernel's in
+// `context`) and the parameters packed with its layout.
+CUresult prepareLaunch(Runtime& runtime, CUfunction f, std::uint64_t context,
+                       const unsigned grid[3], const unsigned block[3], unsigned sharedMemBytes,
+                       void** kernelParams, void** extra, std::uint64_t& function,
+                       std::vector<std::byte>& parameters);
 // cuLaunchKernel's work (also cuLaunchKernelEx's): checks the configuration against the device
 // and the kernel (a CUfunction or a CUkernel), packs the parameters and queues the launch.
 CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,

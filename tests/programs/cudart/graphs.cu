@@ -8,6 +8,10 @@
 //   capture-errors   what CUDA refuses during capture: the legacy stream, synchronising with a
 //                    capturing stream or the device (which invalidates the capture), a fork that
 //                    is never joined
+//   nodes            a graph built node by node (memset, kernels, a copy, a host function, an empty
+//                    node, a dependency added afterwards), launched; a kernel's arguments changed
+//                    in the executable graph; cudaGraphExecUpdate from a graph of the same shape
+//                    and from one of another; a cycle refused at instantiation
 
 #include <cuda_runtime.h>
 
@@ -44,10 +48,85 @@ __global__ void accumulate(float* sum, const float* x, int n) {
   if (i < n) sum[i] += x[i];
 }
 
+__global__ void iota(float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += static_cast<float>(i);
+}
+
 namespace {
 
 void countCall(void* calls) {
   ++*static_cast<int*>(calls);
+}
+
+// The graph of `nodes` mode: x = 0, x += i, x *= factor, copied to `out`, then a host function
+// and an empty node; `scaleNode` is the scale kernel's.
+struct BuiltGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphNode_t scaleNode = nullptr;
+};
+
+cudaError_t buildGraph(float* x, float* out, int n, float* factor, int* calls, BuiltGraph& built) {
+  cudaError_t status = cudaGraphCreate(&built.graph, 0);
+  if (status != cudaSuccess) return status;
+  cudaMemsetParams clear{};
+  clear.dst = x;
+  clear.value = 0;
+  clear.elementSize = 4;
+  clear.width = n;
+  clear.height = 1;
+  cudaGraphNode_t cleared;
+  if ((status = cudaGraphAddMemsetNode(&cleared, built.graph, nullptr, 0, &clear)) != cudaSuccess) {
+    return status;
+  }
+  void* iotaArgs[] = {&x, &n};
+  cudaKernelNodeParams fill{};
+  fill.func = reinterpret_cast<void*>(iota);
+  fill.gridDim = dim3(n / 256);
+  fill.blockDim = dim3(256);
+  fill.kernelParams = iotaArgs;
+  cudaGraphNode_t filled;
+  if ((status = cudaGraphAddKernelNode(&filled, built.graph, &cleared, 1, &fill)) != cudaSuccess) {
+    return status;
+  }
+  // Added with no dependency; the one on `filled` comes afterwards.
+  void* scaleArgs[] = {&x, factor, &n};
+  cudaKernelNodeParams scaling{};
+  scaling.func = reinterpret_cast<void*>(scale);
+  scaling.gridDim = dim3(n / 256);
+  scaling.blockDim = dim3(256);
+  scaling.kernelParams = scaleArgs;
+  if ((status = cudaGraphAddKernelNode(&built.scaleNode, built.graph, nullptr, 0, &scaling)) !=
+      cudaSuccess) {
+    return status;
+  }
+  if ((status = cudaGraphAddDependencies(built.graph, &filled, &built.scaleNode, nullptr, 1)) !=
+      cudaSuccess) {
+    return status;
+  }
+  cudaGraphNode_t copied;
+  if ((status = cudaGraphAddMemcpyNode1D(&copied, built.graph, &built.scaleNode, 1, out, x,
+                                         n * sizeof(float), cudaMemcpyDeviceToHost)) !=
+      cudaSuccess) {
+    return status;
+  }
+  cudaHostNodeParams count{};
+  count.fn = countCall;
+  count.userData = calls;
+  cudaGraphNode_t counted;
+  if ((status = cudaGraphAddHostNode(&counted, built.graph, &copied, 1, &count)) != cudaSuccess) {
+    return status;
+  }
+  cudaGraphNode_t end;
+  return cudaGraphAddEmptyNode(&end, built.graph, &counted, 1);
+}
+
+// out[i] == factor * i for every i.
+bool scaledBy(const float* out, int n, float factor) {
+  for (int i = 0; i < n; ++i) {
+    if (out[i] != factor * static_cast<float>(i)) return false;
+  }
+  return true;
 }
 
 int captureMode() {
@@ -202,6 +281,87 @@ int captureErrors() {
   return 0;
 }
 
+int nodesMode() {
+  const int n = 1 << 14;
+  float* x = nullptr;
+  float* out = nullptr;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  CHECK(cudaMallocHost(&out, n * sizeof(float)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int calls = 0;
+  float two = 2.0f;
+  BuiltGraph built;
+  CHECK(buildGraph(x, out, n, &two, &calls, built));
+  size_t nodes = 0;
+  CHECK(cudaGraphGetNodes(built.graph, nullptr, &nodes));
+  std::printf("graph of %zu nodes\n", nodes);
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, built.graph, 0));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 2.0f) && calls == 1, "first launch: out[5] = %f, %d calls", out[5],
+         calls);
+
+  // New arguments for one kernel of the executable graph.
+  float three = 3.0f;
+  void* scaleArgs[] = {&x, &three, const_cast<int*>(&n)};
+  cudaKernelNodeParams scaling{};
+  scaling.func = reinterpret_cast<void*>(scale);
+  scaling.gridDim = dim3(n / 256);
+  scaling.blockDim = dim3(256);
+  scaling.kernelParams = scaleArgs;
+  CHECK(cudaGraphExecKernelNodeSetParams(exec, built.scaleNode, &scaling));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 3.0f) && calls == 2, "after new arguments: out[5] = %f", out[5]);
+
+  // An update from a graph of the same shape takes its parameters.
+  float five = 5.0f;
+  BuiltGraph same;
+  CHECK(buildGraph(x, out, n, &five, &calls, same));
+  cudaGraphExecUpdateResultInfo info{};
+  CHECK(cudaGraphExecUpdate(exec, same.graph, &info));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 5.0f) && calls == 3, "after the update: out[5] = %f", out[5]);
+  // One of another shape is refused, and the executable graph stays as it was.
+  cudaGraph_t other;
+  CHECK(cudaGraphCreate(&other, 0));
+  cudaGraphNode_t lone;
+  CHECK(cudaGraphAddEmptyNode(&lone, other, nullptr, 0));
+  const cudaError_t refused = cudaGraphExecUpdate(exec, other, &info);
+  std::printf("update from another shape: %s, result %d\n", cudaGetErrorName(refused),
+              static_cast<int>(info.result));
+  EXPECT(refused == cudaErrorGraphExecUpdateFailure &&
+             info.result == cudaGraphExecUpdateErrorTopologyChanged,
+         "expected cudaErrorGraphExecUpdateFailure (topology changed)");
+  cudaGetLastError();
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 5.0f) && calls == 4, "after a refused update: out[5] = %f", out[5]);
+  std::printf("4 launches, scaled by 2, 3, 5 and 5\n");
+
+  // A cycle cannot be instantiated.
+  cudaGraphNode_t second;
+  CHECK(cudaGraphAddEmptyNode(&second, other, &lone, 1));
+  CHECK(cudaGraphAddDependencies(other, &second, &lone, nullptr, 1));
+  cudaGraphExec_t cyclic = nullptr;
+  const cudaError_t cycle = cudaGraphInstantiate(&cyclic, other, 0);
+  std::printf("instantiating a cycle: %s\n", cudaGetErrorName(cycle));
+  EXPECT(cycle != cudaSuccess, "a cycle was instantiated");
+  cudaGetLastError();
+
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(built.graph));
+  CHECK(cudaGraphDestroy(same.graph));
+  CHECK(cudaGraphDestroy(other));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(x));
+  CHECK(cudaFreeHost(out));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,6 +373,7 @@ int main(int argc, char** argv) {
   int result = 2;
   if (std::strcmp(mode, "capture") == 0) result = captureMode();
   if (std::strcmp(mode, "capture-errors") == 0) result = captureErrors();
+  if (std::strcmp(mode, "nodes") == 0) result = nodesMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
   if (result == 0) std::printf("%s: PASSED\n", mode);
   return result;
