@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <system_error>
 #include <utility>
 
@@ -57,6 +58,12 @@ std::size_t pageSize() {
 }
 
 // ---- AddressReservation ----
+
+std::uintptr_t AddressReservation::randomHint() {
+  std::random_device random;
+  const std::uint64_t slot = ((static_cast<std::uint64_t>(random()) << 32) | random()) % kHintSlots;
+  return kDefaultHint + slot * (std::uint64_t{1} << 30);
+}
 
 AddressReservation AddressReservation::reserve(std::size_t bytes, std::uintptr_t hint) {
   if (bytes == 0) throw std::system_error(EINVAL, std::generic_category(), "reserve 0 bytes");

@@ -63,6 +63,11 @@ public:
   // The first free kAlignment-aligned range of `bytes` at or above `hint` (at most 64 tries, each
   // `bytes` rounded up to kAlignment further). Throws std::system_error when none is free.
   static AddressReservation reserve(std::size_t bytes, std::uintptr_t hint = kDefaultHint);
+  // A hint at a random one of the kHintSlots 1 GiB slots above kDefaultHint. Memory that another
+  // process must map at the same address goes there: far from where the kernel places mappings
+  // by itself, and, being random, unlikely to be where another client's memory already lies in
+  // that process.
+  static std::uintptr_t randomHint();
   // Exactly at `address` or throws std::system_error (EEXIST when something is already there).
   static AddressReservation reserveAt(void* address, std::size_t bytes);
 

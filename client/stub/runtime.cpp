@@ -43,16 +43,6 @@ constexpr std::uint64_t kSegmentAllowance = std::uint64_t{64} << 20;
 // Addresses tried before giving up on a pinned heap.
 constexpr int kMappingAttempts = 8;
 
-// Where to look for room for the data-plane segment. The daemon maps every client's segment in
-// its own address space, so clients that all started from one hint would collide there: each
-// attempt starts at a random 1 GiB slot of a 16 TiB window above ipc's default hint.
-std::uintptr_t randomSegmentHint() {
-  std::random_device random;
-  const std::uint64_t slot = ((static_cast<std::uint64_t>(random()) << 32) | random()) %
-                             ipc::AddressReservation::kHintSlots;
-  return ipc::AddressReservation::kDefaultHint + slot * (std::uint64_t{1} << 30);
-}
-
 // The pinned heap to ask the daemon for: GPUPROXY_PINNED_HEAP (a size such as 512MiB; 0 for
 // none), else the default. The daemon may grant less.
 std::uint64_t pinnedHeapRequest() {
@@ -294,7 +284,7 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
     std::optional<ipc::AddressReservation> reservation;
     std::optional<capnp::Response<protocol::Session::OpenDataPlaneResults>> answer;
     std::uint64_t reserveBytes = heapBytes + kSegmentAllowance;
-    std::uintptr_t hint = randomSegmentHint();
+    std::uintptr_t hint = ipc::AddressReservation::randomHint();
     for (int attempt = 0; heapBytes > 0 && attempt < kMappingAttempts && !answer; ++attempt) {
       try {
         reservation = ipc::AddressReservation::reserve(reserveBytes, hint);
@@ -315,7 +305,7 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
                  response.getSegmentBytes() > reservation->size()) {
         reserveBytes = response.getSegmentBytes();  // the same place, bigger
       } else if (result == CUDA_ERROR_ALREADY_MAPPED) {
-        hint = randomSegmentHint();
+        hint = ipc::AddressReservation::randomHint();
       } else {
         throw std::runtime_error("gpuproxyd answered " + std::string(protocol::cudaResultNameOr(
                                                              result, "unknown CUresult")));

@@ -487,8 +487,11 @@ CUresult addNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* de
   if (phGraphNode == nullptr || (numDependencies > 0 && dependencies == nullptr)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  Graph* graph = graphOf(hGraph);
-  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Under the tables' lock: locate() walks every graph's nodes, so no graph grows meanwhile.
+  GraphTables& all = tables();
+  std::lock_guard lock(all.mutex);
+  auto* graph = reinterpret_cast<Graph*>(hGraph);
+  if (all.graphs.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < numDependencies; ++i) {
     std::optional<std::size_t> index = indexIn(*graph, dependencies[i]);
     if (!index) return CUDA_ERROR_INVALID_VALUE;

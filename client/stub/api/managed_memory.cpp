@@ -62,8 +62,8 @@ OwnMappings& ownMappings() {
   return *mappings;
 }
 
-// gpuproxyd may have the address the kernel gave this mapping in use; another mapping is placed
-// elsewhere (the refused one is kept until then, so as not to get the same address back).
+// gpuproxyd may have the address chosen for a mapping in use; another try picks another random
+// place (the refused mapping is kept until then, so that it cannot be chosen again).
 constexpr int kMappingAttempts = 4;
 
 // MemAvailable from /proc/meminfo, in bytes; nullopt when it cannot be read.
@@ -98,8 +98,13 @@ CUresult allocateOwnMapping(Runtime& runtime, std::uint64_t bytes, CUdeviceptr& 
   for (int attempt = 0; attempt < kMappingAttempts; ++attempt) {
     std::unique_ptr<ipc::SharedSegment> mapping;
     try {
+      // Where gpuproxyd (and, on a chained cuda backend, the daemon behind it) most likely has
+      // the same addresses free.
+      const auto length = static_cast<std::size_t>(bytes);
+      ipc::AddressReservation place =
+          ipc::AddressReservation::reserve(length, ipc::AddressReservation::randomHint());
       mapping = std::make_unique<ipc::SharedSegment>(
-          ipc::SharedSegment::create("gpuproxy-managed", static_cast<std::size_t>(bytes)));
+          ipc::SharedSegment::create("gpuproxy-managed", length, &place));
     } catch (const std::system_error& error) {
       GPUPROXY_STUB_LOG(kWarn, "cuMemAllocManaged: no shared memory for %llu bytes (%s)",
                         static_cast<unsigned long long>(bytes), error.what());
