@@ -165,6 +165,19 @@ CUresult captureInfo(const char* entryPoint, CUstream hStream, NullStream nullSt
   });
 }
 
+// cuStreamGetCaptureInfo_v3: as captureInfo, and no edge data (none is listed with no dependency).
+CUresult captureInfoWithEdges(const char* entryPoint, CUstream hStream, NullStream nullStream,
+                              CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                              const CUgraphNode** dependencies, const CUgraphEdgeData** edgeData,
+                              size_t* numDependencies) {
+  if (edgeData != nullptr && dependencies == nullptr) {
+    return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  if (edgeData != nullptr) *edgeData = nullptr;
+  return captureInfo(entryPoint, hStream, nullStream, status, id, graph, dependencies,
+                     numDependencies);
+}
+
 CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph hGraph,
                      unsigned long long flags) {
   return guarded(entryPoint, [&](Runtime&) {
@@ -315,10 +328,8 @@ GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream,
                                                    const CUgraphNode** dependencies_out,
                                                    const CUgraphEdgeData** edgeData_out,
                                                    size_t* numDependencies_out) {
-  if (edgeData_out != nullptr && dependencies_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (edgeData_out != nullptr) *edgeData_out = nullptr;
-  return captureInfo(__func__, hStream, NullStream::kLegacy, captureStatus_out, id_out, graph_out,
-                     dependencies_out, numDependencies_out);
+  return captureInfoWithEdges(__func__, hStream, NullStream::kLegacy, captureStatus_out, id_out,
+                              graph_out, dependencies_out, edgeData_out, numDependencies_out);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream,
@@ -327,10 +338,8 @@ GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream,
                                                         const CUgraphNode** dependencies_out,
                                                         const CUgraphEdgeData** edgeData_out,
                                                         size_t* numDependencies_out) {
-  if (edgeData_out != nullptr && dependencies_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (edgeData_out != nullptr) *edgeData_out = nullptr;
-  return captureInfo(__func__, hStream, NullStream::kPerThread, captureStatus_out, id_out,
-                     graph_out, dependencies_out, numDependencies_out);
+  return captureInfoWithEdges(__func__, hStream, NullStream::kPerThread, captureStatus_out, id_out,
+                              graph_out, dependencies_out, edgeData_out, numDependencies_out);
 }
 
 // ---- graphs and executable graphs ------------------------------------------------------------

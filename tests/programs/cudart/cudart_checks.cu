@@ -27,25 +27,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    const cudaError_t status_ = (call);                                        \
-    if (status_ != cudaSuccess) {                                              \
-      std::printf("FAILED: %s at line %d returned %s (%s)\n", #call, __LINE__, \
-                  cudaGetErrorName(status_), cudaGetErrorString(status_));     \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
-
-#define EXPECT(condition, ...)  \
-  do {                          \
-    if (!(condition)) {         \
-      std::printf("FAILED: ");  \
-      std::printf(__VA_ARGS__); \
-      std::printf("\n");        \
-      return 1;                 \
-    }                           \
-  } while (0)
+#include "checks.cuh"
 
 __global__ void scaleAndAdd(float factor, const float* x, float* y, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -20,25 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#define CHECK(call)                                                            \
-  do {                                                                         \
-    const cudaError_t status_ = (call);                                        \
-    if (status_ != cudaSuccess) {                                              \
-      std::printf("FAILED: %s at line %d returned %s (%s)\n", #call, __LINE__, \
-                  cudaGetErrorName(status_), cudaGetErrorString(status_));     \
-      return 1;                                                                \
-    }                                                                          \
-  } while (0)
-
-#define EXPECT(condition, ...)  \
-  do {                          \
-    if (!(condition)) {         \
-      std::printf("FAILED: ");  \
-      std::printf(__VA_ARGS__); \
-      std::printf("\n");        \
-      return 1;                 \
-    }                           \
-  } while (0)
+#include "checks.cuh"
 
 // y = a * x + y over any n, whatever the grid (the grid-stride loop tutorials teach).
 __global__ void saxpy(int n, float a, const float* x, float* y) {
