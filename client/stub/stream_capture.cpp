@@ -240,6 +240,7 @@ std::uint64_t streamOf(const ring::Command& command) {
 }  // namespace
 
 CUresult CapturingSink::enqueue(ring::Command& command) {
+  if (captures_.idle()) return transport_->enqueue(command);  // every launch while none captures
   if (auto* record = std::get_if<ring::EventRecord>(&command)) {
     if (captures_.eventRecorded(record->event, record->stream)) return CUDA_SUCCESS;
     return transport_->enqueue(command);

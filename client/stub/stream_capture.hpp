@@ -124,6 +124,9 @@ public:
   std::optional<CUresult> unsupported(std::uint64_t stream);
   // A stream destroyed or a context gone: what captured there is dropped.
   void streamGone(std::uint64_t stream);
+  // No stream captures (so no event marks a capture either): every query answers at once, without
+  // the lock, which keeps launches free of it when no capture is under way.
+  bool idle() const { return capturing_.load(std::memory_order_acquire) == 0; }
 
 private:
   struct Capture {
@@ -145,9 +148,6 @@ private:
   void invalidateLocked(Capture& capture);
   // After any change to streams_: keeps the count the lock-free check below reads.
   void countLocked() { capturing_.store(streams_.size(), std::memory_order_release); }
-  // No stream captures (so no event marks a capture either): every query answers at once, without
-  // the lock, which keeps launches free of it when no capture is under way.
-  bool idle() const { return capturing_.load(std::memory_order_acquire) == 0; }
 
   mutable std::mutex mutex_;
   std::atomic<std::size_t> capturing_{0};
