@@ -130,6 +130,12 @@ bool StreamCaptures::eventRecorded(std::uint64_t event, std::uint64_t stream) {
   return true;
 }
 
+bool StreamCaptures::eventCaptured(std::uint64_t event) const {
+  if (idle()) return false;
+  std::lock_guard lock(mutex_);
+  return events_.count(event) != 0;
+}
+
 std::optional<CUresult> StreamCaptures::streamWaits(std::uint64_t stream, std::uint64_t event) {
   if (idle()) return std::nullopt;
   std::lock_guard lock(mutex_);
@@ -302,6 +308,8 @@ CUresult CapturingSink::synchronize(std::uint64_t context, ring::SynchronizeKind
                                     std::uint64_t handle, bool query) {
   if (kind == ring::SynchronizeKind::kStream) {
     if (std::optional<CUresult> refused = captures_.synchronizing(handle)) return *refused;
+  } else if (kind == ring::SynchronizeKind::kEvent) {
+    if (captures_.eventCaptured(handle)) return CUDA_ERROR_CAPTURED_EVENT;
   } else if (kind == ring::SynchronizeKind::kContext && !query) {
     if (std::optional<CUresult> refused =
             captures_.synchronizingContext(context, threadCaptureMode())) {

@@ -106,6 +106,9 @@ public:
   // An event recorded on a capturing stream marks that point of the capture (nothing is sent);
   // recorded elsewhere, it stops marking one. True when the record was captured.
   bool eventRecorded(std::uint64_t event, std::uint64_t stream);
+  // Whether `event` was last recorded in a capture still under way (it marks a point of a graph,
+  // not work: querying or waiting for it is CUDA_ERROR_CAPTURED_EVENT).
+  bool eventCaptured(std::uint64_t event) const;
   // A stream waiting on an event: nullopt when neither side captures (the caller sends it), else
   // the answer: a fork or a join; nothing for an event recorded outside any capture; the refusal
   // (CUDA_ERROR_STREAM_CAPTURE_ISOLATION) of another capture's event.

@@ -205,6 +205,9 @@ TEST_F(DriverSurface, WhatCaptureCannotHoldIsRefusedAndSpoilsTheCapture) {
                  {"capture-query-status", "2"},  // CU_STREAM_CAPTURE_STATUS_INVALIDATED
                  {"capture-end-invalidated", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
                  {"capture-end-not-capturing", "CUDA_ERROR_ILLEGAL_STATE"},
+                 {"captured-event-query", "CUDA_ERROR_CAPTURED_EVENT"},
+                 {"captured-event-synchronize", "CUDA_ERROR_CAPTURED_EVENT"},
+                 {"captured-event-query-after", "CUDA_SUCCESS"},
                  {"capture-alloc-async", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
                  {"capture-alloc-async-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
                  {"capture-mode-was", "0"},  // CU_STREAM_CAPTURE_MODE_GLOBAL

@@ -828,6 +828,17 @@ void graphs(CUfunction fillU32) {
   MUST(cuStreamIsCapturing(stream, &status));
   reportNumber("capture-query-status", status);
   report("capture-end-invalidated", cuStreamEndCapture(stream, &none));
+  // An event recorded during a capture marks a point of the graph, not work.
+  CUevent marker = nullptr;
+  MUST(cuEventCreate(&marker, CU_EVENT_DISABLE_TIMING));
+  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MUST(cuEventRecord(marker, stream));
+  report("captured-event-query", cuEventQuery(marker));
+  report("captured-event-synchronize", cuEventSynchronize(marker));
+  MUST(cuStreamEndCapture(stream, &none));
+  MUST(cuGraphDestroy(none));
+  report("captured-event-query-after", cuEventQuery(marker));
+  MUST(cuEventDestroy(marker));
   report("capture-end-not-capturing", cuStreamEndCapture(stream, &none));
   MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CUdeviceptr temporary = 0;
