@@ -53,6 +53,14 @@ void StreamCaptures::invalidateLocked(Capture& capture) {
   capture.invalidated = true;
 }
 
+void StreamCaptures::releaseLocked(const std::shared_ptr<Capture>& capture) {
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    it = it->second == capture ? streams_.erase(it) : std::next(it);
+  }
+  countLocked();
+  std::erase_if(events_, [&](const auto& entry) { return entry.second.capture == capture; });
+}
+
 CUresult StreamCaptures::begin(const StreamTarget& target, CUstreamCaptureMode mode) {
   if (!isCaptureMode(mode)) return CUDA_ERROR_INVALID_VALUE;
   // The legacy NULL stream synchronises with every other: it cannot be captured.
@@ -83,11 +91,7 @@ CUresult StreamCaptures::end(std::uint64_t stream, std::unique_ptr<Graph>& graph
   bool unjoined = false;
   for (const auto& [joined, back] : capture->joined) unjoined = unjoined || !back;
   // Either way the capture is over: every stream it held goes back to normal.
-  for (auto it = streams_.begin(); it != streams_.end();) {
-    it = it->second == capture ? streams_.erase(it) : std::next(it);
-  }
-  countLocked();
-  std::erase_if(events_, [&](const auto& entry) { return entry.second.capture == capture; });
+  releaseLocked(capture);
   if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   if (unjoined) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
   graph = std::move(capture->graph);
@@ -213,10 +217,7 @@ void StreamCaptures::streamGone(std::uint64_t stream) {
   if (std::shared_ptr<Capture> capture = captureOfLocked(stream)) {
     if (capture->origin == stream) {
       // The capture cannot be ended any more: every stream it held is released.
-      for (auto it = streams_.begin(); it != streams_.end();) {
-        it = it->second == capture ? streams_.erase(it) : std::next(it);
-      }
-      std::erase_if(events_, [&](const auto& entry) { return entry.second.capture == capture; });
+      releaseLocked(capture);
     } else {
       streams_.erase(stream);
       capture->joined.erase(stream);

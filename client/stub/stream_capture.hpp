@@ -149,6 +149,8 @@ private:
   };
   std::shared_ptr<Capture> captureOfLocked(std::uint64_t stream) const;
   void invalidateLocked(Capture& capture);
+  // Ends `capture`: every stream it held stops capturing, its events stop marking it.
+  void releaseLocked(const std::shared_ptr<Capture>& capture);
   // After any change to streams_: keeps the count the lock-free check below reads.
   void countLocked() { capturing_.store(streams_.size(), std::memory_order_release); }
 
