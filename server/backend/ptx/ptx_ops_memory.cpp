@@ -5,6 +5,7 @@
 // space; a miss is CUDA_ERROR_ILLEGAL_ADDRESS and a misaligned access
 // CUDA_ERROR_MISALIGNED_ADDRESS, as on a GPU.
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <sstream>
@@ -181,6 +182,60 @@ inline void storeValue(std::byte* where, std::uint64_t value) {
       .store(static_cast<Word<Bytes>>(value), std::memory_order_relaxed);
 }
 
+// A vector access (ld.v2, st.v4, ...) is one memory access on a GPU: another thread never sees
+// half of an aligned access of up to 16 bytes. CUB's decoupled look-back (Thrust's scans) reads a
+// tile's status and value together with one ld.v2/ld.v4 and relies on it. Where other threads
+// may race (global memory, shared with every block and with the host; generic addresses, which
+// may name it), the whole vector moves in one atomic of its width, 16 bytes at most at a time
+// (libatomic's 16-byte access, a single SSE move on processors with AVX). Shared, local and
+// parameter memory belong to one block, whose warps take turns by instruction, so they need not.
+template <Space S>
+inline constexpr bool kMayRace = S == Space::kGlobal || S == Space::kGeneric;
+
+constexpr unsigned kMaxVectorBytes = 32;  // ld.v4.b64
+
+enum class Direction { kLoad, kStore };
+
+// One piece of a vector access: a relaxed atomic of W's width between memory and the buffer.
+template <typename W, Direction D>
+inline void movePiece(std::byte* memory, std::byte* buffer) {
+  std::atomic_ref<W> word(*reinterpret_cast<W*>(memory));
+  if constexpr (D == Direction::kLoad) {
+    const W value = word.load(std::memory_order_relaxed);
+    std::memcpy(buffer, &value, sizeof value);
+  } else {
+    W value;
+    std::memcpy(&value, buffer, sizeof value);
+    word.store(value, std::memory_order_relaxed);
+  }
+}
+
+// Moves a whole vector of `total` bytes between memory and the buffer in single-copy-atomic
+// pieces; false when `memory` is not aligned for that (the caller then goes element by element).
+template <Direction D>
+inline bool moveVectorAtOnce(std::byte* memory, std::byte* buffer, unsigned total) {
+  if (reinterpret_cast<std::uintptr_t>(memory) % std::min(total, 16u) != 0) return false;
+  switch (total) {
+    case 2:
+      movePiece<std::uint16_t, D>(memory, buffer);
+      return true;
+    case 4:
+      movePiece<std::uint32_t, D>(memory, buffer);
+      return true;
+    case 8:
+      movePiece<std::uint64_t, D>(memory, buffer);
+      return true;
+    case 16:
+    case 32:
+      for (unsigned offset = 0; offset < total; offset += 16) {
+        movePiece<unsigned __int128, D>(memory + offset, buffer + offset);
+      }
+      return true;
+    default:
+      return false;
+  }
+}
+
 // ld: op[0..vector-1] destinations, op[4] the address base.
 template <unsigned Bytes, bool Signed, Space S>
 bool loadHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
@@ -191,6 +246,18 @@ bool loadHandler(ExecContext& context, const Instruction& instruction, std::uint
     const std::uint64_t address = addressOf(instruction, base, lane);
     const std::byte* where = translate(context, S, address, total, total, lane, false);
     if (where == nullptr) return false;
+    if constexpr (kMayRace<S>) {
+      alignas(16) std::byte whole[kMaxVectorBytes];
+      if (vector > 1 &&
+          moveVectorAtOnce<Direction::kLoad>(const_cast<std::byte*>(where), whole, total)) {
+        for (unsigned v = 0; v < vector; ++v) {
+          Word<Bytes> element;
+          std::memcpy(&element, whole + v * Bytes, Bytes);
+          context.row(instruction.op[v])[lane] = extended<Bytes, Signed>(element);
+        }
+        return true;
+      }
+    }
     for (unsigned v = 0; v < vector; ++v) {
       context.row(instruction.op[v])[lane] = loadValue<Bytes, Signed>(where + v * Bytes);
     }
@@ -208,6 +275,17 @@ bool storeHandler(ExecContext& context, const Instruction& instruction, std::uin
     const std::uint64_t address = addressOf(instruction, base, lane);
     std::byte* where = translate(context, S, address, total, total, lane, true);
     if (where == nullptr) return false;
+    if constexpr (kMayRace<S>) {
+      if (vector > 1) {
+        alignas(16) std::byte whole[kMaxVectorBytes];
+        for (unsigned v = 0; v < vector; ++v) {
+          // Little-endian: an element is the low bytes of its register.
+          const auto element = static_cast<Word<Bytes>>(context.row(instruction.op[v])[lane]);
+          std::memcpy(whole + v * Bytes, &element, Bytes);
+        }
+        if (moveVectorAtOnce<Direction::kStore>(where, whole, total)) return true;
+      }
+    }
     for (unsigned v = 0; v < vector; ++v) {
       storeValue<Bytes>(where + v * Bytes, context.row(instruction.op[v])[lane]);
     }

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "server/backend/ptx/ptx_frontend.hpp"
@@ -391,6 +394,79 @@ TEST(PtxInterpreter, WorkersShareTheBlocksOfALaunch) {
   ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
   EXPECT_EQ(std::count(data.begin(), data.end(), 0xabcdu), static_cast<std::ptrdiff_t>(kCount));
 #endif
+}
+
+// A vector access to global memory is one access, as on a GPU: another thread never sees half of
+// it. CUB's decoupled look-back (Thrust's scan) reads a tile's status and value together with one
+// ld.v2/ld.v4 and relies on this. The host writes whole 16-byte words while the kernel reads them
+// (ld.v4 and ld.v2), and reads whole words while the kernel writes them (st.v4).
+TEST(PtxInterpreter, VectorAccessesToGlobalMemoryAreNeverTorn) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 slot, .param .u64 sink, .param .u64 torn, .param .u32 n)
+{
+  .reg .pred %p<6>;
+  .reg .b32 %r<16>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [slot];
+  ld.param.u64 %rd2, [sink];
+  ld.param.u64 %rd3, [torn];
+  ld.param.u32 %r1, [n];
+  mov.u32 %r2, 0;
+  mov.u32 %r3, 0;
+$loop:
+  ld.global.v4.u32 {%r4, %r5, %r6, %r7}, [%rd1];
+  setp.ne.u32 %p1, %r4, %r7;
+  setp.ne.u32 %p2, %r5, %r6;
+  or.pred %p3, %p1, %p2;
+  ld.global.v2.u32 {%r8, %r9}, [%rd1];
+  setp.ne.u32 %p4, %r8, %r9;
+  or.pred %p3, %p3, %p4;
+  selp.u32 %r10, 1, 0, %p3;
+  add.u32 %r3, %r3, %r10;
+  st.global.v4.u32 [%rd2], {%r2, %r2, %r2, %r2};
+  add.u32 %r2, %r2, 1;
+  setp.lt.u32 %p5, %r2, %r1;
+  @%p5 bra $loop;
+  st.global.u32 [%rd3], %r3;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  using Word = unsigned __int128;
+  alignas(16) std::array<std::uint32_t, 4> slot{};
+  alignas(16) std::array<std::uint32_t, 4> sink{};
+  std::uint32_t kernelSawTorn = 0;
+  harness.addRange(slot.data(), sizeof slot);
+  harness.addRange(sink.data(), sizeof sink);
+  harness.addRange(&kernelSawTorn, sizeof kernelSawTorn);
+
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> writes{0};
+  std::uint64_t hostSawTorn = 0;
+  std::thread host([&] {
+    auto* slotWord = reinterpret_cast<Word*>(slot.data());
+    auto* sinkWord = reinterpret_cast<Word*>(sink.data());
+    for (std::uint32_t k = 1; !stop.load(std::memory_order_relaxed); ++k) {
+      const std::array<std::uint32_t, 4> same{k, k, k, k};
+      Word value;
+      std::memcpy(&value, same.data(), sizeof value);
+      __atomic_store_n(slotWord, value, __ATOMIC_RELAXED);
+      const Word seen = __atomic_load_n(sinkWord, __ATOMIC_RELAXED);
+      std::array<std::uint32_t, 4> parts;
+      std::memcpy(parts.data(), &seen, sizeof seen);
+      if (parts[0] != parts[3] || parts[1] != parts[2]) ++hostSawTorn;
+      writes.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  while (writes.load(std::memory_order_relaxed) < 1000) std::this_thread::yield();
+  const LaunchOutcome outcome =
+      harness.launch("k", {1, 1, 1}, {1, 1, 1},
+                     {address(slot.data()), address(sink.data()), address(&kernelSawTorn), 200000});
+  stop = true;
+  host.join();
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(kernelSawTorn, 0u);
+  EXPECT_EQ(hostSawTorn, 0u);
 }
 
 }  // namespace
