@@ -84,6 +84,13 @@ TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {
   EXPECT_NE(result.output.find("thrust_algorithms: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, AsynchronousCopiesToSharedMemoryGiveTheHostsResults) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("async_copies"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("async-copies: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("curand_uniform"));

@@ -82,9 +82,10 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   expectDaemonStillServes();
 }
 
-// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, tensor cores, cp.async or
-// clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that would run with a wrong
-// answer), and the daemon's log names the first such instruction and its kernel.
+// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, tensor cores, mbarrier
+// objects (cuda::barrier) or clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that
+// would run with a wrong answer), and the daemon's log names the first such instruction and its
+// kernel.
 TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
   if (chainedCudaBackend()) {
     GTEST_SKIP() << "what the sim cannot run is the sim's to refuse; the cuda backend hands every "
@@ -96,7 +97,7 @@ TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
       {"surface_write", "'sust.b.2d.b32.trap' (textures and surfaces)"},
       {"tensor_core_tile",
        "'wmma.load.a.sync.aligned.row.m16n16k16.global.f16' (tensor-core instructions)"},
-      {"async_copy", "'cp.async.ca.shared.global' (cp.async"},
+      {"barrier_copy", "'mbarrier.init.shared.b64' (mbarrier objects"},
       {"cluster_exchange", "uses .explicitcluster"},
   };
   const std::string log = daemon_.log();

@@ -214,7 +214,7 @@ Type arithmeticType(std::string_view opcode) {
 
 bool isMemoryOpcode(std::string_view base) {
   return anyOf(base, {"ld", "ldu", "st", "atom", "red", "cvta", "isspacep", "prefetch", "prefetchu",
-                      "membar", "fence", "discard", "applypriority", "createpolicy"});
+                      "membar", "fence", "discard", "applypriority", "createpolicy", "cp"});
 }
 
 bool isWarpOpcode(std::string_view base) {
@@ -241,8 +241,9 @@ std::string_view unsupportedFamily(std::string_view opcode) {
   if (startsWith("cp.async.bulk") || startsWith("cp.reduce.async.bulk") || base == "tensormap") {
     return "TMA (bulk asynchronous copies)";
   }
-  if (startsWith("cp.async")) return "cp.async (asynchronous copies to shared memory)";
-  if (base == "mbarrier") return "mbarrier objects (asynchronous transaction barriers)";
+  if (base == "mbarrier" || startsWith("cp.async.mbarrier")) {
+    return "mbarrier objects (asynchronous transaction barriers)";
+  }
   if (startsWith("barrier.cluster") ||
       anyOf(base, {"mapa", "getctarank", "clusterlaunchcontrol"}) ||
       opcode.find(".shared::cluster") != std::string_view::npos) {

@@ -536,6 +536,50 @@ bool createPolicyHandler(ExecContext& context, const Instruction& instruction, s
   return true;
 }
 
+// cp.async: a copy from global to shared memory that the thread waits for later
+// (cp.async.wait_group/wait_all). The sim copies at once, which is one of the orders the program
+// must already allow: the shared memory is the copy's from issue until the wait, and the source
+// is not read again. op[4]/immediate the shared destination, op[5]/extra the global source,
+// width the copy's size; op[1] what to read of the source (bytes, or a predicate "ignore it"),
+// the rest is zero-filled.
+constexpr std::uint8_t kSourceBase32 = 2;
+
+enum class CopySource { kWhole, kBytes, kIgnoredWhen };
+
+template <CopySource Source>
+bool copyAsyncHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
+  const std::uint64_t* destinationBase = context.row(instruction.op[4]);
+  const std::uint64_t* sourceBase = context.row(instruction.op[5]);
+  const unsigned bytes = instruction.width;
+  return forLanesUntil(mask, [&](std::uint32_t lane) {
+    const std::uint64_t destination = addressOf(instruction, destinationBase, lane);
+    std::uint64_t source = sourceBase[lane];
+    if ((instruction.flags & kSourceBase32) != 0) source = static_cast<std::uint32_t>(source);
+    source += static_cast<std::uint64_t>(static_cast<std::int32_t>(instruction.extra));
+    unsigned sourceBytes = bytes;
+    if constexpr (Source == CopySource::kBytes) {
+      sourceBytes = static_cast<unsigned>(
+          std::min<std::uint64_t>(context.row(instruction.op[1])[lane] & 0xffffffffu, bytes));
+    } else if constexpr (Source == CopySource::kIgnoredWhen) {
+      if ((context.preds[instruction.op[1]] >> lane) & 1u) sourceBytes = 0;
+    }
+    std::byte* to = translate(context, Space::kShared, destination, bytes, bytes, lane, true);
+    if (to == nullptr) return false;
+    alignas(16) std::byte copied[16] = {};
+    if (sourceBytes > 0) {
+      std::byte* from = translate(context, Space::kGlobal, source, sourceBytes, bytes, lane, false);
+      if (from == nullptr) return false;
+      if (sourceBytes < bytes || !moveVectorAtOnce<Direction::kLoad>(from, copied, bytes)) {
+        for (unsigned i = 0; i < sourceBytes; ++i) {
+          movePiece<std::uint8_t, Direction::kLoad>(from + i, copied + i);
+        }
+      }
+    }
+    std::memcpy(to, copied, bytes);  // the block's own shared memory: no other thread races
+    return true;
+  });
+}
+
 bool bindAddress(Instruction& instruction, const Operand& operand, Space space,
                  OperandResolver& resolver) {
   const std::optional<OperandResolver::Address> address = resolver.address(operand, space);
@@ -543,6 +587,74 @@ bool bindAddress(Instruction& instruction, const Operand& operand, Space space,
   instruction.op[4] = address->row;
   instruction.immediate = address->offset;
   if (address->base32) instruction.flags |= kBase32;
+  return true;
+}
+
+// cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size | ignore-src}{, policy}
+// and its group operations. (cp.async.bulk and cp.async.mbarrier.arrive are refused by name, with
+// TMA and mbarrier objects.)
+bool bindCopyAsync(const ParsedInstruction& parsed, Qualifiers& qualifiers,
+                   OperandResolver& resolver, Instruction& instruction, bool& unsupported) {
+  const std::vector<Operand>& operands = parsed.operands;
+  if (!qualifiers.take("async")) {
+    return unsupportedBinding(resolver, unsupported,
+                              "an instruction the interpreter does not know");
+  }
+  if (qualifiers.take("commit_group") || qualifiers.take("wait_all")) {
+    if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+    instruction.handler = &nopHandler;  // every copy is done when it is issued
+    return true;
+  }
+  if (qualifiers.take("wait_group")) {
+    if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+    if (!expectOperands(parsed, 1, resolver)) return false;
+    instruction.handler = &nopHandler;
+    return true;
+  }
+  const bool cacheHint = qualifiers.take("L2::cache_hint");
+  qualifiers.takeAny({"ca", "cg"});
+  qualifiers.takeAny({"L2::64B", "L2::128B", "L2::256B"});
+  if (!(qualifiers.take("shared") || qualifiers.take("shared::cta")) ||
+      !qualifiers.take("global")) {
+    return bindError(resolver, "cp.async copies from .global to .shared");
+  }
+  if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+  const std::size_t count = operands.size() - (cacheHint ? 1 : 0);
+  if (operands.size() < 3 || count < 3 || count > 4) {
+    return bindError(resolver, "cp.async takes [dst], [src], cp-size and an optional src-size");
+  }
+  if (operands[2].kind != Operand::Kind::kInteger ||
+      (operands[2].integer != 4 && operands[2].integer != 8 && operands[2].integer != 16)) {
+    return bindError(resolver, "cp.async copies 4, 8 or 16 bytes");
+  }
+  instruction.width = static_cast<std::uint8_t>(operands[2].integer);
+  instruction.flow = Flow::kMemory;
+  instruction.space = static_cast<std::uint8_t>(Space::kShared);
+  if (!bindAddress(instruction, operands[0], Space::kShared, resolver)) return false;
+  const std::optional<OperandResolver::Address> source =
+      resolver.address(operands[1], Space::kGlobal);
+  if (!source) return false;
+  if (source->offset < INT32_MIN || source->offset > INT32_MAX) {
+    return bindError(resolver, "cp.async source offset out of range");
+  }
+  instruction.op[5] = source->row;
+  instruction.extra = static_cast<std::uint32_t>(static_cast<std::int32_t>(source->offset));
+  if (source->base32) instruction.flags |= kSourceBase32;
+  if (count == 3) {
+    instruction.handler = &copyAsyncHandler<CopySource::kWhole>;
+    return true;
+  }
+  // The fourth operand: src-size (an integer) or ignore-src (a predicate).
+  const Operand& what = operands[3];
+  if (what.kind == Operand::Kind::kRegister && resolver.predicate(what) != kNoPredicate) {
+    if (what.negated) return bindError(resolver, "cp.async's ignore-src cannot be negated");
+    if (!bindPredicate(instruction, 1, what, resolver)) return false;
+    instruction.handler = &copyAsyncHandler<CopySource::kIgnoredWhen>;
+    return true;
+  }
+  resolver.error().clear();  // not a predicate: a byte count
+  if (!bindSource(instruction, 1, what, Type::kU32, resolver)) return false;
+  instruction.handler = &copyAsyncHandler<CopySource::kBytes>;
   return true;
 }
 
@@ -644,6 +756,8 @@ bool bindMemory(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     }
     return true;
   }
+
+  if (base == "cp") return bindCopyAsync(parsed, qualifiers, resolver, instruction, unsupported);
 
   qualifiers.takeOrderingAndHints();
   const Space space = qualifiers.takeSpace();

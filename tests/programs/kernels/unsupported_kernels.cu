@@ -2,7 +2,7 @@
 // written the way CUDA C++ asks for it. Built once per class (-DUNSUPPORTED_<CLASS>), because a
 // module is refused whole at its first unsupported instruction.
 #include <cooperative_groups.h>
-#include <cuda_pipeline.h>
+#include <cuda/barrier>
 #include <mma.h>
 
 #if defined(UNSUPPORTED_TEXTURE)
@@ -25,13 +25,16 @@ extern "C" __global__ void tensor_core_tile(const half* a, const half* b, float*
   wmma::mma_sync(fc, fa, fb, fc);
   wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
 }
-#elif defined(UNSUPPORTED_CP_ASYNC)
-extern "C" __global__ void async_copy(const float* in, float* out) {
+#elif defined(UNSUPPORTED_MBARRIER)
+// An asynchronous copy that completes on a cuda::barrier (an mbarrier object in shared memory).
+extern "C" __global__ void barrier_copy(const float* in, float* out) {
   __shared__ float tile[256];
-  __pipeline_memcpy_async(&tile[threadIdx.x], &in[threadIdx.x], sizeof(float));
-  __pipeline_commit();
-  __pipeline_wait_prior(0);
+#pragma nv_diag_suppress static_var_with_dynamic_init
+  __shared__ cuda::barrier<cuda::thread_scope_block> ready;
+  if (threadIdx.x == 0) init(&ready, blockDim.x);
   __syncthreads();
+  cuda::memcpy_async(&tile[threadIdx.x], &in[threadIdx.x], sizeof(float), ready);
+  ready.arrive_and_wait();
   out[threadIdx.x] = tile[255 - threadIdx.x];
 }
 #elif defined(UNSUPPORTED_CLUSTER)

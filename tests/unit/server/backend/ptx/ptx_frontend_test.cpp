@@ -30,9 +30,9 @@ TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
        ".reg .b32 %r<4>; .reg .f32 %f<8>;\n"
        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%f0, %f1, %f2, %f3}, {%r0, %r1}, "
        "{%r2}, {%f4, %f5, %f6, %f7};"},
-      {"cp.async.ca.shared.global",
-       ".reg .b32 %r<2>; .reg .b64 %rd<2>;\n"
-       "cp.async.ca.shared.global [%r1], [%rd1], 16;"},
+      {"cp.async.mbarrier.arrive.shared.b64",
+       ".reg .b32 %r<2>;\n"
+       "cp.async.mbarrier.arrive.shared.b64 [%r1];"},
       {"ldmatrix.sync.aligned.m8n8.x1.shared.b16",
        ".reg .b32 %r<3>;\n"
        "ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%r2];"},
@@ -110,11 +110,9 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
        "stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r5], {%r1};"},
       {"movmatrix.sync.aligned.m8n8.trans.b16", "tensor-core instructions",
        "movmatrix.sync.aligned.m8n8.trans.b16 %r1, %r2;"},
-      // Asynchronous copies.
-      {"cp.async.cg.shared.global", "cp.async", "cp.async.cg.shared.global [%r1], [%rd1], 16;"},
-      {"cp.async.commit_group", "cp.async", "cp.async.commit_group;"},
-      {"cp.async.wait_group", "cp.async", "cp.async.wait_group 0;"},
-      {"cp.async.wait_all", "cp.async", "cp.async.wait_all;"},
+      // Asynchronous copies that complete on an mbarrier object.
+      {"cp.async.mbarrier.arrive.noinc.shared.b64", "mbarrier",
+       "cp.async.mbarrier.arrive.noinc.shared.b64 [%r1];"},
       // TMA and the barriers it completes on.
       {"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "TMA",
        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1], 256, "
@@ -176,10 +174,10 @@ TEST(PtxFrontend, TheFirstUnsupportedInstructionIsNamed) {
   const DecodeResult first = decode(kernel(
       "k",
       ".reg .b32 %r<4>; .reg .b64 %rd<2>;\n"
-      "cp.async.ca.shared.global [%r1], [%rd1], 4;\nldmatrix.sync.aligned.m8n8.x1.shared.b16 "
+      "mbarrier.init.shared.b64 [%r1], 4;\nldmatrix.sync.aligned.m8n8.x1.shared.b16 "
       "{%r1}, [%r2];"));
   EXPECT_EQ(first.status, CUDA_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(first.message.find("cp.async.ca.shared.global"), std::string::npos) << first.message;
+  EXPECT_NE(first.message.find("mbarrier.init.shared.b64"), std::string::npos) << first.message;
   EXPECT_EQ(first.message.find("ldmatrix"), std::string::npos) << first.message;
   EXPECT_NE(first.message.find("line 7"), std::string::npos) << first.message;
   const DecodeResult inFunction = decode(

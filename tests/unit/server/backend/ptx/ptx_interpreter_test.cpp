@@ -469,5 +469,82 @@ $loop:
   EXPECT_EQ(hostSawTorn, 0u);
 }
 
+// cp.async (compute capability 8.0): copies to shared memory of 4, 8 and 16 bytes, a source size
+// smaller than the copy (the rest zero-filled), a predicate that ignores the source, a cache
+// hint; the group operations wait for them.
+TEST(PtxInterpreter, AsynchronousCopiesToSharedMemory) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 in, .param .u64 out)
+{
+  .shared .align 16 .b8 staged[64];
+  .reg .pred %p<2>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [in];
+  ld.param.u64 %rd2, [out];
+  mov.u32 %r1, staged;
+  mov.u32 %r2, 6;
+  setp.eq.u32 %p1, %r2, 6;
+  createpolicy.fractional.L2::evict_last.b64 %rd3, 1.0;
+  cp.async.ca.shared.global [%r1], [%rd1], 4;
+  cp.async.ca.shared.global [%r1+8], [%rd1+8], 8, 8;
+  cp.async.cg.shared.global [%r1+16], [%rd1+16], 16, %r2;
+  cp.async.cg.shared.global.L2::cache_hint [%r1+32], [%rd1+32], 16, %rd3;
+  cp.async.ca.shared.global [%r1+48], [%rd1+48], 16, %p1;
+  cp.async.commit_group;
+  cp.async.wait_group 0;
+  cp.async.wait_all;
+  ld.shared.v4.u32 {%r3, %r4, %r5, %r6}, [%r1];
+  st.global.v4.u32 [%rd2], {%r3, %r4, %r5, %r6};
+  ld.shared.v4.u32 {%r3, %r4, %r5, %r6}, [%r1+16];
+  st.global.v4.u32 [%rd2+16], {%r3, %r4, %r5, %r6};
+  ld.shared.v4.u32 {%r3, %r4, %r5, %r6}, [%r1+32];
+  st.global.v4.u32 [%rd2+32], {%r3, %r4, %r5, %r6};
+  ld.shared.v4.u32 {%r3, %r4, %r5, %r6}, [%r1+48];
+  st.global.v4.u32 [%rd2+48], {%r3, %r4, %r5, %r6};
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  alignas(16) std::array<std::uint8_t, 64> in;
+  std::iota(in.begin(), in.end(), std::uint8_t{1});
+  alignas(16) std::array<std::uint8_t, 64> out;
+  out.fill(0xee);
+  harness.addRange(in.data(), in.size());
+  harness.addRange(out.data(), out.size());
+  const LaunchOutcome outcome =
+      harness.launch("k", {1, 1, 1}, {1, 1, 1}, {address(in.data()), address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  std::array<std::uint8_t, 64> expected{};
+  for (unsigned i = 0; i < 4; ++i) expected[i] = in[i];         // 4 bytes
+  for (unsigned i = 4; i < 8; ++i) expected[i] = out[i];        // not copied: whatever was there
+  for (unsigned i = 8; i < 16; ++i) expected[i] = in[i];        // 8 bytes
+  for (unsigned i = 16; i < 22; ++i) expected[i] = in[i];       // 6 of 16, then zeros
+  for (unsigned i = 32; i < 48; ++i) expected[i] = in[i];       // 16 bytes, cache hint
+  EXPECT_EQ(std::vector<std::uint8_t>(out.begin(), out.end()),  // 16 ignored: zeros
+            std::vector<std::uint8_t>(expected.begin(), expected.end()));
+}
+
+// A cp.async whose source is not the client's memory faults like a load.
+TEST(PtxInterpreter, AnAsynchronousCopyFromForeignMemoryFaults) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 in)
+{
+  .shared .align 16 .b8 staged[16];
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [in];
+  mov.u32 %r1, staged;
+  cp.async.cg.shared.global [%r1], [%rd1], 16;
+  cp.async.wait_all;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {0x1000});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(outcome.faultAddress, 0x1000u);
+}
+
 }  // namespace
 }  // namespace gpuproxy::server::ptx
