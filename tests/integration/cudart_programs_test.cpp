@@ -91,6 +91,13 @@ TEST_P(CudartPrograms, AsynchronousCopiesToSharedMemoryGiveTheHostsResults) {
   EXPECT_NE(result.output.find("async-copies: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, TensorCoreTilesGiveTheHostsProducts) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("tensor_cores"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("tensor-cores: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("curand_uniform"));

@@ -96,7 +96,7 @@ TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
       {"texture_sample", "'tex.2d.v4.f32.f32' (textures and surfaces)"},
       {"surface_write", "'sust.b.2d.b32.trap' (textures and surfaces)"},
       {"tensor_core_tile",
-       "'wmma.load.a.sync.aligned.row.m16n16k16.global.f16' (tensor-core instructions)"},
+       "'mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32' (tensor-core instructions)"},
       {"barrier_copy", "'mbarrier.init.shared.b64' (mbarrier objects"},
       {"cluster_exchange", "uses .explicitcluster"},
   };

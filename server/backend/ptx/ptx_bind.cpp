@@ -234,8 +234,7 @@ std::string_view unsupportedFamily(std::string_view opcode) {
   if (anyOf(base, {"tex", "tld4", "txq", "suld", "sust", "sured", "suq", "istypep"})) {
     return "textures and surfaces";
   }
-  if (anyOf(base,
-            {"mma", "wmma", "wgmma", "bmma", "ldmatrix", "stmatrix", "movmatrix", "tcgen05"})) {
+  if (anyOf(base, {"mma", "wgmma", "bmma", "ldmatrix", "stmatrix", "movmatrix", "tcgen05"})) {
     return "tensor-core instructions";
   }
   if (startsWith("cp.async.bulk") || startsWith("cp.reduce.async.bulk") || base == "tensormap") {
@@ -283,6 +282,7 @@ bool bindInstruction(const ParsedInstruction& parsed, OperandResolver& resolver,
     return bindMemory(parsed, qualifiers, resolver, instruction, unsupported);
   }
   if (isWarpOpcode(base)) return bindWarp(parsed, qualifiers, resolver, instruction, unsupported);
+  if (base == "wmma") return bindMatrix(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "mov") return bindMove(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "cvt") return bindConvert(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "selp" || base == "slct") {

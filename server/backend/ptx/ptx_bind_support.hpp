@@ -89,6 +89,9 @@ bool bindMove(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandRe
               Instruction& instruction, bool& unsupported);
 bool bindControl(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                  Instruction& instruction, bool& unsupported);
+// wmma (ptx_ops_matrix.cpp).
+bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
+                Instruction& instruction, bool& unsupported);
 
 // setp/set: the optional .and/.or/.xor and its predicate, the parsed operand at `combineIndex`
 // (op[3]; flags bits 0-2 as compareHandler reads them).

@@ -1033,7 +1033,7 @@ private:
     const std::string_view base = opcode.substr(0, opcode.find('.'));
     static constexpr std::string_view kSkipped[] = {
         "tex",      "tld4",     "txq",      "suld",      "sust",
-        "sured",    "suq",      "istypep",  "mma",       "wmma",
+        "sured",    "suq",      "istypep",  "mma",
         "wgmma",    "ldmatrix", "stmatrix", "movmatrix", "tensormap",
         "multimem", "mbarrier", "brx",      "tcgen05",   "clusterlaunchcontrol"};
     // cp.async's operands are addresses and sizes; its bulk (TMA) forms take tensor tuples.
@@ -1483,6 +1483,11 @@ public:
     const auto found = symbols_.functions.find(std::string(name));
     if (found == symbols_.functions.end()) return std::nullopt;
     return found->second;
+  }
+
+  std::uint32_t matrixOperation(MatrixOperation operation) override {
+    function_.matrixOperations.push_back(std::move(operation));
+    return static_cast<std::uint32_t>(function_.matrixOperations.size() - 1);
   }
 
   std::optional<std::uint32_t> callSite(const ParsedInstruction& call, std::uint32_t callee,

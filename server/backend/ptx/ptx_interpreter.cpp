@@ -1087,7 +1087,10 @@ BlockRunner::Step BlockRunner::runGroup(Warp& warp, std::size_t index, int& budg
           return Step::kReschedule;
         }
         context_.groupMask = mask;
-        instruction.handler(context_, instruction, exec);
+        if (!instruction.handler(context_, instruction, exec)) {  // wmma.load/store may fault
+          save();
+          return faultAt(instruction, warp, exec);
+        }
         executed += static_cast<std::uint64_t>(std::popcount(exec));
         ++pc;
         continue;

@@ -113,6 +113,28 @@ struct CallSite {
   std::vector<Slot> results;
 };
 
+// A warp's matrix instruction (wmma.load, wmma.store, wmma.mma): its fragments are more registers
+// than an Instruction holds, so they live here, found by the instruction's `extra`.
+enum class MatrixElement : std::uint8_t { kF16, kBf16, kTf32, kF32, kF64, kS8, kU8, kS32 };
+
+struct MatrixOperation {
+  enum class Kind : std::uint8_t { kLoad, kStore, kMultiplyAccumulate };
+  Kind kind = Kind::kLoad;
+  std::uint8_t m = 0;  // the shape: A is m x k, B k x n, C and D m x n
+  std::uint8_t n = 0;
+  std::uint8_t k = 0;
+  // kLoad/kStore: which matrix ('a', 'b', 'c' or 'd'), its layout in memory and its stride (a
+  // row holding it in elements, or kNoRegister for the layout's default); the address is the
+  // instruction's op[4] + immediate in instruction.space, as for ld/st.
+  char matrix = 'a';
+  bool rowMajor = true;
+  std::uint32_t stride = kNoRegister;
+  bool saturate = false;  // kMultiplyAccumulate: .satfinite
+  // kLoad/kStore: fragments[0] and elements[0]; kMultiplyAccumulate: d, a, b, c.
+  MatrixElement elements[4] = {};
+  std::vector<std::uint32_t> fragments[4];
+};
+
 struct KernelParameter {
   std::string name;
   std::uint32_t offset = 0;
@@ -144,6 +166,7 @@ struct Function {
   std::uint32_t localBytes = 0;  // its .local variables (stack frame)
   std::uint32_t localAlignment = 8;
   std::vector<CallSite> callSites;
+  std::vector<MatrixOperation> matrixOperations;
   // Kernels only.
   std::vector<KernelParameter> kernelParameters;
   std::uint32_t kernelParameterBytes = 0;

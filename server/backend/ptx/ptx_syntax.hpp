@@ -106,6 +106,8 @@ public:
   // A function by name, or nullopt.
   virtual std::optional<std::uint32_t> function(std::string_view name) = 0;
   // A call site from the call's operands (results, callee, arguments, optional prototype).
+  // Keeps a matrix instruction's operands with the function; its index.
+  virtual std::uint32_t matrixOperation(MatrixOperation operation) = 0;
   virtual std::optional<std::uint32_t> callSite(const ParsedInstruction& call, std::uint32_t callee,
                                                 bool indirect) = 0;
   // A hidden per-lane row for the carry flag of add.cc and friends.

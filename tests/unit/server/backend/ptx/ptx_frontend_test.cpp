@@ -97,9 +97,11 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
       {"mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", "tensor-core instructions",
        "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%rd1, %rd2}, {%rd3}, {%rd4}, "
        "{%rd1, %rd2};"},
-      {"wmma.load.a.sync.aligned.row.m16n16k16.global.f16", "tensor-core instructions",
-       "wmma.load.a.sync.aligned.row.m16n16k16.global.f16 {%r1, %r2, %r3, %r4, %r5, %r6, %r7, "
-       "%r8}, [%rd1], %r1;"},
+      // wmma of sub-byte types (the experimental s4, u4 and b1 fragments).
+      {"wmma.load.a.sync.aligned.row.m8n8k32.s4", "tensor-core instructions",
+       "wmma.load.a.sync.aligned.row.m8n8k32.s4 {%r1}, [%rd1], %r2;"},
+      {"wmma.mma.sync.aligned.row.col.m8n8k32.s32.s4.s4.s32", "tensor-core instructions",
+       "wmma.mma.sync.aligned.row.col.m8n8k32.s32.s4.s4.s32 {%r1, %r2}, {%r3}, {%r4}, {%r5, %r6};"},
       {"wgmma.fence.sync.aligned", "tensor-core instructions", "wgmma.fence.sync.aligned;"},
       {"wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", "tensor-core instructions",
        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%f1, %f2, %f3, %f4}, %rd1, %rd2, 1, "

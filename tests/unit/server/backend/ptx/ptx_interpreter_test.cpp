@@ -12,6 +12,7 @@
 
 #include "server/backend/ptx/ptx_frontend.hpp"
 #include "server/backend/ptx/ptx_interpreter.hpp"
+#include "server/backend/ptx/ptx_numeric.hpp"
 
 #if __has_include("test_kernels_ptx.hpp")
 #include "test_kernels_ptx.hpp"
@@ -544,6 +545,57 @@ TEST(PtxInterpreter, AnAsynchronousCopyFromForeignMemoryFaults) {
   const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {0x1000});
   EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS);
   EXPECT_EQ(outcome.faultAddress, 0x1000u);
+}
+
+// wmma: a warp loads f16 tiles of A (row-major) and B (column-major) and an f32 C, multiplies and
+// accumulates, and stores D over C; a load from memory that is not the client's faults.
+TEST(PtxInterpreter, TensorCoreTilesMultiplyAsTheHostDoes) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry tile(.param .u64 a, .param .u64 b, .param .u64 c)
+{
+  .reg .f32 %f<17>;
+  .reg .b32 %r<18>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [a];
+  ld.param.u64 %rd2, [b];
+  ld.param.u64 %rd3, [c];
+  mov.u32 %r1, 16;
+  wmma.load.a.sync.aligned.row.m16n16k16.global.f16 {%r2, %r3, %r4, %r5, %r6, %r7, %r8, %r9}, [%rd1], %r1;
+  wmma.load.b.sync.aligned.col.m16n16k16.global.f16 {%r10, %r11, %r12, %r13, %r14, %r15, %r16, %r17}, [%rd2], %r1;
+  wmma.load.c.sync.aligned.row.m16n16k16.global.f32 {%f1, %f2, %f3, %f4, %f5, %f6, %f7, %f8}, [%rd3], %r1;
+  wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 {%f9, %f10, %f11, %f12, %f13, %f14, %f15, %f16}, {%r2, %r3, %r4, %r5, %r6, %r7, %r8, %r9}, {%r10, %r11, %r12, %r13, %r14, %r15, %r16, %r17}, {%f1, %f2, %f3, %f4, %f5, %f6, %f7, %f8};
+  wmma.store.d.sync.aligned.row.m16n16k16.global.f32 [%rd3], {%f9, %f10, %f11, %f12, %f13, %f14, %f15, %f16}, %r1;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  // Small integers: f16 holds them exactly, and their products sum exactly in f32.
+  auto value = [](int i, int salt) { return static_cast<float>((i * 7 + salt) % 9 - 4); };
+  std::vector<std::uint16_t> a(256), b(256);
+  std::vector<float> c(256);
+  for (int i = 0; i < 256; ++i) {
+    a[static_cast<std::size_t>(i)] = toHalf(value(i, 1));
+    b[static_cast<std::size_t>(i)] = toHalf(value(i, 2));
+    c[static_cast<std::size_t>(i)] = value(i, 3);
+  }
+  const std::vector<float> before = c;
+  harness.addRange(a);
+  harness.addRange(b);
+  harness.addRange(c);
+  const LaunchOutcome outcome = harness.launch(
+      "tile", {1, 1, 1}, {32, 1, 1}, {address(a.data()), address(b.data()), address(c.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  for (int row = 0; row < 16; ++row) {
+    for (int column = 0; column < 16; ++column) {
+      float expected = before[static_cast<std::size_t>(row * 16 + column)];
+      for (int k = 0; k < 16; ++k) expected += value(row * 16 + k, 1) * value(column * 16 + k, 2);
+      EXPECT_EQ(c[static_cast<std::size_t>(row * 16 + column)], expected) << row << "," << column;
+    }
+  }
+  const LaunchOutcome foreign =
+      harness.launch("tile", {1, 1, 1}, {32, 1, 1}, {0x1000, address(b.data()), address(c.data())});
+  EXPECT_EQ(foreign.status, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_NE(foreign.message.find("wmma.load.a"), std::string::npos) << foreign.message;
 }
 
 }  // namespace
