@@ -82,8 +82,8 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   expectDaemonStillServes();
 }
 
-// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, tensor cores, mbarrier
-// objects (cuda::barrier) or clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that
+// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, tensor cores (mma.sync) or
+// clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that
 // would run with a wrong answer), and the daemon's log names the first such instruction and its
 // kernel.
 TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
@@ -97,7 +97,6 @@ TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
       {"surface_write", "'sust.b.2d.b32.trap' (textures and surfaces)"},
       {"tensor_core_tile",
        "'mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32' (tensor-core instructions)"},
-      {"barrier_copy", "'mbarrier.init.shared.b64' (mbarrier objects"},
       {"cluster_exchange", "uses .explicitcluster"},
   };
   const std::string log = daemon_.log();

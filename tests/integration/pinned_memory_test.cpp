@@ -183,7 +183,7 @@ TEST_F(PinnedTenants, RegisteredHostMemoryCountsAgainstTheLimit) {
   auto second =
       daemon_->runClientOn(alpha_, "pinned_probe", {"hold-registered", std::to_string(4 * kMiB)});
   EXPECT_EQ(answers(second.output)["cuMemHostRegister"], "CUDA_ERROR_OUT_OF_MEMORY")
-      << second.output << second.errors;
+      << second.output << second.errors << daemon_->logs();
   auto status = daemon_->status();
   EXPECT_EQ(tenantNamed(status, "alpha")["pinned_memory_used"], 6 * kMiB) << status.dump(2);
   holder->signal(SIGKILL);

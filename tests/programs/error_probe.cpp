@@ -13,7 +13,6 @@
 
 #include "test_kernels_ptx.hpp"
 #include "unsupported_cluster_ptx.hpp"
-#include "unsupported_mbarrier_ptx.hpp"
 #include "unsupported_surface_ptx.hpp"
 #include "unsupported_tensor_cores_ptx.hpp"
 #include "unsupported_texture_ptx.hpp"
@@ -233,7 +232,6 @@ int main(int argc, char** argv) {
         {"cuModuleLoadData(texture_sample)", gpuproxy::testing::kUnsupportedTexturePtx},
         {"cuModuleLoadData(surface_write)", gpuproxy::testing::kUnsupportedSurfacePtx},
         {"cuModuleLoadData(tensor_core_tile)", gpuproxy::testing::kUnsupportedTensorCoresPtx},
-        {"cuModuleLoadData(barrier_copy)", gpuproxy::testing::kUnsupportedMbarrierPtx},
         {"cuModuleLoadData(cluster_exchange)", gpuproxy::testing::kUnsupportedClusterPtx},
     };
     for (const auto& [check, image] : modules) {

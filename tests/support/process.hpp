@@ -109,6 +109,11 @@ public:
   // SIGTERM and wait: the daemon's exit status.
   ExitStatus stop();
   std::string log() const { return process_->errors(); }
+  // For failure messages: the daemon's log and, with the chained cuda backend, the upstream sim
+  // daemon's after it.
+  std::string logs() const {
+    return upstream_ ? log() + "\n--- upstream gpuproxyd ---\n" + upstream_->errors() : log();
+  }
 
   // The environment a client needs to reach this daemon through the stub.
   std::map<std::string, std::string> clientEnvironment() const;

@@ -240,9 +240,6 @@ std::string_view unsupportedFamily(std::string_view opcode) {
   if (startsWith("cp.async.bulk") || startsWith("cp.reduce.async.bulk") || base == "tensormap") {
     return "TMA (bulk asynchronous copies)";
   }
-  if (base == "mbarrier" || startsWith("cp.async.mbarrier")) {
-    return "mbarrier objects (asynchronous transaction barriers)";
-  }
   if (startsWith("barrier.cluster") ||
       anyOf(base, {"mapa", "getctarank", "clusterlaunchcontrol"}) ||
       opcode.find(".shared::cluster") != std::string_view::npos) {
@@ -283,6 +280,9 @@ bool bindInstruction(const ParsedInstruction& parsed, OperandResolver& resolver,
   }
   if (isWarpOpcode(base)) return bindWarp(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "wmma") return bindMatrix(parsed, qualifiers, resolver, instruction, unsupported);
+  if (base == "mbarrier") {
+    return bindAsyncBarrier(parsed, qualifiers, resolver, instruction, unsupported);
+  }
   if (base == "mov") return bindMove(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "cvt") return bindConvert(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "selp" || base == "slct") {

@@ -89,6 +89,9 @@ bool bindMove(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandRe
               Instruction& instruction, bool& unsupported);
 bool bindControl(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                  Instruction& instruction, bool& unsupported);
+// mbarrier and cp.async.mbarrier.arrive (ptx_ops_barrier.cpp).
+bool bindAsyncBarrier(const ParsedInstruction& parsed, Qualifiers& qualifiers,
+                      OperandResolver& resolver, Instruction& instruction, bool& unsupported);
 // wmma (ptx_ops_matrix.cpp).
 bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                 Instruction& instruction, bool& unsupported);

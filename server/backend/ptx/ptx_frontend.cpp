@@ -1035,7 +1035,7 @@ private:
         "tex",      "tld4",     "txq",      "suld",      "sust",
         "sured",    "suq",      "istypep",  "mma",
         "wgmma",    "ldmatrix", "stmatrix", "movmatrix", "tensormap",
-        "multimem", "mbarrier", "brx",      "tcgen05",   "clusterlaunchcontrol"};
+        "multimem", "brx",      "tcgen05",   "clusterlaunchcontrol"};
     // cp.async's operands are addresses and sizes; its bulk (TMA) forms take tensor tuples.
     if (base == "cp")
       return !opcode.starts_with("cp.async.") || opcode.starts_with("cp.async.bulk");

@@ -591,8 +591,8 @@ bool bindAddress(Instruction& instruction, const Operand& operand, Space space,
 }
 
 // cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size | ignore-src}{, policy}
-// and its group operations. (cp.async.bulk and cp.async.mbarrier.arrive are refused by name, with
-// TMA and mbarrier objects.)
+// and its group operations. (cp.async.mbarrier.arrive is ptx_ops_barrier.cpp's; cp.async.bulk is
+// refused by name, with the rest of TMA.)
 bool bindCopyAsync(const ParsedInstruction& parsed, Qualifiers& qualifiers,
                    OperandResolver& resolver, Instruction& instruction, bool& unsupported) {
   const std::vector<Operand>& operands = parsed.operands;
@@ -757,7 +757,12 @@ bool bindMemory(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     return true;
   }
 
-  if (base == "cp") return bindCopyAsync(parsed, qualifiers, resolver, instruction, unsupported);
+  if (base == "cp") {
+    if (parsed.opcode.starts_with("cp.async.mbarrier.")) {
+      return bindAsyncBarrier(parsed, qualifiers, resolver, instruction, unsupported);
+    }
+    return bindCopyAsync(parsed, qualifiers, resolver, instruction, unsupported);
+  }
 
   qualifiers.takeOrderingAndHints();
   const Space space = qualifiers.takeSpace();

@@ -6,12 +6,15 @@
 //     current one is summed): 4-byte copies, commit and wait by stage;
 //   - __pipeline_memcpy_async of 16-byte pieces whose last one runs past the end of the input
 //     and is zero-filled (the copy's source size smaller than its size);
-//   - cooperative_groups::memcpy_async of a whole tile by the block, then cooperative_groups::wait.
+//   - cooperative_groups::memcpy_async of a whole tile by the block, then cooperative_groups::wait;
+//   - copies that complete on a cuda::barrier (an mbarrier object), the barrier reused round after
+//     round, with split arrive and wait; threads that leave with arrive_and_drop.
 
 #include <cooperative_groups.h>
 #include <cooperative_groups/memcpy_async.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
+#include <cuda/barrier>
 #include <cuda/pipeline>
 
 #include <cmath>
@@ -82,6 +85,51 @@ __global__ void reverseTiles(const float* in, float* out) {
   out[blockIdx.x * kTile + threadIdx.x] = tile[kTile - 1 - threadIdx.x];
 }
 
+// Block b reads `rounds` tiles through one barrier: each round's copies complete on it, every
+// thread reads a neighbour's element, and a split arrive/wait keeps the tile from being overwritten
+// before all have read it. out[b * kTile + t] is thread t's sum.
+__global__ void roundsThroughABarrier(const float* in, float* out, int rounds) {
+  __shared__ float tile[kTile];
+#pragma nv_diag_suppress static_var_with_dynamic_init
+  __shared__ cuda::barrier<cuda::thread_scope_block> ready;
+  const int t = threadIdx.x;
+  if (t == 0) init(&ready, blockDim.x);
+  __syncthreads();
+  float sum = 0.0f;
+  for (int round = 0; round < rounds; ++round) {
+    cuda::memcpy_async(&tile[t], &in[(blockIdx.x * rounds + round) * kTile + t], sizeof(float),
+                       ready);
+    ready.arrive_and_wait();
+    sum += tile[(t + round + 1) % kTile];
+    cuda::barrier<cuda::thread_scope_block>::arrival_token token = ready.arrive();
+    ready.wait(std::move(token));
+  }
+  out[blockIdx.x * kTile + t] = sum;
+}
+
+// Odd threads leave at once (arrive_and_drop); the even ones count three rounds through the
+// barrier, which from then on waits for them only. out[b] is what thread 0 counted.
+__global__ void leavingTheBarrier(int* out) {
+  __shared__ int counter;
+#pragma nv_diag_suppress static_var_with_dynamic_init
+  __shared__ cuda::barrier<cuda::thread_scope_block> step;
+  const int t = threadIdx.x;
+  if (t == 0) {
+    init(&step, blockDim.x);
+    counter = 0;
+  }
+  __syncthreads();
+  if (t % 2 == 1) {
+    (void)step.arrive_and_drop();
+    return;
+  }
+  for (int round = 0; round < 3; ++round) {
+    atomicAdd(&counter, 1);
+    step.arrive_and_wait();
+  }
+  if (t == 0) out[blockIdx.x] = counter;
+}
+
 int main() {
   constexpr int kTiles = 37, kBlocks = 8;
   std::vector<float> input(kTiles * kTile);
@@ -136,6 +184,34 @@ int main() {
     }
   }
   std::printf("block-wide copies: %d tiles reversed\n", kTiles);
+
+  const int rounds = kTiles / kBlocks;
+  roundsThroughABarrier<<<kBlocks, kTile>>>(in, out, rounds);
+  CHECK(cudaGetLastError());
+  std::vector<float> barrierSums(kBlocks * kTile);
+  CHECK(cudaMemcpy(barrierSums.data(), out, barrierSums.size() * sizeof(float),
+                   cudaMemcpyDeviceToHost));
+  for (int b = 0; b < kBlocks; ++b) {
+    for (int t = 0; t < kTile; ++t) {
+      float expected = 0.0f;
+      for (int round = 0; round < rounds; ++round) {
+        expected += input[(b * rounds + round) * kTile + (t + round + 1) % kTile];
+      }
+      EXPECT(barrierSums[b * kTile + t] == expected,
+             "rounds through a barrier, block %d, thread %d: %f, expected %f", b, t,
+             barrierSums[b * kTile + t], expected);
+    }
+  }
+  leavingTheBarrier<<<kBlocks, kTile>>>(reinterpret_cast<int*>(out));
+  CHECK(cudaGetLastError());
+  std::vector<int> counted(kBlocks);
+  CHECK(cudaMemcpy(counted.data(), out, counted.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  for (int b = 0; b < kBlocks; ++b) {
+    EXPECT(counted[b] == 3 * kTile / 2, "block %d counted %d through the barrier, expected %d", b,
+           counted[b], 3 * kTile / 2);
+  }
+  std::printf("cuda::barrier: %d rounds of copies, split arrive and wait, arrive_and_drop\n",
+              rounds);
 
   CHECK(cudaFree(in));
   CHECK(cudaFree(out));

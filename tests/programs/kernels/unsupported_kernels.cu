@@ -2,8 +2,6 @@
 // written the way CUDA C++ asks for it. Built once per class (-DUNSUPPORTED_<CLASS>), because a
 // module is refused whole at its first unsupported instruction.
 #include <cooperative_groups.h>
-#include <cuda/barrier>
-#include <mma.h>
 
 #if defined(UNSUPPORTED_TEXTURE)
 extern "C" __global__ void texture_sample(cudaTextureObject_t texture, float* out) {
@@ -26,18 +24,6 @@ extern "C" __global__ void tensor_core_tile(const unsigned* a, const unsigned* b
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
   for (int i = 0; i < 4; ++i) c[threadIdx.x * 4 + i] = d[i];
-}
-#elif defined(UNSUPPORTED_MBARRIER)
-// An asynchronous copy that completes on a cuda::barrier (an mbarrier object in shared memory).
-extern "C" __global__ void barrier_copy(const float* in, float* out) {
-  __shared__ float tile[256];
-#pragma nv_diag_suppress static_var_with_dynamic_init
-  __shared__ cuda::barrier<cuda::thread_scope_block> ready;
-  if (threadIdx.x == 0) init(&ready, blockDim.x);
-  __syncthreads();
-  cuda::memcpy_async(&tile[threadIdx.x], &in[threadIdx.x], sizeof(float), ready);
-  ready.arrive_and_wait();
-  out[threadIdx.x] = tile[255 - threadIdx.x];
 }
 #elif defined(UNSUPPORTED_CLUSTER)
 extern "C" __global__ void __cluster_dims__(2, 1, 1) cluster_exchange(int* out) {

@@ -30,9 +30,9 @@ TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
        ".reg .b32 %r<4>; .reg .f32 %f<8>;\n"
        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%f0, %f1, %f2, %f3}, {%r0, %r1}, "
        "{%r2}, {%f4, %f5, %f6, %f7};"},
-      {"cp.async.mbarrier.arrive.shared.b64",
+      {"mbarrier.expect_tx.relaxed.cta.shared.b64",
        ".reg .b32 %r<2>;\n"
-       "cp.async.mbarrier.arrive.shared.b64 [%r1];"},
+       "mbarrier.expect_tx.relaxed.cta.shared.b64 [%r1], 256;"},
       {"ldmatrix.sync.aligned.m8n8.x1.shared.b16",
        ".reg .b32 %r<3>;\n"
        "ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%r2];"},
@@ -112,9 +112,6 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
        "stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r5], {%r1};"},
       {"movmatrix.sync.aligned.m8n8.trans.b16", "tensor-core instructions",
        "movmatrix.sync.aligned.m8n8.trans.b16 %r1, %r2;"},
-      // Asynchronous copies that complete on an mbarrier object.
-      {"cp.async.mbarrier.arrive.noinc.shared.b64", "mbarrier",
-       "cp.async.mbarrier.arrive.noinc.shared.b64 [%r1];"},
       // TMA and the barriers it completes on.
       {"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "TMA",
        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1], 256, "
@@ -125,7 +122,10 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
       {"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32", "TMA",
        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%rd1], [%r1], 256;"},
       {"cp.async.bulk.commit_group", "TMA", "cp.async.bulk.commit_group;"},
-      {"mbarrier.init.shared::cta.b64", "mbarrier", "mbarrier.init.shared::cta.b64 [%r1], 32;"},
+      {"mbarrier.complete_tx.shared::cta.b64", "mbarrier",
+       "mbarrier.complete_tx.shared::cta.b64 [%r1], 32;"},
+      {"mbarrier.arrive.shared::cluster.b64", "thread-block clusters",
+       "mbarrier.arrive.shared::cluster.b64 _, [%r1];"},
       {"mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier",
        "mbarrier.arrive.expect_tx.shared::cta.b64 %rd1, [%r1], 256;"},
       {"tensormap.replace.tile.global_address.global.b1024.b64", "TMA",
@@ -173,13 +173,14 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
 
 // The first unsupported instruction is the one named, and a device function is named as such.
 TEST(PtxFrontend, TheFirstUnsupportedInstructionIsNamed) {
-  const DecodeResult first = decode(kernel(
-      "k",
-      ".reg .b32 %r<4>; .reg .b64 %rd<2>;\n"
-      "mbarrier.init.shared.b64 [%r1], 4;\nldmatrix.sync.aligned.m8n8.x1.shared.b16 "
-      "{%r1}, [%r2];"));
+  const DecodeResult first = decode(
+      kernel("k",
+             ".reg .b32 %r<4>; .reg .b64 %rd<2>;\n"
+             "mbarrier.expect_tx.shared.b64 [%r1], 4;\nldmatrix.sync.aligned.m8n8.x1.shared.b16 "
+             "{%r1}, [%r2];"));
   EXPECT_EQ(first.status, CUDA_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(first.message.find("mbarrier.init.shared.b64"), std::string::npos) << first.message;
+  EXPECT_NE(first.message.find("mbarrier.expect_tx.shared.b64"), std::string::npos)
+      << first.message;
   EXPECT_EQ(first.message.find("ldmatrix"), std::string::npos) << first.message;
   EXPECT_NE(first.message.find("line 7"), std::string::npos) << first.message;
   const DecodeResult inFunction = decode(

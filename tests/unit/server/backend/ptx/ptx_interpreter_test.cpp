@@ -598,5 +598,88 @@ TEST(PtxInterpreter, TensorCoreTilesMultiplyAsTheHostDoes) {
   EXPECT_NE(foreign.message.find("wmma.load.a"), std::string::npos) << foreign.message;
 }
 
+// mbarrier objects: every thread of two warps arrives and waits for the phase (warps take turns
+// while they spin); the parity forms see phase 0 complete; the arrival state carries the pending
+// count; then warp 1 leaves with arrive_drop and warp 0 completes two phases on its own. Waits are
+// bounded, so a phase that never completes is a wrong answer rather than a hang.
+TEST(PtxInterpreter, MbarrierPhasesCompleteWhenEveryExpectedThreadArrived) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .shared .align 8 .b64 bar;
+  .reg .pred %p<4>;
+  .reg .b32 %r<12>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [out];
+  mov.u32 %r1, %tid.x;
+  mul.wide.u32 %rd4, %r1, 16;
+  add.u64 %rd5, %rd1, %rd4;
+  setp.ne.u32 %p1, %r1, 0;
+  @%p1 bra $ready;
+  mbarrier.init.shared.b64 [bar], 64;
+$ready:
+  bar.sync 0;
+  mov.u32 %r9, 0;
+  mbarrier.arrive.shared.b64 %rd2, [bar];
+$wait0:
+  add.u32 %r9, %r9, 1;
+  setp.gt.u32 %p1, %r9, 100000;
+  @%p1 bra $fail;
+  mbarrier.test_wait.shared.b64 %p2, [bar], %rd2;
+  @!%p2 bra $wait0;
+  mbarrier.try_wait.parity.shared.b64 %p3, [bar], 0;
+  selp.u32 %r2, 1, 0, %p3;
+  mbarrier.test_wait.parity.shared.b64 %p3, [bar], 1;
+  selp.u32 %r3, 2, 0, %p3;
+  or.b32 %r2, %r2, %r3;
+  mbarrier.pending_count.b64 %r4, %rd2;
+  st.global.v2.u32 [%rd5], {%r2, %r4};
+  setp.ge.u32 %p1, %r1, 32;
+  @%p1 bra $leave;
+  mov.u32 %r9, 0;
+  mbarrier.arrive.shared.b64 %rd3, [bar];
+$wait1:
+  add.u32 %r9, %r9, 1;
+  setp.gt.u32 %p1, %r9, 100000;
+  @%p1 bra $fail;
+  mbarrier.test_wait.shared.b64 %p2, [bar], %rd3;
+  @!%p2 bra $wait1;
+  mov.u32 %r9, 0;
+  mbarrier.arrive.shared.b64 %rd3, [bar];
+$wait2:
+  add.u32 %r9, %r9, 1;
+  setp.gt.u32 %p1, %r9, 100000;
+  @%p1 bra $fail;
+  mbarrier.try_wait.shared.b64 %p2, [bar], %rd3;
+  @!%p2 bra $wait2;
+  st.global.u32 [%rd5+8], 7;
+  ret;
+$leave:
+  mbarrier.arrive_drop.shared.b64 _, [bar];
+  st.global.u32 [%rd5+8], 9;
+  ret;
+$fail:
+  st.global.u32 [%rd5+8], 666;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(64 * 4, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {64, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  std::vector<std::uint32_t> pending;
+  for (std::uint32_t t = 0; t < 64; ++t) {
+    EXPECT_EQ(out[t * 4], 1u) << "parity seen by thread " << t;
+    pending.push_back(out[t * 4 + 1]);
+    EXPECT_EQ(out[t * 4 + 2], t < 32 ? 7u : 9u) << "how thread " << t << " ended";
+  }
+  // The threads arrived one after another (in whatever order): each saw one arrival fewer pending.
+  std::sort(pending.begin(), pending.end());
+  std::vector<std::uint32_t> oneToSixtyFour(64);
+  std::iota(oneToSixtyFour.begin(), oneToSixtyFour.end(), 1u);
+  EXPECT_EQ(pending, oneToSixtyFour);
+}
+
 }  // namespace
 }  // namespace gpuproxy::server::ptx
