@@ -5,6 +5,7 @@
 // data, so this works before cuInit and needs no daemon.
 
 #include <cuda.h>
+#include <cudaProfiler.h>
 
 #include <cstddef>
 #include <cstring>

@@ -75,6 +75,9 @@ struct ContextRecord {
   // Changes whenever the daemon drops the context's resources (destroy, primary reset or final
   // release), so that per-thread caches notice that their streams are gone.
   std::uint64_t generation = 0;
+  // cuCtxSetCacheConfig's preference: a hint the backends may ignore, kept so that
+  // cuCtxGetCacheConfig answers what was set.
+  int cacheConfig = CU_FUNC_CACHE_PREFER_NONE;
 };
 
 // What cuLaunchKernel needs to know about a CUfunction without asking the daemon.
@@ -177,6 +180,15 @@ public:
   }
   void addContext(std::uint64_t context, ContextRecord record);
   std::optional<ContextRecord> context(std::uint64_t context) const;
+  // Changes a known context's record; false when there is none.
+  template <typename Change>
+  bool updateContext(std::uint64_t context, Change&& change) {
+    std::lock_guard lock(tablesMutex_);
+    auto found = contexts_.find(context);
+    if (found == contexts_.end()) return false;
+    change(found->second);
+    return true;
+  }
   // The primary context of `device` this process has retained before, if any.
   std::optional<std::uint64_t> primaryContext(std::uint32_t device) const;
   // Drops the context's streams, events, modules and functions; `destroyed` also drops the

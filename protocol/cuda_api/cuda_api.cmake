@@ -1,5 +1,5 @@
-# The CUDA driver API surface, generated at build time from the toolkit's cuda.h and
-# cudaTypedefs.h by gen.py: one table, no hand-kept lists that can drift
+# The CUDA driver API surface, generated at build time from the toolkit's cuda.h, cudaProfiler.h and
+# their PFN typedef headers by gen.py: one table, no hand-kept lists that can drift
 # (docs/adding-a-cuda-call.md).
 # Included from protocol/ and client/stub/; the functions find gen.py relative to this file.
 
@@ -45,6 +45,7 @@ function(gpuproxy_generate_cuda_api out_dir)
       ${placeholders_flag}
     DEPENDS ${api_dir}/gen.py ${api_dir}/implemented.txt
       ${GPUPROXY_CUDA_INCLUDE_DIR}/cuda.h ${GPUPROXY_CUDA_INCLUDE_DIR}/cudaTypedefs.h
+      ${GPUPROXY_CUDA_INCLUDE_DIR}/cudaProfiler.h ${GPUPROXY_CUDA_INCLUDE_DIR}/cudaProfilerTypedefs.h
     COMMENT "Generating the CUDA driver API surface from cuda.h"
     VERBATIM)
   set(${ARG_GENERATED_SOURCES} ${sources} PARENT_SCOPE)

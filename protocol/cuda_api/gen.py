@@ -10,10 +10,11 @@ variant) and the CUresult name/description table. No hand-kept lists that can dr
 Inputs:
   * cuda.h, preprocessed twice with the C compiler: plain (what applications see) and with
     __CUDA_API_VERSION_INTERNAL (which also declares the legacy unversioned symbols and the
-    _ptds/_ptsz variants). The union of the non-static `CUresult name(params);` declarations is
-    the exported surface.
-  * cudaTypedefs.h: its PFN_<base>_v<version>[_ptds|_ptsz] typedefs say which CUDA version
-    introduced each ABI variant of a base name.
+    _ptds/_ptsz variants). It is reached through cudaProfiler.h, which includes it and declares
+    the profiler control functions libcuda.so.1 also exports (cuProfilerStart/Stop). The union of
+    the non-static `CUresult name(params);` declarations is the exported surface.
+  * cudaTypedefs.h and cudaProfilerTypedefs.h: their PFN_<base>_v<version>[_ptds|_ptsz]
+    typedefs say which CUDA version introduced each ABI variant of a base name.
   * implemented.txt: the symbols written by hand in client/stub/.
 
 Only the Python standard library is used.
@@ -380,7 +381,7 @@ def render_entry_points(decls: dict[str, str], names: list[str], comment: str,
     lines = [HEADER_LINE, comment,
              "// Compiled with __CUDA_API_VERSION_INTERNAL so each definition must match the",
              "// prototype cuda.h gives that symbol: a mismatch is a compile error.",
-             "#include <cuda.h>", "", '#include "client/stub/export.hpp"',
+             "#include <cuda.h>", "#include <cudaProfiler.h>", "", '#include "client/stub/export.hpp"',
              '#include "client/stub/unsupported.hpp"', "", undef_block(names)]
     for n in names:
         lines.append(f"GPUPROXY_EXPORT {attr}CUresult {n}({unused_params(decls[n])}) {{\n"
@@ -456,9 +457,11 @@ def main() -> int:
     if not args.cc or not args.implemented:
         raise GenError("--cc and --implemented are required unless --result-table-only")
 
-    plain = parse_declarations(preprocess(args.cc, cuda_h, args.cuda_include, []))
+    # cudaProfiler.h includes cuda.h: one pass sees the whole surface libcuda.so.1 exports.
+    surface_h = args.cuda_include / "cudaProfiler.h"
+    plain = parse_declarations(preprocess(args.cc, surface_h, args.cuda_include, []))
     internal = parse_declarations(
-        preprocess(args.cc, cuda_h, args.cuda_include, ["-D__CUDA_API_VERSION_INTERNAL"]))
+        preprocess(args.cc, surface_h, args.cuda_include, ["-D__CUDA_API_VERSION_INTERNAL"]))
     decls = dict(plain)
     decls.update(internal)  # the stub is compiled in internal mode: use its spelling
     if len(decls) < MIN_EXPECTED_FUNCTIONS:
@@ -472,7 +475,8 @@ def main() -> int:
 
     names = sorted(decls)
     warnings: list[str] = []
-    pfn = parse_pfn_versions((args.cuda_include / "cudaTypedefs.h").read_text())
+    pfn = parse_pfn_versions((args.cuda_include / "cudaTypedefs.h").read_text() +
+                             (args.cuda_include / "cudaProfilerTypedefs.h").read_text())
     bases = build_proc_table(names, pfn, warnings)
 
     unsupported = [n for n in names if n not in implemented_set]

@@ -54,8 +54,8 @@ TEST_P(CudartPrograms, DeviceQueryAgreesWithStatus) {
 
 TEST_P(CudartPrograms, EverydayRuntimeCallsGiveTheGpusResults) {
   Daemon daemon;
-  for (const char* mode :
-       {"vectors", "streams", "pinned", "symbols", "malloc-async", "memory-pool", "copies-3d"}) {
+  for (const char* mode : {"vectors", "streams", "pinned", "symbols", "malloc-async", "memory-pool",
+                           "copies-3d", "hints"}) {
     RunResult result = daemon.runClient(program("cudart_checks"), {mode});
     EXPECT_TRUE(result.status.exitedWith(0)) << mode << "\n" << describe(result, daemon);
     EXPECT_NE(result.output.find(std::string(mode) + ": PASSED"), std::string::npos)
@@ -75,6 +75,15 @@ TEST_P(CudartPrograms, SeveralDevicesThreadsAndADeviceReset) {
   RunResult result = daemon.runClient(program("cudart_checks"), {"devices"});
   ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
   EXPECT_NE(result.output.find("2 devices, reset, 4 threads"), std::string::npos) << result.output;
+}
+
+TEST_P(CudartPrograms, CopiesBetweenDevicesGoThroughTheHostWithoutPeerAccess) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  RunResult result = daemon.runClient(program("cudart_checks"), {"peer-copies"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("peer-copies: PASSED"), std::string::npos) << result.output;
 }
 
 TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {

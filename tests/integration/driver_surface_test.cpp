@@ -278,6 +278,28 @@ TEST_F(DriverSurface, LaunchKernelExRunsPlainLaunchesAndRefusesTheRest) {
                  {"launch-ex-null", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
+TEST_F(DriverSurface, HintsAreKeptAndNoDeviceReachesAnothersMemory) {
+  expectAnswers({{"ctx-cache-config-set", "CUDA_SUCCESS"},
+                 {"ctx-cache-config", "2"},  // CU_FUNC_CACHE_PREFER_L1
+                 {"ctx-cache-config-unknown", "CUDA_ERROR_INVALID_VALUE"},
+                 {"ctx-shared-config-set", "CUDA_SUCCESS"},
+                 {"ctx-shared-config", "1"},  // CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+                 {"persisting-l2-reset", "CUDA_SUCCESS"},
+                 {"profiler-start", "CUDA_SUCCESS"},
+                 {"profiler-stop", "CUDA_SUCCESS"},
+                 {"profiler-start-without-context", "CUDA_ERROR_INVALID_CONTEXT"},
+                 {"can-access-peer", "CUDA_SUCCESS"},
+                 {"can-access-peer-value", "0"},
+                 {"can-access-peer-bad-device", "CUDA_ERROR_INVALID_DEVICE"},
+                 {"p2p-attribute-same-device", "CUDA_ERROR_INVALID_DEVICE"},
+                 {"enable-peer-access", "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"},
+                 {"enable-peer-access-flags", "CUDA_ERROR_INVALID_VALUE"},
+                 {"disable-peer-access", "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED"},
+                 {"peer-copy", "CUDA_SUCCESS"},
+                 {"peer-copy-arrived", "yes"},
+                 {"peer-copy-bad-context", "CUDA_ERROR_INVALID_CONTEXT"}});
+}
+
 TEST_F(DriverSurface, StreamsNotCapturingSaySoAndHaveIds) {
   expectAnswers({{"is-capturing", "CUDA_SUCCESS"},
                  {"is-capturing-status", "0"},

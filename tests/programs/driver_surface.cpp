@@ -8,6 +8,7 @@
 //   driver_surface
 
 #include <cuda.h>
+#include <cudaProfiler.h>
 
 #include "test_kernels_ptx.hpp"
 
@@ -686,6 +687,62 @@ void streamQueries() {
   MUST(cuStreamDestroy(second));
 }
 
+// Preferences read back, the profiler switches, peer access (none through gpuproxy) and a peer copy
+// within one device.
+void hintsAndPeers() {
+  report("ctx-cache-config-set", cuCtxSetCacheConfig(CU_FUNC_CACHE_PREFER_L1));
+  CUfunc_cache cache = CU_FUNC_CACHE_PREFER_NONE;
+  MUST(cuCtxGetCacheConfig(&cache));
+  reportNumber("ctx-cache-config", cache);
+  report("ctx-cache-config-unknown", cuCtxSetCacheConfig(static_cast<CUfunc_cache>(99)));
+  // Deprecated, and still called by applications: the point of the check.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  report("ctx-shared-config-set",
+         cuCtxSetSharedMemConfig(CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE));
+  CUsharedconfig banks = CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE;
+  MUST(cuCtxGetSharedMemConfig(&banks));
+  reportNumber("ctx-shared-config", banks);
+#pragma GCC diagnostic pop
+  report("persisting-l2-reset", cuCtxResetPersistingL2Cache());
+  report("profiler-start", cuProfilerStart());
+  report("profiler-stop", cuProfilerStop());
+  CUcontext popped = nullptr;
+  MUST(cuCtxPopCurrent(&popped));
+  report("profiler-start-without-context", cuProfilerStart());
+  MUST(cuCtxPushCurrent(popped));
+
+  int canAccess = -1;
+  report("can-access-peer", cuDeviceCanAccessPeer(&canAccess, gDevice, gDevice));
+  reportNumber("can-access-peer-value", canAccess);
+  report("can-access-peer-bad-device", cuDeviceCanAccessPeer(&canAccess, gDevice, 77));
+  int attribute = -1;
+  report("p2p-attribute-same-device",
+         cuDeviceGetP2PAttribute(&attribute, CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, gDevice,
+                                 gDevice));
+  report("enable-peer-access", cuCtxEnablePeerAccess(gContext, 0));
+  report("enable-peer-access-flags", cuCtxEnablePeerAccess(gContext, 1));
+  report("disable-peer-access", cuCtxDisablePeerAccess(gContext));
+
+  const std::size_t bytes = 1 << 20;
+  std::vector<std::uint8_t> pattern(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) pattern[i] = static_cast<std::uint8_t>(i * 7);
+  CUdeviceptr from = 0;
+  CUdeviceptr to = 0;
+  MUST(cuMemAlloc(&from, bytes));
+  MUST(cuMemAlloc(&to, bytes));
+  MUST(cuMemcpyHtoD(from, pattern.data(), bytes));
+  report("peer-copy", cuMemcpyPeer(to, gContext, from, gContext, bytes));
+  std::vector<std::uint8_t> back(bytes);
+  MUST(cuMemcpyDtoH(back.data(), to, bytes));
+  reportYes("peer-copy-arrived", back == pattern);
+  report(
+      "peer-copy-bad-context",
+      cuMemcpyPeer(to, reinterpret_cast<CUcontext>(std::uintptr_t{0x5eed}), from, gContext, bytes));
+  MUST(cuMemFree(from));
+  MUST(cuMemFree(to));
+}
+
 // Managed memory (cuMemAllocManaged) and its hints, with the driver's refusals.
 void managedMemory(CUfunction fillU32) {
   int supported = -1;
@@ -946,6 +1003,7 @@ int main() {
   hostFunctionWaitsForTheApplication();
   launchEx(fillU32);
   streamQueries();
+  hintsAndPeers();
   managedMemory(fillU32);
   graphs(fillU32);
 

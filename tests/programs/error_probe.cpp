@@ -242,17 +242,18 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData(supported)",
            cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   } else if (scenario == "unsupported") {
-    CUcontext context = nullptr;
-    cuCtxGetCurrent(&context);
-    report("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess(context, 0));
+    CUipcEventHandle handle;
+    CUevent event = nullptr;
+    cuEventCreate(&event, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
+    report("cuIpcGetEventHandle", cuIpcGetEventHandle(&handle, event));
     void* function = nullptr;
     CUdriverProcAddressQueryResult status;
-    report("cuGetProcAddress", cuGetProcAddress("cuCtxEnablePeerAccess", &function, CUDA_VERSION,
+    report("cuGetProcAddress", cuGetProcAddress("cuIpcGetEventHandle", &function, CUDA_VERSION,
                                                 CU_GET_PROC_ADDRESS_DEFAULT, &status));
-    using EnablePeerAccess = CUresult (*)(CUcontext, unsigned int);
+    using IpcGetEventHandle = CUresult (*)(CUipcEventHandle*, CUevent);
     if (function != nullptr) {
-      report("cuCtxEnablePeerAccess(proc address)",
-             reinterpret_cast<EnablePeerAccess>(function)(context, 0));
+      report("cuIpcGetEventHandle(proc address)",
+             reinterpret_cast<IpcGetEventHandle>(function)(&handle, event));
     }
   } else if (scenario == "null-pointers") {
     report("cuMemAlloc(null)", cuMemAlloc(nullptr, 16));

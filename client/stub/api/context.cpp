@@ -2,6 +2,7 @@
 // CUDA's per-thread current-context stack and remembers which device each context is on.
 
 #include <cuda.h>
+#include <cudaProfiler.h>
 
 #include <cstddef>
 #include <optional>
@@ -435,5 +436,130 @@ GPUPROXY_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     GPUPROXY_STUB_LOG(kWarn, "cuCtxSetLimit: changing limit %d (to %zu) is not supported",
                       gpuproxy::stub::enumValue(limit), value);
     return CUDA_ERROR_NOT_SUPPORTED;
+  });
+}
+
+// ---- hints and tools the driver may ignore -------------------------------------------------
+// Preferences a GPU may ignore and profiler switches with no profiler attached: checked, kept
+// where a getter answers them, and accepted.
+
+GPUPROXY_EXPORT CUresult cuCtxSetCacheConfig(CUfunc_cache config) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    const int preference = gpuproxy::stub::enumValue(config);
+    if (preference < CU_FUNC_CACHE_PREFER_NONE || preference > CU_FUNC_CACHE_PREFER_EQUAL) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const bool known = runtime.updateContext(
+        currentContext(), [&](ContextRecord& record) { record.cacheConfig = preference; });
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxGetCacheConfig(CUfunc_cache* pconfig) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pconfig == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<ContextRecord> record = runtime.context(currentContext());
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    *pconfig = static_cast<CUfunc_cache>(record->cacheConfig);
+    return CUDA_SUCCESS;
+  });
+}
+
+// Shared-memory banks are four bytes wide on every GPU since Maxwell, whatever is asked for.
+GPUPROXY_EXPORT CUresult cuCtxSetSharedMemConfig(CUsharedconfig config) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    const int banks = gpuproxy::stub::enumValue(config);
+    if (banks < CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE ||
+        banks > CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return runtime.context(currentContext()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxGetSharedMemConfig(CUsharedconfig* pConfig) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pConfig == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
+    *pConfig = CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Nothing is ever made persisting in L2 (the persisting-lines limit is 0).
+GPUPROXY_EXPORT CUresult cuCtxResetPersistingL2Cache() {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return runtime.context(currentContext()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  });
+}
+
+// cudaProfilerStart/Stop around a region of interest: no profiling tool attaches to an
+// application through gpuproxy, so there is nothing to switch, as with the driver when no tool
+// is attached.
+GPUPROXY_EXPORT CUresult cuProfilerStart() {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return runtime.context(currentContext()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuProfilerStop() {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return runtime.context(currentContext()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  });
+}
+
+// ---- peer access ---------------------------------------------------------------------------
+// gpuproxy gives no GPU access to another's memory (each GPU's context is the daemon's, and a
+// client reaches only its own allocations), so every pair of devices answers as GPUs without a
+// peer-to-peer path do: no access, and enabling it is CUDA_ERROR_PEER_ACCESS_UNSUPPORTED.
+// Applications then copy between GPUs through the host, which cuMemcpy does for them.
+
+GPUPROXY_EXPORT CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (runtime.device(dev) == nullptr || runtime.device(peerDev) == nullptr) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    *canAccessPeer = 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib,
+                                                 CUdevice srcDevice, CUdevice dstDevice) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (runtime.device(srcDevice) == nullptr || runtime.device(dstDevice) == nullptr ||
+        srcDevice == dstDevice) {
+      return CUDA_ERROR_INVALID_DEVICE;
+    }
+    switch (gpuproxy::stub::enumValue(attrib)) {
+      case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK:
+      case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED:
+      case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED:
+      case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED:
+      case CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED:
+        *value = 0;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!runtime.context(handleValue(peerContext))) return CUDA_ERROR_INVALID_CONTEXT;
+    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!runtime.context(handleValue(peerContext))) return CUDA_ERROR_INVALID_CONTEXT;
+    return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
   });
 }

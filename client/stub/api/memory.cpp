@@ -40,6 +40,7 @@
 #include "ipc/shared_segment.hpp"
 
 using gpuproxy::protocol::Session;
+using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::NullStream;
@@ -162,6 +163,49 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
   });
 }
 
+// The context of the device allocation holding `pointer`, when it is one device's memory; nullopt
+// for memory every device reaches (pinned, managed) or that is not an allocation.
+std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer) {
+  std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(pointer);
+  if (!range || range->managed) return std::nullopt;
+  return range->context;
+}
+
+// A copy between two GPUs' memory. No GPU reaches another's memory through gpuproxy (there is no
+// peer access), so it goes through the host, as the driver copies between GPUs without a peer
+// path: `target`'s earlier work first, then the source read back in its device's NULL stream
+// (after that device's earlier work, as cuMemcpyPeer is ordered) and written in the
+// destination's, in pieces of at most 64 MiB. The call returns when the copy has completed, which
+// an asynchronous copy may also do.
+CUresult copyBetweenDevices(Runtime& runtime, const StreamTarget& target, CUdeviceptr dst,
+                            std::uint64_t dstContext, CUdeviceptr src, std::uint64_t srcContext,
+                            size_t byteCount) {
+  if (CUresult drained = runtime.commands().synchronize(
+          target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
+      drained != CUDA_SUCCESS) {
+    return drained;
+  }
+  constexpr size_t kPiece = size_t{64} << 20;
+  std::vector<std::byte> bounce(std::min(byteCount, kPiece));
+  const StreamTarget from{srcContext, 0};
+  const StreamTarget to{dstContext, 0};
+  for (size_t done = 0; done < byteCount; done += kPiece) {
+    const size_t bytes = std::min(kPiece, byteCount - done);
+    if (CUresult read = runtime.commands().copyDeviceToHost(from, bounce.data(), src + done, bytes,
+                                                            /*blocking=*/true);
+        read != CUDA_SUCCESS) {
+      return read;
+    }
+    if (CUresult written = runtime.commands().copyHostToDevice(to, dst + done, bounce.data(), bytes,
+                                                               /*blocking=*/true);
+        written != CUDA_SUCCESS) {
+      return written;
+    }
+  }
+  return runtime.commands().synchronize(dstContext, ring::SynchronizeKind::kStream, 0,
+                                        /*query=*/false);
+}
+
 CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                     size_t byteCount, CUstream stream, NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
@@ -174,6 +218,20 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
     if (!deviceReaches(runtime, dstDevice, byteCount) ||
         !deviceReaches(runtime, srcDevice, byteCount)) {
       return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::optional<std::uint64_t> dstContext = allocationContext(runtime, dstDevice);
+    const std::optional<std::uint64_t> srcContext = allocationContext(runtime, srcDevice);
+    if (dstContext && srcContext) {
+      const std::optional<ContextRecord> dstRecord = runtime.context(*dstContext);
+      const std::optional<ContextRecord> srcRecord = runtime.context(*srcContext);
+      if (dstRecord && srcRecord && dstRecord->device != srcRecord->device) {
+        if (std::optional<CUresult> refused =
+                runtime.capturing().captures().unsupported(target.stream)) {
+          return *refused;  // a graph has no node for it
+        }
+        return copyBetweenDevices(runtime, target, dstDevice, *dstContext, srcDevice, *srcContext,
+                                  byteCount);
+      }
     }
     ring::Command command{ring::CopyDeviceToDevice{}};
     auto& copy = std::get<ring::CopyDeviceToDevice>(command);
@@ -798,6 +856,48 @@ GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, s
 GPUPROXY_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice,
                                               size_t ByteCount) {
   return memcpyDtoH(__func__, dstHost, srcDevice, ByteCount, nullptr, NullStream::kPerThread, true);
+}
+
+// cuMemcpyPeer(Async): a copy between two contexts' memory, in the current context's stream (the
+// NULL stream for cuMemcpyPeer); between two GPUs it goes through the host (copyBetweenDevices).
+CUresult memcpyPeer(const char* entryPoint, CUdeviceptr dst, CUcontext dstContext, CUdeviceptr src,
+                    CUcontext srcContext, size_t byteCount, CUstream stream,
+                    NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (!runtime.context(gpuproxy::stub::handleValue(dstContext)) ||
+        !runtime.context(gpuproxy::stub::handleValue(srcContext))) {
+      return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    return memcpyDtoD(entryPoint, dst, src, byteCount, stream, nullStream);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext,
+                                      CUdeviceptr srcDevice, CUcontext srcContext,
+                                      size_t ByteCount) {
+  return memcpyPeer(__func__, dstDevice, dstContext, srcDevice, srcContext, ByteCount, nullptr,
+                    NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext,
+                                           CUdeviceptr srcDevice, CUcontext srcContext,
+                                           size_t ByteCount) {
+  return memcpyPeer(__func__, dstDevice, dstContext, srcDevice, srcContext, ByteCount, nullptr,
+                    NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                                           CUdeviceptr srcDevice, CUcontext srcContext,
+                                           size_t ByteCount, CUstream hStream) {
+  return memcpyPeer(__func__, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream,
+                    NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext,
+                                                CUdeviceptr srcDevice, CUcontext srcContext,
+                                                size_t ByteCount, CUstream hStream) {
+  return memcpyPeer(__func__, dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream,
+                    NullStream::kPerThread);
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,

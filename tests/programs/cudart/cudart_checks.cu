@@ -12,10 +12,15 @@
 //   copies-3d         cudaMallocPitch and cudaMalloc3D memory, 2D and 3D copies of a sub-box
 //   devices           every device from several threads, cudaDeviceReset of one in between,
 //                     module variables written again after the reset
+//   peer-copies       two devices without peer access (as through gpuproxy): the queries say so,
+//                     and copies between them (cudaMemcpyPeer[Async], cudaMemcpy) go through the
+//                     host with the right data
+//   hints             cache and shared-memory preferences read back, the profiler switches
 //   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
 //   out-of-memory N   cudaMalloc of N bytes must fail with cudaErrorMemoryAllocation
 //   hold N            allocates and fills N bytes, prints "holding", then waits to be killed
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -269,6 +274,92 @@ int devices() {
   return 0;
 }
 
+int peerCopies() {
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  EXPECT(count >= 2, "peer-copies needs two devices, found %d", count);
+  int canAccess = -1;
+  CHECK(cudaDeviceCanAccessPeer(&canAccess, 0, 1));
+  EXPECT(canAccess == 0, "device 0 says it can access device 1's memory (%d)", canAccess);
+  int supported = -1;
+  CHECK(cudaDeviceGetP2PAttribute(&supported, cudaDevP2PAttrAccessSupported, 1, 0));
+  EXPECT(supported == 0, "cudaDevP2PAttrAccessSupported is %d", supported);
+  CHECK(cudaSetDevice(0));
+  const cudaError_t enabled = cudaDeviceEnablePeerAccess(1, 0);
+  EXPECT(enabled == cudaErrorPeerAccessUnsupported, "enabling peer access gave %s",
+         cudaGetErrorName(enabled));
+  (void)cudaGetLastError();  // the refusal was the last error: cleared
+
+  // Device 0 fills a buffer with a kernel; copies bring it to device 1 three ways.
+  const int n = 3 << 20;  // 12 MiB of floats
+  std::vector<float> expected(n);
+  for (int i = 0; i < n; ++i) expected[i] = 0.5f * static_cast<float>(i % 4099);
+  float* onZero = nullptr;
+  CHECK(cudaMalloc(&onZero, n * sizeof(float)));
+  CHECK(cudaMemcpy(onZero, expected.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  scaleAndAdd<<<(n + 255) / 256, 256>>>(2.0f, onZero, onZero, n);  // onZero = 3 * expected
+  CHECK(cudaGetLastError());
+  for (float& value : expected) value *= 3.0f;
+  CHECK(cudaSetDevice(1));
+  float* onOne = nullptr;
+  CHECK(cudaMalloc(&onOne, n * sizeof(float)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<float> back(n);
+  auto arrived = [&](const char* how) {
+    if (cudaMemcpy(back.data(), onOne, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::printf("FAILED: reading back after %s\n", how);
+      return false;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (back[i] != expected[i]) {
+        std::printf("FAILED: after %s element %d is %f, expected %f\n", how, i, back[i],
+                    expected[i]);
+        return false;
+      }
+    }
+    return cudaMemset(onOne, 0, n * sizeof(float)) == cudaSuccess;
+  };
+  CHECK(cudaMemcpyPeer(onOne, 1, onZero, 0, n * sizeof(float)));
+  EXPECT(arrived("cudaMemcpyPeer"), "cudaMemcpyPeer");
+  CHECK(cudaMemcpyPeerAsync(onOne, 1, onZero, 0, n * sizeof(float), stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(arrived("cudaMemcpyPeerAsync"), "cudaMemcpyPeerAsync");
+  CHECK(cudaMemcpy(onOne, onZero, n * sizeof(float), cudaMemcpyDefault));
+  EXPECT(arrived("cudaMemcpy(cudaMemcpyDefault)"), "cudaMemcpy");
+  CHECK(cudaMemcpyAsync(onOne, onZero, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(arrived("cudaMemcpyAsync(cudaMemcpyDeviceToDevice)"), "cudaMemcpyAsync");
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(onOne));
+  CHECK(cudaSetDevice(0));
+  CHECK(cudaFree(onZero));
+  std::printf("no peer access; 4 copies of %zu bytes between devices\n", n * sizeof(float));
+  return 0;
+}
+
+int hints() {
+  CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
+  cudaFuncCache cache = cudaFuncCachePreferNone;
+  CHECK(cudaDeviceGetCacheConfig(&cache));
+  EXPECT(cache == cudaFuncCachePreferShared, "cache preference read back as %d",
+         static_cast<int>(cache));
+  const cudaError_t invalid = cudaDeviceSetCacheConfig(static_cast<cudaFuncCache>(42));
+  EXPECT(invalid == cudaErrorInvalidValue, "an unknown cache preference gave %s",
+         cudaGetErrorName(invalid));
+  (void)cudaGetLastError();  // the refusal was the last error: cleared
+  CHECK(cudaFuncSetCacheConfig(scaleAndAdd, cudaFuncCachePreferL1));
+  CHECK(cudaProfilerStart());
+  float* data = nullptr;
+  CHECK(cudaMalloc(&data, 1024 * sizeof(float)));
+  scaleAndAdd<<<4, 256>>>(1.0f, data, data, 1024);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaProfilerStop());
+  CHECK(cudaFree(data));
+  return 0;
+}
+
 int memoryPool() {
   cudaMemPool_t pool = nullptr;
   CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -417,6 +508,8 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "malloc-async") == 0) result = mallocAsync();
   if (std::strcmp(mode, "devices") == 0) result = devices();
   if (std::strcmp(mode, "memory-pool") == 0) result = memoryPool();
+  if (std::strcmp(mode, "peer-copies") == 0) result = peerCopies();
+  if (std::strcmp(mode, "hints") == 0) result = hints();
   if (std::strcmp(mode, "copies-3d") == 0) result = copies3D();
   if (std::strcmp(mode, "bad-launch") == 0) result = badLaunch();
   if (std::strcmp(mode, "out-of-memory") == 0 && argument != nullptr) {
