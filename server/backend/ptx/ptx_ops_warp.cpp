@@ -11,6 +11,14 @@
 namespace gpuproxy::server::ptx {
 namespace {
 
+// The lanes `lane` exchanges with: its member mask (the operand `target` names) among the lanes
+// executing. Lanes of one instruction may name different masks (cooperative_groups tiles: each
+// tile of 16 names its own half of the warp), and each exchange stays within its own.
+inline std::uint32_t membersOf(ExecContext& context, const Instruction& instruction,
+                               std::uint32_t mask, std::uint32_t lane) {
+  return static_cast<std::uint32_t>(context.row(instruction.op[instruction.target])[lane]) & mask;
+}
+
 // shfl.sync.mode.b32 d|p, a, b, c, membermask: op[0] d, op[1] a, op[2] b, op[3] c,
 // op[4] membermask, op[5] p (or none). flags: the mode (0 up, 1 down, 2 bfly, 3 idx).
 template <int Mode>
@@ -69,18 +77,27 @@ template <int Mode>  // 0 all, 1 any, 2 uni, 3 ballot
 bool voteHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
   std::uint32_t a = context.preds[instruction.op[1]];
   if ((instruction.flags & 4) != 0) a = ~a;
-  const std::uint32_t votes = a & mask;
   if (Mode == 3) {
     std::uint64_t* d = context.row(instruction.op[0]);
-    forLanes(mask, [&](std::uint32_t lane) { d[lane] = votes; });
+    std::uint32_t ballots[kWarpSize];
+    forLanes(mask, [&](std::uint32_t lane) {
+      ballots[lane] = a & membersOf(context, instruction, mask, lane);
+    });
+    forLanes(mask, [&](std::uint32_t lane) { d[lane] = ballots[lane]; });
     return true;
   }
-  bool result = false;
-  if (Mode == 0) result = votes == mask;
-  if (Mode == 1) result = votes != 0;
-  if (Mode == 2) result = votes == 0 || votes == mask;
+  std::uint32_t results = 0;
+  forLanes(mask, [&](std::uint32_t lane) {
+    const std::uint32_t members = membersOf(context, instruction, mask, lane);
+    const std::uint32_t votes = a & members;
+    bool result = false;
+    if (Mode == 0) result = votes == members;
+    if (Mode == 1) result = votes != 0;
+    if (Mode == 2) result = votes == 0 || votes == members;
+    results |= static_cast<std::uint32_t>(result) << lane;
+  });
   std::uint32_t& d = context.preds[instruction.op[0]];
-  d = (d & ~mask) | (result ? mask : 0);
+  d = (d & ~mask) | (results & mask);
   return true;
 }
 
@@ -92,32 +109,32 @@ bool matchHandler(ExecContext& context, const Instruction& instruction, std::uin
   const std::uint64_t* a = context.row(instruction.op[1]);
   T values[kWarpSize];
   forLanes(mask, [&](std::uint32_t lane) { values[lane] = static_cast<T>(a[lane]); });
-  std::uint32_t allEqual = mask;
+  std::uint32_t allEqual = 0;  // lanes whose whole member mask holds one value
   std::uint32_t result[kWarpSize];
   forLanes(mask, [&](std::uint32_t lane) {
+    const std::uint32_t members = membersOf(context, instruction, mask, lane);
     std::uint32_t same = 0;
-    forLanes(mask, [&](std::uint32_t other) {
+    forLanes(members, [&](std::uint32_t other) {
       if (values[other] == values[lane]) same |= 1u << other;
     });
-    result[lane] = same;
-    if (same != mask) allEqual = 0;
+    const bool all = same == members;
+    allEqual |= static_cast<std::uint32_t>(all) << lane;
+    result[lane] = All ? (all ? members : 0) : same;
   });
-  forLanes(mask, [&](std::uint32_t lane) { d[lane] = All ? allEqual : result[lane]; });
+  forLanes(mask, [&](std::uint32_t lane) { d[lane] = result[lane]; });
   if (All && instruction.op[5] != kNoRegister) {
     std::uint32_t& p = context.preds[instruction.op[5]];
-    p = (p & ~mask) | (allEqual != 0 ? mask : 0);
+    p = (p & ~mask) | (allEqual & mask);
   }
   return true;
 }
 
-// redux.sync.op.type d, a, membermask (op[0], op[1], op[2]).
-template <typename T, int Op>  // 0 add 1 min 2 max 3 and 4 or 5 xor
-bool reduxHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
-  std::uint64_t* d = context.row(instruction.op[0]);
-  const std::uint64_t* a = context.row(instruction.op[1]);
+// redux's operation over the lanes of `members`.
+template <typename T, int Op>
+T reduce(const std::uint64_t* a, std::uint32_t members) {
   bool first = true;
   T total = 0;
-  forLanes(mask, [&](std::uint32_t lane) {
+  forLanes(members, [&](std::uint32_t lane) {
     const T value = static_cast<T>(a[lane]);
     if (first) {
       total = value;
@@ -146,7 +163,29 @@ bool reduxHandler(ExecContext& context, const Instruction& instruction, std::uin
         break;
     }
   });
-  forLanes(mask, [&](std::uint32_t lane) { d[lane] = bitsOf(total); });
+  return total;
+}
+
+// redux.sync.op.type d, a, membermask (op[0], op[1], op[2]).
+template <typename T, int Op>  // 0 add 1 min 2 max 3 and 4 or 5 xor
+bool reduxHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
+  std::uint64_t* d = context.row(instruction.op[0]);
+  const std::uint64_t* a = context.row(instruction.op[1]);
+  T totals[kWarpSize];
+  std::uint32_t done = 0;  // lanes whose total is known
+  forLanes(mask, [&](std::uint32_t lane) {
+    if ((done >> lane) & 1u) return;
+    const std::uint32_t members = membersOf(context, instruction, mask, lane);
+    const T total = reduce<T, Op>(a, members);
+    // Every lane naming the same members shares the total (usually the whole group at once).
+    forLanes(mask & ~done, [&](std::uint32_t other) {
+      if (membersOf(context, instruction, mask, other) == members) {
+        totals[other] = total;
+        done |= 1u << other;
+      }
+    });
+  });
+  forLanes(mask, [&](std::uint32_t lane) { d[lane] = bitsOf(totals[lane]); });
   return true;
 }
 

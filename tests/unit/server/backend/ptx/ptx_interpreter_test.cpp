@@ -681,5 +681,45 @@ $fail:
   EXPECT_EQ(pending, oneToSixtyFour);
 }
 
+// Lanes of one warp instruction may name different member masks, as cooperative_groups tiles of
+// 16 do (each its own half of the warp): redux, vote.ballot and match.any each stay within the
+// lane's own mask.
+TEST(PtxInterpreter, WarpExchangesStayWithinEachLanesMemberMask) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<12>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [out];
+  mov.u32 %r1, %laneid;
+  and.b32 %r2, %r1, -16;
+  mov.u32 %r3, 65535;
+  shl.b32 %r4, %r3, %r2;
+  redux.sync.add.u32 %r5, %r1, %r4;
+  and.b32 %r6, %r1, 1;
+  setp.eq.u32 %p1, %r6, 1;
+  vote.sync.ballot.b32 %r7, %p1, %r4;
+  and.b32 %r8, %r1, 3;
+  match.any.sync.b32 %r9, %r8, %r4;
+  mul.wide.u32 %rd2, %r1, 16;
+  add.u64 %rd3, %rd1, %rd2;
+  st.global.v4.u32 [%rd3], {%r5, %r7, %r9, %r4};
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(32 * 4, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  for (std::uint32_t lane = 0; lane < 32; ++lane) {
+    const std::uint32_t half = lane < 16 ? 0x0000ffffu : 0xffff0000u;
+    EXPECT_EQ(out[lane * 4], lane < 16 ? 120u : 376u) << "redux total of lane " << lane;
+    EXPECT_EQ(out[lane * 4 + 1], 0xaaaaaaaau & half) << "ballot of lane " << lane;
+    EXPECT_EQ(out[lane * 4 + 2], (0x11111111u << (lane & 3)) & half) << "match of lane " << lane;
+  }
+}
+
 }  // namespace
 }  // namespace gpuproxy::server::ptx
