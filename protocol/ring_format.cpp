@@ -134,7 +134,9 @@ DecodedCommand decodeLaunchKernel(const CommandReader& reader, std::span<const s
   if (record.size() < kLaunchKernelFixedBytes) {
     return reader.shapeError(DecodeFailure::kWrongLength);
   }
-  if (auto error = reader.checkFlags(kLaunchParametersByReference)) return *error;
+  if (auto error = reader.checkFlags(kLaunchParametersByReference | kLaunchCooperative)) {
+    return *error;
+  }
   const auto body = load<wire::LaunchKernelBody>(reader.body(), 0);
   const bool byReference = reader.flag(kLaunchParametersByReference);
   const std::uint64_t expectedLength =
@@ -179,6 +181,7 @@ DecodedCommand decodeLaunchKernel(const CommandReader& reader, std::span<const s
   launch.block = Dim3{body.block[0], body.block[1], body.block[2]};
   launch.sharedMemBytes = body.sharedMemBytes;
   launch.parameterBytes = body.parameterBytes;
+  launch.cooperative = reader.flag(kLaunchCooperative);
   return launch;
 }
 
@@ -665,7 +668,9 @@ std::size_t encodeLaunchKernel(const LaunchKernel& command, std::span<std::byte>
     body.parameterOffset = command.parameterReference->offset;
     body.parameterRegion = static_cast<std::uint8_t>(command.parameterReference->region);
   }
-  const std::uint16_t flags = byReference ? kLaunchParametersByReference : 0;
+  const std::uint16_t flags =
+      static_cast<std::uint16_t>((byReference ? kLaunchParametersByReference : 0) |
+                                 (command.cooperative ? kLaunchCooperative : 0));
   store(out, 0,
         wire::CommandHeader{static_cast<std::uint16_t>(Opcode::kLaunchKernel), flags, length,
                             command.sequence});

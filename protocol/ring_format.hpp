@@ -279,6 +279,9 @@ enum class CompletionKind : std::uint16_t {
 
 // LaunchKernel: the parameters are in a host region instead of inline.
 inline constexpr std::uint16_t kLaunchParametersByReference = 1u << 0;
+// LaunchKernel: a cooperative launch (cuLaunchCooperativeKernel): every block resident at once,
+// so that the grid may synchronise (cooperative_groups::grid_group::sync).
+inline constexpr std::uint16_t kLaunchCooperative = 1u << 1;
 // Host copies: this record is the last chunk of its copy.
 inline constexpr std::uint16_t kCopyLastChunk = 1u << 0;
 // Synchronize: answer at once (CUDA_SUCCESS or CUDA_ERROR_NOT_READY) instead of waiting, as
@@ -333,6 +336,7 @@ struct LaunchKernel {
   // source bytes; size == parameterBytes) or, when set, parameterBytes at this host location.
   std::span<const std::byte> inlineParameters;
   std::optional<HostLocation> parameterReference;
+  bool cooperative = false;  // kLaunchCooperative
 };
 
 struct CopyHostToDevice {

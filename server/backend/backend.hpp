@@ -137,6 +137,9 @@ struct LaunchConfig {
   Dim3 grid;
   Dim3 block;
   unsigned sharedMemBytes = 0;
+  // cuLaunchCooperativeKernel: every block resident at once (the grid may synchronise); a grid
+  // the device cannot hold whole is CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+  bool cooperative = false;
 };
 
 // Called once when the work it follows has completed: status is CUDA_SUCCESS or the error that

@@ -56,7 +56,7 @@ private:
 backend::LaunchConfig configOf(const ring::LaunchKernel& launch) {
   return backend::LaunchConfig{backend::Dim3{launch.grid.x, launch.grid.y, launch.grid.z},
                                backend::Dim3{launch.block.x, launch.block.y, launch.block.z},
-                               launch.sharedMemBytes};
+                               launch.sharedMemBytes, launch.cooperative};
 }
 
 }  // namespace

@@ -107,6 +107,13 @@ TEST_P(CudartPrograms, TensorCoreTilesGiveTheHostsProducts) {
   EXPECT_NE(result.output.find("tensor-cores: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, ACooperativeGridSynchronisesAsAWhole) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("cooperative"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("cooperative: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("curand_uniform"));

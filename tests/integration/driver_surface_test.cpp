@@ -269,10 +269,14 @@ TEST_F(DriverSurface, AHostFunctionMayWaitForTheApplicationThatQueuedIt) {
                  {"host-wait-event-after", "CUDA_SUCCESS"}});
 }
 
-TEST_F(DriverSurface, LaunchKernelExRunsPlainLaunchesAndRefusesTheRest) {
+TEST_F(DriverSurface, LaunchKernelExRunsPlainAndCooperativeLaunchesAndRefusesTheRest) {
   expectAnswers({{"launch-ex", "CUDA_SUCCESS"},
                  {"launch-ex-result", "yes"},
-                 {"launch-ex-cooperative", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"launch-ex-cooperative", "CUDA_SUCCESS"},
+                 {"launch-ex-cooperative-result", "yes"},
+                 {"launch-ex-cooperative-too-large", "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"},
+                 {"launch-cooperative", "CUDA_SUCCESS"},
+                 {"launch-cooperative-extra-free", "CUDA_ERROR_INVALID_VALUE"},
                  {"launch-ex-cluster", "CUDA_ERROR_NOT_SUPPORTED"},
                  {"launch-ex-too-many-threads", "CUDA_ERROR_INVALID_VALUE"},
                  {"launch-ex-null", "CUDA_ERROR_INVALID_VALUE"}});

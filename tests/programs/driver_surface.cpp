@@ -647,7 +647,23 @@ void launchEx(CUfunction fillU32) {
   for (unsigned got : result) filled = filled && got == 42;
   reportYes("launch-ex-result", filled);
   attributes[2].value.cooperative = 1;
+  value = 7;
   report("launch-ex-cooperative", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  MUST(cuMemcpyDtoHAsync(result.data(), device, kCount * sizeof(unsigned), stream));
+  MUST(cuStreamSynchronize(stream));
+  filled = true;
+  for (unsigned got : result) filled = filled && got == 7;
+  reportYes("launch-ex-cooperative-result", filled);
+  const unsigned grid = config.gridDimX;
+  config.gridDimX = 1000000;  // more blocks than any GPU holds at once
+  report("launch-ex-cooperative-too-large",
+         cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  config.gridDimX = grid;
+  report("launch-cooperative",
+         cuLaunchCooperativeKernel(fillU32, grid, 1, 1, 128, 1, 1, 0, stream, parameters));
+  report("launch-cooperative-extra-free",
+         cuLaunchCooperativeKernel(fillU32, grid, 1, 1, 128, 1, 1, 0, stream, nullptr));
+  MUST(cuStreamSynchronize(stream));
   attributes[2].value.cooperative = 0;
   attributes[1].value.clusterDim.x = 2;
   report("launch-ex-cluster", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));

@@ -463,6 +463,31 @@ CUresult maxPotentialBlockSize(const char* entryPoint, int* minGridSize, int* bl
 
 }  // namespace
 
+namespace gpuproxy::stub {
+
+CUresult cooperativeGridFits(Runtime& runtime, std::uint64_t function, const unsigned block[3],
+                             unsigned sharedMemBytes, std::uint64_t blocks) {
+  ResolvedFunction resolved;
+  if (CUresult result = resolveFunction(runtime, function, 0, resolved); result != CUDA_SUCCESS) {
+    return result;
+  }
+  if (deviceAttribute(resolved.device, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH) != 1) {
+    GPUPROXY_STUB_LOG(kWarn, "cuLaunchCooperativeKernel: the device has no cooperative launches");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::optional<DeviceLimits> limits = limitsOf(resolved.device);
+  if (!limits) return CUDA_ERROR_NOT_SUPPORTED;
+  const std::uint64_t threads = std::uint64_t{block[0]} * block[1] * block[2];
+  const int perMultiprocessor = activeBlocksPerMultiprocessor(
+      *limits, needsOf(resolved), static_cast<int>(std::min<std::uint64_t>(threads, INT_MAX)),
+      sharedMemBytes);
+  const std::uint64_t resident =
+      static_cast<std::uint64_t>(std::max(perMultiprocessor, 0)) * limits->multiprocessors;
+  return blocks <= resident ? CUDA_SUCCESS : CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+}
+
+}  // namespace gpuproxy::stub
+
 // ---- attributes ------------------------------------------------------------------------------
 
 GPUPROXY_EXPORT CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib,

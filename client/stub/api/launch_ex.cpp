@@ -1,7 +1,8 @@
 // cuLaunchKernelEx: a launch described by a CUlaunchConfig, through cuLaunchKernel's path
-// (modules.hpp). Launch attributes that ask for nothing beyond a plain launch are accepted;
-// any that needs more (cooperative launch, clusters, programmatic dependent launch, memory
-// synchronisation domains, ...) is refused as CUDA_ERROR_NOT_SUPPORTED, with a log line.
+// (modules.hpp). Launch attributes that ask for nothing beyond a plain launch are accepted, and so
+// is a cooperative launch (CU_LAUNCH_ATTRIBUTE_COOPERATIVE); any that needs more (clusters,
+// programmatic dependent launch, memory synchronisation domains, ...) is refused as
+// CUDA_ERROR_NOT_SUPPORTED, with a log line.
 
 #include <cuda.h>
 
@@ -16,8 +17,10 @@ using gpuproxy::stub::Runtime;
 
 namespace {
 
-// CUDA_SUCCESS for an attribute that leaves the launch a plain one.
-CUresult checkAttribute(const char* entryPoint, const CUlaunchAttribute& attribute) {
+// CUDA_SUCCESS for an attribute that leaves the launch a plain one (or a cooperative one, which
+// sets `cooperative`).
+CUresult checkAttribute(const char* entryPoint, const CUlaunchAttribute& attribute,
+                        bool& cooperative) {
   const CUlaunchAttributeValue& value = attribute.value;
   bool plain = false;
   const int id = gpuproxy::stub::enumValue(attribute.id);
@@ -28,8 +31,8 @@ CUresult checkAttribute(const char* entryPoint, const CUlaunchAttribute& attribu
     case CU_LAUNCH_ATTRIBUTE_PRIORITY:
       return CUDA_SUCCESS;
     case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-      plain = value.cooperative == 0;
-      break;
+      cooperative = value.cooperative != 0;
+      return CUDA_SUCCESS;
     case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
       plain = value.clusterDim.x == 1 && value.clusterDim.y == 1 && value.clusterDim.z == 1;
       break;
@@ -50,8 +53,9 @@ CUresult launchKernelEx(const char* entryPoint, const CUlaunchConfig* config, CU
   return guarded(entryPoint, [&](Runtime&) {
     if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (config->numAttrs > 0 && config->attrs == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    bool cooperative = false;
     for (unsigned i = 0; i < config->numAttrs; ++i) {
-      if (CUresult checked = checkAttribute(entryPoint, config->attrs[i]);
+      if (CUresult checked = checkAttribute(entryPoint, config->attrs[i], cooperative);
           checked != CUDA_SUCCESS) {
         return checked;
       }
@@ -59,7 +63,7 @@ CUresult launchKernelEx(const char* entryPoint, const CUlaunchConfig* config, CU
     return gpuproxy::stub::launchKernel(entryPoint, f, config->gridDimX, config->gridDimY,
                                         config->gridDimZ, config->blockDimX, config->blockDimY,
                                         config->blockDimZ, config->sharedMemBytes, config->hStream,
-                                        kernelParams, extra, nullStream);
+                                        kernelParams, extra, nullStream, cooperative);
   });
 }
 

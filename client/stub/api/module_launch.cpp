@@ -390,7 +390,7 @@ CUresult prepareLaunch(Runtime& runtime, CUfunction f, std::uint64_t context,
 CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
                       unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
                       unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
-                      NullStream nullStream) {
+                      NullStream nullStream, bool cooperative) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
@@ -407,6 +407,13 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
         prepared != CUDA_SUCCESS) {
       return prepared;
     }
+    if (cooperative) {
+      if (CUresult fits = cooperativeGridFits(runtime, function, block, sharedMemBytes,
+                                              std::uint64_t{gridDimX} * gridDimY * gridDimZ);
+          fits != CUDA_SUCCESS) {
+        return fits;
+      }
+    }
     namespace ring = gpuproxy::protocol::ring;
     ring::Command command{ring::LaunchKernel{}};
     auto& launch = std::get<ring::LaunchKernel>(command);
@@ -418,6 +425,7 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
     launch.sharedMemBytes = sharedMemBytes;
     launch.parameterBytes = static_cast<std::uint32_t>(parameters.size());
     launch.inlineParameters = parameters;
+    launch.cooperative = cooperative;
     return runtime.commands().enqueue(command);
   });
 }
@@ -511,6 +519,28 @@ GPUPROXY_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX
                                              CUstream hStream, void** kernelParams, void** extra) {
   return launchKernel(__func__, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
                       sharedMemBytes, hStream, kernelParams, extra, NullStream::kPerThread);
+}
+
+// A cooperative launch: every block resident at once, so that the grid may synchronise
+// (cooperative_groups::this_grid().sync()); a grid the device cannot hold whole is refused.
+GPUPROXY_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                                   unsigned int gridDimY, unsigned int gridDimZ,
+                                                   unsigned int blockDimX, unsigned int blockDimY,
+                                                   unsigned int blockDimZ,
+                                                   unsigned int sharedMemBytes, CUstream hStream,
+                                                   void** kernelParams) {
+  return launchKernel(__func__, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                      sharedMemBytes, hStream, kernelParams, nullptr, NullStream::kLegacy,
+                      /*cooperative=*/true);
+}
+
+GPUPROXY_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(
+    CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+    unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+    unsigned int sharedMemBytes, CUstream hStream, void** kernelParams) {
+  return launchKernel(__func__, f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ,
+                      sharedMemBytes, hStream, kernelParams, nullptr, NullStream::kPerThread,
+                      /*cooperative=*/true);
 }
 
 // As the driver decides it: CUDA_MODULE_LOADING=EAGER asks for eager loading, anything else (and

@@ -42,9 +42,17 @@ CUresult prepareLaunch(Runtime& runtime, CUfunction f, std::uint64_t context,
                        std::vector<std::byte>& parameters);
 // cuLaunchKernel's work (also cuLaunchKernelEx's): checks the configuration against the device
 // and the kernel (a CUfunction or a CUkernel), packs the parameters and queues the launch.
+// `cooperative`: cuLaunchCooperativeKernel's launch, whose whole grid must fit on the device at
+// once (cooperativeGridFits).
 CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, unsigned gridDimY,
                       unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
                       unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
-                      NullStream nullStream);
+                      NullStream nullStream, bool cooperative = false);
+// Whether the device of `function` (a CUfunction) holds `blocks` blocks of this shape at once, as
+// the occupancy calculator counts them: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE if not,
+// CUDA_ERROR_NOT_SUPPORTED on a device without cooperative launches
+// (function_attributes.cpp).
+CUresult cooperativeGridFits(Runtime& runtime, std::uint64_t function, const unsigned block[3],
+                             unsigned sharedMemBytes, std::uint64_t blocks);
 
 }  // namespace gpuproxy::stub

@@ -1127,10 +1127,22 @@ public:
       }
       return allowed;
     }
-    const CUresult launched = core->note(
-        api.launchKernel(kernel->launchHandle(), config.grid.x, config.grid.y, config.grid.z,
-                         config.block.x, config.block.y, config.block.z, config.sharedMemBytes,
-                         stream_, nullptr, bytes != 0 ? extra : nullptr));
+    CUresult launched = CUDA_SUCCESS;
+    if (config.cooperative) {
+      // cuLaunchCooperativeKernel takes no `extra`: a pointer to each parameter in the buffer.
+      std::vector<void*> arguments;
+      for (const backend::KernelParameter& parameter : kernel->info().parameters) {
+        arguments.push_back(static_cast<std::byte*>(buffer) + parameter.offset);
+      }
+      launched = core->note(api.launchCooperativeKernel(
+          kernel->launchHandle(), config.grid.x, config.grid.y, config.grid.z, config.block.x,
+          config.block.y, config.block.z, config.sharedMemBytes, stream_, arguments.data()));
+    } else {
+      launched = core->note(api.launchKernel(kernel->launchHandle(), config.grid.x, config.grid.y,
+                                             config.grid.z, config.block.x, config.block.y,
+                                             config.block.z, config.sharedMemBytes, stream_,
+                                             nullptr, bytes != 0 ? extra : nullptr));
+    }
     if (launched != CUDA_SUCCESS) {
       if (timing) {
         core->returnTimingPair(*timing);

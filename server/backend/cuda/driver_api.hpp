@@ -61,6 +61,7 @@ namespace gpuproxy::server::cuda {
   X(eventQuery, cuEventQuery, 2000)                               \
   X(launchHostFunc, cuLaunchHostFunc, 10000)                      \
   X(launchKernel, cuLaunchKernel, 4000)                           \
+  X(launchCooperativeKernel, cuLaunchCooperativeKernel, 9000)     \
   X(moduleLoadData, cuModuleLoadData, 2000)                       \
   X(moduleUnload, cuModuleUnload, 2000)                           \
   X(moduleGetFunction, cuModuleGetFunction, 2000)                 \

@@ -124,6 +124,8 @@ struct ExecContext {
   std::uint32_t kernelParamBytes = 0;
   const MemoryMap* memory = nullptr;
   const MemoryRange* lastRange = nullptr;  // a one-entry cache in front of memory->find
+  // A cooperative launch's grid barrier workspace (global memory of the launch's own), or null.
+  const MemoryRange* gridWorkspace = nullptr;
   Fault* fault = nullptr;
   LaunchShared* launch = nullptr;
   const Instruction* current = nullptr;  // for fault messages

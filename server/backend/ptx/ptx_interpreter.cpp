@@ -269,6 +269,10 @@ struct Interpreter::Launch {
   unsigned helpers = 0;  // guarded by Interpreter::mutex_
   std::mutex mutex;
   LaunchOutcome outcome;
+  // A cooperative launch's grid barrier workspace, laid out as cooperative_groups' driver ABI
+  // reads it (its size, then the barrier word), and the global memory range that holds it.
+  alignas(8) std::uint32_t gridWorkspace[2] = {sizeof gridWorkspace, 0};
+  MemoryRange gridWorkspaceRange;
 
   bool stopRequested() const {
     return request->stop != nullptr && request->stop->load(std::memory_order_relaxed);
@@ -330,6 +334,15 @@ public:
   bool prepare(Interpreter::Launch& launch, unsigned workerIndex);
   // Runs one block to its end; false when it faulted or the launch is to stop.
   bool runBlock(std::uint64_t linearIndex);
+
+  // A block run in turns, beside others (a cooperative launch): started, stepped until it is done
+  // or failed, finished.
+  enum class BlockState : std::uint8_t { kRunning, kSleeping, kDone, kFailed };
+  void startBlock(std::uint64_t linearIndex);
+  // One turn of every warp that can run. `alone`: no other block shares the thread, so when every
+  // warp sleeps (nanosleep) the thread sleeps too; else kSleeping says so.
+  BlockState stepBlock(bool alone);
+  void finishBlock();
   std::uint64_t takeInstructionCount() { return std::exchange(instructions_, 0); }
 
 private:
@@ -461,6 +474,7 @@ bool BlockRunner::prepare(Interpreter::Launch& launch, unsigned workerIndex) {
   context_.kernelParams = request.parameters.data();
   context_.kernelParamBytes = static_cast<std::uint32_t>(request.parameters.size());
   context_.memory = request.memory;
+  context_.gridWorkspace = request.cooperative ? &launch.gridWorkspaceRange : nullptr;
   context_.lastRange = nullptr;
   for (int d = 0; d < 3; ++d) {
     context_.ntid[d] = request.block[d];
@@ -542,7 +556,7 @@ BlockRunner::Step BlockRunner::faultAt(const Instruction& instruction, Warp& war
   return stop(status, message, warp, lane, fault_.address);
 }
 
-bool BlockRunner::runBlock(std::uint64_t linearIndex) {
+void BlockRunner::startBlock(std::uint64_t linearIndex) {
   const LaunchRequest& request = *launch_->request;
   context_.ctaid[0] = static_cast<std::uint32_t>(linearIndex % request.grid[0]);
   context_.ctaid[1] = static_cast<std::uint32_t>((linearIndex / request.grid[0]) % request.grid[1]);
@@ -561,66 +575,63 @@ bool BlockRunner::runBlock(std::uint64_t linearIndex) {
     root->liveMask = warp.present;
     warp.groups.push_back(Group{0, warp.present, root});
   }
-  bool ok = true;
-  while (ok) {
-    bool ran = false;
-    for (Warp& warp : warps_) {
-      if (warp.live == 0) continue;
-      const bool runnable =
-          std::any_of(warp.groups.begin(), warp.groups.end(), [&](const Group& group) {
-            return group.wait == Wait::kNone || group.wait == Wait::kWarpSync;
-          });
-      if (!runnable) continue;
-      const Progress progress = runWarp(warp);
-      if (progress == Progress::kFault) {
-        ok = false;
-        break;
-      }
-      ran = ran || progress == Progress::kRan;
-    }
-    if (!ok) break;
-    if (std::all_of(warps_.begin(), warps_.end(),
-                    [](const Warp& warp) { return warp.live == 0; })) {
-      break;
-    }
-    if (launch_->shouldStop()) {
-      ok = false;
-      break;
-    }
-    if (ran) continue;
-    if (sleepers_ > 0) {
-      // Every runnable warp sleeps: sleep until the first wakes (in slices, to see a stop).
-      Clock::time_point earliest = Clock::time_point::max();
-      for (const Warp& warp : warps_) {
-        for (const Group& group : warp.groups) {
-          if (group.wait == Wait::kSleep) earliest = std::min(earliest, group.wakeAt);
-        }
-      }
-      const Clock::time_point now = Clock::now();
-      if (earliest > now) {
-        std::this_thread::sleep_until(std::min(earliest, now + std::chrono::milliseconds(1)));
-      }
-      const Clock::time_point after = Clock::now();
-      for (Warp& warp : warps_) {
-        for (Group& group : warp.groups) {
-          if (group.wait == Wait::kSleep && group.wakeAt <= after) {
-            group.wait = Wait::kNone;
-            --sleepers_;
-          }
-        }
-      }
-      continue;
-    }
-    if (resolveDeadlock()) continue;
-    // Every thread waits for others that can never come: a GPU would hang here.
-    Warp& stuck = *std::find_if(warps_.begin(), warps_.end(),
-                                [](const Warp& warp) { return warp.live != 0; });
-    stop(CUDA_ERROR_LAUNCH_FAILED,
-         "deadlock: every thread left waits at a barrier that cannot complete (threads that "
-         "exited or never arrive)",
-         stuck, static_cast<std::uint32_t>(std::countr_zero(stuck.live)));
-    ok = false;
+}
+
+BlockRunner::BlockState BlockRunner::stepBlock(bool alone) {
+  bool ran = false;
+  for (Warp& warp : warps_) {
+    if (warp.live == 0) continue;
+    const bool runnable =
+        std::any_of(warp.groups.begin(), warp.groups.end(), [&](const Group& group) {
+          return group.wait == Wait::kNone || group.wait == Wait::kWarpSync;
+        });
+    if (!runnable) continue;
+    const Progress progress = runWarp(warp);
+    if (progress == Progress::kFault) return BlockState::kFailed;
+    ran = ran || progress == Progress::kRan;
   }
+  if (std::all_of(warps_.begin(), warps_.end(), [](const Warp& warp) { return warp.live == 0; })) {
+    return BlockState::kDone;
+  }
+  if (launch_->shouldStop()) return BlockState::kFailed;
+  if (ran) return BlockState::kRunning;
+  if (sleepers_ > 0) {
+    // Every runnable warp sleeps: alone, sleep until the first wakes (in slices, to see a stop).
+    Clock::time_point earliest = Clock::time_point::max();
+    for (const Warp& warp : warps_) {
+      for (const Group& group : warp.groups) {
+        if (group.wait == Wait::kSleep) earliest = std::min(earliest, group.wakeAt);
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    if (alone && earliest > now) {
+      std::this_thread::sleep_until(std::min(earliest, now + std::chrono::milliseconds(1)));
+    }
+    const Clock::time_point after = Clock::now();
+    bool woke = false;
+    for (Warp& warp : warps_) {
+      for (Group& group : warp.groups) {
+        if (group.wait == Wait::kSleep && group.wakeAt <= after) {
+          group.wait = Wait::kNone;
+          --sleepers_;
+          woke = true;
+        }
+      }
+    }
+    return woke || alone ? BlockState::kRunning : BlockState::kSleeping;
+  }
+  if (resolveDeadlock()) return BlockState::kRunning;
+  // Every thread waits for others that can never come: a GPU would hang here.
+  Warp& stuck =
+      *std::find_if(warps_.begin(), warps_.end(), [](const Warp& warp) { return warp.live != 0; });
+  stop(CUDA_ERROR_LAUNCH_FAILED,
+       "deadlock: every thread left waits at a barrier that cannot complete (threads that "
+       "exited or never arrive)",
+       stuck, static_cast<std::uint32_t>(std::countr_zero(stuck.live)));
+  return BlockState::kFailed;
+}
+
+void BlockRunner::finishBlock() {
   // Frames back to the pool.
   for (Warp& warp : warps_) {
     for (Group& group : warp.groups) {
@@ -633,7 +644,16 @@ bool BlockRunner::runBlock(std::uint64_t linearIndex) {
     }
     warp.groups.clear();
   }
-  return ok;
+}
+
+bool BlockRunner::runBlock(std::uint64_t linearIndex) {
+  startBlock(linearIndex);
+  BlockState state = BlockState::kRunning;
+  while (state == BlockState::kRunning || state == BlockState::kSleeping) {
+    state = stepBlock(/*alone=*/true);
+  }
+  finishBlock();
+  return state == BlockState::kDone;
 }
 
 // No warp can run: if some wait at warp-synchronous instructions for lanes that are elsewhere
@@ -1171,6 +1191,56 @@ void Interpreter::work(Launch& launch, BlockRunner& runner, unsigned workerIndex
   launch.threadInstructions.fetch_add(runner.takeInstructionCount(), std::memory_order_relaxed);
 }
 
+// Every block of the grid is started, then each takes a turn (every warp that can run, up to its
+// budget of backward branches) until all are done: a block spinning on a grid barrier lets the
+// others reach it. Blocks taking turns on one thread need no more than the device holds at once
+// (the backend refuses a larger grid); the cost is that the launch uses one core.
+void Interpreter::runCooperatively(Launch& launch) {
+  launch.gridWorkspaceRange = MemoryRange{
+      reinterpret_cast<std::uint64_t>(launch.gridWorkspace),
+      reinterpret_cast<std::uint64_t>(launch.gridWorkspace) + sizeof launch.gridWorkspace,
+      reinterpret_cast<std::byte*>(launch.gridWorkspace), true};
+  // Every warp's registers exist at once: refuse a grid whose frames alone would take more than
+  // the sim gives one launch, rather than take the daemon's memory.
+  constexpr std::uint64_t kMaxResidentFrameBytes = std::uint64_t{1} << 30;
+  const std::uint64_t frameBytes = std::uint64_t{launch.kernel->rows()} * kWarpSize * 8;
+  if (launch.totalBlocks * launch.warpsPerBlock * frameBytes > kMaxResidentFrameBytes) {
+    launch.fail(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+                "kernel '" + launch.kernel->name + "': a cooperative grid of " +
+                    std::to_string(launch.totalBlocks) +
+                    " blocks needs more registers at once than the sim holds",
+                0);
+    return;
+  }
+  std::vector<std::unique_ptr<BlockRunner>> blocks;
+  blocks.reserve(launch.totalBlocks);
+  for (std::uint64_t index = 0; index < launch.totalBlocks; ++index) {
+    auto runner = std::make_unique<BlockRunner>();
+    if (!runner->prepare(launch, static_cast<unsigned>(index % launch.workerCount))) break;
+    runner->startBlock(index);
+    blocks.push_back(std::move(runner));
+  }
+  using State = BlockRunner::BlockState;
+  std::vector<State> states(blocks.size(), State::kRunning);
+  bool failed = blocks.size() != launch.totalBlocks;
+  for (std::size_t left = blocks.size(); left > 0 && !failed;) {
+    bool ran = false;
+    for (std::size_t index = 0; index < blocks.size() && !failed; ++index) {
+      if (states[index] == State::kDone) continue;
+      states[index] = blocks[index]->stepBlock(/*alone=*/false);
+      if (states[index] == State::kFailed) failed = true;
+      if (states[index] == State::kDone) --left;
+      ran = ran || states[index] == State::kRunning;
+    }
+    // Every block left sleeps (nanosleep): give the core back a moment.
+    if (!ran && !failed && left > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  for (auto& runner : blocks) {
+    runner->finishBlock();
+    launch.threadInstructions.fetch_add(runner->takeInstructionCount(), std::memory_order_relaxed);
+  }
+}
+
 void Interpreter::workerMain(unsigned index) {
   auto runner = std::make_unique<BlockRunner>();
   std::unique_lock lock(mutex_);
@@ -1216,6 +1286,16 @@ LaunchOutcome Interpreter::run(const LaunchRequest& request) {
     LaunchOutcome outcome;
     outcome.status = CUDA_ERROR_INVALID_VALUE;
     outcome.message = "malformed launch";
+    return outcome;
+  }
+  if (request.cooperative) {
+    runCooperatively(launch);
+    LaunchOutcome outcome = launch.outcome;
+    if (outcome.status == CUDA_SUCCESS && launch.stopRequested()) {
+      outcome.status = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+      outcome.message = "the launch was abandoned";
+    }
+    outcome.threadInstructions = launch.threadInstructions.load();
     return outcome;
   }
   const bool share = !threads_.empty() && launch.totalBlocks > 1;

@@ -129,6 +129,10 @@ struct LaunchRequest {
   const std::atomic<bool>* stop = nullptr;
   PrintfBuffer* printf = nullptr;  // may be null: output is dropped
   DeviceHeap* heap = nullptr;      // may be null: malloc returns NULL
+  // A cooperative launch: every block is resident at once, taking turns on the calling thread,
+  // so that blocks may wait for each other (a grid barrier); %envreg1/%envreg2 hold the address
+  // of the grid's barrier workspace, as cooperative_groups expects from the driver.
+  bool cooperative = false;
 };
 
 struct LaunchOutcome {
@@ -160,6 +164,8 @@ private:
   std::unique_ptr<BlockRunner> acquireRunner();
   void releaseRunner(std::unique_ptr<BlockRunner> runner);
   void work(Launch& launch, BlockRunner& runner, unsigned workerIndex);
+  // A cooperative launch: every block resident at once, in turns on the calling thread.
+  void runCooperatively(Launch& launch);
 
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -343,7 +343,8 @@ bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
   }
   for (std::string_view word : words) {
     if (word == "s4" || word == "u4" || word == "b1") {
-      return unsupportedBinding(resolver, unsupported, "tensor-core instructions of sub-byte types");
+      return unsupportedBinding(resolver, unsupported,
+                                "tensor-core instructions of sub-byte types");
     }
   }
   bool shaped = false;

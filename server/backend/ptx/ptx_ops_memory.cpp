@@ -122,6 +122,11 @@ std::byte* translateSlow(ExecContext& context, Space space, std::uint64_t addres
     default: {
       const MemoryRange* range =
           context.memory != nullptr ? context.memory->find(address, bytes) : nullptr;
+      if (range == nullptr && context.gridWorkspace != nullptr &&
+          address >= context.gridWorkspace->begin && address < context.gridWorkspace->end &&
+          bytes <= context.gridWorkspace->end - address) {
+        range = context.gridWorkspace;
+      }
       if (range == nullptr) {
         return fail(context, CUDA_ERROR_ILLEGAL_ADDRESS, space, address, bytes, lane, write,
                     "not memory of this client");

@@ -100,6 +100,8 @@ enum class Special : std::uint32_t {
   kLanemaskGt,
   kDynamicSmem,
   kTotalSmem,
+  kGridWorkspaceHigh,  // %envreg1
+  kGridWorkspaceLow,   // %envreg2
   kZero
 };
 
@@ -137,6 +139,10 @@ std::optional<Special> specialRegister(std::string_view name) {
       {"%dynamic_smem_size", Special::kDynamicSmem},
       {"%total_smem_size", Special::kTotalSmem},
       {"%aggr_smem_size", Special::kTotalSmem},
+      // A cooperative launch's grid barrier workspace, as cooperative_groups reads it from the
+      // driver (0 outside one: grid_group::sync() then traps, as on a GPU).
+      {"%envreg1", Special::kGridWorkspaceHigh},
+      {"%envreg2", Special::kGridWorkspaceLow},
       {"%current_graph_exec", Special::kZero},
       {"%reserved_smem_offset_begin", Special::kZero},
       {"%reserved_smem_offset_end", Special::kZero},
@@ -223,6 +229,12 @@ bool specialHandler(ExecContext& context, const Instruction& instruction, std::u
       break;
     case Special::kSmid:
       uniform = context.workerIndex;
+      break;
+    case Special::kGridWorkspaceHigh:
+      uniform = context.gridWorkspace != nullptr ? context.gridWorkspace->begin >> 32 : 0;
+      break;
+    case Special::kGridWorkspaceLow:
+      uniform = context.gridWorkspace != nullptr ? context.gridWorkspace->begin & 0xffffffffu : 0;
       break;
     case Special::kNsmid:
       uniform = context.workerCount;

@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <map>
 
 namespace gpuproxy::server::sim {
@@ -61,7 +62,7 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     {CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID, 0},
     {CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1},
-    {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 0},
+    {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 * 1024},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 30 * 1024 * 1024},
@@ -84,6 +85,36 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     attributes.emplace_back(attribute, found == known.end() ? 0 : found->second);
   }
   return attributes;
+}
+
+std::uint64_t simResidentBlocks(std::uint64_t threadsPerBlock, std::uint64_t sharedBytesPerBlock,
+                                int registersPerThread) {
+  const std::vector<std::pair<int, int>> attributes = simDeviceAttributes(0);
+  auto attribute = [&](int which) -> std::uint64_t {
+    for (const auto& [id, value] : attributes) {
+      if (id == which) return static_cast<std::uint64_t>(value);
+    }
+    return 0;
+  };
+  const std::uint64_t warp = attribute(CU_DEVICE_ATTRIBUTE_WARP_SIZE);
+  const std::uint64_t warps = (threadsPerBlock + warp - 1) / warp;
+  if (warps == 0) return 0;
+  std::uint64_t perMultiprocessor =
+      std::min(attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR),
+               attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / (warps * warp));
+  // Each block also takes the reserved part of shared memory.
+  const std::uint64_t shared =
+      sharedBytesPerBlock + attribute(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
+  perMultiprocessor =
+      std::min(perMultiprocessor,
+               attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) / shared);
+  if (registersPerThread > 0) {
+    const std::uint64_t registers = static_cast<std::uint64_t>(registersPerThread) * warps * warp;
+    perMultiprocessor =
+        std::min(perMultiprocessor,
+                 attribute(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR) / registers);
+  }
+  return perMultiprocessor * attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
 }
 
 }  // namespace gpuproxy::server::sim

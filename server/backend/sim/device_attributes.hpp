@@ -1,6 +1,7 @@
 #pragma once
 // The attribute table a sim device answers cuDeviceGetAttribute from.
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -14,5 +15,11 @@ inline constexpr unsigned kSimComputeCapability = 90;
 // VMM, ...) answer 0 so that programs take their fallback paths instead of calling
 // entry points that would fail. `pciBusId` tells devices apart as real ones are.
 std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId);
+
+// How many blocks of `threadsPerBlock` threads using `sharedBytesPerBlock` of shared memory (static
+// and dynamic) and `registersPerThread` registers a sim device holds at once, over all its
+// multiprocessors: the largest grid a cooperative launch may have.
+std::uint64_t simResidentBlocks(std::uint64_t threadsPerBlock, std::uint64_t sharedBytesPerBlock,
+                                int registersPerThread);
 
 }  // namespace gpuproxy::server::sim

@@ -703,6 +703,7 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
     request.block[1] = launch.config.block.y;
     request.block[2] = launch.config.block.z;
     request.dynamicSharedBytes = launch.config.sharedMemBytes;
+    request.cooperative = launch.config.cooperative;
     request.parameters = launch.parameters;
     request.memory = &memoryFor(launch.owner, access);
     request.stop = &launchStop_;
@@ -868,6 +869,14 @@ public:
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (parameters.size() != info.parameterBytes) return CUDA_ERROR_INVALID_VALUE;
+    if (config.cooperative &&
+        std::uint64_t{grid.x} * grid.y * grid.z >
+            simResidentBlocks(threads,
+                              std::uint64_t{config.sharedMemBytes} +
+                                  static_cast<std::uint64_t>(info.sharedSizeBytes),
+                              info.numRegs)) {
+      return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
     return core_->enqueue(*queue_,
                           LaunchOp{simFunction->data(), config,
                                    std::vector<std::byte>(parameters.begin(), parameters.end()),

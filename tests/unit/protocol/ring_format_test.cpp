@@ -171,6 +171,7 @@ void expectSameLaunch(const LaunchKernel& a, const LaunchKernel& b) {
   EXPECT_EQ(a.sharedMemBytes, b.sharedMemBytes);
   EXPECT_EQ(a.parameterBytes, b.parameterBytes);
   EXPECT_EQ(a.parameterReference, b.parameterReference);
+  EXPECT_EQ(a.cooperative, b.cooperative);
   ASSERT_EQ(a.inlineParameters.size(), b.inlineParameters.size());
   EXPECT_TRUE(
       std::equal(a.inlineParameters.begin(), a.inlineParameters.end(), b.inlineParameters.begin()));
@@ -210,6 +211,16 @@ TEST(RingRoundTrip, LaunchWithParametersByReference) {
   const Bytes record = encoded(launch);
   EXPECT_EQ(record.size(), kLaunchKernelFixedBytes);
   expectSameLaunch(decodedAs<LaunchKernel>(record), launch);
+}
+
+TEST(RingRoundTrip, CooperativeLaunch) {
+  LaunchKernel launch = launchByReference();
+  launch.cooperative = true;
+  const Bytes record = encoded(launch);
+  expectSameLaunch(decodedAs<LaunchKernel>(record), launch);
+  launch = launchInline();
+  launch.cooperative = true;
+  expectSameLaunch(decodedAs<LaunchKernel>(encoded(launch)), launch);
 }
 
 TEST(RingRoundTrip, LaunchWithTheLargestInlineParameterBuffer) {
@@ -514,7 +525,7 @@ std::vector<Rejection> rejections() {
        kDisconnect, CUDA_ERROR_NOT_SUPPORTED},
       {"flag on d2d", d2d, set<std::uint16_t>(2, 1), DecodeFailure::kUnknownFlags, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
-      {"unknown launch flag", launch, set<std::uint16_t>(2, 2), DecodeFailure::kUnknownFlags,
+      {"unknown launch flag", launch, set<std::uint16_t>(2, 4), DecodeFailure::kUnknownFlags,
        kDisconnect, CUDA_ERROR_NOT_SUPPORTED},
       {"unknown copy flag", h2d, set<std::uint16_t>(2, 0x8000), DecodeFailure::kUnknownFlags,
        kDisconnect, CUDA_ERROR_NOT_SUPPORTED},

@@ -61,7 +61,7 @@ public:
 
   LaunchOutcome launch(const std::string& kernel, std::array<std::uint32_t, 3> grid,
                        std::array<std::uint32_t, 3> block, const std::vector<std::uint64_t>& args,
-                       std::uint32_t dynamicShared = 0) {
+                       std::uint32_t dynamicShared = 0, bool cooperative = false) {
     const Function* function = program_->findFunction(kernel);
     EXPECT_NE(function, nullptr) << kernel;
     if (function == nullptr) return {};
@@ -84,6 +84,7 @@ public:
     request.parameters = parameters;
     request.memory = &memory_;
     request.printf = &printf_;
+    request.cooperative = cooperative;
     return interpreter_.run(request);
   }
 
@@ -719,6 +720,66 @@ TEST(PtxInterpreter, WarpExchangesStayWithinEachLanesMemberMask) {
     EXPECT_EQ(out[lane * 4 + 1], 0xaaaaaaaau & half) << "ballot of lane " << lane;
     EXPECT_EQ(out[lane * 4 + 2], (0x11111111u << (lane & 3)) & half) << "match of lane " << lane;
   }
+}
+
+// A cooperative launch holds every block at once: blocks that wait for each other through global
+// memory (a grid barrier of their own, and the workspace %envreg1/%envreg2 name, which
+// cooperative_groups' grid.sync() uses) all finish, with one interpreter thread. %envreg reads 0
+// in an ordinary launch.
+TEST(PtxInterpreter, ACooperativeGridHoldsEveryBlockAtOnce) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 counter, .param .u64 out)
+{
+  .reg .pred %p<3>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [counter];
+  ld.param.u64 %rd2, [out];
+  mov.u32 %r1, %ctaid.x;
+  mov.u32 %r2, %nctaid.x;
+  mov.u32 %r3, %tid.x;
+  setp.ne.u32 %p1, %r3, 0;
+  @%p1 bra $done;
+  atom.add.release.gpu.u32 %r4, [%rd1], 1;
+$wait:
+  ld.acquire.gpu.u32 %r5, [%rd1];
+  setp.lt.u32 %p2, %r5, %r2;
+  @%p2 bra $wait;
+  mov.u32 %r6, %envreg1;
+  mov.u32 %r7, %envreg2;
+  cvt.u64.u32 %rd3, %r6;
+  cvt.u64.u32 %rd4, %r7;
+  shl.b64 %rd3, %rd3, 32;
+  or.b64 %rd3, %rd3, %rd4;
+  setp.eq.u64 %p2, %rd3, 0;
+  @%p2 bra $record;
+  ld.global.u32 %r5, [%rd3];
+$record:
+  mul.wide.u32 %rd5, %r1, 4;
+  add.u64 %rd6, %rd2, %rd5;
+  st.global.u32 [%rd6], %r5;
+$done:
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  constexpr std::uint32_t kBlocks = 24;
+  std::vector<std::uint32_t> counter(1, 0), out(kBlocks, 0);
+  harness.addRange(counter);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {kBlocks, 1, 1}, {64, 1, 1},
+                                               {address(counter.data()), address(out.data())},
+                                               /*dynamicShared=*/0, /*cooperative=*/true);
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(counter[0], kBlocks);
+  // Each block read the workspace's first word: its size, as the driver ABI lays it out.
+  for (std::uint32_t block = 0; block < kBlocks; ++block) EXPECT_EQ(out[block], 8u) << block;
+  // An ordinary launch of one block: %envreg is 0, so the block records the counter instead.
+  counter[0] = 0;
+  const LaunchOutcome ordinary =
+      harness.launch("k", {1, 1, 1}, {64, 1, 1}, {address(counter.data()), address(out.data())});
+  ASSERT_EQ(ordinary.status, CUDA_SUCCESS) << ordinary.message;
+  EXPECT_EQ(out[0], 1u);
 }
 
 }  // namespace
