@@ -70,6 +70,10 @@ bool bindDestination(Instruction& instruction, int index, const Operand& operand
                      OperandResolver& resolver);
 bool bindPredicate(Instruction& instruction, int index, const Operand& operand,
                    OperandResolver& resolver);
+// A memory operand [base + offset] into op[4] and `immediate` (kAddressBase32 when the base is a
+// 32-bit register); false on error.
+bool bindAddress(Instruction& instruction, const Operand& operand, Space space,
+                 OperandResolver& resolver);
 
 // The instruction families. Each returns false with resolver.error() set (and `unsupported` for
 // valid PTX the interpreter does not execute).

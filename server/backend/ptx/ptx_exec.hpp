@@ -172,6 +172,18 @@ inline std::byte* translate(ExecContext& context, Space space, std::uint64_t add
   return translateSlow(context, space, address, bytes, alignment, lane, write);
 }
 
+// A memory instruction's address is row op[4] plus `immediate`; this flag says the row holds a
+// 32-bit address (a .shared window offset, say), whose upper bits are not part of it.
+inline constexpr std::uint8_t kAddressBase32 = 1;
+
+inline std::uint64_t addressOf(const Instruction& instruction, const std::uint64_t* base,
+                               std::uint32_t lane) {
+  const std::uint64_t value = (instruction.flags & kAddressBase32) != 0
+                                  ? static_cast<std::uint32_t>(base[lane])
+                                  : base[lane];
+  return value + static_cast<std::uint64_t>(instruction.immediate);
+}
+
 // Runs `body(lane)` for every lane in `mask`.
 template <typename Body>
 inline void forLanes(std::uint32_t mask, Body&& body) {

@@ -22,7 +22,6 @@ namespace {
 constexpr std::uint64_t kCountMask = (1u << 20) - 1;
 constexpr unsigned kExpectedShift = 20;
 constexpr unsigned kPhaseShift = 40;
-constexpr std::uint8_t kBase32 = 1;  // the address register is 32 bits wide
 
 std::uint64_t pendingOf(std::uint64_t word) {
   return word & kCountMask;
@@ -41,9 +40,7 @@ std::uint64_t makeWord(std::uint64_t pending, std::uint64_t expected, std::uint6
 // The object of lane `lane`, or nullptr after a fault.
 std::byte* barrierAt(ExecContext& context, const Instruction& instruction, std::uint32_t lane,
                      bool write) {
-  std::uint64_t address = context.row(instruction.op[4])[lane];
-  if ((instruction.flags & kBase32) != 0) address = static_cast<std::uint32_t>(address);
-  address += static_cast<std::uint64_t>(instruction.immediate);
+  const std::uint64_t address = addressOf(instruction, context.row(instruction.op[4]), lane);
   return translate(context, static_cast<Space>(instruction.space), address, 8, 8, lane, write);
 }
 
@@ -154,11 +151,7 @@ bool nothingHandler(ExecContext&, const Instruction&, std::uint32_t) {
 
 bool bindBarrierAddress(Instruction& instruction, const Operand& operand, Space space,
                         OperandResolver& resolver) {
-  const std::optional<OperandResolver::Address> address = resolver.address(operand, space);
-  if (!address) return false;
-  instruction.op[4] = address->row;
-  instruction.immediate = address->offset;
-  if (address->base32) instruction.flags |= kBase32;
+  if (!bindAddress(instruction, operand, space, resolver)) return false;
   instruction.space = static_cast<std::uint8_t>(space);
   instruction.flow = Flow::kMemory;
   return true;

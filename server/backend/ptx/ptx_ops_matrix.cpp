@@ -30,8 +30,6 @@ namespace {
 
 using Kind = MatrixOperation::Kind;
 
-constexpr std::uint8_t kMatrixBase32 = 1;  // the address register is 32 bits wide
-
 struct Tile {
   unsigned rows = 0;
   unsigned columns = 0;
@@ -149,9 +147,7 @@ bool matrixMemoryHandler(ExecContext& context, const Instruction& instruction, s
   const auto space = static_cast<Space>(instruction.space);
   const std::uint64_t* base = context.row(instruction.op[4]);
   return forLanesUntil(mask, [&](std::uint32_t lane) {
-    std::uint64_t start = base[lane];
-    if ((instruction.flags & kMatrixBase32) != 0) start = static_cast<std::uint32_t>(start);
-    start += static_cast<std::uint64_t>(instruction.immediate);
+    const std::uint64_t start = addressOf(instruction, base, lane);
     const std::uint64_t stride =
         operation.stride != kNoRegister
             ? static_cast<std::uint32_t>(context.row(operation.stride)[lane])
@@ -442,11 +438,7 @@ bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     const Operand& fragment = load ? operands[0] : operands[1];
     const Operand& address = load ? operands[1] : operands[0];
     if (!bindFragment(fragment, operation, 0, operation.matrix, load, resolver)) return false;
-    const std::optional<OperandResolver::Address> resolved = resolver.address(address, space);
-    if (!resolved) return false;
-    instruction.op[4] = resolved->row;
-    instruction.immediate = resolved->offset;
-    if (resolved->base32) instruction.flags |= kMatrixBase32;
+    if (!bindAddress(instruction, address, space, resolver)) return false;
     instruction.space = static_cast<std::uint8_t>(space);
     if (operands.size() == 3) {
       operation.stride = resolver.source(operands[2], Type::kU32);

@@ -143,15 +143,6 @@ std::byte* translateSlow(ExecContext& context, Space space, std::uint64_t addres
 
 namespace {
 
-constexpr std::uint8_t kBase32 = 1;  // the address register is 32 bits wide
-
-inline std::uint64_t addressOf(const Instruction& instruction, const std::uint64_t* base,
-                               std::uint32_t lane) {
-  const std::uint64_t value =
-      (instruction.flags & kBase32) != 0 ? static_cast<std::uint32_t>(base[lane]) : base[lane];
-  return value + static_cast<std::uint64_t>(instruction.immediate);
-}
-
 // The unsigned integer of `Bytes` bytes.
 template <unsigned Bytes>
 using Word = std::conditional_t<
@@ -585,16 +576,6 @@ bool copyAsyncHandler(ExecContext& context, const Instruction& instruction, std:
   });
 }
 
-bool bindAddress(Instruction& instruction, const Operand& operand, Space space,
-                 OperandResolver& resolver) {
-  const std::optional<OperandResolver::Address> address = resolver.address(operand, space);
-  if (!address) return false;
-  instruction.op[4] = address->row;
-  instruction.immediate = address->offset;
-  if (address->base32) instruction.flags |= kBase32;
-  return true;
-}
-
 // cp.async.{ca,cg}.shared{::cta}.global [dst], [src], cp-size{, src-size | ignore-src}{, policy}
 // and its group operations. (cp.async.mbarrier.arrive is ptx_ops_barrier.cpp's; cp.async.bulk is
 // refused by name, with the rest of TMA.)
@@ -664,6 +645,16 @@ bool bindCopyAsync(const ParsedInstruction& parsed, Qualifiers& qualifiers,
 }
 
 }  // namespace
+
+bool bindAddress(Instruction& instruction, const Operand& operand, Space space,
+                 OperandResolver& resolver) {
+  const std::optional<OperandResolver::Address> address = resolver.address(operand, space);
+  if (!address) return false;
+  instruction.op[4] = address->row;
+  instruction.immediate = address->offset;
+  if (address->base32) instruction.flags |= kAddressBase32;
+  return true;
+}
 
 bool bindMemory(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                 Instruction& instruction, bool& unsupported) {
@@ -817,7 +808,7 @@ bool bindMemory(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     if (!resolved) return false;
     instruction.op[4] = resolved->row;
     instruction.immediate = resolved->offset;
-    if (resolved->base32) instruction.flags |= kBase32;
+    if (resolved->base32) instruction.flags |= kAddressBase32;
     if (load && space == Space::kParam && resolved->isConstant &&
         resolved->constantValue < kFrameParamBase) {
       instruction.immediate = static_cast<std::int64_t>(resolved->constantValue) + resolved->offset;
