@@ -1200,15 +1200,18 @@ void Interpreter::runCooperatively(Launch& launch) {
       reinterpret_cast<std::uint64_t>(launch.gridWorkspace),
       reinterpret_cast<std::uint64_t>(launch.gridWorkspace) + sizeof launch.gridWorkspace,
       reinterpret_cast<std::byte*>(launch.gridWorkspace), true};
-  // Every warp's registers exist at once: refuse a grid whose frames alone would take more than
-  // the sim gives one launch, rather than take the daemon's memory.
-  constexpr std::uint64_t kMaxResidentFrameBytes = std::uint64_t{1} << 30;
-  const std::uint64_t frameBytes = std::uint64_t{launch.kernel->rows()} * kWarpSize * 8;
-  if (launch.totalBlocks * launch.warpsPerBlock * frameBytes > kMaxResidentFrameBytes) {
+  // Every block's registers, shared and local memory exist at once: refuse a grid that would take
+  // more than the sim gives one launch, rather than take the daemon's memory (local memory is
+  // backed only where touched, but a kernel may touch all of it).
+  constexpr std::uint64_t kMaxResidentBytes = std::uint64_t{1} << 30;
+  const std::uint64_t perBlock =
+      std::uint64_t{launch.warpsPerBlock} * launch.kernel->rows() * kWarpSize * 8 +
+      std::uint64_t{launch.localStride} * launch.threadsPerBlock + launch.sharedBytes;
+  if (launch.totalBlocks * perBlock > kMaxResidentBytes) {
     launch.fail(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
                 "kernel '" + launch.kernel->name + "': a cooperative grid of " +
                     std::to_string(launch.totalBlocks) +
-                    " blocks needs more registers at once than the sim holds",
+                    " blocks needs more memory at once than the sim gives a launch",
                 0);
     return;
   }
