@@ -189,16 +189,23 @@ bool reduxHandler(ExecContext& context, const Instruction& instruction, std::uin
   return true;
 }
 
-// elect.sync d|p, membermask: the lowest executing lane is elected (op[0] d, op[5] p).
+// elect.sync d|p, membermask: the lowest executing lane of each lane's member mask is elected
+// (op[0] d, op[5] p).
 bool electHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
-  const std::uint32_t leader = mask == 0 ? 0 : static_cast<std::uint32_t>(std::countr_zero(mask));
+  std::uint32_t leaders[kWarpSize];
+  std::uint32_t elected = 0;
+  forLanes(mask, [&](std::uint32_t lane) {
+    const std::uint32_t members = membersOf(context, instruction, mask, lane);
+    leaders[lane] = members == 0 ? lane : static_cast<std::uint32_t>(std::countr_zero(members));
+    if (leaders[lane] == lane) elected |= 1u << lane;
+  });
   if (instruction.op[0] != kNoRegister) {
     std::uint64_t* d = context.row(instruction.op[0]);
-    forLanes(mask, [&](std::uint32_t lane) { d[lane] = leader; });
+    forLanes(mask, [&](std::uint32_t lane) { d[lane] = leaders[lane]; });
   }
   if (instruction.op[5] != kNoRegister) {
     std::uint32_t& p = context.preds[instruction.op[5]];
-    p = (p & ~mask) | (mask & (1u << leader));
+    p = (p & ~mask) | (elected & mask);
   }
   return true;
 }

@@ -683,8 +683,8 @@ $fail:
 }
 
 // Lanes of one warp instruction may name different member masks, as cooperative_groups tiles of
-// 16 do (each its own half of the warp): redux, vote.ballot and match.any each stay within the
-// lane's own mask.
+// 16 do (each its own half of the warp): redux, vote.ballot, match.any and elect each stay within
+// the lane's own mask.
 TEST(PtxInterpreter, WarpExchangesStayWithinEachLanesMemberMask) {
   Harness harness(std::string(kHeader) + R"(
 .visible .entry k(.param .u64 out)
@@ -703,22 +703,28 @@ TEST(PtxInterpreter, WarpExchangesStayWithinEachLanesMemberMask) {
   vote.sync.ballot.b32 %r7, %p1, %r4;
   and.b32 %r8, %r1, 3;
   match.any.sync.b32 %r9, %r8, %r4;
-  mul.wide.u32 %rd2, %r1, 16;
+  elect.sync %r10|%p1, %r4;
+  selp.u32 %r11, 1, 0, %p1;
+  mul.wide.u32 %rd2, %r1, 32;
   add.u64 %rd3, %rd1, %rd2;
   st.global.v4.u32 [%rd3], {%r5, %r7, %r9, %r4};
+  st.global.v2.u32 [%rd3+16], {%r10, %r11};
   ret;
 }
 )");
   ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
-  std::vector<std::uint32_t> out(32 * 4, 0);
+  std::vector<std::uint32_t> out(32 * 8, 0);
   harness.addRange(out);
   const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {address(out.data())});
   ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
   for (std::uint32_t lane = 0; lane < 32; ++lane) {
     const std::uint32_t half = lane < 16 ? 0x0000ffffu : 0xffff0000u;
-    EXPECT_EQ(out[lane * 4], lane < 16 ? 120u : 376u) << "redux total of lane " << lane;
-    EXPECT_EQ(out[lane * 4 + 1], 0xaaaaaaaau & half) << "ballot of lane " << lane;
-    EXPECT_EQ(out[lane * 4 + 2], (0x11111111u << (lane & 3)) & half) << "match of lane " << lane;
+    EXPECT_EQ(out[lane * 8], lane < 16 ? 120u : 376u) << "redux total of lane " << lane;
+    EXPECT_EQ(out[lane * 8 + 1], 0xaaaaaaaau & half) << "ballot of lane " << lane;
+    EXPECT_EQ(out[lane * 8 + 2], (0x11111111u << (lane & 3)) & half) << "match of lane " << lane;
+    EXPECT_EQ(out[lane * 8 + 4], lane < 16 ? 0u : 16u) << "leader elected for lane " << lane;
+    EXPECT_EQ(out[lane * 8 + 5], lane == 0 || lane == 16 ? 1u : 0u)
+        << "lane " << lane << " elected";
   }
 }
 
