@@ -1293,27 +1293,21 @@ LaunchOutcome Interpreter::run(const LaunchRequest& request) {
   }
   if (request.cooperative) {
     runCooperatively(launch);
-    LaunchOutcome outcome = launch.outcome;
-    if (outcome.status == CUDA_SUCCESS && launch.stopRequested()) {
-      outcome.status = CUDA_ERROR_CONTEXT_IS_DESTROYED;
-      outcome.message = "the launch was abandoned";
+  } else {
+    const bool share = !threads_.empty() && launch.totalBlocks > 1;
+    if (share) {
+      std::lock_guard lock(mutex_);
+      active_.push_back(&launch);
     }
-    outcome.threadInstructions = launch.threadInstructions.load();
-    return outcome;
-  }
-  const bool share = !threads_.empty() && launch.totalBlocks > 1;
-  if (share) {
-    std::lock_guard lock(mutex_);
-    active_.push_back(&launch);
-  }
-  if (share) wake_.notify_all();
-  std::unique_ptr<BlockRunner> runner = acquireRunner();
-  work(launch, *runner, 0);
-  releaseRunner(std::move(runner));
-  if (share) {
-    std::unique_lock lock(mutex_);
-    active_.erase(std::find(active_.begin(), active_.end(), &launch));
-    wake_.wait(lock, [&] { return launch.helpers == 0; });
+    if (share) wake_.notify_all();
+    std::unique_ptr<BlockRunner> runner = acquireRunner();
+    work(launch, *runner, 0);
+    releaseRunner(std::move(runner));
+    if (share) {
+      std::unique_lock lock(mutex_);
+      active_.erase(std::find(active_.begin(), active_.end(), &launch));
+      wake_.wait(lock, [&] { return launch.helpers == 0; });
+    }
   }
   LaunchOutcome outcome;
   {

@@ -145,10 +145,6 @@ bool pendingCountHandler(ExecContext& context, const Instruction& instruction, s
   return true;
 }
 
-bool nothingHandler(ExecContext&, const Instruction&, std::uint32_t) {
-  return true;
-}
-
 bool bindBarrierAddress(Instruction& instruction, const Operand& operand, Space space,
                         OperandResolver& resolver) {
   if (!bindAddress(instruction, operand, space, resolver)) return false;
@@ -202,7 +198,7 @@ bool bindAsyncBarrier(const ParsedInstruction& parsed, Qualifiers& qualifiers,
       return bindError(resolver, "cp.async.mbarrier.arrive takes [addr]");
     }
     if (!bindBarrierAddress(instruction, operands[0], space, resolver)) return false;
-    instruction.handler = noIncrement ? &copiesArriveHandler : &nothingHandler;
+    instruction.handler = noIncrement ? &copiesArriveHandler : &nopHandler;
     return true;
   }
   if (operation == "init" || operation == "inval") {

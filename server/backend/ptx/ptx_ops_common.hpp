@@ -9,6 +9,11 @@
 
 namespace gpuproxy::server::ptx {
 
+// An instruction with nothing to do in the sim (hints, and waits for work already done).
+inline bool nopHandler(ExecContext&, const Instruction&, std::uint32_t) {
+  return true;
+}
+
 template <typename A, typename Op>
 bool unaryHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
   std::uint64_t* d = context.row(instruction.op[0]);

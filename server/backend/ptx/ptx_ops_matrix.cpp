@@ -273,8 +273,7 @@ bool shapeFits(unsigned m, unsigned n, unsigned k, MatrixElement input) {
   }
 }
 
-// The input type a shape and accumulator imply when only the accumulator types are written
-// (wmma.mma....f32.f16: the f16 form).
+// Whether `accumulator` is a C or D type tensor cores pair with `input` (A and B).
 bool accumulatorFits(MatrixElement input, MatrixElement accumulator) {
   switch (input) {
     case MatrixElement::kF16:
@@ -302,9 +301,9 @@ bool bindFragment(const Operand& operand, MatrixOperation& operation, int which,
                                    std::to_string(registers) + " registers");
   }
   const Type type = elementBytes(element) == 8 ? Type::kB64 : Type::kB32;
-  for (const Operand& element : operand.elements) {
+  for (const Operand& each : operand.elements) {
     const std::uint32_t row =
-        written ? resolver.destination(element, type) : resolver.source(element, type);
+        written ? resolver.destination(each, type) : resolver.source(each, type);
     if (row == kNoRegister) return false;
     operation.fragments[which].push_back(row);
   }

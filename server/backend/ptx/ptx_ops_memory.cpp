@@ -521,10 +521,6 @@ bool fenceHandler(ExecContext&, const Instruction&, std::uint32_t) {
   return true;
 }
 
-bool nopHandler(ExecContext&, const Instruction&, std::uint32_t) {
-  return true;
-}
-
 // createpolicy writes a cache policy that only cache hints read: any value will do.
 bool createPolicyHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
   std::uint64_t* d = context.row(instruction.op[0]);

@@ -272,10 +272,6 @@ bool specialHandler(ExecContext& context, const Instruction& instruction, std::u
   return true;
 }
 
-bool nopHandler(ExecContext&, const Instruction&, std::uint32_t) {
-  return true;
-}
-
 }  // namespace
 
 bool bindMove(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
