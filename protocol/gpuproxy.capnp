@@ -161,9 +161,10 @@ interface Session {
 
   # Device printf output of the client's kernels (vprintf on the sim backend): what they printed
   # up to the last synchronisation, which the stub writes to the application's stdout. A
-  # DeviceOutput completion record says there is some. The daemon keeps at most 1 MiB of it per
-  # client between two calls, as a GPU's printf buffer holds 1 MiB (cudaLimitPrintfFifoSize);
-  # `lostBytes` counts what was dropped, oldest output first, when a client printed more.
+  # DeviceOutput completion record says there is some. The daemon keeps at most the client's
+  # printf FIFO size of it (CU_LIMIT_PRINTF_FIFO_SIZE: 1 MiB unless setLimit changed it) between
+  # two calls, as a GPU's printf buffer does; `lostBytes` counts what was dropped, oldest output
+  # first, when a client printed more.
   takeDeviceOutput @22 () -> (text :Data, lostBytes :UInt64);
 
   # A module image larger than one transfer chunk (maxTransferChunk) travels in pieces, so that
@@ -185,6 +186,14 @@ interface Session {
   # memory for copies and memsets while the module is loaded. CUDA_ERROR_NOT_FOUND when the
   # module has no variable of that name.
   getGlobal @26 (module :UInt64, name :Text) -> (result :Int32, pointer :UInt64, bytes :UInt64);
+
+  # cuCtxSetLimit of a limit that reaches the device: CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE
+  # or CU_LIMIT_MALLOC_HEAP_SIZE (`limit` as CUlimit numbers it) for the client's contexts on the
+  # device of `context`. `value` is what the daemon granted (it may round or clamp, as the driver
+  # does). CUDA_ERROR_INVALID_VALUE: the heap size, once the client's device heap exists (a module
+  # whose kernels call malloc or free has been loaded, as the CUDA programming guide says);
+  # CUDA_ERROR_UNSUPPORTED_LIMIT: any other limit.
+  setLimit @29 (context :UInt64, limit :UInt32, value :UInt64) -> (result :Int32, value :UInt64);
 }
 
 # ---------------------------------------------------------------------------------------------

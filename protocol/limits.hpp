@@ -36,4 +36,12 @@ inline constexpr std::size_t kMaxHostRangesPerSession = 1024;
 // running at once; each holds its stream in the daemon until the client says it returned.
 inline constexpr std::size_t kMaxPendingHostFunctions = 65536;
 
+// A context's resource limits as the driver sets them (cuCtxGetLimit before any cuCtxSetLimit).
+inline constexpr std::uint64_t kDefaultStackBytes = 1024;                         // per thread
+inline constexpr std::uint64_t kDefaultPrintfFifoBytes = std::uint64_t{1} << 20;  // printf()
+inline constexpr std::uint64_t kDefaultMallocHeapBytes = std::uint64_t{8} << 20;  // malloc()
+// The most device printf output the daemon keeps for one client between two of its
+// synchronisations, whatever CU_LIMIT_PRINTF_FIFO_SIZE asks for: it is the daemon's own memory.
+inline constexpr std::uint64_t kMaxPrintfFifoBytes = std::uint64_t{64} << 20;
+
 }  // namespace gpuproxy::protocol

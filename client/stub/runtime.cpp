@@ -432,6 +432,7 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
     contexts_.erase(context);
   } else if (auto found = contexts_.find(context); found != contexts_.end()) {
     found->second.generation = newGeneration();
+    found->second.limits.clear();
   }
 }
 

@@ -78,6 +78,9 @@ struct ContextRecord {
   // cuCtxSetCacheConfig's preference: a hint the backends may ignore, kept so that
   // cuCtxGetCacheConfig answers what was set.
   int cacheConfig = CU_FUNC_CACHE_PREFER_NONE;
+  // What cuCtxSetLimit granted, by CUlimit; a limit not here has the driver's default. Cleared
+  // with the context's resources (a primary context reset).
+  std::map<int, std::size_t> limits{};
 };
 
 // What cuLaunchKernel needs to know about a CUfunction without asking the daemon.

@@ -173,6 +173,9 @@ public:
   virtual std::uint64_t deviceBytes() const = 0;
   // A module-scope variable by name; CUDA_ERROR_NOT_FOUND when the module has none.
   virtual Result<GlobalVariable> global(std::string_view name) = 0;
+  // Whether its kernels call malloc or free and the device expects their heap from its owner
+  // (Device::attachDeviceHeap: the sim). False where the driver keeps the heap itself (cuda).
+  virtual bool needsDeviceHeap() const { return false; }
 };
 
 class Event {
@@ -305,6 +308,19 @@ public:
   // GPU prints on the application's stdout at its next synchronisation. Empty where the backend
   // does not collect it (the `cuda` backend: the driver prints in the daemon).
   virtual std::string takeDeviceOutput(AddressSpace /*owner*/) { return {}; }
+  // cuCtxSetLimit for `owner`'s kernels: CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE or
+  // CU_LIMIT_MALLOC_HEAP_SIZE. Returns what was granted (the backend may round or clamp, as the
+  // driver does), or the driver's error; CUDA_ERROR_UNSUPPORTED_LIMIT for any other limit. One
+  // context serves every owner on `cuda`, so there a limit only ever grows: the largest any owner
+  // asked for. Owner thread.
+  virtual Result<std::uint64_t> setLimit(AddressSpace owner, CUlimit limit,
+                                         std::uint64_t value) = 0;
+  // The device heap (`bytes` at `base`, device memory of `owner`'s) that `owner`'s kernels
+  // allocate from with malloc, where modules ask for one (Module::needsDeviceHeap); bytes 0 takes
+  // it away again (the caller frees the memory afterwards, once no kernel of `owner` runs). Owner
+  // thread.
+  virtual void attachDeviceHeap(AddressSpace /*owner*/, CUdeviceptr /*base*/,
+                                std::uint64_t /*bytes*/) {}
   // Recreates the device's context after a sticky fault. Every allocation, module, stream and event
   // made before is invalid afterwards; the caller must have dropped them. Registered host memory
   // and the SM partition are kept.

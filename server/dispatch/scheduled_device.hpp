@@ -135,6 +135,14 @@ public:
   std::string takeDeviceOutput(backend::AddressSpace owner) override {
     return backend().takeDeviceOutput(owner);
   }
+  backend::Result<std::uint64_t> setLimit(backend::AddressSpace owner, CUlimit limit,
+                                          std::uint64_t value) override {
+    return backend().setLimit(owner, limit, value);
+  }
+  void attachDeviceHeap(backend::AddressSpace owner, CUdeviceptr base,
+                        std::uint64_t bytes) override {
+    backend().attachDeviceHeap(owner, base, bytes);
+  }
   // The context reset, in two halves so that its slow part can leave the owner thread (a reset
   // recreates a GPU context: it may take long). beginReset, on the owner thread, fails every
   // operation still held here (their callbacks get CUDA_ERROR_CONTEXT_IS_DESTROYED) and returns

@@ -163,7 +163,7 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
   });
 }
 
-void GpuClient::releaseAllocationMemory(CUdeviceptr pointer, const Allocation& /*allocation*/) {
+void GpuClient::releaseDeviceMemory(CUdeviceptr pointer) {
   CUresult freed = shard_.free(pointer);
   if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
     spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", shard_.index(), pointer,
@@ -190,13 +190,25 @@ void GpuClient::destroyContextNow(Handle context) {
       ++it;
       continue;
     }
-    releaseAllocationMemory(it->first, it->second);
+    releaseDeviceMemory(it->first);
     it = allocations_.erase(it);
   }
   contexts_.erase(context);
   if (primaryContext_ == context) {
     primaryContext_.reset();
     primaryRefcount_ = 0;
+  }
+  if (contexts_.empty()) {
+    // A new context starts with the driver's limits and no heap.
+    releaseDeviceHeap();
+    heapLimit_ = protocol::kDefaultMallocHeapBytes;
+    if (deviceLimitsChanged_) {
+      deviceLimitsChanged_ = false;
+      backend::Device& device = shard_.device();
+      device.setLimit(stats_->addressSpace, CU_LIMIT_STACK_SIZE, protocol::kDefaultStackBytes);
+      device.setLimit(stats_->addressSpace, CU_LIMIT_PRINTF_FIFO_SIZE,
+                      protocol::kDefaultPrintfFifoBytes);
+    }
   }
   // A client that has let go of its last context here (cuDevicePrimaryCtxReset after a fault, as
   // the CUDA runtime's cudaDeviceReset does) no longer holds up the recovery of a poisoned GPU.
@@ -440,13 +452,14 @@ std::uint64_t GpuClient::abandon() {
       ++it;
       continue;
     }
-    releaseAllocationMemory(it->first, it->second);
+    releaseDeviceMemory(it->first);
     it = allocations_.erase(it);
   }
   // No kernel of this client is left to run, so its modules can go too.
   functions_.clear();
   moduleVariables_.clear();
   modules_.clear();  // and their charges
+  releaseDeviceHeap();
   return before - memoryUsed_;
 }
 
@@ -571,6 +584,54 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
     allocations_.erase(found);  // and its charge
     return freed;
   });
+}
+
+backend::Result<std::uint64_t> GpuClient::setLimit(Handle context, CUlimit limit,
+                                                   std::uint64_t value) {
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (limit == CU_LIMIT_MALLOC_HEAP_SIZE && deviceHeap_) {
+    if (value == heapLimit_) return value;
+    spdlog::info(
+        "device {}: pid {} asked for a {}-byte device heap after its {}-byte heap was made (a "
+        "module that calls malloc or free was loaded): refused, as CUDA refuses it",
+        shard_.index(), stats_->identity.pid, value, heapLimit_);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto granted = shard_.device().setLimit(stats_->addressSpace, limit, value);
+  if (!granted.ok()) return granted;
+  if (limit == CU_LIMIT_MALLOC_HEAP_SIZE) {
+    heapLimit_ = granted.value();
+  } else {
+    deviceLimitsChanged_ = true;
+  }
+  return granted;
+}
+
+CUresult GpuClient::provideDeviceHeap(const backend::Module& module) {
+  if (!module.needsDeviceHeap() || deviceHeap_) return CUDA_SUCCESS;
+  auto charge = MemoryCharge::take(ledger(), shard_.occupiedBytes(heapLimit_),
+                                   MemoryCharge::Kind::kAllocation);
+  backend::Result<CUdeviceptr> pointer = CUDA_ERROR_OUT_OF_MEMORY;
+  if (charge) pointer = shard_.allocate(heapLimit_, stats_->addressSpace);
+  if (!pointer.ok()) {
+    spdlog::info(
+        "device {}: the {}-byte device heap of pid {} (tenant '{}') could not be had ({}); the "
+        "module that needs it is refused",
+        shard_.index(), heapLimit_, stats_->identity.pid, stats_->tenant->name(),
+        charge ? "out of device memory" : "beyond the tenant's memory limit");
+    return CUDA_ERROR_SHARED_OBJECT_INIT_FAILED;
+  }
+  shard_.device().attachDeviceHeap(stats_->addressSpace, pointer.value(), heapLimit_);
+  deviceHeap_.emplace(DeviceHeap{pointer.value(), std::move(*charge)});
+  return CUDA_SUCCESS;
+}
+
+void GpuClient::releaseDeviceHeap() {
+  if (!deviceHeap_) return;
+  shard_.device().attachDeviceHeap(stats_->addressSpace, 0, 0);
+  releaseDeviceMemory(deviceHeap_->pointer);
+  deviceHeap_.reset();  // and its charge
 }
 
 backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
@@ -750,6 +811,7 @@ kj::Promise<backend::Result<Handle>> GpuClient::loadModule(Handle context,
         auto charge = MemoryCharge::take(ledger(), loaded.value()->deviceBytes(),
                                          MemoryCharge::Kind::kModule);
         if (!charge) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (CUresult heap = provideDeviceHeap(*loaded.value()); heap != CUDA_SUCCESS) return heap;
         Handle handle = newHandle(HandleKind::kModule);
         Module& module = modules_[handle];
         module.context = context;

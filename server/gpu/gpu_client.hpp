@@ -8,6 +8,7 @@
 // Before that, abandon() drops the work the device has not been handed yet and frees at once the
 // memory that no work already on the device can still touch.
 
+#include "protocol/limits.hpp"
 #include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
 #include "server/dispatch/scheduled_device.hpp"
@@ -64,6 +65,11 @@ public:
   bool ownsAllocation(CUdeviceptr pointer) const;
   kj::Promise<CUresult> free(CUdeviceptr pointer);
   backend::Result<backend::MemoryInfo> memoryInfo(Handle context);
+  // cuCtxSetLimit of CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE or CU_LIMIT_MALLOC_HEAP_SIZE
+  // for the client's contexts on this GPU, which share one set of limits and one device heap;
+  // returns what was granted. The heap's size is fixed once the heap exists
+  // (CUDA_ERROR_INVALID_VALUE). They go back to the driver's defaults with the last context.
+  backend::Result<std::uint64_t> setLimit(Handle context, CUlimit limit, std::uint64_t value);
   // Returns once the bytes are staged in the daemon and the copy is queued (CUDA's pageable
   // host-to-device semantics).
   CUresult copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
@@ -248,10 +254,16 @@ private:
                                        kj::Promise<CUresult> status);
   // Where this client's memory charges on this GPU are recorded (server/gpu/memory_charge.hpp).
   MemoryLedger ledger();
-  // Frees one allocation on the device and credits it (the caller drops it from allocations_).
-  void releaseAllocationMemory(CUdeviceptr pointer, const Allocation& allocation);
+  // Frees device memory of this client's on the device; the caller drops its charge (with the
+  // allocation, from allocations_, or the heap).
+  void releaseDeviceMemory(CUdeviceptr pointer);
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
+  // Makes the device heap if `module` needs one and there is none yet; CUDA's error for a module
+  // whose heap cannot be had (CUDA_ERROR_SHARED_OBJECT_INIT_FAILED) otherwise.
+  CUresult provideDeviceHeap(const backend::Module& module);
+  // Takes the heap from the device and frees it. No kernel of this client may be running.
+  void releaseDeviceHeap();
 
   GpuShard& shard_;
   std::shared_ptr<ClientStats> stats_;
@@ -273,6 +285,18 @@ private:
   std::map<CUdeviceptr, Allocation> allocations_;
   // Module variables looked up (getGlobal), by address: their sizes. Their memory is the module's.
   std::map<CUdeviceptr, std::uint64_t> moduleVariables_;
+  // The device heap of this client's kernels on this GPU, where the backend wants it from the
+  // daemon (backend::Module::needsDeviceHeap: the sim). As a GPU allocates a context's heap, it is
+  // made when the first module that needs it is loaded, of the size the heap limit says then,
+  // and charged like an allocation; it goes with the client's last context.
+  struct DeviceHeap {
+    CUdeviceptr pointer = 0;
+    MemoryCharge charge;
+  };
+  std::optional<DeviceHeap> deviceHeap_;
+  std::uint64_t heapLimit_ = protocol::kDefaultMallocHeapBytes;
+  // Whether a stack or printf FIFO limit was changed on the device (to undo with the last context).
+  bool deviceLimitsChanged_ = false;
 };
 
 }  // namespace gpuproxy::server

@@ -268,6 +268,26 @@ kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
   return kj::READY_NOW;
 }
 
+kj::Promise<void> ClientSession::setLimit(SetLimitContext context) {
+  auto params = context.getParams();
+  auto results = context.getResults();
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  const auto limit = static_cast<CUlimit>(params.getLimit());
+  if (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_PRINTF_FIFO_SIZE &&
+      limit != CU_LIMIT_MALLOC_HEAP_SIZE) {
+    results.setResult(CUDA_ERROR_UNSUPPORTED_LIMIT);
+    return kj::READY_NOW;
+  }
+  auto granted = client->setLimit(params.getContext(), limit, params.getValue());
+  results.setResult(granted.code());
+  if (granted.ok()) results.setValue(granted.value());
+  return kj::READY_NOW;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Modules and kernels
 

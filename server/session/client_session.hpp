@@ -9,6 +9,7 @@
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 #include "ipc/shared_segment.hpp"
 #include "ipc/unix_socket.hpp"
+#include "protocol/limits.hpp"
 #include "server/data_plane/client_channel.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_client.hpp"
@@ -75,6 +76,7 @@ protected:
   kj::Promise<void> appendModuleImage(AppendModuleImageContext context) override;
   kj::Promise<void> loadModuleImage(LoadModuleImageContext context) override;
   kj::Promise<void> getGlobal(GetGlobalContext context) override;
+  kj::Promise<void> setLimit(SetLimitContext context) override;
 
 private:
   class MessagePort;
@@ -214,8 +216,9 @@ private:
   std::map<std::uint64_t, HostWindow> hostWindows_;
   // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.
   bool pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const;
-  // Device printf output not yet fetched by the client (bounded as a GPU's printf buffer is).
-  static constexpr std::size_t kMaxDeviceOutputBytes = 1 << 20;
+  // Device printf output not yet fetched by the client: each device keeps at most the client's
+  // printf FIFO size of it (CU_LIMIT_PRINTF_FIFO_SIZE), and this at most the largest FIFO.
+  static constexpr std::size_t kMaxDeviceOutputBytes = protocol::kMaxPrintfFifoBytes;
   std::string deviceOutput_;
   std::uint64_t deviceOutputLost_ = 0;
   // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.

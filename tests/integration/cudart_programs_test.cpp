@@ -68,6 +68,22 @@ TEST_P(CudartPrograms, EverydayRuntimeCallsGiveTheGpusResults) {
   }));
 }
 
+TEST_P(CudartPrograms, ResourceLimitsReachTheDevice) {
+  // A daemon of its own: on the cuda backend every client shares one context, whose heap is fixed
+  // once any client's module that calls malloc has been loaded.
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("cudart_checks"), {"limits"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("heap blocks 32 x 1048576 bytes, recursion 181 deep"),
+            std::string::npos)
+      << result.output;
+  // The heap was the client's memory, and came back with it.
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  }));
+}
+
 TEST_P(CudartPrograms, SeveralDevicesThreadsAndADeviceReset) {
   Daemon::Options options;
   options.simDevices = 2;

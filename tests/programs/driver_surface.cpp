@@ -222,13 +222,21 @@ void occupancy(CUmodule module) {
   MUST(cuOccupancyMaxPotentialClusterSize(&clusterSize, vectorAdd, &config));
   reportNumber("potential-cluster-size", clusterSize);
 
-  // Limits: the driver's defaults; keeping one is fine, changing one is not offered.
+  // Limits: the driver's defaults until set; what was granted reads back.
   size_t stack = 0;
   MUST(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
   reportNumber("limit-stack", static_cast<long long>(stack));
   report("limit-keep-stack", cuCtxSetLimit(CU_LIMIT_STACK_SIZE, stack));
   report("limit-grow-heap", cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, size_t{64} << 20));
+  size_t heap = 0;
+  MUST(cuCtxGetLimit(&heap, CU_LIMIT_MALLOC_HEAP_SIZE));
+  reportNumber("limit-heap-mib", static_cast<long long>(heap >> 20));
+  size_t granularity = 0;
+  MUST(cuCtxSetLimit(CU_LIMIT_MAX_L2_FETCH_GRANULARITY, 1000));
+  MUST(cuCtxGetLimit(&granularity, CU_LIMIT_MAX_L2_FETCH_GRANULARITY));
+  reportNumber("limit-l2-fetch-granularity", static_cast<long long>(granularity));
   report("limit-unknown", cuCtxGetLimit(&stack, static_cast<CUlimit>(0x7f)));
+  report("limit-set-unknown", cuCtxSetLimit(static_cast<CUlimit>(0x7f), 1));
 
   int minGrid = 0;
   int blockSize = 0;

@@ -4,12 +4,14 @@
 #include <cuda.h>
 #include <cudaProfiler.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 
 #include "client/stub/api_support.hpp"
 #include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
+#include "protocol/limits.hpp"
 
 using gpuproxy::protocol::Session;
 using gpuproxy::stub::ContextRecord;
@@ -390,15 +392,15 @@ GPUPROXY_EXPORT CUresult cuCtxGetFlags(unsigned int* flags) {
 
 namespace {
 
-// The driver's defaults, which every context of both backends has: the daemon sets none.
+// The driver's defaults, which every context starts with.
 std::optional<size_t> defaultLimit(int limit) {
   switch (limit) {
     case CU_LIMIT_STACK_SIZE:
-      return 1024;
+      return gpuproxy::protocol::kDefaultStackBytes;
     case CU_LIMIT_PRINTF_FIFO_SIZE:
-      return size_t{1} << 20;
+      return gpuproxy::protocol::kDefaultPrintfFifoBytes;
     case CU_LIMIT_MALLOC_HEAP_SIZE:
-      return size_t{8} << 20;
+      return gpuproxy::protocol::kDefaultMallocHeapBytes;
     case CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH:
       return 2;
     case CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT:
@@ -417,25 +419,70 @@ std::optional<size_t> defaultLimit(int limit) {
 GPUPROXY_EXPORT CUresult cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (pvalue == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
-    std::optional<size_t> value = defaultLimit(gpuproxy::stub::enumValue(limit));
+    std::optional<ContextRecord> record = runtime.context(currentContext());
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    const int which = gpuproxy::stub::enumValue(limit);
+    std::optional<size_t> value = defaultLimit(which);
     if (!value) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (auto set = record->limits.find(which); set != record->limits.end()) value = set->second;
     *pvalue = *value;
     return CUDA_SUCCESS;
   });
 }
 
-// Setting a limit to what it is already is accepted; changing one would have to reach the device
-// (a larger stack or heap for this client's kernels), which the daemon does not offer yet.
+// The stack, the printf FIFO and the heap are the device's, so the daemon sets them (and may
+// refuse: the heap's size is fixed once the heap exists). The rest are kept here: the L2 hints
+// are preferences a GPU may ignore, and the device runtime's limits govern launches from kernels,
+// which gpuproxy does not run.
 GPUPROXY_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   return guarded(__func__, [&](Runtime& runtime) {
-    if (!runtime.context(currentContext())) return CUDA_ERROR_INVALID_CONTEXT;
-    std::optional<size_t> current = defaultLimit(gpuproxy::stub::enumValue(limit));
-    if (!current) return CUDA_ERROR_UNSUPPORTED_LIMIT;
-    if (value == *current) return CUDA_SUCCESS;
-    GPUPROXY_STUB_LOG(kWarn, "cuCtxSetLimit: changing limit %d (to %zu) is not supported",
-                      gpuproxy::stub::enumValue(limit), value);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    const std::uint64_t context = currentContext();
+    std::optional<ContextRecord> record = runtime.context(context);
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    const int which = gpuproxy::stub::enumValue(limit);
+    if (!defaultLimit(which)) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    size_t granted = value;
+    switch (which) {
+      case CU_LIMIT_STACK_SIZE:
+      case CU_LIMIT_PRINTF_FIFO_SIZE:
+      case CU_LIMIT_MALLOC_HEAP_SIZE: {
+        struct Reply {
+          CUresult result;
+          std::uint64_t value;
+        };
+        Reply reply = runtime.call([&](Session::Client& session) {
+          auto request = session.setLimitRequest();
+          request.setContext(context);
+          request.setLimit(static_cast<std::uint32_t>(which));
+          request.setValue(value);
+          return request.send().then([](auto response) {
+            return Reply{toResult(response.getResult()), response.getValue()};
+          });
+        });
+        if (reply.result != CUDA_SUCCESS) return reply.result;
+        granted = static_cast<size_t>(reply.value);
+        break;
+      }
+      case CU_LIMIT_MAX_L2_FETCH_GRANULARITY:
+        // Bytes: 0 to 128, a hint.
+        granted = std::min<size_t>(value, 128);
+        break;
+      case CU_LIMIT_PERSISTING_L2_CACHE_SIZE: {
+        // At most what the device can set aside.
+        const DeviceRecord* device = runtime.device(static_cast<CUdevice>(record->device));
+        const int most =
+            device == nullptr
+                ? 0
+                : device->attribute(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE).value_or(0);
+        granted = std::min<size_t>(value, static_cast<size_t>(std::max(most, 0)));
+        break;
+      }
+      default:
+        break;
+    }
+    const bool known =
+        runtime.updateContext(context, [&](ContextRecord& kept) { kept.limits[which] = granted; });
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
   });
 }
 

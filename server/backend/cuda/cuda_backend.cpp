@@ -1533,6 +1533,30 @@ public:
     return guard.ok() ? core_->probe(false) : core_->sticky();
   }
 
+  // One context serves every client, so a limit only ever grows here: the largest any client
+  // asked for (a larger stack, FIFO or heap than asked for harms no kernel). A client is granted
+  // what it asked for once the context's limit covers it, or what the driver clamped it to. The
+  // driver refuses to change the heap or the printf FIFO once a kernel that uses them has run in
+  // the context (CUDA_ERROR_INVALID_VALUE), and the client then gets that.
+  Result<std::uint64_t> setLimit(backend::AddressSpace /*owner*/, CUlimit limit,
+                                 std::uint64_t value) override {
+    if (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_PRINTF_FIFO_SIZE &&
+        limit != CU_LIMIT_MALLOC_HEAP_SIZE) {
+      return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    }
+    std::size_t current = 0;
+    const CUresult result = call([&](const DriverApi& api) {
+      CUresult status = api.ctxGetLimit(&current, limit);
+      if (status == CUDA_SUCCESS && current < value) {
+        status = api.ctxSetLimit(limit, static_cast<std::size_t>(value));
+        if (status == CUDA_SUCCESS) status = api.ctxGetLimit(&current, limit);
+      }
+      return status;
+    });
+    if (result != CUDA_SUCCESS) return result;
+    return std::min<std::uint64_t>(value, current);
+  }
+
   CUresult reset() override {
     if (const CUresult result = core_->reset(); result != CUDA_SUCCESS) {
       return result;

@@ -35,6 +35,8 @@ namespace gpuproxy::server::cuda {
   X(primaryCtxReset, cuDevicePrimaryCtxReset, 11000)              \
   X(ctxPushCurrent, cuCtxPushCurrent, 4000)                       \
   X(ctxPopCurrent, cuCtxPopCurrent, 4000)                         \
+  X(ctxSetLimit, cuCtxSetLimit, 3010)                             \
+  X(ctxGetLimit, cuCtxGetLimit, 3010)                             \
   X(memAlloc, cuMemAlloc, 3020)                                   \
   X(memFree, cuMemFree, 3020)                                     \
   X(memGetInfo, cuMemGetInfo, 3020)                               \

@@ -43,6 +43,7 @@ Executable::Executable(std::shared_ptr<const Program> program, std::uint64_t glo
   constants_.resize(count);
   localRows_.resize(count);
   stackBytes_.assign(count, 0);
+  recursive_.assign(count, false);
   for (std::uint32_t f = 0; f < count; ++f) {
     const Function& function = program_->functions[f];
     for (std::size_t c = 0; c < function.constants.size(); ++c) {
@@ -111,7 +112,10 @@ Executable::Executable(std::shared_ptr<const Program> program, std::uint64_t glo
   }
   for (std::uint32_t f = 0; f < count; ++f) {
     std::uint64_t bytes = need[f];
-    if (bytes == kUnbounded) bytes = frameBytes(f) + kRecursionStackBytes;
+    if (bytes == kUnbounded) {
+      bytes = frameBytes(f) + kRecursionStackBytes;
+      recursive_[f] = true;
+    }
     stackBytes_[f] = static_cast<std::uint32_t>(std::max<std::uint64_t>(alignUp(bytes, 16), 16));
   }
 }
@@ -1283,6 +1287,10 @@ LaunchOutcome Interpreter::run(const LaunchRequest& request) {
                            ? launch.program->dynamicSharedOffset + request.dynamicSharedBytes
                            : launch.program->staticSharedBytes;
   launch.localStride = request.executable->localBytesPerThread(request.kernel);
+  if (request.executable->recurses(request.kernel)) {
+    const std::uint32_t asked = std::min(request.stackBytes, kMaxStackBytesPerThread);
+    launch.localStride = std::max(launch.localStride, (asked + 15) / 16 * 16);
+  }
   launch.workerCount = workers() + 1;
   if (request.parameters.size() != launch.kernel->kernelParameterBytes ||
       launch.threadsPerBlock == 0 || launch.totalBlocks == 0 || !launch.kernel->isKernel) {

@@ -57,6 +57,8 @@ public:
   // Bytes of local memory each thread of a launch of `kernel` needs: its own frame, plus a stack
   // for the calls it makes (fixed when the call graph recurses).
   std::uint32_t localBytesPerThread(std::uint32_t kernel) const { return stackBytes_[kernel]; }
+  // Whether `kernel`'s call graph recurses, so that its stack is a limit rather than its need.
+  bool recurses(std::uint32_t kernel) const { return recursive_[kernel]; }
   std::uint64_t addressOf(const Constant& constant) const;
 
 private:
@@ -65,11 +67,16 @@ private:
   std::vector<std::vector<std::uint64_t>> constants_;
   std::vector<std::vector<std::uint32_t>> localRows_;
   std::vector<std::uint32_t> stackBytes_;
+  std::vector<bool> recursive_;
 };
 
-// Bytes of call stack each thread gets when the kernel's call graph recurses; deeper recursion
-// stops the launch, as a GPU does when a thread overflows its stack.
+// Bytes of call stack each thread gets when the kernel's call graph recurses, unless its client
+// asked for more (CU_LIMIT_STACK_SIZE, LaunchRequest::stackBytes); deeper recursion stops the
+// launch, as a GPU does when a thread overflows its stack.
 inline constexpr std::uint32_t kRecursionStackBytes = 4096;
+// The most stack a thread may have (CU_LIMIT_STACK_SIZE is clamped to it, as the driver clamps it
+// to the local memory a GPU thread can address).
+inline constexpr std::uint32_t kMaxStackBytesPerThread = 512 * 1024;
 // What each call costs on that stack beyond the callee's .local variables (a return address and
 // saved registers on a GPU).
 inline constexpr std::uint32_t kCallFrameBytes = 16;
@@ -81,6 +88,7 @@ inline constexpr std::uint32_t kMaxCallDepth = 1024;
 class PrintfBuffer {
 public:
   explicit PrintfBuffer(std::size_t capacity) : capacity_(capacity) {}
+  std::size_t capacity() const { return capacity_; }
   void append(std::string_view text);
   std::string take();
   std::uint64_t takeLostBytes();
@@ -97,8 +105,7 @@ private:
 
 // The device heap kernels allocate from with malloc and free (new and delete): a range of device
 // memory whose bookkeeping lives here, out of the kernels' reach. CUDA gives a context one heap of
-// cudaLimitMallocHeapSize bytes (8 MiB by default); the sim gives each module that calls malloc
-// or free one of that size.
+// cudaLimitMallocHeapSize bytes (8 MiB by default); the sim gives each client one per device.
 class DeviceHeap {
 public:
   DeviceHeap(std::uint64_t base, std::uint64_t bytes);
@@ -114,8 +121,6 @@ private:
   std::map<std::uint64_t, std::uint64_t> used_;
 };
 
-inline constexpr std::uint64_t kDeviceHeapBytes = 8ull << 20;
-
 struct LaunchRequest {
   const Executable* executable = nullptr;
   std::uint32_t kernel = 0;  // function index
@@ -129,6 +134,9 @@ struct LaunchRequest {
   const std::atomic<bool>* stop = nullptr;
   PrintfBuffer* printf = nullptr;  // may be null: output is dropped
   DeviceHeap* heap = nullptr;      // may be null: malloc returns NULL
+  // The client's CU_LIMIT_STACK_SIZE: a recursing kernel's threads get at least this much stack
+  // (0: kRecursionStackBytes beyond the kernel's frame).
+  std::uint32_t stackBytes = 0;
   // A cooperative launch: every block is resident at once, taking turns on the calling thread,
   // so that blocks may wait for each other (a grid barrier); %envreg1/%envreg2 hold the address
   // of the grid's barrier workspace, as cooperative_groups expects from the driver.

@@ -22,6 +22,7 @@
 #include <variant>
 
 #include "protocol/cuda_result.hpp"
+#include "protocol/limits.hpp"
 #include "protocol/module_image.hpp"
 #include "server/backend/fatbin/fatbin_reader.hpp"
 #include "server/backend/ptx/ptx_frontend.hpp"
@@ -61,9 +62,6 @@ constexpr unsigned kMaxGridDimZ = 65535;
 // limit, the default 48 KiB unless cuFuncSetAttribute raised it.
 constexpr unsigned kMaxSharedBytesPerBlock = 227 * 1024;
 constexpr int kMaxRegistersPerThread = 255;
-// Device printf output kept for a client between its synchronisations: cudaLimitPrintfFifoSize's
-// default.
-constexpr std::size_t kPrintfFifoBytes = 1 << 20;
 // cuCtxGetStreamPriorityRange on current NVIDIA GPUs: six levels, 0 (default, least) to -5.
 constexpr int kSimLeastPriority = 0;
 constexpr int kSimGreatestPriority = -5;
@@ -106,10 +104,7 @@ struct ModuleImage {
   std::shared_ptr<const ptx::Program> program;
   std::unique_ptr<ptx::Executable> executable;
   std::shared_ptr<DeviceCore> core;
-  CUdeviceptr variables = 0;  // the allocation holding them (0: none)
-  // Its device heap (malloc/free in kernels), when it calls them: one allocation of the owner's.
-  CUdeviceptr heapMemory = 0;
-  std::unique_ptr<ptx::DeviceHeap> heap;
+  CUdeviceptr variables = 0;          // the allocation holding them (0: none)
   std::uint64_t arenaGeneration = 0;  // a reset since frees it with everything else
   backend::AddressSpace owner = backend::kDaemonAddressSpace;
 };
@@ -250,11 +245,31 @@ public:
     if (const std::uint64_t lost = buffer->takeLostBytes(); lost > 0) {
       spdlog::warn(
           "sim device {}: {} bytes of device printf output of address space {} were dropped: "
-          "its kernels printed more than the {} bytes a GPU's printf buffer holds between "
-          "synchronisations",
-          index_, lost, owner, kPrintfFifoBytes);
+          "its kernels printed more than the {} bytes of its printf buffer "
+          "(CU_LIMIT_PRINTF_FIFO_SIZE) between synchronisations",
+          index_, lost, owner, buffer->capacity());
     }
     return buffer->take();
+  }
+
+  // cuCtxSetLimit's printf FIFO size for `owner` (how much of its output is kept between two of
+  // its synchronisations) and stack size (what its recursing kernels' threads get at least).
+  void setPrintfFifoBytes(backend::AddressSpace owner, std::uint64_t bytes) {
+    std::lock_guard lock(settingsMutex_);
+    settings_[owner].printfFifoBytes = bytes;
+    forgetIfDefault(owner);
+  }
+  void setStackBytes(backend::AddressSpace owner, std::uint32_t bytes) {
+    std::lock_guard lock(settingsMutex_);
+    settings_[owner].stackBytes = bytes;
+    forgetIfDefault(owner);
+  }
+  // The device heap `owner`'s kernels allocate from (none: malloc returns NULL), bookkept here
+  // over memory the owner's client allocated; a kernel running meanwhile keeps the one it had.
+  void attachHeap(backend::AddressSpace owner, CUdeviceptr base, std::uint64_t bytes) {
+    std::lock_guard lock(settingsMutex_);
+    settings_[owner].heap = bytes == 0 ? nullptr : std::make_shared<ptx::DeviceHeap>(base, bytes);
+    forgetIfDefault(owner);
   }
 
   std::shared_ptr<StreamQueue> addQueue(backend::AddressSpace owner) {
@@ -374,6 +389,12 @@ public:
     {
       std::lock_guard outputLock(outputMutex_);
       outputs_.clear();
+    }
+    {
+      // The heaps' memory went with the arena (their clients had let go of them already).
+      std::lock_guard settingsLock(settingsMutex_);
+      for (auto& [owner, settings] : settings_) settings.heap.reset();
+      std::erase_if(settings_, [](const auto& entry) { return entry.second.isDefault(); });
     }
     return CUDA_SUCCESS;
   }
@@ -666,6 +687,28 @@ private:
   std::mutex outputMutex_;
   std::map<backend::AddressSpace, std::unique_ptr<ptx::PrintfBuffer>> outputs_;
 
+  // What an owner changed from the defaults: its printf FIFO size and its device heap.
+  struct OwnerSettings {
+    std::uint64_t printfFifoBytes = protocol::kDefaultPrintfFifoBytes;
+    std::uint32_t stackBytes = protocol::kDefaultStackBytes;
+    std::shared_ptr<ptx::DeviceHeap> heap;
+    bool isDefault() const {
+      return printfFifoBytes == protocol::kDefaultPrintfFifoBytes &&
+             stackBytes == protocol::kDefaultStackBytes && !heap;
+    }
+  };
+  OwnerSettings settingsOf(backend::AddressSpace owner) {
+    std::lock_guard lock(settingsMutex_);
+    const auto found = settings_.find(owner);
+    return found == settings_.end() ? OwnerSettings{} : found->second;
+  }
+  void forgetIfDefault(backend::AddressSpace owner) {
+    const auto found = settings_.find(owner);
+    if (found->second.isDefault()) settings_.erase(found);
+  }
+  std::mutex settingsMutex_;
+  std::unordered_map<backend::AddressSpace, OwnerSettings> settings_;
+
   std::thread engine_;  // last: starts after everything it uses is constructed
 };
 
@@ -689,7 +732,10 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
   const Clock::time_point start = Clock::now();
   const FunctionData& function = *launch.function;
   ptx::LaunchOutcome result;
-  ptx::PrintfBuffer output(kPrintfFifoBytes);
+  // Holds the heap while the kernel runs, whatever happens to the owner's settings meanwhile.
+  const OwnerSettings settings = settingsOf(launch.owner);
+  const std::uint64_t printfFifoBytes = settings.printfFifoBytes;
+  ptx::PrintfBuffer output(printfFifoBytes);
   {
     // Holds device memory still while the kernel runs: nothing it may touch is reused meanwhile.
     const DeviceArena::Access access = arena_->access();
@@ -708,7 +754,8 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
     request.memory = &memoryFor(launch.owner, access);
     request.stop = &launchStop_;
     request.printf = &output;
-    request.heap = function.module->heap.get();
+    request.heap = settings.heap.get();
+    request.stackBytes = settings.stackBytes;
     result = interpreter_->run(request);
   }
   outcome.nanoseconds = static_cast<std::uint64_t>(
@@ -716,7 +763,7 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
   if (!output.empty()) {
     std::lock_guard lock(outputMutex_);
     std::unique_ptr<ptx::PrintfBuffer>& buffer = outputs_[launch.owner];
-    if (!buffer) buffer = std::make_unique<ptx::PrintfBuffer>(kPrintfFifoBytes);
+    if (!buffer) buffer = std::make_unique<ptx::PrintfBuffer>(printfFifoBytes);
     const std::uint64_t lost = output.takeLostBytes();
     buffer->append(output.take());
     if (lost > 0) buffer->noteLost(lost);
@@ -731,7 +778,6 @@ ModuleImage::~ModuleImage() {
   // A reset frees every allocation; the range may belong to someone else by now.
   if (core && core->arena().generation() == arenaGeneration) {
     if (variables != 0) core->arena().free(variables);
-    if (heapMemory != 0) core->arena().free(heapMemory);
   }
 }
 
@@ -758,6 +804,9 @@ public:
   // The image size stands in for the code a GPU would load, plus the module's variables, which
   // live in device memory: module memory is accounted for like on a GPU.
   std::uint64_t deviceBytes() const override { return deviceBytes_; }
+  // Kernels that call malloc or free allocate from their owner's heap (DeviceCore::heapOf), one
+  // per client and device as CUDA has one per context.
+  bool needsDeviceHeap() const override { return image_->program->usesHeap; }
 
   Result<Function*> function(std::string_view name) override {
     const auto found = functions_.find(name);
@@ -1085,15 +1134,6 @@ public:
       variableBytes = (program.globalBytes + kAllocationAlignment - 1) / kAllocationAlignment *
                       kAllocationAlignment;
     }
-    if (program.usesHeap) {
-      auto allocated = core_->arena().allocate(ptx::kDeviceHeapBytes, owner);
-      if (!allocated.ok()) return allocated.code();
-      moduleImage->heapMemory = allocated.value();
-      moduleImage->arenaGeneration = core_->arena().generation();
-      moduleImage->heap =
-          std::make_unique<ptx::DeviceHeap>(allocated.value(), ptx::kDeviceHeapBytes);
-      variableBytes += ptx::kDeviceHeapBytes;
-    }
     moduleImage->executable =
         std::make_unique<ptx::Executable>(moduleImage->program, moduleImage->variables);
     if (program.globalBytes > 0) {
@@ -1175,6 +1215,41 @@ public:
 
   CUresult stickyError() override { return core_->sticky(); }
   void abandonWorkOf(backend::AddressSpace owner) override { core_->abandonOwner(owner); }
+
+  // The stack size is what a recursing kernel's threads get at least (the sim gives them more by
+  // default: ptx::kRecursionStackBytes beyond their frame); the printf FIFO bounds what is kept
+  // of the owner's output; the heap is the client's (attachDeviceHeap), so its size is the
+  // daemon's business.
+  Result<std::uint64_t> setLimit(backend::AddressSpace owner, CUlimit limit,
+                                 std::uint64_t value) override {
+    switch (limit) {
+      case CU_LIMIT_STACK_SIZE: {
+        const auto granted = static_cast<std::uint32_t>(
+            (std::min<std::uint64_t>(value, ptx::kMaxStackBytesPerThread) + 15) / 16 * 16);
+        core_->setStackBytes(owner, granted);
+        return std::uint64_t{granted};
+      }
+      case CU_LIMIT_MALLOC_HEAP_SIZE: {
+        // Whole pages, at least one; whether that much memory can be had shows when the heap is
+        // made.
+        constexpr std::uint64_t kPage = 4096;
+        const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() / 2;
+        return (std::clamp<std::uint64_t>(value, 1, limit) + kPage - 1) / kPage * kPage;
+      }
+      case CU_LIMIT_PRINTF_FIFO_SIZE: {
+        const std::uint64_t granted =
+            std::clamp<std::uint64_t>(value, std::uint64_t{1} << 12, protocol::kMaxPrintfFifoBytes);
+        core_->setPrintfFifoBytes(owner, granted);
+        return granted;
+      }
+      default:
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    }
+  }
+  void attachDeviceHeap(backend::AddressSpace owner, CUdeviceptr base,
+                        std::uint64_t bytes) override {
+    core_->attachHeap(owner, base, bytes);
+  }
   std::string stickyErrorDetail() override { return core_->stickyDetail(); }
   std::string takeDeviceOutput(backend::AddressSpace owner) override {
     return core_->takeOutput(owner);

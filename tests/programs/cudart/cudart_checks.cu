@@ -16,6 +16,9 @@
 //                     and copies between them (cudaMemcpyPeer[Async], cudaMemcpy) go through the
 //                     host with the right data
 //   hints             cache and shared-memory preferences read back, the profiler switches
+//   limits            cudaDeviceSetLimit: a device heap larger than the default taken by
+//                     malloc in a kernel, then fixed; a stack deep enough for a recursion; the
+//                     defaults again after cudaDeviceReset
 //   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
 //   out-of-memory N   cudaMalloc of N bytes must fail with cudaErrorMemoryAllocation
 //   hold N            allocates and fills N bytes, prints "holding", then waits to be killed
@@ -360,6 +363,95 @@ int hints() {
   return 0;
 }
 
+// Each thread takes `bytes` from the device heap and writes its index at both ends.
+__global__ void takeFromHeap(unsigned** blocks, unsigned bytes) {
+  auto* block = static_cast<unsigned*>(malloc(bytes));
+  if (block != nullptr) {
+    block[0] = threadIdx.x;
+    block[bytes / sizeof(unsigned) - 1] = threadIdx.x;
+  }
+  blocks[threadIdx.x] = block;
+}
+
+// 1 + 2 + ... + depth, each level keeping 256 bytes of its own on the stack: deeper than the
+// default stack (1 KiB per thread) holds.
+__device__ unsigned sumDownFrom(unsigned depth) {
+  volatile unsigned frame[64];
+  frame[depth % 64] = depth;
+  return depth == 0 ? 0 : frame[depth % 64] + sumDownFrom(depth - 1);
+}
+
+__global__ void sumRecursively(unsigned* out, unsigned depth) {
+  out[threadIdx.x] = sumDownFrom(depth + threadIdx.x);
+}
+
+int limits() {
+  size_t value = 0;
+  CHECK(cudaDeviceGetLimit(&value, cudaLimitMallocHeapSize));
+  EXPECT(value == (8u << 20), "default heap size %zu", value);
+  CHECK(cudaDeviceGetLimit(&value, cudaLimitStackSize));
+  EXPECT(value == 1024, "default stack size %zu", value);
+  CHECK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 64u << 20));
+  CHECK(cudaDeviceGetLimit(&value, cudaLimitMallocHeapSize));
+  EXPECT(value >= (64u << 20), "heap size %zu after asking for 64 MiB", value);
+  CHECK(cudaDeviceSetLimit(cudaLimitStackSize, 48u << 10));
+  CHECK(cudaDeviceGetLimit(&value, cudaLimitStackSize));
+  EXPECT(value >= (48u << 10), "stack size %zu after asking for 48 KiB", value);
+  CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 4u << 20));
+  CHECK(cudaDeviceGetLimit(&value, cudaLimitPrintfFifoSize));
+  EXPECT(value >= (4u << 20), "printf FIFO size %zu after asking for 4 MiB", value);
+  const cudaError_t unknown = cudaDeviceSetLimit(static_cast<cudaLimit>(0x7f), 1);
+  EXPECT(unknown == cudaErrorUnsupportedLimit, "an unknown limit gave %s",
+         cudaGetErrorName(unknown));
+  (void)cudaGetLastError();
+
+  // 32 MiB from the heap: four times what the default heap holds.
+  constexpr unsigned kThreads = 32;
+  constexpr unsigned kBlockBytes = 1u << 20;
+  unsigned** blocks = nullptr;
+  CHECK(cudaMalloc(&blocks, kThreads * sizeof(unsigned*)));
+  takeFromHeap<<<1, kThreads>>>(blocks, kBlockBytes);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  unsigned* taken[kThreads];
+  CHECK(cudaMemcpy(taken, blocks, sizeof taken, cudaMemcpyDeviceToHost));
+  for (unsigned t = 0; t < kThreads; ++t) {
+    EXPECT(taken[t] != nullptr, "malloc of 1 MiB in thread %u returned NULL", t);
+    for (unsigned u = 0; u < t; ++u) {
+      const auto distance = static_cast<unsigned long long>(
+          taken[t] > taken[u] ? taken[t] - taken[u] : taken[u] - taken[t]);
+      EXPECT(distance * sizeof(unsigned) >= kBlockBytes, "heap blocks %u and %u overlap", u, t);
+    }
+  }
+  // Once the heap exists its size is fixed.
+  const cudaError_t late = cudaDeviceSetLimit(cudaLimitMallocHeapSize, 128u << 20);
+  EXPECT(late == cudaErrorInvalidValue, "changing the heap after its use gave %s",
+         cudaGetErrorName(late));
+  (void)cudaGetLastError();
+
+  constexpr unsigned kDepth = 150;
+  unsigned* sums = nullptr;
+  CHECK(cudaMalloc(&sums, kThreads * sizeof(unsigned)));
+  sumRecursively<<<1, kThreads>>>(sums, kDepth);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  unsigned got[kThreads];
+  CHECK(cudaMemcpy(got, sums, sizeof got, cudaMemcpyDeviceToHost));
+  for (unsigned t = 0; t < kThreads; ++t) {
+    const unsigned depth = kDepth + t;
+    EXPECT(got[t] == depth * (depth + 1) / 2, "thread %u summed %u", t, got[t]);
+  }
+  std::printf("heap blocks %u x %u bytes, recursion %u deep\n", kThreads, kBlockBytes,
+              kDepth + kThreads - 1);
+
+  // A reset device starts again with the driver's limits.
+  CHECK(cudaDeviceReset());
+  CHECK(cudaDeviceGetLimit(&value, cudaLimitMallocHeapSize));
+  EXPECT(value == (8u << 20), "heap size %zu after cudaDeviceReset", value);
+  CHECK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 16u << 20));
+  return 0;
+}
+
 int memoryPool() {
   cudaMemPool_t pool = nullptr;
   CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -510,6 +602,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "memory-pool") == 0) result = memoryPool();
   if (std::strcmp(mode, "peer-copies") == 0) result = peerCopies();
   if (std::strcmp(mode, "hints") == 0) result = hints();
+  if (std::strcmp(mode, "limits") == 0) result = limits();
   if (std::strcmp(mode, "copies-3d") == 0) result = copies3D();
   if (std::strcmp(mode, "bad-launch") == 0) result = badLaunch();
   if (std::strcmp(mode, "out-of-memory") == 0 && argument != nullptr) {

@@ -376,6 +376,118 @@ TEST_F(GpuClientTest, ModulesCountAgainstTheTenantLimit) {
   EXPECT_EQ(shard_.memoryUsed(), 0u);
 }
 
+// One kernel that takes `bytes` from the device heap and stores the pointer malloc returned.
+constexpr const char* kTakeFromHeapPtx = R"(
+.version 7.0
+.target sm_80
+.address_size 64
+.extern .func (.param .b64 func_retval0) malloc (.param .b64 malloc_param_0);
+.visible .entry take(.param .u64 out, .param .u64 bytes)
+{
+  .reg .b64 %rd<5>;
+  ld.param.u64 %rd1, [out];
+  ld.param.u64 %rd2, [bytes];
+  {
+    .param .b64 param0;
+    st.param.b64 [param0+0], %rd2;
+    .param .b64 retval0;
+    call.uni (retval0), malloc, (param0);
+    ld.param.b64 %rd3, [retval0+0];
+  }
+  cvta.to.global.u64 %rd4, %rd1;
+  st.global.u64 [%rd4], %rd3;
+  ret;
+}
+)";
+
+// The device heap is the client's memory: as large as its limit said when the first module that
+// calls malloc was loaded, charged like an allocation, fixed from then on, and gone with the last
+// context, after which the limits are the driver's defaults again.
+TEST_F(GpuClientTest, TheDeviceHeapIsTheClientsMemoryOfTheSizeItAskedFor) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  ASSERT_TRUE(context.ok());
+  auto granted = client->setLimit(context.value(), CU_LIMIT_MALLOC_HEAP_SIZE, 1 << 20);
+  ASSERT_TRUE(granted.ok());
+  EXPECT_EQ(granted.value(), 1u << 20);
+  auto out = client->allocate(context.value(), 8);
+  ASSERT_TRUE(out.ok());
+  const std::uint64_t beforeModule = shard_.memoryUsed();
+  auto module = wait(client->loadModule(context.value(), bytes(kTakeFromHeapPtx)));
+  ASSERT_TRUE(module.ok());
+  EXPECT_GE(shard_.memoryUsed() - beforeModule, 1u << 20);
+  EXPECT_EQ(stats_[0]->memoryUsed, shard_.memoryUsed());
+  auto take = client->function(module.value(), "take");
+  ASSERT_TRUE(take.ok());
+  auto takeFromHeap = [&](std::uint64_t bytes) {
+    struct {
+      CUdeviceptr out;
+      std::uint64_t bytes;
+    } parameters{out.value(), bytes};
+    EXPECT_EQ(client->launchKernel(context.value(), take.value().handle, {{1, 1, 1}, {1, 1, 1}, 0},
+                                   0, std::as_bytes(std::span(&parameters, 1))),
+              CUDA_SUCCESS);
+    auto result = wait(client->copyDeviceToHost(context.value(), 0, out.value(), 8));
+    EXPECT_TRUE(result.ok());
+    CUdeviceptr pointer = 0;
+    std::memcpy(&pointer, result.value().data(), sizeof pointer);
+    return pointer;
+  };
+  EXPECT_NE(takeFromHeap(512 << 10), 0u);
+  EXPECT_EQ(takeFromHeap(768 << 10), 0u);  // more than is left of the 1 MiB
+  EXPECT_EQ(client->setLimit(context.value(), CU_LIMIT_MALLOC_HEAP_SIZE, 2 << 20).code(),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_TRUE(client->setLimit(context.value(), CU_LIMIT_MALLOC_HEAP_SIZE, 1 << 20).ok());
+  EXPECT_EQ(wait(client->destroyContext(context.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+
+  // A new context: the default 8 MiB heap, which a 4 MiB tenant limit cannot hold.
+  TenantLimits limits;
+  limits.memoryLimit = 4 << 20;
+  tenant_->setLimits(limits);
+  context = client->createContext(0);
+  ASSERT_TRUE(context.ok());
+  EXPECT_EQ(wait(client->loadModule(context.value(), bytes(kTakeFromHeapPtx))).code(),
+            CUDA_ERROR_SHARED_OBJECT_INIT_FAILED);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(client->setLimit(context.value(), CU_LIMIT_MALLOC_HEAP_SIZE, 2 << 20).value(),
+            2u << 20);
+  EXPECT_TRUE(wait(client->loadModule(context.value(), bytes(kTakeFromHeapPtx))).ok());
+  EXPECT_EQ(client->setLimit(context.value(), CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, 4).code(),
+            CUDA_ERROR_UNSUPPORTED_LIMIT);
+}
+
+// The printf FIFO bounds what is kept of a client's output between its synchronisations; the
+// stack is rounded and clamped as the driver does.
+TEST_F(GpuClientTest, ThePrintfFifoAndStackLimitsAreTheClientsOwn) {
+  auto printOnce = [&](std::uint64_t fifoBytes) {
+    auto client = newClient();
+    const backend::AddressSpace space = stats_.back()->addressSpace;
+    auto context = client->createContext(0);
+    EXPECT_EQ(client->setLimit(context.value(), CU_LIMIT_PRINTF_FIFO_SIZE, fifoBytes).value(),
+              fifoBytes);
+    auto module = wait(client->loadModule(context.value(), bytes(testing::kPrintfHelloPtx)));
+    auto hello = client->function(module.value(), "hello");
+    const int launchNumber = 1;
+    EXPECT_EQ(
+        client->launchKernel(context.value(), hello.value().handle, {{1, 1, 1}, {256, 1, 1}, 0}, 0,
+                             std::as_bytes(std::span(&launchNumber, 1))),
+        CUDA_SUCCESS);
+    EXPECT_EQ(wait(client->synchronizeContext(context.value())), CUDA_SUCCESS);
+    return shard_.device().takeDeviceOutput(space).size();
+  };
+  // 256 lines of about 70 bytes each.
+  EXPECT_GT(printOnce(1 << 20), 12000u);
+  const std::size_t kept = printOnce(4096);
+  EXPECT_LE(kept, 4096u);
+  EXPECT_GT(kept, 3000u);  // the newest lines
+
+  auto client = newClient();
+  auto context = client->createContext(0);
+  EXPECT_EQ(client->setLimit(context.value(), CU_LIMIT_STACK_SIZE, 1000).value(), 1008u);
+  EXPECT_EQ(client->setLimit(context.value(), CU_LIMIT_STACK_SIZE, 1ull << 40).value(), 512u << 10);
+}
+
 TEST_F(GpuClientTest, KernelTimeAndCountReachTheClientsStats) {
   auto client = newClient();
   auto context = client->createContext(0);
