@@ -1901,6 +1901,7 @@ Builtin builtinFor(std::string_view name) {
   if (name == "__assertfail") return Builtin::kAssertFail;
   if (name == "malloc") return Builtin::kMalloc;
   if (name == "free") return Builtin::kFree;
+  if (name == "__cuda_syscall_aligned_malloc") return Builtin::kAlignedMalloc;
   return Builtin::kNone;
 }
 
@@ -1955,8 +1956,10 @@ public:
         if (callee.builtin && callee.builtinId == static_cast<std::uint32_t>(Builtin::kVprintf)) {
           program_->usesPrintf = true;
         }
-        if (callee.builtin && (callee.builtinId == static_cast<std::uint32_t>(Builtin::kMalloc) ||
-                               callee.builtinId == static_cast<std::uint32_t>(Builtin::kFree))) {
+        if (callee.builtin &&
+            (callee.builtinId == static_cast<std::uint32_t>(Builtin::kMalloc) ||
+             callee.builtinId == static_cast<std::uint32_t>(Builtin::kAlignedMalloc) ||
+             callee.builtinId == static_cast<std::uint32_t>(Builtin::kFree))) {
           program_->usesHeap = true;
         }
       }

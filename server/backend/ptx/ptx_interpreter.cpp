@@ -179,18 +179,27 @@ DeviceHeap::DeviceHeap(std::uint64_t base, std::uint64_t bytes) : base_(base) {
   if (bytes > 0) free_.emplace(0, bytes);
 }
 
-std::uint64_t DeviceHeap::allocate(std::uint64_t bytes) {
-  // malloc's alignment on a GPU: 16 bytes.
+std::uint64_t DeviceHeap::allocate(std::uint64_t bytes, std::uint64_t alignment) {
+  // Not a power of two: NULL, as __nv_aligned_device_malloc answers. Blocks are at least 16-byte
+  // aligned (malloc's alignment on a GPU) and sized in 16-byte steps.
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) return 0;
+  alignment = std::max<std::uint64_t>(alignment, 16);
   const std::uint64_t size = alignUp(std::max<std::uint64_t>(bytes, 1), 16);
   if (size < bytes) return 0;
   std::lock_guard lock(mutex_);
   for (auto block = free_.begin(); block != free_.end(); ++block) {
-    if (block->second < size) continue;
     const auto [offset, available] = *block;
+    const std::uint64_t start = alignUp(base_ + offset, alignment) - base_;
+    if (start < offset || start - offset > available || available - (start - offset) < size) {
+      continue;
+    }
     free_.erase(block);
-    if (available > size) free_.emplace(offset + size, available - size);
-    used_.emplace(offset, size);
-    return base_ + offset;
+    // What is left before and after the block stays free.
+    if (start > offset) free_.emplace(offset, start - offset);
+    const std::uint64_t end = start + size;
+    if (offset + available > end) free_.emplace(end, offset + available - end);
+    used_.emplace(start, size);
+    return base_ + start;
   }
   return 0;
 }
@@ -836,6 +845,12 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
       forLanes(lanes, [&](std::uint32_t lane) {
         DeviceHeap* heap = launch_->request->heap;
         result(lane, heap != nullptr ? heap->allocate(argument(lane, 0)) : 0);
+      });
+      return true;
+    case Builtin::kAlignedMalloc:
+      forLanes(lanes, [&](std::uint32_t lane) {
+        DeviceHeap* heap = launch_->request->heap;
+        result(lane, heap != nullptr ? heap->allocate(argument(lane, 0), argument(lane, 1)) : 0);
       });
       return true;
     case Builtin::kFree:

@@ -109,8 +109,9 @@ private:
 class DeviceHeap {
 public:
   DeviceHeap(std::uint64_t base, std::uint64_t bytes);
-  // 0 when no block of `bytes` is free (as malloc returns NULL on a GPU).
-  std::uint64_t allocate(std::uint64_t bytes);
+  // A block of `bytes` aligned to `alignment` (a power of two); 0 when none is free (as malloc
+  // returns NULL on a GPU) or the alignment is not a power of two.
+  std::uint64_t allocate(std::uint64_t bytes, std::uint64_t alignment = 16);
   // Frees a block allocate() returned; anything else is ignored (free(NULL) among them).
   void release(std::uint64_t address);
 

@@ -285,6 +285,23 @@ struct SubSat {
     return static_cast<std::int32_t>(std::clamp<std::int64_t>(difference, INT32_MIN, INT32_MAX));
   }
 };
+// fns: the position of the offset-th set bit of mask counting from bit base, upward for a positive
+// offset and downward for a negative one (0: base itself, if set); 0xffffffff when there is none.
+struct Fns {
+  static std::uint32_t apply(std::uint32_t mask, std::uint32_t base, std::int32_t offset) {
+    constexpr std::uint32_t kNone = 0xffffffffu;
+    if (base > 31) return kNone;  // undefined in PTX
+    if (offset == 0) return ((mask >> base) & 1) != 0 ? base : kNone;
+    const int step = offset > 0 ? 1 : -1;
+    std::int64_t count = offset > 0 ? std::int64_t{offset} : -std::int64_t{offset};
+    for (int position = static_cast<int>(base); position >= 0 && position < 32; position += step) {
+      if (((mask >> position) & 1) != 0 && --count == 0)
+        return static_cast<std::uint32_t>(position);
+    }
+    return kNone;
+  }
+};
+
 struct Lop3 {
   static std::uint32_t apply(std::uint32_t a, std::uint32_t b, std::uint32_t c, std::uint32_t lut) {
     std::uint32_t out = 0;
@@ -685,7 +702,6 @@ bool bindInteger(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
   const std::string_view prmtMode = qualifiers.takeAny({"f4e", "b4e", "rc8", "ecl", "ecr", "rc16"});
   const bool ftz = base == "slct" && qualifiers.take("ftz");
   if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
-  if (base == "fns") return unsupportedBinding(resolver, unsupported, "fns");
   if (types.empty()) return bindError(resolver, "missing type");
   const Type type = types.back();
   const std::vector<Operand>& operands = parsed.operands;
@@ -920,6 +936,10 @@ bool bindInteger(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
         return &quaternaryHandler<T, T, std::uint32_t, std::uint32_t, Bfi<T>>;
       return nullptr;
     });
+  } else if (base == "fns") {
+    if (type != Type::kB32) return bindError(resolver, "fns needs .b32");
+    if (!sources(3, {Type::kB32, Type::kU32, Type::kS32})) return false;
+    handler = &ternaryHandler<std::uint32_t, std::uint32_t, std::int32_t, Fns>;
   } else if (base == "lop3") {
     if (type != Type::kB32) return bindError(resolver, "lop3 needs .b32");
     if (!expectOperands(parsed, 5, resolver)) return false;

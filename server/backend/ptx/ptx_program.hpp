@@ -202,6 +202,13 @@ struct Program {
 };
 
 // Builtin extern functions the interpreter provides.
-enum class Builtin : std::uint32_t { kNone = 0, kVprintf, kAssertFail, kMalloc, kFree };
+enum class Builtin : std::uint32_t {
+  kNone = 0,
+  kVprintf,
+  kAssertFail,
+  kMalloc,
+  kFree,
+  kAlignedMalloc,  // __nv_aligned_device_malloc
+};
 
 }  // namespace gpuproxy::server::ptx

@@ -383,6 +383,62 @@ TEST(PtxInterpreter, KernelsAllocateFromTheDeviceHeap) {
   EXPECT_EQ(heap.allocate(4096), 0x100000u);  // freed blocks coalesced back
 }
 
+// __nv_aligned_device_malloc: blocks at the alignment asked for, the space before them still free;
+// an alignment that is not a power of two gets NULL.
+TEST(PtxInterpreter, AlignedAllocationsFromTheDeviceHeap) {
+  DeviceHeap heap(0x100000, 8192);
+  const std::uint64_t small = heap.allocate(16);
+  EXPECT_EQ(small, 0x100000u);
+  const std::uint64_t aligned = heap.allocate(100, 1024);
+  EXPECT_EQ(aligned, 0x100400u);
+  EXPECT_EQ(heap.allocate(16, 48), 0u);
+  EXPECT_EQ(heap.allocate(16, 0), 0u);
+  // The gap between the two blocks is used by later allocations.
+  const std::uint64_t inGap = heap.allocate(32);
+  EXPECT_EQ(inGap, 0x100010u);
+  EXPECT_EQ(heap.allocate(8192, 4096), 0u);
+  EXPECT_EQ(heap.allocate(4096, 4096), 0x101000u);
+  heap.release(aligned);
+  heap.release(small);
+  heap.release(inGap);
+  EXPECT_EQ(heap.allocate(4096, 4096), 0x100000u);  // coalesced again
+}
+
+// fns: the n-th set bit from a base, up or down (the PTX ISA's examples and the edges).
+TEST(PtxInterpreter, FindNthSetBit) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [out];
+  fns.b32 %r1, 0xaaaaaaaa, 3, 1;
+  fns.b32 %r2, 0xaaaaaaaa, 3, -1;
+  fns.b32 %r3, 0xaaaaaaaa, 2, 1;
+  fns.b32 %r4, 0xaaaaaaaa, 2, -1;
+  fns.b32 %r5, 0xaaaaaaaa, 2, 0;
+  fns.b32 %r6, 0x000000f0, 0, 3;
+  fns.b32 %r7, 0x000000f0, 0, 5;
+  st.global.v4.u32 [%rd1], {%r1, %r2, %r3, %r4};
+  st.global.v2.u32 [%rd1+16], {%r5, %r6};
+  st.global.u32 [%rd1+24], %r7;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(8, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(out[0], 3u);
+  EXPECT_EQ(out[1], 3u);
+  EXPECT_EQ(out[2], 3u);
+  EXPECT_EQ(out[3], 1u);
+  EXPECT_EQ(out[4], 0xffffffffu);  // base not set
+  EXPECT_EQ(out[5], 6u);
+  EXPECT_EQ(out[6], 0xffffffffu);  // only four bits set
+}
+
 // Blocks run on worker threads too: every block of a large launch runs exactly once.
 TEST(PtxInterpreter, WorkersShareTheBlocksOfALaunch) {
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
