@@ -5,9 +5,9 @@
 //
 // Threading: a Device and every object it created are used by one owner thread at a time, except
 // what may take long: Device::prepareModule, which any thread may call at any time, and
-// registerHostMemory/unregisterHostMemory, which may be called from one other thread besides the
-// owner, concurrently with the owner's calls (never with reset()). The owner may have reset() run
-// on another thread, making no other call on the device until it has returned.
+// allocate/free and registerHostMemory/unregisterHostMemory, which may be called from one other
+// thread besides the owner, concurrently with the owner's calls (never with reset()). The owner may
+// have reset() run on another thread, making no other call on the device until it has returned.
 // Callbacks run on a backend thread, must be quick, and must not call back into the backend.
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
 // Module returns at once, and work already queued that uses it still completes (as in CUDA).

@@ -253,15 +253,6 @@ scheduler::Nanos ScheduledDevice::now() {
       .count();
 }
 
-backend::Result<CUdeviceptr> ScheduledDevice::allocate(std::size_t bytes,
-                                                       backend::AddressSpace owner) {
-  return backend().allocate(bytes, owner);
-}
-
-CUresult ScheduledDevice::free(CUdeviceptr pointer) {
-  return backend().free(pointer);
-}
-
 backend::MemoryInfo ScheduledDevice::memoryInfo() {
   return backend().memoryInfo();
 }

@@ -95,8 +95,12 @@ public:
   using backend::Device::createStreamFor;
   using backend::Device::registerHostMemory;
   const backend::DeviceProperties& properties() const override { return device_->properties(); }
-  backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override;
-  CUresult free(CUdeviceptr pointer) override;
+  // Memory is the real device's business: nothing is held for it here, so the owner's other
+  // thread may allocate and free as the contract allows.
+  backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner) override {
+    return device_->allocate(bytes, owner);
+  }
+  CUresult free(CUdeviceptr pointer) override { return device_->free(pointer); }
   backend::MemoryInfo memoryInfo() override;
   std::uint64_t occupiedBytes(std::size_t bytes) const override {
     return device_->occupiedBytes(bytes);

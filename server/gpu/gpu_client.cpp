@@ -164,7 +164,7 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
 }
 
 void GpuClient::releaseDeviceMemory(CUdeviceptr pointer) {
-  CUresult freed = shard_.free(pointer);
+  CUresult freed = shard_.freeNow(pointer);
   if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
     spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", shard_.index(), pointer,
                   stats_->identity.pid, static_cast<int>(freed));
@@ -446,7 +446,7 @@ std::uint64_t GpuClient::abandon() {
   // A kernel on the device may follow any pointer, into module memory too: everything waits.
   if (touchesAny) return 0;
 
-  const std::uint64_t before = memoryUsed_;
+  const std::uint64_t before = *memoryUsed_;
   for (auto it = allocations_.begin(); it != allocations_.end();) {
     if (touched.count(it->first) != 0) {
       ++it;
@@ -460,7 +460,7 @@ std::uint64_t GpuClient::abandon() {
   moduleVariables_.clear();
   modules_.clear();  // and their charges
   releaseDeviceHeap();
-  return before - memoryUsed_;
+  return before - *memoryUsed_;
 }
 
 CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event) {
@@ -553,9 +553,11 @@ bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
          shard_.hostRangeIsMapped(stats_->addressSpace, pointer, bytes);
 }
 
-backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t bytes) {
-  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+kj::Promise<backend::Result<CUdeviceptr>> GpuClient::allocate(Handle context, std::uint64_t bytes) {
+  using Allocated = backend::Result<CUdeviceptr>;
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return Allocated(CUDA_ERROR_INVALID_CONTEXT);
+  if (bytes == 0) return Allocated(CUDA_ERROR_INVALID_VALUE);
   // The tenant's limit is checked before anything reaches the device, against what the
   // allocation will occupy there: a tenant of many tiny allocations pays for every rounded one.
   const std::uint64_t occupied = shard_.occupiedBytes(bytes);
@@ -565,24 +567,34 @@ backend::Result<CUdeviceptr> GpuClient::allocate(Handle context, std::uint64_t b
         "device {}: pid {} of tenant '{}' asked for {} bytes ({} on the device) beyond "
         "its limit",
         shard_.index(), stats_->identity.pid, stats_->tenant->name(), bytes, occupied);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    return Allocated(CUDA_ERROR_OUT_OF_MEMORY);
   }
-  auto pointer = shard_.allocate(bytes, stats_->addressSpace);
-  if (!pointer.ok()) return pointer.code();  // the charge goes back with `charge`
-  allocations_.emplace(pointer.value(), Allocation{bytes, context, std::move(*charge)});
-  return pointer.value();
+  // Charged while the device allocates, so that concurrent allocations cannot pass the limit.
+  return shard_.allocate(bytes, stats_->addressSpace)
+      .then([this, context, bytes,
+             charge = std::move(*charge)](Allocated pointer) mutable -> Allocated {
+        if (!pointer.ok()) return pointer.code();  // the charge goes back with `charge`
+        if (contexts_.count(context) == 0) {       // destroyed meanwhile
+          releaseDeviceMemory(pointer.value());
+          return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        allocations_.emplace(pointer.value(), Allocation{bytes, context, std::move(charge)});
+        return pointer.value();
+      });
 }
 
 kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
   if (allocations_.count(pointer) == 0) return CUDA_ERROR_INVALID_VALUE;
   // cuMemFree waits for the work this client queued before it, so nothing still in flight can
   // touch memory that is handed to someone else.
-  return drainStreams(0).then([this, pointer](CUresult) {
+  return drainStreams(0).then([this, pointer](CUresult) -> kj::Promise<CUresult> {
     auto found = allocations_.find(pointer);
     if (found == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
-    CUresult freed = shard_.free(pointer);
-    allocations_.erase(found);  // and its charge
-    return freed;
+    // Gone from the client's tables now; its charge is given back once the device has freed it,
+    // so the tenant cannot pass its limit meanwhile.
+    auto allocation = std::make_shared<Allocation>(std::move(found->second));
+    allocations_.erase(found);
+    return shard_.free(pointer).then([allocation](CUresult freed) { return freed; });
   });
 }
 
@@ -613,7 +625,7 @@ CUresult GpuClient::provideDeviceHeap(const backend::Module& module) {
   auto charge = MemoryCharge::take(ledger(), shard_.occupiedBytes(heapLimit_),
                                    MemoryCharge::Kind::kAllocation);
   backend::Result<CUdeviceptr> pointer = CUDA_ERROR_OUT_OF_MEMORY;
-  if (charge) pointer = shard_.allocate(heapLimit_, stats_->addressSpace);
+  if (charge) pointer = shard_.allocateNow(heapLimit_, stats_->addressSpace);
   if (!pointer.ok()) {
     spdlog::info(
         "device {}: the {}-byte device heap of pid {} (tenant '{}') could not be had ({}); the "
@@ -856,7 +868,7 @@ backend::Result<backend::GlobalVariable> GpuClient::global(Handle module, const 
 
 MemoryLedger GpuClient::ledger() {
   shard_.owner().check();
-  return MemoryLedger{stats_, shard_.index(), &memoryUsed_, &shard_.memoryCount()};
+  return MemoryLedger{stats_, shard_.index(), memoryUsed_, &shard_.memoryCount()};
 }
 
 backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::string& name) {

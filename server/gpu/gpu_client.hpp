@@ -61,7 +61,8 @@ public:
   kj::Promise<CUresult> synchronizeContext(Handle context);
 
   // Memory. Pointers must lie inside this client's own allocations on this GPU.
-  backend::Result<CUdeviceptr> allocate(Handle context, std::uint64_t bytes);
+  // Answers once the device has the memory: the allocation runs off this thread (GpuShard).
+  kj::Promise<backend::Result<CUdeviceptr>> allocate(Handle context, std::uint64_t bytes);
   bool ownsAllocation(CUdeviceptr pointer) const;
   kj::Promise<CUresult> free(CUdeviceptr pointer);
   backend::Result<backend::MemoryInfo> memoryInfo(Handle context);
@@ -147,7 +148,7 @@ public:
   // credited, now. Returns the bytes freed. What is left is freed on destruction, after drain().
   std::uint64_t abandon();
 
-  std::uint64_t memoryUsed() const { return memoryUsed_; }
+  std::uint64_t memoryUsed() const { return *memoryUsed_; }
   bool hasContexts() const { return !contexts_.empty(); }
 
 private:
@@ -274,9 +275,9 @@ private:
   Handle primaryHandle_ = 0;  // what the primary context is called, alive or not: never changes
   unsigned primaryFlags_ = 0;
   unsigned primaryRefcount_ = 0;
-  // Device memory held here, written only by this client's MemoryCharges (declared before the
-  // maps that hold them, so it outlives them).
-  std::uint64_t memoryUsed_ = 0;
+  // Device memory held here, written only by this client's MemoryCharges. Shared with them: a
+  // charge held by an allocation or free under way off this thread may outlive the client.
+  std::shared_ptr<std::uint64_t> memoryUsed_ = std::make_shared<std::uint64_t>(0);
   std::map<Handle, Context> contexts_;
   std::map<Handle, Stream> streams_;
   std::map<Handle, Event> events_;

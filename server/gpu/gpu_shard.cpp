@@ -42,7 +42,7 @@ void GpuShard::detach(GpuClient& client) {
   recoverIfIdle();
 }
 
-backend::Result<CUdeviceptr> GpuShard::allocate(std::size_t bytes, backend::AddressSpace owner) {
+backend::Result<CUdeviceptr> GpuShard::allocateNow(std::size_t bytes, backend::AddressSpace owner) {
   owner_.check();
   return device_->allocate(bytes, owner);
 }
@@ -95,6 +95,30 @@ kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> GpuShard::loadMod
       });
 }
 
+kj::Promise<backend::Result<CUdeviceptr>> GpuShard::allocate(std::size_t bytes,
+                                                             backend::AddressSpace owner) {
+  using Allocated = backend::Result<CUdeviceptr>;
+  auto allocated = std::make_shared<Allocated>(CUDA_ERROR_UNKNOWN);
+  dispatch::ScheduledDevice* device = device_.get();
+  return runBlocking<Allocated>(
+      [device, bytes, owner, allocated]() { *allocated = device->allocate(bytes, owner); },
+      [this, allocated](bool callerWaits) -> Allocated {
+        if (!callerWaits && allocated->ok()) {
+          device_->free(allocated->value());
+          return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        }
+        return *allocated;
+      });
+}
+
+kj::Promise<CUresult> GpuShard::free(CUdeviceptr pointer) {
+  // As freeNow: the caller's charge follows what the client held, whatever the device answers.
+  auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
+  dispatch::ScheduledDevice* device = device_.get();
+  return runBlocking<CUresult>([device, pointer, status]() { *status = device->free(pointer); },
+                               [status](bool) { return *status; });
+}
+
 kj::Promise<CUresult> GpuShard::registerHostMemory(void* host, std::size_t bytes,
                                                    backend::AddressSpace owner) {
   auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
@@ -135,7 +159,7 @@ void GpuShard::taskFailed(kj::Exception&& exception) {
                 exception.getDescription().cStr());
 }
 
-CUresult GpuShard::free(CUdeviceptr pointer) {
+CUresult GpuShard::freeNow(CUdeviceptr pointer) {
   owner_.check();
   // Accounting follows what the client held (its MemoryCharge goes with the allocation), even
   // when a poisoned context refuses the free: the memory comes back with the context reset.

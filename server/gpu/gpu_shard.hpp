@@ -53,10 +53,17 @@ public:
   // GpuClient is destroyed.
   std::unique_ptr<GpuClient> openClient(std::shared_ptr<ClientStats> stats);
 
-  // Device memory, charged to the daemon's accounting when it is handed out.
-  // Device memory for a client; what it costs is charged by the caller's MemoryCharge.
-  backend::Result<CUdeviceptr> allocate(std::size_t bytes, backend::AddressSpace owner);
-  CUresult free(CUdeviceptr pointer);
+  // Device memory for a client, allocated and freed on the blocking-call thread: the driver's
+  // cuMemAlloc may take long under memory pressure, and cuMemFree may wait for the device. What
+  // the memory costs is charged by the caller's MemoryCharge. Memory allocated for a caller that
+  // no longer waits is freed again at once.
+  kj::Promise<backend::Result<CUdeviceptr>> allocate(std::size_t bytes,
+                                                     backend::AddressSpace owner);
+  kj::Promise<CUresult> free(CUdeviceptr pointer);
+  // The same on this thread, for what has to happen at once: a client's teardown (its contexts
+  // destroyed, it gone) and the sim's device heap.
+  backend::Result<CUdeviceptr> allocateNow(std::size_t bytes, backend::AddressSpace owner);
+  CUresult freeNow(CUdeviceptr pointer);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
   // A module for `owner`: prepared (decoded, JIT-compiled) on the blocking-call thread, then
   // placed in device memory here. Its device memory is not charged yet: the caller charges it.

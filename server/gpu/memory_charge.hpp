@@ -15,12 +15,13 @@
 
 namespace gpuproxy::server {
 
-// Where one client's charges on one GPU are recorded. The two plain counters belong to the
-// GpuClient and the GpuShard, which outlive every charge recorded in them.
+// Where one client's charges on one GPU are recorded. The client's count on the GPU is shared
+// with its GpuClient (a charge held by work under way may outlive it); the GPU's belongs to the
+// GpuShard, which outlives every charge recorded in it.
 struct MemoryLedger {
   std::shared_ptr<ClientStats> client;  // and its tenant
   std::uint32_t device = 0;             // daemon device index: the tenant's limit is per device
-  std::uint64_t* clientOnDevice = nullptr;
+  std::shared_ptr<std::uint64_t> clientOnDevice;
   std::uint64_t* deviceTotal = nullptr;
 };
 

@@ -156,8 +156,8 @@ void writeDevices(ExpositionWriter& out, capnp::List<protocol::DeviceStatus>::Re
   }
   out.family(
       "gpuproxy_device_blocking_calls_total", "counter",
-      "Backend calls that may block for long (module preparation, pinned-memory registration) "
-      "ended on the device's blocking-call thread.");
+      "Backend calls that may block for long (module preparation, allocation and free, "
+      "pinned-memory registration, context reset) ended on the device's blocking-call thread.");
   for (unsigned i = 0; i < devices.size(); ++i) {
     out.sample({{"device", indexes[i]}}, formatUnsigned(devices[i].getBlockingCalls()));
   }

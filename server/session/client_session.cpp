@@ -239,10 +239,17 @@ kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateCo
 
 kj::Promise<void> ClientSession::memAlloc(MemAllocContext context) {
   auto params = context.getParams();
-  return answerCreated(
-      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
-      [&](GpuClient& client) { return client.allocate(params.getContext(), params.getBytes()); },
-      [](auto& results, CUdeviceptr pointer) { results.setPointer(pointer); });
+  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
+    return kj::READY_NOW;
+  }
+  return client->allocate(params.getContext(), params.getBytes())
+      .then([context](backend::Result<CUdeviceptr> pointer) mutable {
+        auto results = context.getResults();
+        results.setResult(pointer.code());
+        if (pointer.ok()) results.setPointer(pointer.value());
+      });
 }
 
 kj::Promise<void> ClientSession::memFree(MemFreeContext context) {

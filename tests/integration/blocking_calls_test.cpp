@@ -1,7 +1,8 @@
 // A module load that takes seconds (a large PTX JIT on a GPU; here a sim device told to be that
 // slow) stalls no one else: not the clients of another GPU, not the other clients of the same
 // GPU, not gpuproxyctl. Nor does the reset of a GPU's context after a sticky fault. The daemon
-// runs both on each GPU's blocking-call thread, and its status and metrics count those calls.
+// runs both on each GPU's blocking-call thread (with cuMemAlloc and cuMemFree, which may wait for
+// the driver too), and its status and metrics count those calls.
 #include "tests/support/process.hpp"
 
 #include <gtest/gtest.h>
@@ -65,13 +66,14 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
   options.extraArguments = {"--sim-slow-module-load", "0:" + std::to_string(kSlowLoadMs)};
   Daemon daemon(options);
   // Steady clients on both GPUs, each synchronising a small kernel every millisecond. The one on
-  // device 0 waits through its own slow load first; wait until both are in their loops.
+  // device 0 waits through its own slow load first; wait until both are in their loops (after
+  // their module's preparation and their buffer's allocation).
   auto onSlowGpu = startSteadyClient(daemon, 0);
   auto onOtherGpu = startSteadyClient(daemon, 1);
   ASSERT_TRUE(eventually(
       [&] {
         nlohmann::json status = daemon.status();
-        return status["devices"][0]["blocking_calls"]["ended"].get<int>() >= 1 &&
+        return status["devices"][0]["blocking_calls"]["ended"].get<int>() >= 2 &&
                status["devices"][0]["blocking_calls"]["pending"].get<int>() == 0;
       },
       std::chrono::seconds(30)))
@@ -109,13 +111,14 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
     expectNeverHeldUp(*client, kSlowLoadMs, "another client's module load");
   }
 
-  // Every preparation is counted where it ran: two slow ones on device 0 (the steady client's
-  // and the loader's), one quick one on device 1.
+  // Every call is counted where it ran: on device 0 two slow preparations (the steady client's
+  // and the loader's) and the programs' allocations and frees (one buffer and three); on device 1
+  // one quick preparation, one allocation and one free.
   nlohmann::json status = daemon.status();
-  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 2) << status.dump(2);
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 10) << status.dump(2);
   EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(),
             2 * kSlowLoadMs / 1000.0);
-  EXPECT_EQ(status["devices"][1]["blocking_calls"]["ended"].get<int>(), 1) << status.dump(2);
+  EXPECT_EQ(status["devices"][1]["blocking_calls"]["ended"].get<int>(), 3) << status.dump(2);
   EXPECT_LT(status["devices"][1]["blocking_calls"]["seconds"].get<double>(), kSlowLoadMs / 1000.0);
 }
 
@@ -164,8 +167,9 @@ TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
             kSlowResetMs - 1000);
   nlohmann::json status = daemon.status();
   EXPECT_TRUE(status["devices"][0]["sticky_error"].is_null()) << status.dump(2);
-  // Device 0's blocking calls: the two programs' module preparations and the reset.
-  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 3) << status.dump(2);
+  // Device 0's blocking calls: the reset, and the two programs' module preparations,
+  // allocations and frees.
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 10) << status.dump(2);
   EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(), kSlowResetMs / 1000.0);
 
   // The client of the other GPU never waited anywhere near that long for a synchronise.

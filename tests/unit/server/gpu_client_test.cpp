@@ -81,8 +81,8 @@ TEST_F(GpuClientTest, AccountsEveryByteAndGivesItBackWhenTheContextGoes) {
   auto client = newClient();
   auto context = client->createContext(0);
   ASSERT_TRUE(context.ok());
-  auto a = client->allocate(context.value(), 1000);
-  auto b = client->allocate(context.value(), 5000);
+  auto a = wait(client->allocate(context.value(), 1000));
+  auto b = wait(client->allocate(context.value(), 5000));
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(shard_.memoryUsed(), 1024u + 5120u);
   EXPECT_EQ(stats_[0]->memoryUsed, 1024u + 5120u);
@@ -96,10 +96,30 @@ TEST_F(GpuClientTest, AccountsEveryByteAndGivesItBackWhenTheContextGoes) {
   EXPECT_EQ(wait(client->free(b.value())), CUDA_ERROR_INVALID_VALUE);
 }
 
+// cuMemAlloc and cuMemFree run on the GPU's blocking-call thread (they may wait for the driver);
+// memory allocated for a caller that stopped waiting is freed again, and nothing stays charged.
+TEST_F(GpuClientTest, AllocationsAndFreesRunOffTheOwnerThread) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  ASSERT_TRUE(context.ok());
+  const std::uint64_t calls = shard_.blockingCalls().completed;
+  const std::uint64_t deviceFree = shard_.memoryInfo().free;
+  auto pointer = wait(client->allocate(context.value(), 4096));
+  ASSERT_TRUE(pointer.ok());
+  EXPECT_EQ(shard_.blockingCalls().completed, calls + 1);
+  EXPECT_EQ(wait(client->free(pointer.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.blockingCalls().completed, calls + 2);
+  { auto abandoned = client->allocate(context.value(), 1 << 20); }
+  EXPECT_TRUE(soon([&] { return shard_.blockingCalls().completed == calls + 3; }));
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(stats_[0]->memoryUsed, 0u);
+  EXPECT_EQ(shard_.memoryInfo().free, deviceFree);
+}
+
 TEST_F(GpuClientTest, DestroyingTheClientFreesWhatItHeld) {
   auto client = newClient();
   auto context = client->createContext(0);
-  ASSERT_TRUE(client->allocate(context.value(), 1 << 20).ok());
+  ASSERT_TRUE(wait(client->allocate(context.value(), 1 << 20)).ok());
   ASSERT_TRUE(client->createStream(context.value(), 0, 0).ok());
   EXPECT_EQ(shard_.clientCount(), 1u);
   wait(client->drain());
@@ -135,7 +155,7 @@ TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {
   auto bobContext = bob->createContext(0);
   auto aliceStream = alice->createStream(aliceContext.value(), 0, 0);
   auto aliceEvent = alice->createEvent(aliceContext.value(), 0);
-  auto aliceMemory = alice->allocate(aliceContext.value(), 4096);
+  auto aliceMemory = wait(alice->allocate(aliceContext.value(), 4096));
   ASSERT_TRUE(aliceStream.ok() && aliceEvent.ok() && aliceMemory.ok());
 
   // Bob cannot use Alice's stream, event or memory, even on the same GPU.
@@ -154,7 +174,7 @@ TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {
 TEST_F(GpuClientTest, CopiesMustStayInsideOneOfTheClientsAllocations) {
   auto client = newClient();
   auto context = client->createContext(0);
-  auto pointer = client->allocate(context.value(), 1024);
+  auto pointer = wait(client->allocate(context.value(), 1024));
   std::vector<std::byte> data(1024, std::byte{7});
   EXPECT_EQ(client->copyHostToDevice(context.value(), 0, pointer.value(), data), CUDA_SUCCESS);
   EXPECT_EQ(client->copyHostToDevice(context.value(), 0, pointer.value() + 1, data),
@@ -201,7 +221,7 @@ TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   auto client = newClient();
   auto context = client->createContext(0);
   auto stream = client->createStream(context.value(), CU_STREAM_NON_BLOCKING, 0);
-  auto pointer = client->allocate(context.value(), 4096);
+  auto pointer = wait(client->allocate(context.value(), 4096));
   launchSpin(*client, context.value(), stream.value(), 50'000'000);
   auto after = client->createEvent(context.value(), CU_EVENT_DISABLE_TIMING);
   ASSERT_EQ(client->recordEvent(context.value(), after.value(), stream.value()), CUDA_SUCCESS);
@@ -220,7 +240,7 @@ TEST_F(GpuClientTest, EveryQueuedOperationCountsUntilItHasRun) {
   auto client = newClient();
   auto context = client->createContext(0);
   auto stream = client->createStream(context.value(), CU_STREAM_NON_BLOCKING, 0);
-  auto pointer = client->allocate(context.value(), 4096);
+  auto pointer = wait(client->allocate(context.value(), 4096));
   auto event = client->createEvent(context.value(), CU_EVENT_DISABLE_TIMING);
   launchSpin(*client, context.value(), stream.value(), 50'000'000);  // 8 bytes of parameters
   ASSERT_EQ(client->enqueue(context.value(), stream.value(),
@@ -273,9 +293,9 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
   auto client = newClient(2);
   auto context = client->createContext(0);
   constexpr std::uint64_t kMiB = 1 << 20;
-  auto source = client->allocate(context.value(), kMiB);
-  auto target = client->allocate(context.value(), kMiB);
-  auto untouched = client->allocate(context.value(), 4 * kMiB);
+  auto source = wait(client->allocate(context.value(), kMiB));
+  auto target = wait(client->allocate(context.value(), kMiB));
+  auto untouched = wait(client->allocate(context.value(), 4 * kMiB));
   ASSERT_TRUE(source.ok() && target.ok() && untouched.ok());
   auto gate = std::make_unique<EngineGate>(shard_.device());
   // Another client's kernel is on the device, so the scheduler holds this client's kernel back;
@@ -312,7 +332,7 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
 TEST_F(GpuClientTest, AGoneClientWithAKernelOnTheDeviceKeepsEverythingUntilItIsDone) {
   auto client = newClient();
   auto context = client->createContext(0);
-  ASSERT_TRUE(client->allocate(context.value(), 4096).ok());
+  ASSERT_TRUE(wait(client->allocate(context.value(), 4096)).ok());
   EngineGate gate(shard_.device());
   launchSpin(*client, context.value(), 0, 1'000'000);
   // The kernel reached the device and may follow any pointer of its client's.
@@ -335,11 +355,12 @@ TEST_F(GpuClientTest, TheTenantLimitRefusesAllocationsBeforeTheyReachTheDevice) 
   auto firstContext = first->createContext(0);
   auto secondContext = second->createContext(0);
   // The limit is the tenant's, summed over its clients.
-  ASSERT_TRUE(first->allocate(firstContext.value(), 600 << 10).ok());
-  EXPECT_EQ(second->allocate(secondContext.value(), 600 << 10).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  ASSERT_TRUE(wait(first->allocate(firstContext.value(), 600 << 10)).ok());
+  EXPECT_EQ(wait(second->allocate(secondContext.value(), 600 << 10)).code(),
+            CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(tenant_->oomCount, 1u);
   EXPECT_EQ(shard_.memoryUsed(), 600u << 10);  // nothing reached the device
-  auto fits = second->allocate(secondContext.value(), 400 << 10);
+  auto fits = wait(second->allocate(secondContext.value(), 400 << 10));
   ASSERT_TRUE(fits.ok());
   // cuMemGetInfo reports the tenant's view: (limit - used, limit).
   auto info = second->memoryInfo(secondContext.value());
@@ -347,12 +368,13 @@ TEST_F(GpuClientTest, TheTenantLimitRefusesAllocationsBeforeTheyReachTheDevice) 
   EXPECT_EQ(info.value().total, 1u << 20);
   EXPECT_EQ(info.value().free, (1u << 20) - (1000u << 10));
   // An absurd size is refused without overflow.
-  EXPECT_EQ(first->allocate(firstContext.value(), UINT64_MAX).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(wait(first->allocate(firstContext.value(), UINT64_MAX)).code(),
+            CUDA_ERROR_OUT_OF_MEMORY);
   // Lowering the limit below what is used frees nothing and blocks new allocations.
   limits.memoryLimit = 512 << 10;
   tenant_->setLimits(limits);
   EXPECT_EQ(shard_.memoryUsed(), 1000u << 10);
-  EXPECT_EQ(first->allocate(firstContext.value(), 16).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(wait(first->allocate(firstContext.value(), 16)).code(), CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(second->memoryInfo(secondContext.value()).value().free, 0u);
   EXPECT_EQ(wait(second->free(fits.value())), CUDA_SUCCESS);
   EXPECT_EQ(tenant_->memoryUsed(0), 600u << 10);
@@ -410,7 +432,7 @@ TEST_F(GpuClientTest, TheDeviceHeapIsTheClientsMemoryOfTheSizeItAskedFor) {
   auto granted = client->setLimit(context.value(), CU_LIMIT_MALLOC_HEAP_SIZE, 1 << 20);
   ASSERT_TRUE(granted.ok());
   EXPECT_EQ(granted.value(), 1u << 20);
-  auto out = client->allocate(context.value(), 8);
+  auto out = wait(client->allocate(context.value(), 8));
   ASSERT_TRUE(out.ok());
   const std::uint64_t beforeModule = shard_.memoryUsed();
   auto module = wait(client->loadModule(context.value(), bytes(kTakeFromHeapPtx)));
@@ -517,7 +539,7 @@ TEST_F(GpuClientTest, PrimaryContextIsReferenceCounted) {
   auto second = client->retainPrimaryContext();
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(first.value(), second.value());
-  ASSERT_TRUE(client->allocate(first.value(), 4096).ok());
+  ASSERT_TRUE(wait(client->allocate(first.value(), 4096)).ok());
   EXPECT_TRUE(client->primaryContextState().active);
   EXPECT_EQ(wait(client->releasePrimaryContext()), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 4096u);  // still retained once
@@ -531,14 +553,14 @@ TEST_F(GpuClientTest, APrimaryContextKeepsItsHandleThroughAReset) {
   auto client = newClient();
   auto before = client->retainPrimaryContext();
   ASSERT_TRUE(before.ok());
-  ASSERT_TRUE(client->allocate(before.value(), 4096).ok());
+  ASSERT_TRUE(wait(client->allocate(before.value(), 4096)).ok());
   EXPECT_EQ(wait(client->resetPrimaryContext()), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 0u);  // its resources went
-  EXPECT_EQ(client->allocate(before.value(), 4096).code(), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(wait(client->allocate(before.value(), 4096)).code(), CUDA_ERROR_INVALID_CONTEXT);
   auto after = client->retainPrimaryContext();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after.value(), before.value());  // as the driver's: the runtime relies on it
-  EXPECT_TRUE(client->allocate(after.value(), 4096).ok());
+  EXPECT_TRUE(wait(client->allocate(after.value(), 4096)).ok());
   // An ordinary context never gets that handle.
   auto other = client->createContext(0);
   ASSERT_TRUE(other.ok());
@@ -550,7 +572,7 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   auto culprit = newClient(20);
   auto victimContext = victim->createContext(0);
   auto culpritContext = culprit->createContext(0);
-  ASSERT_TRUE(victim->allocate(victimContext.value(), 4096).ok());
+  ASSERT_TRUE(wait(victim->allocate(victimContext.value(), 4096)).ok());
   auto module = wait(culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx)));
   auto trap = culprit->function(module.value(), "trap");
   ASSERT_EQ(culprit->launchKernel(culpritContext.value(), trap.value().handle,
@@ -561,7 +583,7 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   // named its client.
   EXPECT_TRUE(soon([&] { return shard_.faultingPid() == 20; })) << shard_.faultingPid();
   // The shared context is poisoned for the other client too.
-  EXPECT_EQ(victim->allocate(victimContext.value(), 16).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(wait(victim->allocate(victimContext.value(), 16)).code(), CUDA_ERROR_ILLEGAL_ADDRESS);
   wait(culprit->drain());
   culprit.reset();
   EXPECT_NE(shard_.stickyError(), CUDA_SUCCESS);  // the victim is still attached
@@ -575,10 +597,11 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   EXPECT_FALSE(shard_.resetting());
   EXPECT_EQ(shard_.stickyError(), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 0u);
-  EXPECT_EQ(shard_.blockingCalls().completed, 2u);  // the module's preparation, and the reset
+  // The two allocations, the module's preparation, and the reset.
+  EXPECT_EQ(shard_.blockingCalls().completed, 4u);
   auto fresh = newClient(30);
   auto freshContext = fresh->createContext(0);
-  EXPECT_TRUE(fresh->allocate(freshContext.value(), 16).ok());
+  EXPECT_TRUE(wait(fresh->allocate(freshContext.value(), 16)).ok());
 }
 
 }  // namespace

@@ -19,10 +19,10 @@ protected:
     stats_->tenant = std::make_shared<Tenant>(1, TenantDefinition{"t", "/s", limits});
   }
 
-  MemoryLedger ledger() { return MemoryLedger{stats_, 1, &onDevice_, &deviceTotal_}; }
+  MemoryLedger ledger() { return MemoryLedger{stats_, 1, onDevice_, &deviceTotal_}; }
 
   std::shared_ptr<ClientStats> stats_ = std::make_shared<ClientStats>();
-  std::uint64_t onDevice_ = 0;
+  std::shared_ptr<std::uint64_t> onDevice_ = std::make_shared<std::uint64_t>(0);
   std::uint64_t deviceTotal_ = 500;  // other clients' memory on the GPU
 };
 
@@ -34,7 +34,7 @@ TEST_F(MemoryChargeTest, IsRecordedEverywhereWhileItLives) {
     EXPECT_EQ(stats_->tenant->memoryUsed(0), 0u);  // the limit is per device
     EXPECT_EQ(stats_->memoryUsed, 600u);
     EXPECT_EQ(stats_->moduleBytes, 600u);
-    EXPECT_EQ(onDevice_, 600u);
+    EXPECT_EQ(*onDevice_, 600u);
     EXPECT_EQ(deviceTotal_, 1100u);
     // Moving it hands the charge on; only the last owner gives it back.
     std::optional<MemoryCharge> moved;
@@ -45,7 +45,7 @@ TEST_F(MemoryChargeTest, IsRecordedEverywhereWhileItLives) {
   EXPECT_EQ(stats_->tenant->memoryUsed(1), 0u);
   EXPECT_EQ(stats_->memoryUsed, 0u);
   EXPECT_EQ(stats_->moduleBytes, 0u);
-  EXPECT_EQ(onDevice_, 0u);
+  EXPECT_EQ(*onDevice_, 0u);
   EXPECT_EQ(deviceTotal_, 500u);
 }
 
@@ -56,7 +56,7 @@ TEST_F(MemoryChargeTest, OneThatPassesTheLimitIsRecordedNowhere) {
   EXPECT_EQ(stats_->tenant->oomCount, 1u);
   EXPECT_EQ(stats_->memoryUsed, 700u);
   EXPECT_EQ(stats_->moduleBytes, 0u);  // an allocation is not module memory
-  EXPECT_EQ(onDevice_, 700u);
+  EXPECT_EQ(*onDevice_, 700u);
   EXPECT_TRUE(MemoryCharge::take(ledger(), 300, MemoryCharge::Kind::kAllocation));
 }
 
