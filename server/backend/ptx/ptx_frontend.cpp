@@ -384,6 +384,8 @@ struct FunctionDecl {
   std::vector<ParamDecl> parameters;
   std::uint32_t maxThreads[3] = {0, 0, 0};
   std::uint32_t requiredThreads[3] = {0, 0, 0};
+  std::uint32_t minBlocksPerSm = 0;  // .minnctapersm; 0: none
+  std::uint32_t maxRegisters = 0;    // .maxnreg; 0: none
   std::vector<Statement> body;
   std::uint32_t line = 0;
   std::string unsupported;  // the first directive of it the interpreter cannot honour
@@ -861,8 +863,12 @@ private:
         if (!dimensions(function.maxThreads)) return false;
       } else if (token.isWord(".reqntid")) {
         if (!dimensions(function.requiredThreads)) return false;
-      } else if (token.isWord(".minnctapersm") || token.isWord(".maxnctapersm") ||
-                 token.isWord(".maxnreg")) {
+      } else if (token.isWord(".minnctapersm") || token.isWord(".maxnreg")) {
+        const auto count = number("a count");
+        if (!count) return false;
+        const auto value = static_cast<std::uint32_t>(std::min<std::uint64_t>(*count, 1u << 20));
+        (token.isWord(".maxnreg") ? function.maxRegisters : function.minBlocksPerSm) = value;
+      } else if (token.isWord(".maxnctapersm")) {
         if (!number("a count")) return false;
       } else if (token.isWord(".noreturn")) {
         continue;
@@ -2114,6 +2120,8 @@ private:
         }
         function.maxThreads =
             static_cast<std::uint32_t>(std::min<std::uint64_t>(maxThreads, 1u << 20));
+        function.minBlocksPerSm = declaration.minBlocksPerSm;
+        function.maxRegisters = declaration.maxRegisters;
       } else {
         std::uint64_t end = 0;
         for (const ParamDecl& parameter : declaration.parameters) {

@@ -171,6 +171,8 @@ struct Function {
   std::vector<KernelParameter> kernelParameters;
   std::uint32_t kernelParameterBytes = 0;
   std::uint32_t maxThreads = 0;                  // from .maxntid / .reqntid; 0: none
+  std::uint32_t minBlocksPerSm = 0;              // .minnctapersm; 0: none
+  std::uint32_t maxRegisters = 0;                // .maxnreg; 0: none
   std::uint32_t requiredThreads[3] = {0, 0, 0};  // .reqntid; 0: none
   std::uint32_t ownSharedBytes = 0;              // this kernel's own .shared variables
   // Lines of the source for messages ("ld.global.f32 %f1, [%rd4]" at line N).

@@ -22,7 +22,7 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     {CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 64 * 1024},
     {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
     {CU_DEVICE_ATTRIBUTE_MAX_PITCH, 2147483647},
-    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, kSimRegistersPerSm},
     {CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000},
     {CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 512},
     {CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1},
@@ -52,7 +52,7 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     {CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 228 * 1024},
-    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536},
+    {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, kSimRegistersPerSm},
     // Managed memory is served by the stub from the pinned heap, which the device reaches at the
     // host's addresses and the host while kernels run, as on an H100 (client/stub/api/
     // managed_memory.cpp); pageable memory is not reachable from a kernel.

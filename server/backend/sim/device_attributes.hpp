@@ -9,6 +9,8 @@ namespace gpuproxy::server::sim {
 
 // The compute capability a sim device reports, as major * 10 + minor (9.0: an H100).
 inline constexpr unsigned kSimComputeCapability = 90;
+// Registers of one multiprocessor, which is also the most one block may use.
+inline constexpr std::uint32_t kSimRegistersPerSm = 65536;
 
 // Every CUdevice_attribute from 1 to CU_DEVICE_ATTRIBUTE_MAX - 1, as (attribute, value), modelled
 // on an H100 SXM5 (compute capability 9.0). Features the sim does not provide (textures, IPC,

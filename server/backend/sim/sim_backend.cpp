@@ -62,6 +62,25 @@ constexpr unsigned kMaxGridDimZ = 65535;
 // limit, the default 48 KiB unless cuFuncSetAttribute raised it.
 constexpr unsigned kMaxSharedBytesPerBlock = 227 * 1024;
 constexpr int kMaxRegistersPerThread = 255;
+
+// The registers a kernel reports (CU_FUNC_ATTRIBUTE_NUM_REGS), which the launch check and the
+// occupancy calculator use. The sim has no registers of its own, and PTX declares virtual ones,
+// far more than ptxas allocates (a kernel ptxas gives 26 may declare hundreds). So: as many as
+// the PTX declares, but never more than ptxas may use where it must make the kernel fit: its
+// launch bounds (.maxntid, .minnctapersm: those blocks fit in an SM's 64K registers), .maxnreg,
+// and without bounds 64, which lets a 1024-thread block launch, as it does on a GPU for all but
+// the heaviest kernels. No launch a GPU would take is refused for registers.
+int modelledRegisters(const ptx::Function& kernel) {
+  const std::uint32_t threads = kernel.maxThreads != 0 ? kernel.maxThreads : 1024;
+  const std::uint32_t warpThreads = (threads + 31) / 32 * 32;
+  const std::uint32_t blocks = std::max<std::uint32_t>(kernel.minBlocksPerSm, 1);
+  // Registers are allocated per thread in steps of 8.
+  std::uint32_t cap = kSimRegistersPerSm / warpThreads / blocks / 8 * 8;
+  cap = std::min<std::uint32_t>(std::max<std::uint32_t>(cap, 8), kMaxRegistersPerThread);
+  if (kernel.maxRegisters != 0)
+    cap = std::min(cap, std::max<std::uint32_t>(kernel.maxRegisters, 8));
+  return static_cast<int>(std::clamp<std::uint32_t>(kernel.registerRows, 1, cap));
+}
 // cuCtxGetStreamPriorityRange on current NVIDIA GPUs: six levels, 0 (default, least) to -5.
 constexpr int kSimLeastPriority = 0;
 constexpr int kSimGreatestPriority = -5;
@@ -1164,9 +1183,7 @@ public:
           static_cast<int>(kernel.maxThreads != 0 ? std::min(kernel.maxThreads, kMaxThreadsPerBlock)
                                                   : kMaxThreadsPerBlock);
       info.sharedSizeBytes = static_cast<int>(kernel.ownSharedBytes);
-      // Registers as declared in the PTX (ptxas would allocate its own, usually fewer).
-      info.numRegs =
-          static_cast<int>(std::min<std::uint32_t>(kernel.registerRows, kMaxRegistersPerThread));
+      info.numRegs = modelledRegisters(kernel);
       info.localSizeBytes = static_cast<int>(kernel.localBytes);
       info.constSizeBytes = static_cast<int>(std::min<std::uint64_t>(constBytes, 1u << 30));
       // What a GPU reports for JIT-compiled PTX: the virtual architecture the PTX targets

@@ -87,6 +87,25 @@ int deviceQuery() {
   return 0;
 }
 
+// Many values live at once (the PTX declares far more registers than 64, which ptxas brings down
+// to a few dozen), launched in blocks of 1024 threads as applications often do.
+constexpr int kMixedValues = 24;
+
+__host__ __device__ unsigned mixWideOne(unsigned seed) {
+  unsigned values[kMixedValues];
+  for (int k = 0; k < kMixedValues; ++k) values[k] = seed * (k + 1) + k;
+  unsigned mixed = 0;
+  for (int k = 0; k < kMixedValues; ++k) {
+    mixed ^= (values[k] << (k % 7)) + values[(k * 5) % kMixedValues];
+  }
+  return mixed;
+}
+
+__global__ void mixWide(unsigned* data) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  data[i] = mixWideOne(data[i]);
+}
+
 int vectors() {
   const int n = 1 << 16;
   std::vector<float> x(n);
@@ -115,6 +134,20 @@ int vectors() {
   std::vector<float> copy(n);
   CHECK(cudaMemcpy(copy.data(), y.data(), n * sizeof(float), cudaMemcpyHostToHost));
   EXPECT(copy[n - 1] == y[n - 1], "host to host copy");
+
+  std::vector<unsigned> seeds(n);
+  for (int i = 0; i < n; ++i) seeds[i] = static_cast<unsigned>(i) * 2654435761u;
+  unsigned* deviceSeeds = nullptr;
+  CHECK(cudaMalloc(&deviceSeeds, n * sizeof(unsigned)));
+  CHECK(cudaMemcpy(deviceSeeds, seeds.data(), n * sizeof(unsigned), cudaMemcpyHostToDevice));
+  mixWide<<<n / 1024, 1024>>>(deviceSeeds);
+  CHECK(cudaGetLastError());
+  std::vector<unsigned> mixed(n);
+  CHECK(cudaMemcpy(mixed.data(), deviceSeeds, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    EXPECT(mixed[i] == mixWideOne(seeds[i]), "mixed[%d] = %u", i, mixed[i]);
+  }
+  CHECK(cudaFree(deviceSeeds));
   CHECK(cudaFree(deviceX));
   CHECK(cudaFree(deviceY));
   CHECK(cudaFree(deviceCopy));

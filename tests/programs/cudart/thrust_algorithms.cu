@@ -1,5 +1,6 @@
 // Thrust (and through it CUB) as applications use it: fill, transform, reduce, scan, sort and
-// copy back, each checked against the same computation on the host. Ends "thrust_algorithms:
+// copy back, each checked against the same computation on the host, and CUB's device-wide radix
+// sort called directly (its one-sweep kernels, bounded to 384 threads). Ends "thrust_algorithms:
 // PASSED". CUB's kernels use warp shuffles with inline assembly, dynamic tuning by the kernels'
 // PTX version, occupancy queries and temporary allocations: everything a real library leans on.
 #include <thrust/copy.h>
@@ -11,6 +12,7 @@
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
 #include <thrust/transform.h>
+#include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <cstdio>
@@ -50,9 +52,42 @@ int main() {
   thrust::host_vector<float> sorted = keys;
   const bool sortedRight = std::equal(host.begin(), host.end(), sorted.begin());
 
-  std::printf("sum %lld (expected %lld), prefix %lld (expected %lld), sort %s\n", sum, expectedSum,
-              lastPrefix, expectedPrefix, sortedRight ? "matches" : "DIFFERS");
-  if (sum != expectedSum || lastPrefix != expectedPrefix || !sortedRight) {
+  // Key-value pairs through cub::DeviceRadixSort, temporary storage sized by a first call.
+  std::vector<unsigned> pairKeys(n);
+  std::vector<unsigned> pairValues(n);
+  for (int i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    pairKeys[i] = state % 1000003u;
+    pairValues[i] = static_cast<unsigned>(i);
+  }
+  thrust::device_vector<unsigned> keysIn(pairKeys.begin(), pairKeys.end());
+  thrust::device_vector<unsigned> valuesIn(pairValues.begin(), pairValues.end());
+  thrust::device_vector<unsigned> keysOut(n);
+  thrust::device_vector<unsigned> valuesOut(n);
+  std::size_t temporaryBytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, temporaryBytes, keysIn.data().get(),
+                                  keysOut.data().get(), valuesIn.data().get(),
+                                  valuesOut.data().get(), n);
+  thrust::device_vector<unsigned char> temporary(temporaryBytes);
+  const cudaError_t sortStatus = cub::DeviceRadixSort::SortPairs(
+      temporary.data().get(), temporaryBytes, keysIn.data().get(), keysOut.data().get(),
+      valuesIn.data().get(), valuesOut.data().get(), n);
+  thrust::host_vector<unsigned> gotKeys = keysOut;
+  thrust::host_vector<unsigned> gotValues = valuesOut;
+  std::vector<unsigned> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](unsigned a, unsigned b) { return pairKeys[a] < pairKeys[b]; });
+  bool pairsRight = sortStatus == cudaSuccess;
+  for (int i = 0; i < n && pairsRight; ++i) {
+    pairsRight = gotKeys[i] == pairKeys[order[i]] && gotValues[i] == order[i];
+  }
+
+  std::printf(
+      "sum %lld (expected %lld), prefix %lld (expected %lld), sort %s, radix pairs %s (%s)\n", sum,
+      expectedSum, lastPrefix, expectedPrefix, sortedRight ? "matches" : "DIFFERS",
+      pairsRight ? "match" : "DIFFER", cudaGetErrorName(sortStatus));
+  if (sum != expectedSum || lastPrefix != expectedPrefix || !sortedRight || !pairsRight) {
     std::printf("FAILED\n");
     return 1;
   }

@@ -673,6 +673,26 @@ TEST_F(SimTest, ModuleLayoutComesFromThePtx) {
   EXPECT_EQ(module_->function("nope").code(), CUDA_ERROR_NOT_FOUND);
 }
 
+// PTX declares virtual registers, far more than ptxas allocates; what a kernel reports is capped
+// where ptxas must make it fit, so that no launch a GPU would take is refused for registers.
+TEST_F(SimTest, KernelsReportTheRegistersTheirLaunchBoundsAllow) {
+  const std::string header = ".version 8.0\n.target sm_80\n.address_size 64\n";
+  auto registersOf = [&](const std::string& directives, const std::string& registers) {
+    auto module = device_->loadModule(bytesOf(header + ".visible .entry k(.param .u64 a)" +
+                                              directives + "\n{\n" + registers + "\n ret;\n}\n"));
+    EXPECT_TRUE(module.ok());
+    return module.ok() ? module.value()->function("k").value()->info().numRegs : -1;
+  };
+  EXPECT_EQ(registersOf("", ".reg .b32 %r<12>;"), 12);
+  // No bounds: a 1024-thread block fits.
+  EXPECT_EQ(registersOf("", ".reg .b32 %r<2000>;"), 64);
+  // .maxntid 384: 65536 / 384, in steps of 8.
+  EXPECT_EQ(registersOf(".maxntid 384, 1, 1", ".reg .b32 %r<2000>;"), 168);
+  EXPECT_EQ(registersOf(".maxntid 256, 1, 1 .minnctapersm 2", ".reg .b32 %r<2000>;"), 128);
+  EXPECT_EQ(registersOf(".maxnreg 40", ".reg .b32 %r<2000>;"), 40);
+  EXPECT_EQ(registersOf(".maxntid 32, 1, 1", ".reg .b32 %r<2000>;"), 255);
+}
+
 TEST_F(SimTest, ModuleLoadErrors) {
   const std::string header = ".version 8.0\n.target sm_75\n.address_size 64\n";
   auto load = [&](const std::string& image) { return device_->loadModule(bytesOf(image)).code(); };
