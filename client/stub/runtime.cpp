@@ -262,6 +262,7 @@ void Runtime::fitHostAccessAttributes() {
       auto found = device.attributes.find(static_cast<int>(unreachable));
       if (found != device.attributes.end()) found->second = 0;
     }
+    if (pinnedHeap() == nullptr) device.attributes[CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY] = 0;
   }
 }
 

@@ -248,7 +248,8 @@ private:
   void openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client& session);
   // Corrects the daemon's device attributes for what the devices reach of this process: only the
   // memory it shares with gpuproxyd, so never pageable memory, even where the GPU itself could
-  // (a GPU with HMM reports pageable memory access).
+  // (a GPU with HMM reports pageable memory access), and mapped pinned memory
+  // (cuMemHostAlloc's DEVICEMAP) only with a pinned heap.
   void fitHostAccessAttributes();
 
   const std::string socketPath_;

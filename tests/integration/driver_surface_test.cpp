@@ -51,6 +51,8 @@ TEST_F(DriverSurface, FunctionAttributesDescribeTheKernelOnTheDevice) {
                  {"cache-config", "CUDA_SUCCESS"},
                  {"shared-config", "CUDA_SUCCESS"}});
   EXPECT_EQ(got_["attr-binary-version"], got_["device-cc"]);
+  // Mapped pinned memory needs the pinned heap, which only the shared-memory transport has.
+  EXPECT_EQ(got_["can-map-host-memory"], rpcTransport() ? "0" : "1");
   EXPECT_GT(std::stoi(got_["attr-num-regs"]), 0);
 }
 

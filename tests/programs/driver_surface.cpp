@@ -80,6 +80,7 @@ void functionAttributes(CUmodule module) {
   reportNumber("attr-shared", staticShared);
   reportNumber("attr-num-regs", functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_NUM_REGS));
   reportNumber("attr-binary-version", functionAttribute(fillU32, CU_FUNC_ATTRIBUTE_BINARY_VERSION));
+  reportNumber("can-map-host-memory", deviceAttribute(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY));
   reportNumber("device-cc", deviceAttribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
                                 deviceAttribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
   reportNumber("attr-carveout",

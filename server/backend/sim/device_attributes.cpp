@@ -29,8 +29,9 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
     {CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0},
     {CU_DEVICE_ATTRIBUTE_INTEGRATED, 0},
-    // The sim cannot map client host memory into its engine.
-    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0},
+    // Host memory a client shares with gpuproxyd (its pinned heap, cuMemHostRegister of shared
+    // memory) is mapped for its kernels; the stub answers 0 where it has no pinned heap.
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
     {CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT},
     {CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT, 512},
     {CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1},

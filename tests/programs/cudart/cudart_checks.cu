@@ -211,6 +211,21 @@ int pinned() {
   CHECK(cudaFree(device));
   CHECK(cudaFreeHost(input));
   CHECK(cudaFreeHost(output));
+
+  // Zero copy, as programs check for it first: mapped pinned memory a kernel writes in place.
+  int canMap = 0;
+  CHECK(cudaDeviceGetAttribute(&canMap, cudaDevAttrCanMapHostMemory, 0));
+  EXPECT(canMap == 1, "canMapHostMemory is %d", canMap);
+  float* mapped = nullptr;
+  CHECK(cudaHostAlloc(&mapped, 1024 * sizeof(float), cudaHostAllocMapped));
+  for (int i = 0; i < 1024; ++i) mapped[i] = 2.0f;
+  float* mappedOnDevice = nullptr;
+  CHECK(cudaHostGetDevicePointer(&mappedOnDevice, mapped, 0));
+  scaleAndAdd<<<4, 256>>>(1.0f, mappedOnDevice, mappedOnDevice, 1024);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  EXPECT(mapped[1023] == 4.0f, "mapped[1023] = %f", mapped[1023]);
+  CHECK(cudaFreeHost(mapped));
   return 0;
 }
 
