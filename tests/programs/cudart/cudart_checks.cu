@@ -501,6 +501,10 @@ int limits() {
 }
 
 int memoryPool() {
+  // What programs ask before they use stream-ordered allocation.
+  int poolsSupported = 0;
+  CHECK(cudaDeviceGetAttribute(&poolsSupported, cudaDevAttrMemoryPoolsSupported, 0));
+  EXPECT(poolsSupported == 1, "memoryPoolsSupported is %d", poolsSupported);
   cudaMemPool_t pool = nullptr;
   CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
   cudaMemPool_t current = nullptr;
