@@ -67,6 +67,9 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     // cudaMallocAsync and the device's default pool are served (client/stub/api/memory_pools.cpp),
     // and programs check this before they use them; no pool can be shared between processes.
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    // cuMemHostRegister is served (README: shared memory is mapped for kernels, other memory is
+    // page-locked in the stub's sense only).
+    {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 227 * 1024},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32},
     {CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 30 * 1024 * 1024},

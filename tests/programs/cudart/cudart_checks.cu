@@ -226,6 +226,24 @@ int pinned() {
   CHECK(cudaDeviceSynchronize());
   EXPECT(mapped[1023] == 4.0f, "mapped[1023] = %f", mapped[1023]);
   CHECK(cudaFreeHost(mapped));
+
+  // Memory the program already has, page-locked for its copies.
+  int canRegister = 0;
+  CHECK(cudaDeviceGetAttribute(&canRegister, cudaDevAttrHostRegisterSupported, 0));
+  EXPECT(canRegister == 1, "hostRegisterSupported is %d", canRegister);
+  std::vector<float> own(4096, 3.0f);
+  CHECK(cudaHostRegister(own.data(), own.size() * sizeof(float), cudaHostRegisterDefault));
+  float* ownOnDevice = nullptr;
+  CHECK(cudaMalloc(&ownOnDevice, own.size() * sizeof(float)));
+  CHECK(cudaMemcpyAsync(ownOnDevice, own.data(), own.size() * sizeof(float), cudaMemcpyHostToDevice,
+                        nullptr));
+  scaleAndAdd<<<16, 256>>>(1.0f, ownOnDevice, ownOnDevice, 4096);
+  CHECK(cudaMemcpyAsync(own.data(), ownOnDevice, own.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                        nullptr));
+  CHECK(cudaDeviceSynchronize());
+  EXPECT(own[4095] == 6.0f, "own[4095] = %f", own[4095]);
+  CHECK(cudaHostUnregister(own.data()));
+  CHECK(cudaFree(ownOnDevice));
   return 0;
 }
 
