@@ -181,11 +181,23 @@ interface Session {
       -> (result :Int32);
   loadModuleImage @25 (upload :UInt64) -> (result :Int32, module :UInt64);
 
-  # A module-scope variable (__device__, __constant__) of `module` by its mangled name: where it
-  # lies and how many bytes it spans (cuModuleGetGlobal). Its range counts as the client's own
-  # memory for copies and memsets while the module is loaded. CUDA_ERROR_NOT_FOUND when the
-  # module has no variable of that name.
-  getGlobal @26 (module :UInt64, name :Text) -> (result :Int32, pointer :UInt64, bytes :UInt64);
+  # A module-scope variable (__device__, __constant__, __managed__) of `module` by its mangled
+  # name: where it lies and how many bytes it spans (cuModuleGetGlobal). Its range counts as the
+  # client's own memory for copies and memsets while the module is loaded. CUDA_ERROR_NOT_FOUND
+  # when the module has no variable of that name. `managed`: a __managed__ variable, which the
+  # host must reach too; the stub gives it managed memory with placeManagedVariable.
+  getGlobal @26 (module :UInt64, name :Text)
+      -> (result :Int32, pointer :UInt64, bytes :UInt64, managed :Bool);
+
+  # Moves managed variable `name` of `module` to `address`: memory of the client's that is
+  # registered with the module's device (its managed memory), at least as large as the variable,
+  # with the variable's value unless `keepValue` (the memory holds it already: the same library's
+  # module in another context put it there). The module's kernels use it there from then on.
+  # CUDA_ERROR_INVALID_VALUE for memory that is not such; CUDA_ERROR_NOT_FOUND for no such
+  # managed variable; CUDA_ERROR_NOT_SUPPORTED once a kernel of the module has been launched, or
+  # where the backend cannot (cuda: the driver places managed variables in gpuproxyd's process).
+  placeManagedVariable @30 (module :UInt64, name :Text, address :UInt64, keepValue :Bool)
+      -> (result :Int32);
 
   # cuCtxSetLimit of a limit that reaches the device: CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE
   # or CU_LIMIT_MALLOC_HEAP_SIZE (`limit` as CUlimit numbers it) for the client's contexts on the

@@ -125,6 +125,9 @@ struct FunctionInfo {
 struct GlobalVariable {
   CUdeviceptr address = 0;
   std::size_t bytes = 0;
+  // __managed__: the host reaches it at `address` once Module::placeManagedVariable has put it
+  // in memory the host shares; until then it is device memory like any other variable.
+  bool managed = false;
 };
 
 struct Dim3 {
@@ -176,6 +179,16 @@ public:
   // Whether its kernels call malloc or free and the device expects their heap from its owner
   // (Device::attachDeviceHeap: the sim). False where the driver keeps the heap itself (cuda).
   virtual bool needsDeviceHeap() const { return false; }
+  // Moves managed variable `name` to `address` (host memory of the module's owner registered
+  // with this device, as large as the variable), with the value it has unless `keepValue` (the
+  // memory holds it already), so that the host and the module's kernels share it. Only before
+  // any kernel of the module has been launched (CUDA_ERROR_NOT_SUPPORTED after);
+  // CUDA_ERROR_NOT_FOUND for no such managed variable; CUDA_ERROR_NOT_SUPPORTED where the
+  // driver places them itself (cuda). Owner thread.
+  virtual CUresult placeManagedVariable(std::string_view /*name*/, CUdeviceptr /*address*/,
+                                        bool /*keepValue*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
 };
 
 class Event {

@@ -866,6 +866,19 @@ backend::Result<backend::GlobalVariable> GpuClient::global(Handle module, const 
   return variable.value();
 }
 
+CUresult GpuClient::placeManagedVariable(Handle module, const std::string& name,
+                                         CUdeviceptr address, bool keepValue) {
+  shard_.owner().check();
+  auto found = modules_.find(module);
+  if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  auto variable = found->second.module->global(name);
+  if (!variable.ok() || !variable.value().managed) return CUDA_ERROR_NOT_FOUND;
+  if (!shard_.hostRangeIsMapped(stats_->addressSpace, address, variable.value().bytes)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return found->second.module->placeManagedVariable(name, address, keepValue);
+}
+
 MemoryLedger GpuClient::ledger() {
   shard_.owner().check();
   return MemoryLedger{stats_, shard_.index(), memoryUsed_, &shard_.memoryCount()};

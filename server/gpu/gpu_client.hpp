@@ -122,6 +122,10 @@ public:
   backend::Result<FunctionHandle> function(Handle module, const std::string& name);
   // A module-scope variable; from then on its range is the client's for copies and memsets.
   backend::Result<backend::GlobalVariable> global(Handle module, const std::string& name);
+  // A managed variable moved into the client's managed memory at `address` (host memory of the
+  // client's registered with this GPU), which the host then shares with the module's kernels.
+  CUresult placeManagedVariable(Handle module, const std::string& name, CUdeviceptr address,
+                                bool keepValue);
   CUresult launchKernel(Handle context, Handle function, const backend::LaunchConfig& config,
                         Handle stream, std::span<const std::byte> parameters);
 

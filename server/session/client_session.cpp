@@ -329,8 +329,19 @@ kj::Promise<void> ClientSession::getGlobal(GetGlobalContext context) {
   if (variable.ok()) {
     results.setPointer(variable.value().address);
     results.setBytes(variable.value().bytes);
+    results.setManaged(variable.value().managed);
   }
   return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::placeManagedVariable(PlaceManagedVariableContext context) {
+  auto params = context.getParams();
+  return answerNow(context, clientFor(params.getModule(), HandleKind::kModule),
+                   CUDA_ERROR_INVALID_HANDLE, [&](GpuClient& client) {
+                     return client.placeManagedVariable(params.getModule(),
+                                                        std::string(params.getName().cStr()),
+                                                        params.getAddress(), params.getKeepValue());
+                   });
 }
 
 kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {

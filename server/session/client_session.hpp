@@ -77,6 +77,7 @@ protected:
   kj::Promise<void> loadModuleImage(LoadModuleImageContext context) override;
   kj::Promise<void> getGlobal(GetGlobalContext context) override;
   kj::Promise<void> setLimit(SetLimitContext context) override;
+  kj::Promise<void> placeManagedVariable(PlaceManagedVariableContext context) override;
 
 private:
   class MessagePort;

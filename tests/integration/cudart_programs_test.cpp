@@ -209,6 +209,25 @@ TEST_P(CudartPrograms, ManagedMemoryIsSharedByTheHostAndKernels) {
   })) << daemon.status().dump(2);
 }
 
+// __managed__ variables: cudart asks for them (cuLibraryGetManaged) before any context exists;
+// each gets managed memory of its own to which the daemon moves it, so the host reads and writes
+// it by name where the kernels use it.
+TEST_P(CudartPrograms, ManagedVariablesAreSharedByTheHostAndKernels) {
+  if (chainedCudaBackend()) {
+    GTEST_SKIP() << "the cuda backend cannot move a managed variable into the client's memory: "
+                    "the driver places it in gpuproxyd's own process";
+  }
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("managed_variables"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("counter 356, samples[255] 127.5"), std::string::npos)
+      << result.output;
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return tenantNamed(status, "default")["pinned_memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
 // Past the pinned heap's room, or without a heap at all, each allocation is shared memory of its
 // own that gpuproxyd maps at the same address.
 TEST_P(CudartPrograms, ManagedMemoryNeedsNoRoomInThePinnedHeap) {

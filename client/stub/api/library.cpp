@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -67,9 +68,24 @@ public:
         result != CUDA_SUCCESS) {
       return result;
     }
+    // Its managed variables live where the library's first module placed them: one variable for
+    // the process and every device, as the driver has it.
+    for (const auto& [name, address] : managedPlacements_) {
+      if (CUresult placed =
+              gpuproxy::stub::placeManagedVariable(runtime, loaded, name.c_str(), address, true);
+          placed != CUDA_SUCCESS) {
+        return placed;
+      }
+    }
     modules_[context] = PerContext{record->generation, loaded};
     module = loaded;
     return CUDA_SUCCESS;
+  }
+
+  // Where managed variable `name` lives for every context (the first placement wins).
+  void notePlacement(const std::string& name, std::uint64_t address) {
+    std::lock_guard lock(mutex_);
+    managedPlacements_.emplace(name, address);
   }
 
   CUresult functionIn(Runtime& runtime, Kernel& kernel, std::uint64_t context,
@@ -147,6 +163,7 @@ private:
   std::unordered_map<std::uint64_t, PerContext> modules_;  // by context
   std::unordered_map<KernelInContext, PerContext, KernelInContextHash> functions_;
   std::unordered_map<std::string, std::unique_ptr<Kernel>> kernels_;
+  std::map<std::string, std::uint64_t> managedPlacements_;  // managed variable -> its memory
 };
 
 // Every loaded library and its kernels, so that a handle is checked before it is followed.
@@ -330,27 +347,60 @@ GPUPROXY_EXPORT CUresult cuKernelGetName(const char** name, CUkernel kernel) {
   });
 }
 
-// The variable as the current context sees it: the library's module there is loaded first.
+namespace {
+
+// A variable of `library` as the current context sees it: the library's module there is loaded
+// first. `managedOnly`: cuLibraryGetManaged, which finds __managed__ variables only.
+CUresult libraryVariable(Runtime& runtime, CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                         const char* name, bool managedOnly) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Library* found = Libraries::instance().find(handleValue(library));
+  if (found == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::uint64_t context = currentContext();
+  if (context == 0 && managedOnly) {
+    // The driver places a library's managed variables when it loads the library, for every
+    // device, and cudart asks for them before any context is current. The stub places them
+    // through device 0's primary context, which it retains for the rest of the process.
+    CUcontext primary = nullptr;
+    if (CUresult retained = cuDevicePrimaryCtxRetain(&primary, 0); retained != CUDA_SUCCESS) {
+      return retained;
+    }
+    context = handleValue(primary);
+  }
+  if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  std::uint64_t module = 0;
+  if (CUresult result = found->moduleIn(runtime, context, module); result != CUDA_SUCCESS) {
+    return result;
+  }
+  std::uint64_t pointer = 0;
+  std::uint64_t size = 0;
+  bool managed = false;
+  if (CUresult result =
+          gpuproxy::stub::lookUpGlobal(runtime, module, name, pointer, size, &managed);
+      result != CUDA_SUCCESS) {
+    return result;
+  }
+  if (managedOnly && !managed) return CUDA_ERROR_NOT_FOUND;
+  if (managed) found->notePlacement(name, pointer);
+  if (dptr != nullptr) *dptr = pointer;
+  if (bytes != nullptr) *bytes = static_cast<size_t>(size);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
 GPUPROXY_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
                                             const char* name) {
   return guarded(__func__, [&](Runtime& runtime) {
-    if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    Library* found = Libraries::instance().find(handleValue(library));
-    if (found == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-    std::uint64_t context = 0;
-    if (CUresult result = requireCurrentContext(context); result != CUDA_SUCCESS) return result;
-    std::uint64_t module = 0;
-    if (CUresult result = found->moduleIn(runtime, context, module); result != CUDA_SUCCESS) {
-      return result;
-    }
-    std::uint64_t pointer = 0;
-    std::uint64_t size = 0;
-    if (CUresult result = gpuproxy::stub::lookUpGlobal(runtime, module, name, pointer, size);
-        result != CUDA_SUCCESS) {
-      return result;
-    }
-    if (dptr != nullptr) *dptr = pointer;
-    if (bytes != nullptr) *bytes = static_cast<size_t>(size);
-    return CUDA_SUCCESS;
+    return libraryVariable(runtime, dptr, bytes, library, name, false);
+  });
+}
+
+// __managed__ variables: cudart asks for each when a context is first used and stores the
+// address where the host code reaches the variable.
+GPUPROXY_EXPORT CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                                             const char* name) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return libraryVariable(runtime, dptr, bytes, library, name, true);
   });
 }

@@ -160,6 +160,24 @@ CUresult freeManaged(Runtime& runtime, const AllocationRange& range) {
   return CUDA_SUCCESS;
 }
 
+CUresult allocateManaged(Runtime& runtime, std::uint64_t context, std::uint64_t bytes,
+                         CUdeviceptr& start) {
+  PinnedHeap* heap = runtime.pinnedHeap();
+  PinnedHeap::Allocation allocation;
+  const CUresult inHeap = heap == nullptr
+                              ? CUDA_ERROR_OUT_OF_MEMORY
+                              : allocateSharedPinned(runtime, *heap, nullptr, bytes, allocation);
+  if (inHeap == CUDA_SUCCESS) {
+    start = reinterpret_cast<CUdeviceptr>(heap->region().data() + allocation.offset);
+  } else if (heap != nullptr && inHeap != CUDA_ERROR_OUT_OF_MEMORY) {
+    return inHeap;
+  } else if (CUresult own = allocateOwnMapping(runtime, bytes, start); own != CUDA_SUCCESS) {
+    return own;
+  }
+  runtime.addAllocation(start, bytes, context, /*managed=*/true);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace gpuproxy::stub
 
 namespace {
@@ -267,20 +285,10 @@ GPUPROXY_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, u
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
     CUdeviceptr start = 0;
-    gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap();
-    gpuproxy::stub::PinnedHeap::Allocation allocation;
-    const CUresult inHeap = heap == nullptr ? CUDA_ERROR_OUT_OF_MEMORY
-                                            : gpuproxy::stub::allocateSharedPinned(
-                                                  runtime, *heap, nullptr, bytesize, allocation);
-    if (inHeap == CUDA_SUCCESS) {
-      start = reinterpret_cast<CUdeviceptr>(heap->region().data() + allocation.offset);
-    } else if (heap != nullptr && inHeap != CUDA_ERROR_OUT_OF_MEMORY) {
-      return inHeap;
-    } else if (CUresult own = gpuproxy::stub::allocateOwnMapping(runtime, bytesize, start);
-               own != CUDA_SUCCESS) {
-      return own;
+    if (CUresult allocated = gpuproxy::stub::allocateManaged(runtime, context, bytesize, start);
+        allocated != CUDA_SUCCESS) {
+      return allocated;
     }
-    runtime.addAllocation(start, bytesize, context, /*managed=*/true);
     *dptr = start;
     return CUDA_SUCCESS;
   });

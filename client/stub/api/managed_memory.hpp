@@ -11,4 +11,9 @@ namespace gpuproxy::stub {
 // completed, as cuMemFree does.
 CUresult freeManaged(Runtime& runtime, const AllocationRange& range);
 
+// cuMemAllocManaged's work: `bytes` of managed memory of `context` at `start`, in the pinned heap
+// when it has room, else in a mapping of its own, shared with gpuproxyd either way.
+CUresult allocateManaged(Runtime& runtime, std::uint64_t context, std::uint64_t bytes,
+                         CUdeviceptr& start);
+
 }  // namespace gpuproxy::stub

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "client/stub/api/managed_memory.hpp"
 #include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/data_plane.hpp"
@@ -180,25 +181,61 @@ CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name
   return CUDA_SUCCESS;
 }
 
+CUresult placeManagedVariable(Runtime& runtime, std::uint64_t module, const char* name,
+                              std::uint64_t address, bool keepValue) {
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.placeManagedVariableRequest();
+    request.setModule(module);
+    request.setName(name);
+    request.setAddress(address);
+    request.setKeepValue(keepValue);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+}
+
 CUresult lookUpGlobal(Runtime& runtime, std::uint64_t module, const char* name,
-                      std::uint64_t& pointer, std::uint64_t& bytes) {
+                      std::uint64_t& pointer, std::uint64_t& bytes, bool* managed) {
   std::optional<std::uint64_t> context = runtime.moduleContext(module);
   if (module == 0 || !context) return CUDA_ERROR_INVALID_HANDLE;
   struct Reply {
     CUresult result;
     std::uint64_t pointer;
     std::uint64_t bytes;
+    bool managed;
   };
   Reply reply = runtime.call([&](Session::Client& session) {
     auto request = session.getGlobalRequest();
     request.setModule(module);
     request.setName(name);
     return request.send().then([](auto response) {
-      return Reply{toResult(response.getResult()), response.getPointer(), response.getBytes()};
+      return Reply{toResult(response.getResult()), response.getPointer(), response.getBytes(),
+                   response.getManaged()};
     });
   });
   if (reply.result != CUDA_SUCCESS) return reply.result;
-  runtime.addModuleVariable(reply.pointer, reply.bytes, *context, module);
+  if (managed != nullptr) *managed = reply.managed;
+  const std::optional<AllocationRange> holder = runtime.allocationContaining(reply.pointer);
+  if (reply.managed && (!holder || !holder->managed)) {
+    // A __managed__ variable the host must reach too: the first lookup gives it managed memory
+    // of its own, to which gpuproxyd moves it; later lookups find it there.
+    CUdeviceptr start = 0;
+    if (CUresult allocated = allocateManaged(runtime, *context, reply.bytes, start);
+        allocated != CUDA_SUCCESS) {
+      return allocated;
+    }
+    const CUresult placed = placeManagedVariable(runtime, module, name, start, false);
+    if (placed != CUDA_SUCCESS) {
+      if (std::optional<AllocationRange> range = runtime.allocationContaining(start)) {
+        freeManaged(runtime, *range);
+      }
+      GPUPROXY_STUB_LOG(kWarn, "the managed variable %s could not be given managed memory (%d)",
+                        name, static_cast<int>(placed));
+      return placed;
+    }
+    reply.pointer = start;
+  } else if (!reply.managed) {
+    runtime.addModuleVariable(reply.pointer, reply.bytes, *context, module);
+  }
   pointer = reply.pointer;
   bytes = reply.bytes;
   return CUDA_SUCCESS;

@@ -21,9 +21,17 @@ CUresult loadModuleInto(Runtime& runtime, std::uint64_t context, const void* ima
 CUresult lookUpFunction(Runtime& runtime, std::uint64_t module, const char* name,
                         std::uint64_t& function);
 
-// cuModuleGetGlobal's work: where a module variable lies; its range becomes copyable.
+// cuModuleGetGlobal's work: where a module variable lies; its range becomes copyable. A
+// __managed__ variable (`managed`, when asked) is given managed memory first, so that the host
+// reaches it at the address returned.
 CUresult lookUpGlobal(Runtime& runtime, std::uint64_t module, const char* name,
-                      std::uint64_t& pointer, std::uint64_t& bytes);
+                      std::uint64_t& pointer, std::uint64_t& bytes, bool* managed = nullptr);
+
+// Has gpuproxyd move managed variable `name` of `module` to `address` (managed memory of this
+// process), with its value unless `keepValue` (the memory holds it: the same library's variable
+// in another context lives there).
+CUresult placeManagedVariable(Runtime& runtime, std::uint64_t module, const char* name,
+                              std::uint64_t address, bool keepValue);
 
 // Whether `handle` is a CUkernel from cuLibraryGetKernel that is still loaded.
 bool isLibraryKernel(std::uint64_t handle);

@@ -326,6 +326,7 @@ struct VariableDecl {
   std::uint64_t count = 1;  // elements (product of the array dimensions)
   bool unsized = false;     // name[]
   bool external = false;
+  bool managed = false;  // .attribute(.managed)
   bool hasInitializer = false;
   std::vector<InitItem> initializer;
   std::uint32_t line = 0;
@@ -601,9 +602,17 @@ private:
       } else if (token.text == ".v2" || token.text == ".v4" || token.text == ".v8") {
         variable.vector = token.text == ".v2" ? 2 : token.text == ".v4" ? 4 : 8;
       } else if (token.text == ".attribute") {
-        // .attribute(.managed) and friends.
-        if (module_->unsupported.empty())
-          module_->unsupported = "variable .attribute (managed memory)";
+        // .attribute(.managed) on a .global variable; any other attribute is not executed.
+        if (!lexer_.next().is('(')) return fail(token.line, "malformed .attribute");
+        const Token which = lexer_.next();
+        if (which.isWord(".managed") && variable.space == Space::kGlobal && lexer_.peek().is(')')) {
+          lexer_.next();
+          variable.managed = true;
+          continue;
+        }
+        if (module_->unsupported.empty()) {
+          module_->unsupported = "variable .attribute " + shown(which.text);
+        }
         return skipTo(';');
       } else if (token.text == ".ptr" || token.text == ".global" || token.text == ".shared" ||
                  token.text == ".const" || token.text == ".local") {
@@ -2037,6 +2046,7 @@ private:
     variable.external =
         declaration.external ||
         (declaration.space == Space::kShared && declaration.unsized && !declaration.hasInitializer);
+    variable.managed = declaration.managed;
     std::erase_if(pendingInitializers_, [&](const auto& entry) { return entry.second == index; });
     pendingInitializers_.emplace_back(&declaration, index);
     return variable;

@@ -37,8 +37,9 @@ std::string hex(std::uint64_t value) {
 
 // ---- Executable ------------------------------------------------------------------------------
 
-Executable::Executable(std::shared_ptr<const Program> program, std::uint64_t globalBase)
-    : program_(std::move(program)), globalBase_(globalBase) {
+Executable::Executable(std::shared_ptr<const Program> program, std::uint64_t globalBase,
+                       std::vector<std::uint64_t> placements)
+    : program_(std::move(program)), globalBase_(globalBase), placements_(std::move(placements)) {
   const auto count = static_cast<std::uint32_t>(program_->functions.size());
   constants_.resize(count);
   localRows_.resize(count);
@@ -120,11 +121,15 @@ Executable::Executable(std::shared_ptr<const Program> program, std::uint64_t glo
   }
 }
 
+std::uint64_t Executable::variableAddress(std::uint32_t index) const {
+  if (index < placements_.size() && placements_[index] != 0) return placements_[index];
+  return globalBase_ + program_->globalOffsets[index];
+}
+
 std::uint64_t Executable::addressOf(const Constant& constant) const {
   switch (constant.kind) {
     case Constant::Kind::kVariableAddress:
-      return globalBase_ + program_->globalOffsets[constant.symbol] +
-             static_cast<std::uint64_t>(constant.addend);
+      return variableAddress(constant.symbol) + static_cast<std::uint64_t>(constant.addend);
     case Constant::Kind::kFunctionAddress:
       return kFunctionWindow + std::uint64_t{constant.symbol} * kFunctionStride +
              static_cast<std::uint64_t>(constant.addend);
@@ -162,7 +167,7 @@ std::vector<std::byte> Executable::initialImage() const {
         if (target.space == Space::kShared) {
           value = (relocation.generic ? kSharedWindow : 0) + target.sharedOffset;
         } else {
-          value = globalBase_ + program_->globalOffsets[relocation.symbol];
+          value = variableAddress(relocation.symbol);
         }
       }
       value += static_cast<std::uint64_t>(relocation.addend);

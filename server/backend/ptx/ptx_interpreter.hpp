@@ -33,11 +33,16 @@
 
 namespace gpuproxy::server::ptx {
 
-// A decoded module placed in device memory: its variables live at globalBase. Everything a
-// launch needs that depends on where the module sits is computed here once, at load.
+// A decoded module placed in device memory: its variables live at globalBase, except those
+// `placements` names (by variable index, 0: not placed elsewhere), which live at that address
+// (managed variables in memory the host shares). Everything a launch needs that depends on where
+// the module sits is computed here once, at load.
 class Executable {
 public:
-  Executable(std::shared_ptr<const Program> program, std::uint64_t globalBase);
+  Executable(std::shared_ptr<const Program> program, std::uint64_t globalBase,
+             std::vector<std::uint64_t> placements = {});
+  // Where variable `index` lives.
+  std::uint64_t variableAddress(std::uint32_t index) const;
 
   const Program& program() const { return *program_; }
   std::uint64_t globalBase() const { return globalBase_; }
@@ -64,6 +69,7 @@ public:
 private:
   std::shared_ptr<const Program> program_;
   std::uint64_t globalBase_;
+  std::vector<std::uint64_t> placements_;
   std::vector<std::vector<std::uint64_t>> constants_;
   std::vector<std::vector<std::uint32_t>> localRows_;
   std::vector<std::uint32_t> stackBytes_;

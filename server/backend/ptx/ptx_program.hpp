@@ -89,6 +89,10 @@ struct Variable {
   std::vector<Relocation> relocations;
   std::uint64_t sharedOffset = 0;  // .shared: offset in the block's shared memory
   bool external = false;           // .extern .shared (dynamic shared memory) or .extern .global
+  // .attribute(.managed) (__managed__): memory the host reaches at the same address. Placed
+  // with the module's other variables until its client gives it host-visible memory
+  // (Executable's placements).
+  bool managed = false;
 };
 
 // A constant row of a frame: an immediate, an address of a variable or function, or a local

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -121,7 +122,11 @@ struct ModuleImage {
   ~ModuleImage();
 
   std::shared_ptr<const ptx::Program> program;
+  // Replaced only while no kernel of the module has been launched (SimModule::
+  // placeManagedVariable), which is why nothing else needs to hold it.
   std::unique_ptr<ptx::Executable> executable;
+  // Set on the owner thread when a kernel of the module is first queued.
+  mutable std::atomic<bool> launched{false};
   std::shared_ptr<DeviceCore> core;
   CUdeviceptr variables = 0;          // the allocation holding them (0: none)
   std::uint64_t arenaGeneration = 0;  // a reset since frees it with everything else
@@ -815,7 +820,7 @@ private:
 
 class SimModule final : public Module {
 public:
-  SimModule(std::shared_ptr<const ModuleImage> image,
+  SimModule(std::shared_ptr<ModuleImage> image,
             std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions,
             std::uint64_t deviceBytes)
       : image_(std::move(image)), functions_(std::move(functions)), deviceBytes_(deviceBytes) {}
@@ -823,8 +828,8 @@ public:
   // The image size stands in for the code a GPU would load, plus the module's variables, which
   // live in device memory: module memory is accounted for like on a GPU.
   std::uint64_t deviceBytes() const override { return deviceBytes_; }
-  // Kernels that call malloc or free allocate from their owner's heap (DeviceCore::heapOf), one
-  // per client and device as CUDA has one per context.
+  // Kernels that call malloc or free allocate from their owner's heap (DeviceCore's settings),
+  // one per client and device as CUDA has one per context.
   bool needsDeviceHeap() const override { return image_->program->usesHeap; }
 
   Result<Function*> function(std::string_view name) override {
@@ -841,14 +846,47 @@ public:
           (variable.space != ptx::Space::kGlobal && variable.space != ptx::Space::kConst)) {
         continue;
       }
-      return backend::GlobalVariable{image_->variables + program.globalOffsets[v],
-                                     static_cast<std::size_t>(variable.bytes)};
+      return backend::GlobalVariable{
+          image_->executable->variableAddress(static_cast<std::uint32_t>(v)),
+          static_cast<std::size_t>(variable.bytes), variable.managed};
     }
     return CUDA_ERROR_NOT_FOUND;
   }
 
+  // The variable's bytes move to `address` and the module is placed again with the variable
+  // there: its kernels' address constants and other variables' initial pointers to it follow.
+  CUresult placeManagedVariable(std::string_view name, CUdeviceptr address,
+                                bool keepValue) override {
+    const ptx::Program& program = *image_->program;
+    std::optional<std::uint32_t> index;
+    for (std::uint32_t v = 0; v < program.variables.size(); ++v) {
+      const ptx::Variable& variable = program.variables[v];
+      if (variable.name == name && variable.managed && !variable.external) index = v;
+    }
+    if (!index) return CUDA_ERROR_NOT_FOUND;
+    if (image_->launched.load()) return CUDA_ERROR_NOT_SUPPORTED;
+    const std::uint64_t bytes = program.variables[*index].bytes;
+    const CUdeviceptr from = image_->executable->variableAddress(*index);
+    if (from == address) return CUDA_SUCCESS;
+    {
+      const DeviceArena::Access access = image_->core->arena().access();
+      const std::byte* source = access.translate(from, bytes);
+      std::byte* target = access.translate(address, bytes);
+      if (source == nullptr || target == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      if (!keepValue) std::memmove(target, source, bytes);
+    }
+    std::vector<std::uint64_t> placements(program.variables.size(), 0);
+    for (std::uint32_t v = 0; v < program.variables.size(); ++v) {
+      if (program.variables[v].managed) placements[v] = image_->executable->variableAddress(v);
+    }
+    placements[*index] = address;
+    image_->executable = std::make_unique<ptx::Executable>(image_->program, image_->variables,
+                                                           std::move(placements));
+    return CUDA_SUCCESS;
+  }
+
 private:
-  std::shared_ptr<const ModuleImage> image_;
+  std::shared_ptr<ModuleImage> image_;
   std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions_;
   std::uint64_t deviceBytes_;
 };
@@ -945,6 +983,7 @@ public:
                               info.numRegs)) {
       return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
+    simFunction->data()->module->launched.store(true);
     return core_->enqueue(*queue_,
                           LaunchOp{simFunction->data(), config,
                                    std::vector<std::byte>(parameters.begin(), parameters.end()),

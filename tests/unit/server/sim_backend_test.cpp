@@ -782,6 +782,39 @@ TEST_F(SimTest, TrapPoisonsTheDeviceUntilReset) {
   EXPECT_EQ(filled[3], 3u);
 }
 
+// A __managed__ variable moves, with its value, into host memory its owner registered, and the
+// module's kernels use it there; only before they have been launched.
+TEST_F(SimTest, ManagedVariablesMoveIntoHostMemoryTheHostShares) {
+  const std::string ptx =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .global .attribute(.managed) .align 4 .u32 m = 5;\n"
+      ".visible .global .align 4 .u32 plain;\n"
+      ".visible .entry bump()\n{\n .reg .b32 %r<3>;\n ld.global.u32 %r1, [m];\n"
+      " add.u32 %r2, %r1, 1;\n st.global.u32 [m], %r2;\n ret;\n}\n";
+  auto loaded = device_->loadModule(bytesOf(ptx));
+  ASSERT_TRUE(loaded.ok());
+  Module& module = *loaded.value();
+  auto before = module.global("m");
+  ASSERT_TRUE(before.ok());
+  EXPECT_TRUE(before.value().managed);
+  EXPECT_FALSE(module.global("plain").value().managed);
+  alignas(4096) static std::uint32_t shared[1024];
+  ASSERT_EQ(device_->registerHostMemory(shared, sizeof(shared)), CUDA_SUCCESS);
+  const auto address = reinterpret_cast<CUdeviceptr>(shared);
+  EXPECT_EQ(module.placeManagedVariable("plain", address, false), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(module.placeManagedVariable("m", address + sizeof(shared), false),
+            CUDA_ERROR_INVALID_VALUE);  // not registered memory
+  ASSERT_EQ(module.placeManagedVariable("m", address, false), CUDA_SUCCESS);
+  EXPECT_EQ(shared[0], 5u);
+  EXPECT_EQ(module.global("m").value().address, address);
+  Function& bump = *module.function("bump").value();
+  ASSERT_EQ(stream_->launch(bump, config(1, 1), {}, {}), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(shared[0], 6u);
+  EXPECT_EQ(module.placeManagedVariable("m", address + 64, true), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(device_->unregisterHostMemory(shared), CUDA_SUCCESS);
+}
+
 TEST_F(SimTest, RegisteredHostMemoryStaysRegisteredThroughAReset) {
   // Pinned host memory is the process's, not the context's (backend.hpp): a client that holds
   // some while another client's kernel poisons the device keeps it usable after the recovery.

@@ -191,14 +191,14 @@ TEST(PtxFrontend, TheFirstUnsupportedInstructionIsNamed) {
   EXPECT_NE(inFunction.message.find("%clusterid.x"), std::string::npos) << inFunction.message;
 }
 
-// Texture, surface and sampler references, managed variables and cluster launches are refused
+// Texture, surface and sampler references, unified variables and cluster launches are refused
 // where they are declared.
 TEST(PtxFrontend, UnsupportedDeclarationsAreRefusedByName) {
   const std::pair<std::string, std::string> cases[] = {
       {".global .texref tex;\n" + kernel("k", ""), ".texref"},
       {".global .surfref surf;\n" + kernel("k", ""), ".surfref"},
       {".global .samplerref sampler;\n" + kernel("k", ""), ".samplerref"},
-      {".global .attribute(.managed) .align 4 .u32 m;\n" + kernel("k", ""), "managed"},
+      {".global .attribute(.unified(1, 2)) .align 4 .u32 m;\n" + kernel("k", ""), ".unified"},
       {".visible .entry k() .reqnctapercluster 2, 1, 1 { ret; }", ".reqnctapercluster"},
       {".visible .entry k() .explicitcluster { ret; }", ".explicitcluster"},
       {".visible .entry k() .maxclusterrank 8 { ret; }", ".maxclusterrank"},
@@ -209,6 +209,17 @@ TEST(PtxFrontend, UnsupportedDeclarationsAreRefusedByName) {
     EXPECT_EQ(result.status, CUDA_ERROR_NOT_SUPPORTED) << result.message;
     EXPECT_NE(result.message.find(named), std::string::npos) << result.message;
   }
+}
+
+// __managed__ variables decode as variables the host will share (placed later by their client).
+TEST(PtxFrontend, ManagedVariablesAreMarked) {
+  const DecodeResult result = decode(
+      ".global .attribute(.managed) .align 4 .u32 m = 5;\n.global .u32 plain;\n" + kernel("k", ""));
+  ASSERT_EQ(result.status, CUDA_SUCCESS) << result.message;
+  ASSERT_EQ(result.program->variables.size(), 2u);
+  EXPECT_TRUE(result.program->variables[0].managed);
+  EXPECT_EQ(result.program->variables[0].bytes, 4u);
+  EXPECT_FALSE(result.program->variables[1].managed);
 }
 
 TEST(PtxFrontend, MalformedTextIsInvalidPtx) {
