@@ -12,6 +12,8 @@
 
 #include "conformance_debug_ptx.hpp"
 #include "conformance_ptx.hpp"
+#include "conformance_simd_debug_ptx.hpp"
+#include "conformance_simd_ptx.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -271,6 +273,13 @@ std::vector<std::uint32_t> intEdges() {
           0x80000001u, 0x80u,       0xffu,       0x7fffu, 0x8000u,     31u,
           32u,         33u,         63u,         64u,     100u,        0xffffff9cu,
           0x12345678u, 0xdeadbeefu, 0x00ff00ffu, 0x3u};
+}
+
+// Words whose bytes and half-words sit at the lanes' limits (0, 0x7f/0x80, 0xff, 0x7fff/0x8000).
+std::vector<std::uint32_t> simdEdges() {
+  return {0u,          0xffffffffu, 0x80808080u, 0x7f7f7f7fu, 0x7fff8000u, 0x80007fffu,
+          0x01ff7f80u, 0xff017f80u, 0x00ff00ffu, 0xff00ff00u, 0x12345678u, 0xdeadbeefu,
+          0x80000001u, 0x7fffffffu, 0x0001fffeu, 0x807f01feu};
 }
 
 std::vector<std::uint32_t> floatEdges() {
@@ -896,6 +905,140 @@ void indicesReference(const std::vector<In>&, std::size_t i, Expect* out) {
   out[3] = exact(kIndexGrid.x | kIndexGrid.y << 10 | std::uint64_t{kIndexGrid.z} << 20);
 }
 
+// ---- SIMD: byte and half-word lanes ------------------------------------------------------------
+
+// Lane `index` of `word`, `width` bits wide, sign-extended when `isSigned`.
+std::int64_t laneOf(std::uint32_t word, unsigned index, unsigned width, bool isSigned) {
+  const std::uint32_t raw = (word >> (width * index)) & ((1u << width) - 1);
+  if (isSigned && ((raw >> (width - 1)) & 1) != 0) return std::int64_t{raw} - (1ll << width);
+  return raw;
+}
+// A word whose lane k is value(k) cut to `width` bits.
+template <typename Value>
+std::uint32_t fromLanes(unsigned width, Value value) {
+  std::uint32_t word = 0;
+  for (unsigned k = 0; k < 32 / width; ++k) {
+    word |= (static_cast<std::uint32_t>(value(k)) & ((1u << width) - 1)) << (width * k);
+  }
+  return word;
+}
+std::int64_t saturate(std::int64_t value, unsigned width, bool isSigned) {
+  const std::int64_t high = isSigned ? (1ll << (width - 1)) - 1 : (1ll << width) - 1;
+  const std::int64_t low = isSigned ? -(1ll << (width - 1)) : 0;
+  return std::clamp(value, low, high);
+}
+// Rounds half away from zero, as the video instructions' average does.
+std::int64_t roundedAverage(std::int64_t x, std::int64_t y) {
+  const std::int64_t sum = x + y;
+  return sum >= 0 ? (sum + 1) / 2 : -((-sum + 1) / 2);
+}
+
+void simdReference(const std::vector<In>& in, std::size_t i, Expect* out) {
+  const auto a = static_cast<std::uint32_t>(in[i].a);
+  const auto b = static_cast<std::uint32_t>(in[i].b);
+  const auto c = static_cast<std::uint32_t>(in[i].c);
+  // Lane k of a and b as bytes (8) or half-words (16), signed or not.
+  auto x = [&](unsigned k, unsigned width, bool isSigned) { return laneOf(a, k, width, isSigned); };
+  auto y = [&](unsigned k, unsigned width, bool isSigned) { return laneOf(b, k, width, isSigned); };
+  auto absDiff = [&](unsigned width, bool isSigned) {
+    return fromLanes(
+        width, [&](unsigned k) { return std::abs(x(k, width, isSigned) - y(k, width, isSigned)); });
+  };
+  auto sumAbsDiff = [&](unsigned width, bool isSigned) {
+    std::int64_t sum = 0;
+    for (unsigned k = 0; k < 32 / width; ++k)
+      sum += std::abs(x(k, width, isSigned) - y(k, width, isSigned));
+    return static_cast<std::uint32_t>(sum);
+  };
+  // f(lane of a, lane of b) in each lane.
+  auto each = [&](unsigned width, bool isSigned, auto f) {
+    return fromLanes(width,
+                     [&](unsigned k) { return f(x(k, width, isSigned), y(k, width, isSigned)); });
+  };
+  auto mn = [](std::int64_t p, std::int64_t q) { return std::min(p, q); };
+  auto mx = [](std::int64_t p, std::int64_t q) { return std::max(p, q); };
+  out[0] = exact(absDiff(8, false));
+  out[1] = exact(absDiff(8, true));
+  out[2] = exact(sumAbsDiff(8, false));
+  out[3] = exact(sumAbsDiff(8, true));
+  out[4] = exact(absDiff(16, false));
+  out[5] = exact(absDiff(16, true));
+  out[6] = exact(sumAbsDiff(16, false));
+  out[7] = exact(sumAbsDiff(16, true));
+  out[8] = exact(each(16, false, [](auto p, auto q) { return p + q; }));
+  out[9] = exact(each(16, true, [](auto p, auto q) { return saturate(p + q, 16, true); }));
+  out[10] = exact(each(16, false, [](auto p, auto q) { return saturate(p + q, 16, false); }));
+  out[11] = exact(each(16, false, [](auto p, auto q) { return p - q; }));
+  out[12] = exact(each(16, true, [](auto p, auto q) { return saturate(p - q, 16, true); }));
+  out[13] = exact(each(16, false, [](auto p, auto q) { return saturate(p - q, 16, false); }));
+  out[14] = exact(each(16, true, mn));
+  out[15] = exact(each(16, false, mn));
+  out[16] = exact(each(16, true, mx));
+  out[17] = exact(each(16, false, mx));
+  out[18] = exact(each(16, true, roundedAverage));
+  out[19] = exact(each(16, false, [](auto p, auto q) { return (p + q + 1) / 2; }));
+  out[20] = exact(each(16, false, [](auto p, auto q) { return (p + q) / 2; }));
+  out[21] = exact(each(8, false, [](auto p, auto q) { return p + q; }));
+  out[22] = exact(each(8, true, [](auto p, auto q) { return saturate(p + q, 8, true); }));
+  out[23] = exact(each(8, false, [](auto p, auto q) { return saturate(p + q, 8, false); }));
+  out[24] = exact(each(8, false, [](auto p, auto q) { return p - q; }));
+  out[25] = exact(each(8, false, [](auto p, auto q) { return saturate(p - q, 8, false); }));
+  out[26] = exact(each(8, true, mn));
+  out[27] = exact(each(8, false, mx));
+  out[28] = exact(each(8, false, [](auto p, auto q) { return (p + q + 1) / 2; }));
+  out[29] = exact(each(8, false, [](auto p, auto q) { return p > q ? 0xff : 0; }));
+  out[30] = exact(each(16, true, [](auto p, auto q) { return p >= q ? 0xffff : 0; }));
+  out[31] = exact(each(8, false, [](auto p, auto q) { return p == q ? 1 : 0; }));
+  out[32] = exact(fromLanes(16, [&](unsigned k) { return -x(k, 16, true); }));
+  out[33] = exact(fromLanes(
+      8, [&](unsigned k) { return std::min<std::int64_t>(std::abs(x(k, 8, true)), 127); }));
+  // vadd4.u32.u32.u32.sat
+  out[34] = exact(each(8, false, [](auto p, auto q) { return saturate(p + q, 8, false); }));
+  // vsub4.s32.s32.s32.sat d.b20: lanes 0 and 2 computed, 1 and 3 from c.
+  out[35] = exact(fromLanes(8, [&](unsigned k) {
+    return k % 2 == 0 ? saturate(x(k, 8, true) - y(k, 8, true), 8, true) : laneOf(c, k, 8, false);
+  }));
+  // vabsdiff4.u32.u32.u32.add: c plus the four differences.
+  out[36] = exact(c + sumAbsDiff(8, false));
+  // vavrg4.s32.s32.s32 a.b0123, b.b4444: a's bytes reversed against b's byte 0 in every lane.
+  out[37] = exact(
+      fromLanes(8, [&](unsigned k) { return roundedAverage(x(3 - k, 8, true), y(0, 8, true)); }));
+  // vmin2.s32.s32.s32.add: c plus both lanes' minimum.
+  out[38] = exact(static_cast<std::uint32_t>(c + std::min(x(0, 16, true), y(0, 16, true)) +
+                                             std::min(x(1, 16, true), y(1, 16, true))));
+  // vmax2.u32.u32.u32 d.h1, a.h01, b.h23: lane 1 the maximum of a's and b's low halves; lane 0 c's.
+  out[39] = exact(fromLanes(16, [&](unsigned k) {
+    return k == 1 ? std::max(x(0, 16, false), y(0, 16, false)) : laneOf(c, 0, 16, false);
+  }));
+  // vset4.u32.u32.lt
+  out[40] = exact(each(8, false, [](auto p, auto q) { return p < q ? 1 : 0; }));
+  // vset2.s32.s32.ge.add: c plus how many lanes compared true.
+  out[41] = exact(c + (x(0, 16, true) >= y(0, 16, true)) + (x(1, 16, true) >= y(1, 16, true)));
+  // vavrg2.u32.u32.u32
+  out[42] = exact(each(16, false, [](auto p, auto q) { return (p + q + 1) / 2; }));
+  // vadd2.s32.s32.u32.sat: signed a, unsigned b, clamped to signed half-words.
+  out[43] = exact(fromLanes(
+      16, [&](unsigned k) { return saturate(x(k, 16, true) + y(k, 16, false), 16, true); }));
+  // vset4.s32.u32.ne d.b31, a, b.b3210: each byte of a signed against itself unsigned (differs
+  // when its top bit is set), in lanes 3 and 1; lanes 2 and 0 from c.
+  out[44] = exact(fromLanes(8, [&](unsigned k) {
+    return k % 2 == 1 ? (x(k, 8, true) != x(k, 8, false) ? 1 : 0) : laneOf(c, k, 8, false);
+  }));
+  // vabsdiff2.s32.s32.s32.sat a.h32, b.h10: b's halves against a's, clamped to signed.
+  out[45] = exact(fromLanes(16, [&](unsigned k) {
+    return saturate(std::abs(y(k, 16, true) - x(k, 16, true)), 16, true);
+  }));
+  // vmax4.s32.s32.s32.add d.b310: c plus the maxima of lanes 3, 1 and 0.
+  std::int64_t maxima = c;
+  for (const unsigned k : {0u, 1u, 3u}) maxima += std::max(x(k, 8, true), y(k, 8, true));
+  out[46] = exact(static_cast<std::uint32_t>(maxima));
+  // max.relu.s16x2, min.relu.s32
+  out[47] = exact(
+      each(16, true, [](auto p, auto q) { return std::max<std::int64_t>(std::max(p, q), 0); }));
+  out[48] = exact(static_cast<std::uint32_t>(
+      std::max(std::min(static_cast<std::int32_t>(a), static_cast<std::int32_t>(b)), 0)));
+}
+
 // ---- Running one class -----------------------------------------------------------------------
 
 struct Launch {
@@ -1304,6 +1447,17 @@ int main(int argc, char** argv) {
                  indicesReference);
   runAtomics(runner, random);
   runMemory(runner, random);
+  {
+    // The SIMD kernel is a module of its own, built for compute capability 9.0.
+    CUmodule module = runner.module;
+    CHECK(cuModuleLoadData(&runner.module, debug ? gpuproxy::testing::kConformanceSimdDebugPtx
+                                                 : gpuproxy::testing::kConformanceSimdPtx));
+    const std::vector<In> simd = pairs(simdEdges(), random, 1024, 0xffffffffull);
+    runner.compare("simd", simd, runner.run("conf_simd", simd, oneDimensional(simd.size())),
+                   simdReference);
+    CHECK(cuModuleUnload(runner.module));
+    runner.module = module;
+  }
   std::vector<In> control(512);
   for (std::size_t k = 0; k < control.size(); ++k) control[k].a = k < 64 ? k : random() % 100000;
   runner.compare("control", control,

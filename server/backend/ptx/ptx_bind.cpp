@@ -246,6 +246,9 @@ std::string_view unsupportedFamily(std::string_view opcode) {
     return "thread-block clusters";
   }
   if (base == "multimem") return "multimem (multicast memory)";
+  if (anyOf(base, {"vadd", "vsub", "vabsdiff", "vmin", "vmax", "vshl", "vshr", "vmad", "vset"})) {
+    return "scalar video instructions";
+  }
   return {};
 }
 
@@ -279,6 +282,7 @@ bool bindInstruction(const ParsedInstruction& parsed, OperandResolver& resolver,
     return bindMemory(parsed, qualifiers, resolver, instruction, unsupported);
   }
   if (isWarpOpcode(base)) return bindWarp(parsed, qualifiers, resolver, instruction, unsupported);
+  if (isVideoOpcode(base)) return bindVideo(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "wmma") return bindMatrix(parsed, qualifiers, resolver, instruction, unsupported);
   if (base == "mbarrier") {
     return bindAsyncBarrier(parsed, qualifiers, resolver, instruction, unsupported);

@@ -96,6 +96,9 @@ bool bindControl(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
 // mbarrier and cp.async.mbarrier.arrive (ptx_ops_barrier.cpp).
 bool bindAsyncBarrier(const ParsedInstruction& parsed, Qualifiers& qualifiers,
                       OperandResolver& resolver, Instruction& instruction, bool& unsupported);
+// vadd2/4, vabsdiff2/4, vset2/4 and the other SIMD video instructions (ptx_ops_video.cpp).
+bool bindVideo(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
+               Instruction& instruction, bool& unsupported);
 // wmma (ptx_ops_matrix.cpp).
 bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                 Instruction& instruction, bool& unsupported);
@@ -112,5 +115,6 @@ bool isFloatOpcode(std::string_view base);  // depends on the type: see bindInst
 bool isMemoryOpcode(std::string_view base);
 bool isWarpOpcode(std::string_view base);
 bool isControlOpcode(std::string_view base);
+bool isVideoOpcode(std::string_view base);
 
 }  // namespace gpuproxy::server::ptx

@@ -295,6 +295,8 @@ std::optional<FloatLiteral> parseFloatLiteral(std::string_view text) {
     if (!bits) return std::nullopt;
     return FloatLiteral{*bits, false, true};
   }
+  // A hexadecimal integer (0xfe, 0x8E: inline assembly writes them) holds an 'e' but is no float.
+  if (text.size() > 1 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) return std::nullopt;
   if (text.find_first_of(".eE") == std::string_view::npos) return std::nullopt;
   if (text.empty() || !((text[0] >= '0' && text[0] <= '9') || text[0] == '.')) return std::nullopt;
   std::string copy(text);

@@ -126,6 +126,27 @@ template <typename T>
 struct Max {
   static T apply(T a, T b) { return a > b ? a : b; }
 };
+// min.relu/max.relu: the result clamped at zero from below.
+template <typename T, typename Op>
+struct Relu {
+  static T apply(T a, T b) {
+    const T result = Op::apply(a, b);
+    return result < T{0} ? T{0} : result;
+  }
+};
+// .s16x2/.u16x2 (sm_90): `Op` on each half-word of a 32-bit register on its own.
+template <typename Half, typename Op>
+struct PerHalf {
+  static std::uint32_t apply(std::uint32_t a, std::uint32_t b) {
+    std::uint32_t out = 0;
+    for (unsigned i = 0; i < 2; ++i) {
+      const Half x = static_cast<Half>(a >> (16 * i));
+      const Half y = static_cast<Half>(b >> (16 * i));
+      out |= std::uint32_t{static_cast<std::uint16_t>(Op::apply(x, y))} << (16 * i);
+    }
+    return out;
+  }
+};
 template <typename T>
 struct Abs {
   static T apply(T a) { return a < 0 ? wrap<T>(0 - std::uint64_t(a)) : a; }
@@ -603,6 +624,40 @@ Handler integerCompare(Type type, bool set, Type destination) {
 template <typename T>
 using Unsigned64 = std::conditional_t<std::is_signed_v<T>, std::make_unsigned_t<T>, T>;
 
+// add, sub, min and max on .s16x2/.u16x2: two half-words per 32-bit register.
+template <typename Half>
+Handler packedHalvesHandler(std::string_view base, bool relu) {
+  using Word = std::uint32_t;
+  if (relu) {
+    return base == "min" ? &binaryHandler<Word, Word, PerHalf<Half, Relu<Half, Min<Half>>>>
+                         : &binaryHandler<Word, Word, PerHalf<Half, Relu<Half, Max<Half>>>>;
+  }
+  if (base == "add") return &binaryHandler<Word, Word, PerHalf<Half, Add<Half>>>;
+  if (base == "sub") return &binaryHandler<Word, Word, PerHalf<Half, Sub<Half>>>;
+  if (base == "min") return &binaryHandler<Word, Word, PerHalf<Half, Min<Half>>>;
+  if (base == "max") return &binaryHandler<Word, Word, PerHalf<Half, Max<Half>>>;
+  return nullptr;
+}
+
+bool bindPackedHalves(const ParsedInstruction& parsed, std::string_view base, bool isSigned,
+                      bool relu, OperandResolver& resolver, Instruction& instruction,
+                      bool& unsupported) {
+  if (relu && !isSigned) return bindError(resolver, ".relu needs .s32 or .s16x2");
+  const Handler handler = isSigned ? packedHalvesHandler<std::int16_t>(base, relu)
+                                   : packedHalvesHandler<std::uint16_t>(base, relu);
+  if (handler == nullptr) {
+    return unsupportedBinding(resolver, unsupported, std::string(base) + " on .s16x2/.u16x2");
+  }
+  if (!expectOperands(parsed, 3, resolver)) return false;
+  if (!bindDestination(instruction, 0, parsed.operands[0], Type::kB32, resolver) ||
+      !bindSource(instruction, 1, parsed.operands[1], Type::kB32, resolver) ||
+      !bindSource(instruction, 2, parsed.operands[2], Type::kB32, resolver)) {
+    return false;
+  }
+  instruction.handler = handler;
+  return true;
+}
+
 }  // namespace
 
 bool isIntegerOpcode(std::string_view base) {
@@ -701,7 +756,13 @@ bool bindInteger(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
   const bool shiftAmount = qualifiers.take("shiftamt");
   const std::string_view prmtMode = qualifiers.takeAny({"f4e", "b4e", "rc8", "ecl", "ecr", "rc16"});
   const bool ftz = base == "slct" && qualifiers.take("ftz");
+  const bool relu = (base == "min" || base == "max") && qualifiers.take("relu");
+  const std::string_view halves = qualifiers.takeAny({"s16x2", "u16x2"});
   if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+  if (!halves.empty()) {
+    return bindPackedHalves(parsed, base, halves == "s16x2", relu, resolver, instruction,
+                            unsupported);
+  }
   if (types.empty()) return bindError(resolver, "missing type");
   const Type type = types.back();
   const std::vector<Operand>& operands = parsed.operands;
@@ -866,6 +927,13 @@ bool bindInteger(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
     if (base == "max")
       handler =
           byIntegerType(type, []<typename T>() -> Handler { return &binaryHandler<T, T, Max<T>>; });
+    if (relu) {
+      if (type != Type::kS32) return bindError(resolver, ".relu needs .s32 or .s16x2");
+      handler =
+          base == "min"
+              ? &binaryHandler<std::int32_t, std::int32_t, Relu<std::int32_t, Min<std::int32_t>>>
+              : &binaryHandler<std::int32_t, std::int32_t, Relu<std::int32_t, Max<std::int32_t>>>;
+    }
   } else if (base == "abs" || base == "neg" || base == "not" || base == "cnot" || base == "brev") {
     if (!sources(1, {})) return false;
     if (base == "abs")

@@ -439,6 +439,48 @@ TEST(PtxInterpreter, FindNthSetBit) {
   EXPECT_EQ(out[6], 0xffffffffu);  // only four bits set
 }
 
+// Hexadecimal integers whose digits include an 'e' (inline assembly in CUDA's headers writes
+// masks like 0xfffefffe and LUTs like 0x8E) are integers, not decimal floats with an exponent.
+TEST(PtxInterpreter, HexadecimalIntegersWithAnEAreIntegers) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .reg .b32 %r<4>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [out];
+  mov.b32 %r1, -1;
+  and.b32 %r2, %r1, 0xfffefffe;
+  lop3.b32 %r3, %r1, 0, 0, 0x8E;
+  st.global.v2.u32 [%rd1], {%r2, %r3};
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(2, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(out[0], 0xfffefffeu);
+  EXPECT_EQ(out[1], 0u);  // LUT 0x8E at a=1, b=0, c=0 (index 4): bit 4 of 0x8E is 0
+}
+
+// The SIMD video instructions are executed (tests/programs/ptx_conformance checks their results);
+// the scalar ones are refused by name, and a malformed lane mask is an invalid image.
+TEST(PtxInterpreter, VideoInstructionsTheSimCannotRunAreNamed) {
+  const auto kernel = [](const char* instruction) {
+    return std::string(kHeader) + ".visible .entry k()\n{\n  .reg .b32 %r<4>;\n  " + instruction +
+           "\n  ret;\n}\n";
+  };
+  Harness scalar(kernel("vadd.u32.u32.u32.add %r1, %r2, %r3, %r1;"));
+  EXPECT_EQ(scalar.status(), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(scalar.message().find("scalar video instructions"), std::string::npos)
+      << scalar.message();
+  Harness badMask(kernel("vadd4.u32.u32.u32 %r1.b02, %r2, %r3, %r1;"));
+  EXPECT_EQ(badMask.status(), CUDA_ERROR_INVALID_PTX) << badMask.message();
+  Harness simd(kernel("vabsdiff4.u32.u32.u32.add %r1.b310, %r2.b7654, %r3.b0123, %r1;"));
+  EXPECT_EQ(simd.status(), CUDA_SUCCESS) << simd.message();
+}
+
 // Blocks run on worker threads too: every block of a large launch runs exactly once.
 TEST(PtxInterpreter, WorkersShareTheBlocksOfALaunch) {
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
