@@ -82,7 +82,7 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   expectDaemonStillServes();
 }
 
-// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, tensor cores (mma.sync) or
+// Kernels nvcc built from ordinary CUDA C++ that use textures, surfaces, 4-bit tensor cores or
 // clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that
 // would run with a wrong answer), and the daemon's log names the first such instruction and its
 // kernel.
@@ -96,7 +96,8 @@ TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
       {"texture_sample", "'tex.2d.v4.f32.f32' (textures and surfaces)"},
       {"surface_write", "'sust.b.2d.b32.trap' (textures and surfaces)"},
       {"tensor_core_tile",
-       "'mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32' (tensor-core instructions)"},
+       "'mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32' (tensor-core instructions of sub-byte "
+       "types)"},
       {"cluster_exchange", "uses .explicitcluster"},
   };
   const std::string log = daemon_.log();

@@ -234,9 +234,7 @@ std::string_view unsupportedFamily(std::string_view opcode) {
   if (anyOf(base, {"tex", "tld4", "txq", "suld", "sust", "sured", "suq", "istypep"})) {
     return "textures and surfaces";
   }
-  if (anyOf(base, {"mma", "wgmma", "bmma", "ldmatrix", "stmatrix", "movmatrix", "tcgen05"})) {
-    return "tensor-core instructions";
-  }
+  if (anyOf(base, {"wgmma", "bmma", "tcgen05"})) return "tensor-core instructions";
   if (startsWith("cp.async.bulk") || startsWith("cp.reduce.async.bulk") || base == "tensormap") {
     return "TMA (bulk asynchronous copies)";
   }
@@ -283,7 +281,9 @@ bool bindInstruction(const ParsedInstruction& parsed, OperandResolver& resolver,
   }
   if (isWarpOpcode(base)) return bindWarp(parsed, qualifiers, resolver, instruction, unsupported);
   if (isVideoOpcode(base)) return bindVideo(parsed, qualifiers, resolver, instruction, unsupported);
-  if (base == "wmma") return bindMatrix(parsed, qualifiers, resolver, instruction, unsupported);
+  if (anyOf(base, {"wmma", "mma", "ldmatrix", "stmatrix", "movmatrix"})) {
+    return bindMatrix(parsed, qualifiers, resolver, instruction, unsupported);
+  }
   if (base == "mbarrier") {
     return bindAsyncBarrier(parsed, qualifiers, resolver, instruction, unsupported);
   }

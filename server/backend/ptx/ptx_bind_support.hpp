@@ -99,7 +99,7 @@ bool bindAsyncBarrier(const ParsedInstruction& parsed, Qualifiers& qualifiers,
 // vadd2/4, vabsdiff2/4, vset2/4 and the other SIMD video instructions (ptx_ops_video.cpp).
 bool bindVideo(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                Instruction& instruction, bool& unsupported);
-// wmma (ptx_ops_matrix.cpp).
+// wmma, mma, ldmatrix, stmatrix and movmatrix (ptx_ops_matrix.cpp).
 bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                 Instruction& instruction, bool& unsupported);
 

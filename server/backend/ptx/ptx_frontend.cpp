@@ -1049,9 +1049,9 @@ private:
   static bool unmodelledOperands(std::string_view opcode) {
     const std::string_view base = opcode.substr(0, opcode.find('.'));
     static constexpr std::string_view kSkipped[] = {
-        "tex",       "tld4",      "txq",      "suld",  "sust",     "sured",
-        "suq",       "istypep",   "mma",      "wgmma", "ldmatrix", "stmatrix",
-        "movmatrix", "tensormap", "multimem", "brx",   "tcgen05",  "clusterlaunchcontrol"};
+        "tex",       "tld4",    "txq",   "suld", "sust",    "sured",
+        "suq",       "istypep", "wgmma", "brx",  "tcgen05", "clusterlaunchcontrol",
+        "tensormap", "multimem"};
     // cp.async's operands are addresses and sizes; its bulk (TMA) forms take tensor tuples.
     if (base == "cp")
       return !opcode.starts_with("cp.async.") || opcode.starts_with("cp.async.bulk");

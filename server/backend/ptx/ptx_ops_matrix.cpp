@@ -11,8 +11,14 @@
 // The product is computed from the warp's fragments as one matrix, in f32 for f16, bf16 and
 // tf32 inputs (tf32: the low 13 bits of each f32 ignored, as tensor cores do), in f64 for f64 and
 // in 64-bit integers for s8 and u8 (then wrapped or, with .satfinite, clamped to s32).
+//
+// mma.sync, ldmatrix, stmatrix and movmatrix (what CUTLASS, Triton and hand-written tensor-core
+// kernels use) are the same warp-wide operations on fragments whose layout the PTX ISA defines
+// ("Matrix Fragments for mma.mMnNkK", "ldmatrix"): programs place and read elements by it, so
+// the sim follows it exactly (mmaPosition, matrixElementAt).
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -68,9 +74,66 @@ unsigned elementsPerRegister(MatrixElement element) {
   return bytes >= 4 ? 1 : 4 / bytes;
 }
 
-unsigned slotsPerLane(char matrix, MatrixElement element, Tile tile) {
-  if (element == MatrixElement::kF16 && (matrix == 'a' || matrix == 'b')) return 16;
+unsigned slotsPerLane(const MatrixOperation& operation, char matrix, MatrixElement element,
+                      Tile tile) {
+  if (operation.kind != Kind::kMmaSync && element == MatrixElement::kF16 &&
+      (matrix == 'a' || matrix == 'b')) {
+    return 16;
+  }
   return tile.elements() / kWarpSize;
+}
+
+struct Position {
+  unsigned row = 0;
+  unsigned column = 0;
+};
+
+// mma.sync: where element `i` of lane `lane`'s fragment of `matrix` lies in its tile, as the PTX
+// ISA lays fragments out ("Matrix Fragments for mma.mMnNkK"): a lane's quad (lane / 4) picks
+// rows of A and C and columns of B, its place in the quad (lane % 4) the other coordinate.
+Position mmaPosition(const MatrixOperation& operation, char matrix, unsigned lane, unsigned i) {
+  const unsigned group = lane >> 2;
+  const unsigned member = lane % 4;
+  const MatrixElement input = operation.elements[1];
+  const bool bytes = input == MatrixElement::kS8 || input == MatrixElement::kU8;
+  const bool accumulator = matrix == 'c' || matrix == 'd';
+  if (operation.m == 8) {  // m8n8k4 (f64), m8n8k16 (s8, u8)
+    if (accumulator) return {group, member * 2 + i};
+    const unsigned along = bytes ? member * 4 + i : member;
+    return matrix == 'a' ? Position{group, along} : Position{along, group};
+  }
+  // m16n8k*: C and D alike for every input type.
+  if (accumulator) return {group + 8 * (i >> 1), member * 2 + (i & 1)};
+  if (input == MatrixElement::kTf32) {
+    if (matrix == 'a') {
+      return operation.k == 4 ? Position{group + 8 * i, member}
+                              : Position{group + 8 * (i & 1), member + 4 * (i >> 1)};
+    }
+    return {member + 4 * i, group};  // k4: i is 0
+  }
+  if (bytes) {
+    if (matrix == 'a') {
+      return operation.k == 16
+                 ? Position{group + 8 * (i >> 2), member * 4 + (i & 3)}
+                 : Position{group + 8 * ((i >> 2) & 1), member * 4 + (i & 3) + 16 * (i >> 3)};
+    }
+    return {member * 4 + (i & 3) + 16 * (i >> 2), group};  // k16: i < 4
+  }
+  // f16, bf16
+  if (matrix == 'a') {
+    return operation.k == 8
+               ? Position{group + 8 * (i >> 1), member * 2 + (i & 1)}
+               : Position{group + 8 * ((i >> 1) & 1), member * 2 + (i & 1) + 8 * (i >> 2)};
+  }
+  return {member * 2 + (i & 1) + 8 * (i >> 1), group};  // k8: i < 2
+}
+
+// Where element `index` (row-major in its tile) of `matrix` lies among the warp's fragments.
+Position slotOf(const MatrixOperation& operation, char matrix, unsigned slots, unsigned lane,
+                unsigned slot, Tile tile) {
+  if (operation.kind == Kind::kMmaSync) return mmaPosition(operation, matrix, lane, slot);
+  const unsigned index = (lane * slots + slot) % tile.elements();
+  return {index / tile.columns, index % tile.columns};
 }
 
 // The bits of slot `slot` of lane `lane`'s fragment.
@@ -143,7 +206,7 @@ bool matrixMemoryHandler(ExecContext& context, const Instruction& instruction, s
   const Tile tile = tileOf(operation, operation.matrix);
   const MatrixElement element = operation.elements[0];
   const unsigned bytes = elementBytes(element);
-  const unsigned slots = slotsPerLane(operation.matrix, element, tile);
+  const unsigned slots = slotsPerLane(operation, operation.matrix, element, tile);
   const auto space = static_cast<Space>(instruction.space);
   const std::uint64_t* base = context.row(instruction.op[4]);
   return forLanesUntil(mask, [&](std::uint32_t lane) {
@@ -176,12 +239,23 @@ bool matrixMultiplyHandler(ExecContext& context, const Instruction& instruction,
                            std::uint32_t mask) {
   const MatrixOperation& operation = context.frame->function->matrixOperations[instruction.extra];
   const char names[4] = {'d', 'a', 'b', 'c'};
-  // The warp's tiles, gathered from the first lane holding each element.
+  // The warp's tiles, row-major, gathered from the lanes' fragments (wmma: from the first lane
+  // holding each element).
   auto gather = [&](int which, auto convert) {
     const Tile tile = tileOf(operation, names[which]);
     const MatrixElement element = operation.elements[which];
-    const unsigned slots = slotsPerLane(names[which], element, tile);
+    const unsigned slots = slotsPerLane(operation, names[which], element, tile);
     std::vector<decltype(convert(element, std::uint64_t{0}))> values(tile.elements());
+    if (operation.kind == Kind::kMmaSync) {
+      for (unsigned lane = 0; lane < kWarpSize; ++lane) {
+        for (unsigned slot = 0; slot < slots; ++slot) {
+          const Position at = mmaPosition(operation, names[which], lane, slot);
+          values[at.row * tile.columns + at.column] =
+              convert(element, readSlot(context, operation.fragments[which], element, lane, slot));
+        }
+      }
+      return values;
+    }
     for (unsigned index = 0; index < tile.elements(); ++index) {
       values[index] = convert(element, readSlot(context, operation.fragments[which], element,
                                                 index / slots, index % slots));
@@ -233,12 +307,91 @@ bool matrixMultiplyHandler(ExecContext& context, const Instruction& instruction,
       }
     }
   }
-  const unsigned slots = slotsPerLane('d', result, tileD);
+  const unsigned slots = slotsPerLane(operation, 'd', result, tileD);
   forLanes(mask, [&](std::uint32_t lane) {
     for (unsigned slot = 0; slot < slots; ++slot) {
+      const Position at = slotOf(operation, 'd', slots, lane, slot, tileD);
       writeSlot(context, operation.fragments[0], result, lane, slot,
-                d[(lane * slots + slot) % tileD.elements()]);
+                d[at.row * tileD.columns + at.column]);
     }
+  });
+  return true;
+}
+
+// ldmatrix, stmatrix and movmatrix work on 8 x 8 matrices of 16-bit elements; in a warp's
+// fragment of one, lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (low half first).
+using Matrix8x8 = std::array<std::array<std::uint16_t, 8>, 8>;
+
+// The element a lane's register holds in its low (`high` false) or high half: of the matrix, or
+// of its transpose.
+std::uint16_t& matrixElementAt(Matrix8x8& matrix, unsigned lane, bool high, bool transpose) {
+  const unsigned row = lane / 4;
+  const unsigned column = 2 * (lane % 4) + (high ? 1 : 0);
+  return transpose ? matrix[column][row] : matrix[row][column];
+}
+
+// ldmatrix (Store false) and stmatrix (Store true): lanes 8j to 8j + 7 give the addresses of
+// matrix j's eight rows, 16 bytes each; each lane's register j holds its part of matrix j.
+template <bool Store>
+bool matricesHandler(ExecContext& context, const Instruction& instruction, std::uint32_t mask) {
+  const MatrixOperation& operation = context.frame->function->matrixOperations[instruction.extra];
+  const auto space = static_cast<Space>(instruction.space);
+  const std::uint64_t* base = context.row(instruction.op[4]);
+  std::array<Matrix8x8, 4> matrices{};
+  if constexpr (Store) {
+    forLanes(mask, [&](std::uint32_t lane) {
+      for (unsigned j = 0; j < operation.matrices; ++j) {
+        const auto value = static_cast<std::uint32_t>(context.row(operation.fragments[0][j])[lane]);
+        matrixElementAt(matrices[j], lane, false, operation.transpose) =
+            static_cast<std::uint16_t>(value);
+        matrixElementAt(matrices[j], lane, true, operation.transpose) =
+            static_cast<std::uint16_t>(value >> 16);
+      }
+    });
+  }
+  for (unsigned j = 0; j < operation.matrices; ++j) {
+    for (unsigned row = 0; row < 8; ++row) {
+      const unsigned lane = j * 8 + row;
+      // A row whose lane is not executing (it exited) has no address: its elements read as 0.
+      if (((mask >> lane) & 1) == 0) continue;
+      const std::uint64_t address = addressOf(instruction, base, lane);
+      std::byte* where = translate(context, space, address, 16, 16, lane, Store);
+      if (where == nullptr) return false;
+      if constexpr (Store) {
+        std::memcpy(where, matrices[j][row].data(), 16);
+      } else {
+        std::memcpy(matrices[j][row].data(), where, 16);
+      }
+    }
+  }
+  if constexpr (!Store) {
+    forLanes(mask, [&](std::uint32_t lane) {
+      for (unsigned j = 0; j < operation.matrices; ++j) {
+        const std::uint32_t low = matrixElementAt(matrices[j], lane, false, operation.transpose);
+        const std::uint32_t high = matrixElementAt(matrices[j], lane, true, operation.transpose);
+        context.row(operation.fragments[0][j])[lane] = low | (high << 16);
+      }
+    });
+  }
+  return true;
+}
+
+// movmatrix.trans: the warp's 8 x 8 matrix in fragments[1], transposed into fragments[0].
+bool transposeMatrixHandler(ExecContext& context, const Instruction& instruction,
+                            std::uint32_t mask) {
+  const MatrixOperation& operation = context.frame->function->matrixOperations[instruction.extra];
+  Matrix8x8 matrix{};
+  const std::uint64_t* source = context.row(operation.fragments[1][0]);
+  for (unsigned lane = 0; lane < kWarpSize; ++lane) {
+    const auto value = static_cast<std::uint32_t>(source[lane]);
+    matrixElementAt(matrix, lane, false, false) = static_cast<std::uint16_t>(value);
+    matrixElementAt(matrix, lane, true, false) = static_cast<std::uint16_t>(value >> 16);
+  }
+  std::uint64_t* result = context.row(operation.fragments[0][0]);
+  forLanes(mask, [&](std::uint32_t lane) {
+    const std::uint32_t low = matrixElementAt(matrix, lane, false, true);
+    const std::uint32_t high = matrixElementAt(matrix, lane, true, true);
+    result[lane] = low | (high << 16);
   });
   return true;
 }
@@ -295,7 +448,8 @@ bool bindFragment(const Operand& operand, MatrixOperation& operation, int which,
                   bool written, OperandResolver& resolver) {
   const Tile tile = tileOf(operation, matrix);
   const MatrixElement element = operation.elements[which];
-  const unsigned registers = slotsPerLane(matrix, element, tile) / elementsPerRegister(element);
+  const unsigned registers =
+      slotsPerLane(operation, matrix, element, tile) / elementsPerRegister(element);
   if (operand.kind != Operand::Kind::kVector || operand.elements.size() != registers) {
     return bindError(resolver, std::string("the ") + matrix + " fragment takes " +
                                    std::to_string(registers) + " registers");
@@ -310,10 +464,205 @@ bool bindFragment(const Operand& operand, MatrixOperation& operation, int which,
   return true;
 }
 
-}  // namespace
+// A warp instruction: it waits for every lane of the warp, as .aligned requires.
+bool finishWarpMatrix(OperandResolver& resolver, Instruction& instruction,
+                      MatrixOperation operation) {
+  instruction.flow = Flow::kWarpSync;
+  instruction.op[0] = resolver.constant(0xffffffffu);
+  instruction.target = 0;
+  instruction.extra = resolver.matrixOperation(std::move(operation));
+  return true;
+}
 
-bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
-                Instruction& instruction, bool& unsupported) {
+// The words of an opcode after its base: "mma.sync.aligned.m16n8k16" -> sync, aligned, m16n8k16.
+std::vector<std::string_view> opcodeWords(const std::string& opcode) {
+  std::vector<std::string_view> words;
+  for (std::size_t dot = opcode.find('.'); dot != std::string::npos;) {
+    const std::size_t next = opcode.find('.', dot + 1);
+    words.push_back(std::string_view(opcode).substr(
+        dot + 1, next == std::string::npos ? next : next - dot - 1));
+    dot = next;
+  }
+  return words;
+}
+
+// The shape word mMnNkK among `words` (taken), or false.
+bool takeShape(const std::vector<std::string_view>& words, Qualifiers& qualifiers,
+               MatrixOperation& operation) {
+  for (std::string_view word : words) {
+    unsigned m = 0, n = 0, k = 0;
+    char tail = 0;
+    if (std::sscanf(std::string(word).c_str(), "m%un%uk%u%c", &m, &n, &k, &tail) == 3 && m <= 64 &&
+        n <= 64 && k <= 64) {
+      operation.m = static_cast<std::uint8_t>(m);
+      operation.n = static_cast<std::uint8_t>(n);
+      operation.k = static_cast<std::uint8_t>(k);
+      qualifiers.take(word);
+      return true;
+    }
+  }
+  return false;
+}
+
+// The instruction's matrix element types, in the order written (taken).
+std::vector<MatrixElement> takeElements(const std::vector<std::string_view>& words,
+                                        Qualifiers& qualifiers) {
+  std::vector<MatrixElement> found;
+  for (std::string_view word : words) {
+    if (const std::optional<MatrixElement> element = matrixElement(word)) {
+      found.push_back(*element);
+      qualifiers.take(word);
+    }
+  }
+  return found;
+}
+
+// The shapes and types mma.sync has on compute capability 8.x and 9.0 (besides the sub-byte,
+// fp8, sparse and Volta-only m8n8k4 .f16 forms, which are refused).
+bool mmaShapeFits(const MatrixOperation& operation) {
+  const MatrixElement input = operation.elements[1];
+  const MatrixElement other = operation.elements[2];
+  const unsigned m = operation.m, n = operation.n, k = operation.k;
+  const bool m16n8 = m == 16 && n == 8;
+  switch (input) {
+    case MatrixElement::kF16:
+    case MatrixElement::kBf16:
+      return other == input && m16n8 && (k == 8 || k == 16);
+    case MatrixElement::kTf32:
+      return other == input && m16n8 && (k == 4 || k == 8);
+    case MatrixElement::kS8:
+    case MatrixElement::kU8:
+      return (other == MatrixElement::kS8 || other == MatrixElement::kU8) &&
+             ((m16n8 && (k == 16 || k == 32)) || (m == 8 && n == 8 && k == 16));
+    case MatrixElement::kF64:
+      return other == input && m == 8 && n == 8 && k == 4;
+    default:
+      return false;
+  }
+}
+
+// mma.sync.aligned.shape.row.col{.satfinite}.dtype.atype.btype.ctype d, a, b, c.
+bool bindMmaSync(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
+                 Instruction& instruction, bool& unsupported) {
+  MatrixOperation operation;
+  operation.kind = Kind::kMmaSync;
+  if (qualifiers.take("sp")) {
+    return unsupportedBinding(resolver, unsupported, "sparse tensor-core instructions (mma.sp)");
+  }
+  if (!qualifiers.take("sync") || !qualifiers.take("aligned")) {
+    return bindError(resolver, "mma needs .sync.aligned");
+  }
+  const std::vector<std::string_view> words = opcodeWords(parsed.opcode);
+  for (std::string_view word : words) {
+    if (word == "s4" || word == "u4" || word == "b1") {
+      return unsupportedBinding(resolver, unsupported,
+                                "tensor-core instructions of sub-byte types");
+    }
+    if (word == "e4m3" || word == "e5m2" || word == "e3m2" || word == "e2m3" || word == "e2m1") {
+      return unsupportedBinding(resolver, unsupported, "tensor-core instructions of fp8 types");
+    }
+  }
+  if (!takeShape(words, qualifiers, operation)) return bindError(resolver, "mma without a shape");
+  const bool rowCol = qualifiers.take("row") && qualifiers.take("col");
+  operation.saturate = qualifiers.take("satfinite");
+  qualifiers.take("rn");  // f64: the only rounding it has is the default
+  const std::vector<MatrixElement> types = takeElements(words, qualifiers);
+  if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+  if (types.size() != 4) {
+    return unsupportedBinding(resolver, unsupported, "tensor-core instructions of these types");
+  }
+  std::copy(types.begin(), types.end(), operation.elements);
+  const MatrixElement input = operation.elements[1];
+  if (!mmaShapeFits(operation) || !accumulatorFits(input, operation.elements[0]) ||
+      !accumulatorFits(input, operation.elements[3])) {
+    return unsupportedBinding(resolver, unsupported,
+                              "tensor-core instructions of this shape and these types");
+  }
+  if (!rowCol) return bindError(resolver, "mma of this shape needs .row.col");
+  if (operation.saturate && !isInteger(input)) {
+    return bindError(resolver, ".satfinite needs integer inputs");
+  }
+  if (!expectOperands(parsed, 4, resolver)) return false;
+  const char matrices[4] = {'d', 'a', 'b', 'c'};
+  for (int which = 0; which < 4; ++which) {
+    if (!bindFragment(parsed.operands[static_cast<std::size_t>(which)], operation, which,
+                      matrices[which], which == 0, resolver)) {
+      return false;
+    }
+  }
+  instruction.handler = &matrixMultiplyHandler;
+  return finishWarpMatrix(resolver, instruction, std::move(operation));
+}
+
+// One b32 register per matrix, written {r0, ...} or as a lone register.
+bool bindMatrixRegisters(const Operand& operand, unsigned count, bool written,
+                         std::vector<std::uint32_t>& rows, OperandResolver& resolver) {
+  const std::vector<Operand> lone{operand};
+  const std::vector<Operand>& registers =
+      operand.kind == Operand::Kind::kVector ? operand.elements : lone;
+  if (registers.size() != count) {
+    return bindError(resolver, "expected " + std::to_string(count) + " registers");
+  }
+  for (const Operand& each : registers) {
+    const std::uint32_t row =
+        written ? resolver.destination(each, Type::kB32) : resolver.source(each, Type::kB32);
+    if (row == kNoRegister) return false;
+    rows.push_back(row);
+  }
+  return true;
+}
+
+// ldmatrix/stmatrix.sync.aligned.m8n8.xN{.trans}{.shared{::cta}}.b16, and
+// movmatrix.sync.aligned.m8n8.trans.b16.
+bool bindMatrices(const ParsedInstruction& parsed, Qualifiers& qualifiers,
+                  OperandResolver& resolver, Instruction& instruction, bool& unsupported) {
+  const std::string_view base = qualifiers.base();
+  MatrixOperation operation;
+  operation.kind = base == "ldmatrix"   ? Kind::kLoadMatrices
+                   : base == "stmatrix" ? Kind::kStoreMatrices
+                                        : Kind::kTransposeMatrix;
+  if (!qualifiers.take("sync") || !qualifiers.take("aligned")) {
+    return bindError(resolver, std::string(base) + " needs .sync.aligned");
+  }
+  if (!qualifiers.take("m8n8") || !qualifiers.take("b16")) {
+    return unsupportedBinding(resolver, unsupported,
+                              std::string(base) + " of other than 8 x 8 matrices of .b16");
+  }
+  operation.transpose = qualifiers.take("trans");
+  if (operation.kind == Kind::kTransposeMatrix) {
+    if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+    if (!operation.transpose) return bindError(resolver, "movmatrix needs .trans");
+    if (!expectOperands(parsed, 2, resolver)) return false;
+    if (!bindMatrixRegisters(parsed.operands[0], 1, true, operation.fragments[0], resolver) ||
+        !bindMatrixRegisters(parsed.operands[1], 1, false, operation.fragments[1], resolver)) {
+      return false;
+    }
+    instruction.handler = &transposeMatrixHandler;
+    return finishWarpMatrix(resolver, instruction, std::move(operation));
+  }
+  const std::string_view count = qualifiers.takeAny({"x1", "x2", "x4"});
+  if (count.empty()) return bindError(resolver, std::string(base) + " needs .x1, .x2 or .x4");
+  operation.matrices = static_cast<std::uint8_t>(count[1] - '0');
+  const Space space = qualifiers.takeSpace();
+  if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+  if (space != Space::kShared && space != Space::kGeneric) {
+    return bindError(resolver, std::string(base) + " reads and writes shared memory");
+  }
+  if (!expectOperands(parsed, 2, resolver)) return false;
+  const bool load = operation.kind == Kind::kLoadMatrices;
+  const Operand& registers = load ? parsed.operands[0] : parsed.operands[1];
+  const Operand& address = load ? parsed.operands[1] : parsed.operands[0];
+  if (!bindMatrixRegisters(registers, operation.matrices, load, operation.fragments[0], resolver)) {
+    return false;
+  }
+  if (!bindAddress(instruction, address, space, resolver)) return false;
+  instruction.space = static_cast<std::uint8_t>(space);
+  instruction.handler = load ? &matricesHandler<false> : &matricesHandler<true>;
+  return finishWarpMatrix(resolver, instruction, std::move(operation));
+}
+
+bool bindWmma(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
+              Instruction& instruction, bool& unsupported) {
   const std::vector<Operand>& operands = parsed.operands;
   MatrixOperation operation;
   if (qualifiers.take("load")) {
@@ -329,45 +678,14 @@ bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     return bindError(resolver, "wmma needs .sync.aligned");
   }
   // The opcode's words, for the shape (mMnNkK) and the types in the order written.
-  std::vector<std::string_view> words;
-  for (std::size_t dot = parsed.opcode.find('.'); dot != std::string::npos;) {
-    const std::size_t next = parsed.opcode.find('.', dot + 1);
-    words.push_back(std::string_view(parsed.opcode)
-                        .substr(dot + 1, next == std::string::npos ? next : next - dot - 1));
-    dot = next;
-  }
+  const std::vector<std::string_view> words = opcodeWords(parsed.opcode);
   for (std::string_view word : words) {
     if (word == "s4" || word == "u4" || word == "b1") {
       return unsupportedBinding(resolver, unsupported,
                                 "tensor-core instructions of sub-byte types");
     }
   }
-  bool shaped = false;
-  for (std::string_view word : words) {
-    unsigned m = 0, n = 0, k = 0;
-    char tail = 0;
-    if (std::sscanf(std::string(word).c_str(), "m%un%uk%u%c", &m, &n, &k, &tail) == 3 && m <= 64 &&
-        n <= 64 && k <= 64) {
-      operation.m = static_cast<std::uint8_t>(m);
-      operation.n = static_cast<std::uint8_t>(n);
-      operation.k = static_cast<std::uint8_t>(k);
-      qualifiers.take(word);
-      shaped = true;
-      break;
-    }
-  }
-  if (!shaped) return bindError(resolver, "wmma without a shape");
-  // The instruction's types, in the order written.
-  auto takeElements = [&]() {
-    std::vector<MatrixElement> found;
-    for (std::string_view word : words) {
-      if (const std::optional<MatrixElement> element = matrixElement(word)) {
-        found.push_back(*element);
-        qualifiers.take(word);
-      }
-    }
-    return found;
-  };
+  if (!takeShape(words, qualifiers, operation)) return bindError(resolver, "wmma without a shape");
 
   if (operation.kind == Kind::kMultiplyAccumulate) {
     const std::string_view a = qualifiers.takeAny({"row", "col"});
@@ -375,7 +693,7 @@ bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     if (a.empty() || b.empty()) return bindError(resolver, "wmma.mma needs two layouts");
     operation.saturate = qualifiers.take("satfinite");
     qualifiers.take("rn");  // f64: the only rounding it has is the default
-    const std::vector<MatrixElement> types = takeElements();
+    const std::vector<MatrixElement> types = takeElements(words, qualifiers);
     if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
     if (types.size() == 2) {  // .dtype.ctype: f16 inputs
       operation.elements[0] = types[0];
@@ -413,7 +731,7 @@ bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     if (layout.empty()) return bindError(resolver, "wmma.load/store needs a layout");
     operation.rowMajor = layout == "row";
     const Space space = qualifiers.takeSpace();
-    const std::vector<MatrixElement> types = takeElements();
+    const std::vector<MatrixElement> types = takeElements(words, qualifiers);
     if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
     if (types.size() != 1) {
       return unsupportedBinding(resolver, unsupported, "tensor-core instructions of this type");
@@ -446,12 +764,17 @@ bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
     instruction.handler =
         load ? &matrixMemoryHandler<Kind::kLoad> : &matrixMemoryHandler<Kind::kStore>;
   }
-  // A warp instruction: it waits for every lane of the warp, as .aligned requires.
-  instruction.flow = Flow::kWarpSync;
-  instruction.op[0] = resolver.constant(0xffffffffu);
-  instruction.target = 0;
-  instruction.extra = resolver.matrixOperation(std::move(operation));
-  return true;
+  return finishWarpMatrix(resolver, instruction, std::move(operation));
+}
+
+}  // namespace
+
+bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
+                Instruction& instruction, bool& unsupported) {
+  const std::string_view base = qualifiers.base();
+  if (base == "mma") return bindMmaSync(parsed, qualifiers, resolver, instruction, unsupported);
+  if (base == "wmma") return bindWmma(parsed, qualifiers, resolver, instruction, unsupported);
+  return bindMatrices(parsed, qualifiers, resolver, instruction, unsupported);
 }
 
 }  // namespace gpuproxy::server::ptx

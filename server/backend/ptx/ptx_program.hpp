@@ -122,7 +122,18 @@ struct CallSite {
 enum class MatrixElement : std::uint8_t { kF16, kBf16, kTf32, kF32, kF64, kS8, kU8, kS32 };
 
 struct MatrixOperation {
-  enum class Kind : std::uint8_t { kLoad, kStore, kMultiplyAccumulate };
+  // wmma.load, wmma.store, wmma.mma (fragments laid out as the sim chooses: CUDA leaves it to the
+  // implementation); mma.sync, ldmatrix, stmatrix and movmatrix (fragments laid out as the PTX
+  // ISA defines them, which programs rely on).
+  enum class Kind : std::uint8_t {
+    kLoad,
+    kStore,
+    kMultiplyAccumulate,
+    kMmaSync,
+    kLoadMatrices,
+    kStoreMatrices,
+    kTransposeMatrix
+  };
   Kind kind = Kind::kLoad;
   std::uint8_t m = 0;  // the shape: A is m x k, B k x n, C and D m x n
   std::uint8_t n = 0;
@@ -133,8 +144,14 @@ struct MatrixOperation {
   char matrix = 'a';
   bool rowMajor = true;
   std::uint32_t stride = kNoRegister;
-  bool saturate = false;  // kMultiplyAccumulate: .satfinite
-  // kLoad/kStore: fragments[0] and elements[0]; kMultiplyAccumulate: d, a, b, c.
+  bool saturate = false;  // kMultiplyAccumulate, kMmaSync: .satfinite
+  // kLoadMatrices/kStoreMatrices: how many 8 x 8 matrices of 16-bit elements (.x1, .x2, .x4) and
+  // whether each is transposed on the way (.trans); the address is op[4] + immediate.
+  std::uint8_t matrices = 1;
+  bool transpose = false;
+  // kLoad/kStore: fragments[0] and elements[0]; kMultiplyAccumulate, kMmaSync: d, a, b, c;
+  // kLoadMatrices/kStoreMatrices: fragments[0], one register per matrix; kTransposeMatrix:
+  // fragments[0] the result, fragments[1] the source.
   MatrixElement elements[4] = {};
   std::vector<std::uint32_t> fragments[4];
 };

@@ -6,7 +6,10 @@
 //     looping over K, A row-major and B column-major; then alpha * A.B + beta * C by scaling the
 //     fragments element by element, as the CUDA samples do;
 //   - f16 accumulation, and the 32 x 8 x 16 and 8 x 32 x 16 shapes, from shared memory;
-//   - bf16 and tf32 inputs with f32 accumulation, s8 and u8 inputs with s32 accumulation, f64.
+//   - bf16 and tf32 inputs with f32 accumulation, s8 and u8 inputs with s32 accumulation, f64;
+//   - the same through inline PTX, as hand-tuned GEMMs, CUTLASS and Triton write it: mma.sync on
+//     fragments laid out as the PTX ISA defines them, A and B staged in shared memory and loaded
+//     with ldmatrix (B row-major through ldmatrix.trans), and movmatrix's transpose.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 #include "checks.cuh"
@@ -117,6 +121,178 @@ __global__ void tileDouble(const double* a, const double* b, double* d) {
   wmma::load_matrix_sync(fb, b, 4);
   wmma::mma_sync(fd, fa, fb, fd);
   wmma::store_matrix_sync(d, fd, 8, wmma::mem_row_major);
+}
+
+// ---- mma.sync through inline PTX --------------------------------------------------------------
+// In a fragment, a lane's quad (lane / 4) picks rows of A and C and columns of B; its place in
+// the quad (lane % 4) the other coordinate (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+
+// C (M x N, f32) = A (M x K, row-major) . B (K x N), one warp per 16 x 8 tile of C, 16 of K at a
+// time staged in shared memory and loaded with ldmatrix: B stored N x K (column-major) as is, or
+// K x N (row-major) through ldmatrix.trans. T is half or __nv_bfloat16.
+template <typename T, bool kBColumnMajor>
+__global__ void mmaGemm(const T* a, const T* b, float* c, int n, int k) {
+  constexpr int kWarps = 4;
+  __shared__ __align__(16) T tileA[kWarps][16][16];
+  __shared__ __align__(16) T tileB[kWarps][16 * 8];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int tileRow = warp / (n / 8) * 16;
+  const int tileColumn = warp % (n / 8) * 8;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int step = 0; step < k; step += 16) {
+    for (int e = lane; e < 256; e += 32) {
+      tileA[warp][e / 16][e % 16] = a[(tileRow + e / 16) * k + step + e % 16];
+    }
+    for (int e = lane; e < 128; e += 32) {
+      tileB[warp][e] = kBColumnMajor ? b[(tileColumn + e / 16) * k + step + e % 16]  // [n][k]
+                                     : b[(step + e / 8) * n + tileColumn + e % 8];   // [k][n]
+    }
+    __syncwarp();
+    // Lanes 8j to 8j + 7 give the rows of matrix j: A's four 8 x 8 quarters, top left first, then
+    // bottom left, top right, bottom right; B's two halves along K.
+    const int matrix = lane / 8;
+    const int row = lane % 8;
+    unsigned fa[4];
+    unsigned fb[2];
+    const auto sharedA = static_cast<unsigned>(
+        __cvta_generic_to_shared(&tileA[warp][(matrix & 1) * 8 + row][(matrix >> 1) * 8]));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(fa[0]), "=r"(fa[1]), "=r"(fa[2]), "=r"(fa[3])
+                 : "r"(sharedA));
+    if (kBColumnMajor) {
+      const auto sharedB = static_cast<unsigned>(
+          __cvta_generic_to_shared(&tileB[warp][row * 16 + (matrix % 2) * 8]));
+      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                   : "=r"(fb[0]), "=r"(fb[1])
+                   : "r"(sharedB));
+    } else {
+      const auto sharedB = static_cast<unsigned>(
+          __cvta_generic_to_shared(&tileB[warp][((matrix % 2) * 8 + row) * 8]));
+      asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                   : "=r"(fb[0]), "=r"(fb[1])
+                   : "r"(sharedB));
+    }
+    if constexpr (std::is_same_v<T, half>) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(fa[0]), "r"(fa[1]), "r"(fa[2]), "r"(fa[3]), "r"(fb[0]), "r"(fb[1]));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(fa[0]), "r"(fa[1]), "r"(fa[2]), "r"(fa[3]), "r"(fb[0]), "r"(fb[1]));
+    }
+    __syncwarp();
+  }
+  const int group = lane / 4;
+  const int member = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    c[(tileRow + group + 8 * (i / 2)) * n + tileColumn + member * 2 + i % 2] = d[i];
+  }
+}
+
+// One 16 x 8 x 8 tile with f16 accumulation: A (16 x 8, row-major) by ldmatrix.x2, B (8 x 8,
+// column-major) by ldmatrix.x1, C and D in two f16x2 registers per lane.
+__global__ void mmaHalfAccumulate(const half* a, const half* b, half* cd) {
+  __shared__ __align__(16) half tileA[16 * 8];
+  __shared__ __align__(16) half tileB[8 * 8];
+  const int lane = threadIdx.x;
+  for (int e = lane; e < 128; e += 32) tileA[e] = a[e];
+  for (int e = lane; e < 64; e += 32) tileB[e] = b[e];
+  __syncwarp();
+  unsigned fa[2];
+  unsigned fb;
+  const auto sharedA = static_cast<unsigned>(__cvta_generic_to_shared(&tileA[(lane % 16) * 8]));
+  const auto sharedB = static_cast<unsigned>(__cvta_generic_to_shared(&tileB[(lane % 8) * 8]));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(fa[0]), "=r"(fa[1])
+               : "r"(sharedA));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(fb) : "r"(sharedB));
+  const int group = lane / 4;
+  const int member = lane % 4;
+  unsigned c[2];
+  for (int i = 0; i < 2; ++i) {
+    c[i] = *reinterpret_cast<const unsigned*>(&cd[(group + 8 * i) * 8 + member * 2]);
+  }
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f16.f16.f16.f16 {%0, %1}, {%2, %3}, {%4}, {%0, %1};"
+      : "+r"(c[0]), "+r"(c[1])
+      : "r"(fa[0]), "r"(fa[1]), "r"(fb));
+  for (int i = 0; i < 2; ++i) {
+    *reinterpret_cast<unsigned*>(&cd[(group + 8 * i) * 8 + member * 2]) = c[i];
+  }
+}
+
+// One 16 x 8 x 8 tf32 tile, fragments read straight from global memory by the layout: A (16 x 8)
+// and B (8 x 8) row-major, D (16 x 8) row-major.
+__global__ void mmaTf32(const float* a, const float* b, float* d) {
+  const int group = threadIdx.x / 4;
+  const int member = threadIdx.x % 4;
+  unsigned fa[4];
+  unsigned fb[2];
+  for (int i = 0; i < 4; ++i) {
+    asm("cvt.rna.tf32.f32 %0, %1;"
+        : "=r"(fa[i])
+        : "f"(a[(group + 8 * (i % 2)) * 8 + member + 4 * (i / 2)]));
+  }
+  for (int i = 0; i < 2; ++i) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(fb[i]) : "f"(b[(member + 4 * i) * 8 + group]));
+  }
+  float c[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(fa[0]), "r"(fa[1]), "r"(fa[2]), "r"(fa[3]), "r"(fb[0]), "r"(fb[1]));
+  for (int i = 0; i < 4; ++i) d[(group + 8 * (i / 2)) * 8 + member * 2 + i % 2] = c[i];
+}
+
+// One 16 x 8 x 32 tile of s8 A (row-major) by u8 B (column-major): four consecutive bytes of a
+// row of A, or of a column of B, are one register.
+__global__ void mmaInteger(const signed char* a, const unsigned char* b, int* d) {
+  const int group = threadIdx.x / 4;
+  const int member = threadIdx.x % 4;
+  unsigned fa[4];
+  unsigned fb[2];
+  for (int i = 0; i < 4; ++i) {
+    fa[i] = *reinterpret_cast<const unsigned*>(
+        &a[(group + 8 * (i % 2)) * 32 + member * 4 + 16 * (i / 2)]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    fb[i] = *reinterpret_cast<const unsigned*>(&b[group * 32 + member * 4 + 16 * i]);
+  }
+  int c[4] = {-5, 5, 100, -100};
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(fa[0]), "r"(fa[1]), "r"(fa[2]), "r"(fa[3]), "r"(fb[0]), "r"(fb[1]));
+  for (int i = 0; i < 4; ++i) d[(group + 8 * (i / 2)) * 8 + member * 2 + i % 2] = c[i];
+}
+
+// One 8 x 8 x 4 f64 tile: A (8 x 4) and B (4 x 8) row-major.
+__global__ void mmaDouble(const double* a, const double* b, double* d) {
+  const int group = threadIdx.x / 4;
+  const int member = threadIdx.x % 4;
+  double c[2] = {0.25, -0.25};
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(c[0]), "+d"(c[1])
+               : "d"(a[group * 4 + member]), "d"(b[member * 8 + group]));
+  for (int i = 0; i < 2; ++i) d[group * 8 + member * 2 + i] = c[i];
+}
+
+// An 8 x 8 matrix of f16 in fragments, transposed by movmatrix.
+__global__ void mmaTranspose(const unsigned short* in, unsigned short* out) {
+  const int lane = threadIdx.x;
+  const int at = (lane / 4) * 8 + (lane % 4) * 2;
+  unsigned value = in[at] | (static_cast<unsigned>(in[at + 1]) << 16);
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %0;" : "+r"(value));
+  out[at] = static_cast<unsigned short>(value);
+  out[at + 1] = static_cast<unsigned short>(value >> 16);
 }
 
 template <typename T>
@@ -332,12 +508,175 @@ int otherTypes() {
   return 0;
 }
 
+// C = A . B through mmaGemm, against the host's product (exact: small values).
+template <typename T, bool kBColumnMajor>
+int mmaGemmCheck(const char* what) {
+  const int m = 32, n = 16, k = 48;  // four warps of 16 x 8 tiles
+  std::vector<float> af(m * k), bf(k * n);
+  std::vector<T> a(m * k), b(k * n);
+  for (int i = 0; i < m * k; ++i) a[i] = static_cast<T>(af[i] = smallValue(i, 4));
+  for (int i = 0; i < k * n; ++i) b[i] = static_cast<T>(bf[i] = smallValue(i, 5));
+  T* da = toDevice(a);
+  T* db = toDevice(b);
+  float* dc = toDevice(std::vector<float>(m * n, -1.0f));
+  EXPECT(da != nullptr && db != nullptr && dc != nullptr, "copying the matrices in failed");
+  mmaGemm<T, kBColumnMajor><<<1, 32 * 4>>>(da, db, dc, n, k);
+  CHECK(cudaGetLastError());
+  std::vector<float> got(m * n);
+  if (fromDevice(got, dc) != 0) return 1;
+  for (int row = 0; row < m; ++row) {
+    for (int column = 0; column < n; ++column) {
+      float sum = 0.0f;
+      for (int i = 0; i < k; ++i) {
+        sum += af[row * k + i] * (kBColumnMajor ? bf[column * k + i] : bf[i * n + column]);
+      }
+      EXPECT(got[row * n + column] == sum, "mma.sync %s C[%d][%d] = %f, expected %f", what, row,
+             column, got[row * n + column], sum);
+    }
+  }
+  std::printf("mma.sync %s GEMM %dx%dx%d (ldmatrix from shared memory): exact\n", what, m, n, k);
+  CHECK(cudaFree(da));
+  CHECK(cudaFree(db));
+  CHECK(cudaFree(dc));
+  return 0;
+}
+
+int mmaSync() {
+  if (mmaGemmCheck<half, true>("f16, B column-major") != 0) return 1;
+  if (mmaGemmCheck<__nv_bfloat16, false>("bf16, B row-major (ldmatrix.trans)") != 0) return 1;
+  {
+    std::vector<half> a(16 * 8), b(8 * 8), cd(16 * 8);
+    for (int i = 0; i < 16 * 8; ++i) a[i] = __float2half(smallValue(i, 6));
+    for (int i = 0; i < 8 * 8; ++i) b[i] = __float2half(smallValue(i, 7));  // column-major
+    for (int i = 0; i < 16 * 8; ++i) cd[i] = __float2half(smallValue(i, 8));
+    half* da = toDevice(a);
+    half* db = toDevice(b);
+    half* dcd = toDevice(cd);
+    EXPECT(da != nullptr && db != nullptr && dcd != nullptr, "copying the tiles in failed");
+    mmaHalfAccumulate<<<1, 32>>>(da, db, dcd);
+    CHECK(cudaGetLastError());
+    std::vector<half> got(16 * 8);
+    if (fromDevice(got, dcd) != 0) return 1;
+    for (int row = 0; row < 16; ++row) {
+      for (int column = 0; column < 8; ++column) {
+        float sum = __half2float(cd[row * 8 + column]);
+        for (int i = 0; i < 8; ++i) {
+          sum += __half2float(a[row * 8 + i]) * __half2float(b[column * 8 + i]);
+        }
+        EXPECT(__half2float(got[row * 8 + column]) == sum,
+               "mma.sync f16 D[%d][%d] = %f, expected %f", row, column,
+               __half2float(got[row * 8 + column]), sum);
+      }
+    }
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(db));
+    CHECK(cudaFree(dcd));
+  }
+  {
+    std::vector<float> a(16 * 8), b(8 * 8);
+    for (int i = 0; i < 16 * 8; ++i) a[i] = smallValue(i, 9);
+    for (int i = 0; i < 8 * 8; ++i) b[i] = smallValue(i, 10);
+    float* da = toDevice(a);
+    float* db = toDevice(b);
+    float* dd = toDevice(std::vector<float>(16 * 8));
+    EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
+    mmaTf32<<<1, 32>>>(da, db, dd);
+    CHECK(cudaGetLastError());
+    std::vector<float> got(16 * 8);
+    if (fromDevice(got, dd) != 0) return 1;
+    for (int row = 0; row < 16; ++row) {
+      for (int column = 0; column < 8; ++column) {
+        float sum = 1.0f;
+        for (int i = 0; i < 8; ++i) sum += a[row * 8 + i] * b[i * 8 + column];
+        EXPECT(got[row * 8 + column] == sum, "mma.sync tf32 D[%d][%d] = %f, expected %f", row,
+               column, got[row * 8 + column], sum);
+      }
+    }
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(db));
+    CHECK(cudaFree(dd));
+  }
+  {
+    std::vector<signed char> a(16 * 32);
+    std::vector<unsigned char> b(8 * 32);  // column-major
+    for (int i = 0; i < 16 * 32; ++i) a[i] = static_cast<signed char>((i * 53) % 256 - 128);
+    for (int i = 0; i < 8 * 32; ++i) b[i] = static_cast<unsigned char>((i * 29 + 7) % 256);
+    signed char* da = toDevice(a);
+    unsigned char* db = toDevice(b);
+    int* dd = toDevice(std::vector<int>(16 * 8));
+    EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
+    mmaInteger<<<1, 32>>>(da, db, dd);
+    CHECK(cudaGetLastError());
+    std::vector<int> got(16 * 8);
+    if (fromDevice(got, dd) != 0) return 1;
+    const int initial[4] = {-5, 5, 100, -100};
+    for (int row = 0; row < 16; ++row) {
+      for (int column = 0; column < 8; ++column) {
+        int sum = initial[(row / 8) * 2 + column % 2];
+        for (int i = 0; i < 32; ++i) sum += a[row * 32 + i] * b[column * 32 + i];
+        EXPECT(got[row * 8 + column] == sum, "mma.sync s8.u8 D[%d][%d] = %d, expected %d", row,
+               column, got[row * 8 + column], sum);
+      }
+    }
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(db));
+    CHECK(cudaFree(dd));
+  }
+  {
+    std::vector<double> a(8 * 4), b(4 * 8);
+    for (int i = 0; i < 8 * 4; ++i) a[i] = smallValue(i, 11) / 3.0;
+    for (int i = 0; i < 4 * 8; ++i) b[i] = smallValue(i, 12) * 1.5;
+    double* da = toDevice(a);
+    double* db = toDevice(b);
+    double* dd = toDevice(std::vector<double>(8 * 8));
+    EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
+    mmaDouble<<<1, 32>>>(da, db, dd);
+    CHECK(cudaGetLastError());
+    std::vector<double> got(8 * 8);
+    if (fromDevice(got, dd) != 0) return 1;
+    for (int row = 0; row < 8; ++row) {
+      for (int column = 0; column < 8; ++column) {
+        double sum = column % 2 == 0 ? 0.25 : -0.25;
+        for (int i = 0; i < 4; ++i) sum = std::fma(a[row * 4 + i], b[i * 8 + column], sum);
+        EXPECT(got[row * 8 + column] == sum, "mma.sync f64 D[%d][%d] = %.17g, expected %.17g", row,
+               column, got[row * 8 + column], sum);
+      }
+    }
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(db));
+    CHECK(cudaFree(dd));
+  }
+  {
+    std::vector<unsigned short> in(64);
+    for (int i = 0; i < 64; ++i) in[i] = static_cast<unsigned short>(i * 1009 + 3);
+    unsigned short* din = toDevice(in);
+    unsigned short* dout = toDevice(std::vector<unsigned short>(64));
+    EXPECT(din != nullptr && dout != nullptr, "copying the matrix in failed");
+    mmaTranspose<<<1, 32>>>(din, dout);
+    CHECK(cudaGetLastError());
+    std::vector<unsigned short> got(64);
+    if (fromDevice(got, dout) != 0) return 1;
+    for (int row = 0; row < 8; ++row) {
+      for (int column = 0; column < 8; ++column) {
+        EXPECT(got[row * 8 + column] == in[column * 8 + row],
+               "movmatrix [%d][%d] = %u, expected %u", row, column, got[row * 8 + column],
+               in[column * 8 + row]);
+      }
+    }
+    CHECK(cudaFree(din));
+    CHECK(cudaFree(dout));
+  }
+  std::printf("mma.sync f16 accumulation, tf32, s8.u8 and f64 tiles, movmatrix: as on the host\n");
+  return 0;
+}
+
 int main() {
   if (gemm() != 0) return 1;
   if (halfAccumulate<16, 16, 16>() != 0) return 1;
   if (halfAccumulate<32, 8, 16>() != 0) return 1;
   if (halfAccumulate<8, 32, 16>() != 0) return 1;
   if (otherTypes() != 0) return 1;
+  if (mmaSync() != 0) return 1;
   CHECK(cudaDeviceSynchronize());
   std::printf("tensor-cores: PASSED\n");
   return 0;

@@ -12,17 +12,18 @@ extern "C" __global__ void surface_write(cudaSurfaceObject_t surface) {
   surf2Dwrite(static_cast<float>(threadIdx.x), surface, threadIdx.x * 4, 0);
 }
 #elif defined(UNSUPPORTED_TENSOR_CORES)
-// mma.sync written as inline PTX, as hand-tuned GEMMs do (nvcuda::wmma, which the sim runs,
-// compiles to wmma.* instead).
-extern "C" __global__ void tensor_core_tile(const unsigned* a, const unsigned* b, float* c) {
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const unsigned* ra = a + threadIdx.x * 4;
-  const unsigned* rb = b + threadIdx.x * 2;
+// mma.sync on 4-bit integers written as inline PTX, as quantised inference kernels do (the sim
+// runs mma.sync on 8- and 16-bit inputs, tf32 and f64, and nvcuda::wmma's wmma.*, but no
+// sub-byte types).
+extern "C" __global__ void tensor_core_tile(const unsigned* a, const unsigned* b, int* c) {
+  int d[4] = {0, 0, 0, 0};
+  const unsigned* ra = a + threadIdx.x * 2;
+  const unsigned* rb = b + threadIdx.x;
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));
+      "mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(ra[0]), "r"(ra[1]), "r"(rb[0]));
   for (int i = 0; i < 4; ++i) c[threadIdx.x * 4 + i] = d[i];
 }
 #elif defined(UNSUPPORTED_CLUSTER)

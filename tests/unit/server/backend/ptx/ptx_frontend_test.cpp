@@ -26,16 +26,16 @@ TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
       {"tex.2d.v4.f32.f32",
        ".reg .f32 %f<5>; .reg .b64 %rd<2>;\n"
        "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2}];"},
-      {"mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32",
-       ".reg .b32 %r<4>; .reg .f32 %f<8>;\n"
-       "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%f0, %f1, %f2, %f3}, {%r0, %r1}, "
-       "{%r2}, {%f4, %f5, %f6, %f7};"},
+      {"mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32",
+       ".reg .b32 %r<8>;\n"
+       "mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32 {%r0, %r1, %r2, %r3}, {%r4, %r5}, "
+       "{%r6}, {%r0, %r1, %r2, %r3};"},
       {"mbarrier.expect_tx.relaxed.cta.shared.b64",
        ".reg .b32 %r<2>;\n"
        "mbarrier.expect_tx.relaxed.cta.shared.b64 [%r1], 256;"},
-      {"ldmatrix.sync.aligned.m8n8.x1.shared.b16",
+      {"ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8",
        ".reg .b32 %r<3>;\n"
-       "ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%r1}, [%r2];"},
+       "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8 {%r1, %r2}, [%r2];"},
       {"suld.b.1d.b32.trap",
        ".reg .b32 %r<3>; .reg .b64 %rd<2>;\n"
        "suld.b.1d.b32.trap {%r1}, [%rd1, {%r2}];"},
@@ -91,12 +91,20 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
        "sured.b.add.1d.u32.trap [%rd1, {%r5}], %r1;"},
       {"suq.width.b32", "textures and surfaces", "suq.width.b32 %r1, [%rd1];"},
       // Tensor cores.
-      {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "tensor-core instructions",
-       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, "
+      // mma of sub-byte and fp8 types, sparse mma and Volta's m8n8k4 .f16 (mma.sync of the
+      // other shapes and types is executed).
+      {"mma.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32", "tensor-core instructions",
+       "mma.sync.aligned.m16n8k64.row.col.s32.s4.s4.s32 {%r1, %r2, %r3, %r4}, "
+       "{%r5, %r6, %r7, %r8}, {%r5, %r6}, {%r1, %r2, %r3, %r4};"},
+      {"mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", "tensor-core instructions",
+       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%f1, %f2, %f3, %f4}, "
        "{%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f5, %f6, %f7, %f8};"},
-      {"mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", "tensor-core instructions",
-       "mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%rd1, %rd2}, {%rd3}, {%rd4}, "
-       "{%rd1, %rd2};"},
+      {"mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32", "tensor-core instructions",
+       "mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, "
+       "{%r1, %r2, %r3, %r4}, {%r5, %r6, %r7, %r8}, {%f5, %f6, %f7, %f8}, %r1, 0x0;"},
+      {"mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32", "tensor-core instructions",
+       "mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4, %f5, %f6, %f7, "
+       "%f8}, {%r1, %r2}, {%r3, %r4}, {%f1, %f2, %f3, %f4, %f5, %f6, %f7, %f8};"},
       // wmma of sub-byte types (the experimental s4, u4 and b1 fragments).
       {"wmma.load.a.sync.aligned.row.m8n8k32.s4", "tensor-core instructions",
        "wmma.load.a.sync.aligned.row.m8n8k32.s4 {%r1}, [%rd1], %r2;"},
@@ -106,12 +114,10 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
       {"wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16", "tensor-core instructions",
        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%f1, %f2, %f3, %f4}, %rd1, %rd2, 1, "
        "1, 1, 0, 0;"},
-      {"ldmatrix.sync.aligned.m8n8.x4.shared.b16", "tensor-core instructions",
-       "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];"},
-      {"stmatrix.sync.aligned.m8n8.x1.shared.b16", "tensor-core instructions",
-       "stmatrix.sync.aligned.m8n8.x1.shared.b16 [%r5], {%r1};"},
-      {"movmatrix.sync.aligned.m8n8.trans.b16", "tensor-core instructions",
-       "movmatrix.sync.aligned.m8n8.trans.b16 %r1, %r2;"},
+      {"ldmatrix.sync.aligned.m16n16.x2.trans.shared.b8", "8 x 8 matrices of .b16",
+       "ldmatrix.sync.aligned.m16n16.x2.trans.shared.b8 {%r1, %r2, %r3, %r4}, [%r5];"},
+      {"stmatrix.sync.aligned.m16n8.x1.trans.shared.b8", "8 x 8 matrices of .b16",
+       "stmatrix.sync.aligned.m16n8.x1.trans.shared.b8 [%r5], {%r1};"},
       // TMA and the barriers it completes on.
       {"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes", "TMA",
        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1], 256, "

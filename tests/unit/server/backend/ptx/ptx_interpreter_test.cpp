@@ -481,6 +481,66 @@ TEST(PtxInterpreter, VideoInstructionsTheSimCannotRunAreNamed) {
   EXPECT_EQ(simd.status(), CUDA_SUCCESS) << simd.message();
 }
 
+// stmatrix (compute capability 9.0; tests/programs/cudart/tensor_cores checks mma.sync, ldmatrix
+// and movmatrix): lane l's register j holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
+// matrix j, whose rows lanes 8j to 8j + 7 address; .trans stores the transpose.
+TEST(PtxInterpreter, StmatrixStoresEachLanesPartOfTheMatrices) {
+  for (const bool transpose : {false, true}) {
+    SCOPED_TRACE(transpose ? "trans" : "plain");
+    Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .reg .b32 %r<16>;
+  .reg .b64 %rd<4>;
+  .shared .align 16 .b8 tile[256];
+  ld.param.u64 %rd1, [out];
+  mov.u32 %r1, %tid.x;
+  shl.b32 %r2, %r1, 1;
+  add.u32 %r3, %r2, 1;
+  shl.b32 %r3, %r3, 16;
+  or.b32 %r4, %r2, %r3;
+  add.u32 %r5, %r4, 0x00400040;
+  shr.u32 %r6, %r1, 3;
+  and.b32 %r6, %r6, 1;
+  and.b32 %r7, %r1, 7;
+  shl.b32 %r6, %r6, 7;
+  shl.b32 %r7, %r7, 4;
+  mov.u32 %r8, tile;
+  add.u32 %r8, %r8, %r6;
+  add.u32 %r8, %r8, %r7;
+  stmatrix.sync.aligned.m8n8.x2)" +
+                    std::string(transpose ? ".trans" : "") + R"(.shared.b16 [%r8], {%r4, %r5};
+  bar.sync 0;
+  shl.b32 %r9, %r1, 2;
+  mov.u32 %r10, tile;
+  add.u32 %r10, %r10, %r9;
+  ld.shared.u32 %r11, [%r10];
+  ld.shared.u32 %r12, [%r10+128];
+  cvt.u64.u32 %rd2, %r9;
+  add.u64 %rd2, %rd1, %rd2;
+  st.global.u32 [%rd2], %r11;
+  st.global.u32 [%rd2+128], %r12;
+  ret;
+}
+)");
+    ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+    std::vector<std::uint16_t> out(128, 0xffff);
+    harness.addRange(out);
+    const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {address(out.data())});
+    ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+    // Lane l held elements 2l and 2l + 1 of matrix 0 (64 more in matrix 1): row-major order.
+    for (unsigned matrix = 0; matrix < 2; ++matrix) {
+      for (unsigned row = 0; row < 8; ++row) {
+        for (unsigned column = 0; column < 8; ++column) {
+          const unsigned element = transpose ? column * 8 + row : row * 8 + column;
+          EXPECT_EQ(out[matrix * 64 + row * 8 + column], matrix * 64 + element)
+              << "matrix " << matrix << " [" << row << "][" << column << "]";
+        }
+      }
+    }
+  }
+}
+
 // Blocks run on worker threads too: every block of a large launch runs exactly once.
 TEST(PtxInterpreter, WorkersShareTheBlocksOfALaunch) {
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
