@@ -580,11 +580,12 @@ CUresult freeAllocation(Runtime& runtime, CUdeviceptr dptr) {
   return result;
 }
 
-// cuMemAllocAsync and cuMemFreeAsync, on the default pool of the stream's device. The memory is
-// the tenant's like any other allocation. Allocating at once is a legal schedule of "usable in
-// stream order"; freeing waits, as cuMemFree does, for this process's earlier work, so the call
-// returns later than CUDA's would, never earlier than is safe.
-// `pool`: null for the stream's device's default pool, else a pool that must be that one.
+// cuMemAllocAsync and cuMemFreeAsync, on the current pool of the stream's device, and
+// cuMemAllocFromPoolAsync. The memory is the tenant's like any other allocation. Allocating at
+// once is a legal schedule of "usable in stream order"; freeing waits, as cuMemFree does, for this
+// process's earlier work, so the call returns later than CUDA's would, never earlier than is safe.
+// `pool`: null for the stream's device's current pool, else a pool of that device (a pool of
+// another device, which CUDA allows, is refused with CUDA_ERROR_INVALID_VALUE).
 CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t bytesize,
                           CUstream stream, NullStream nullStream, CUmemoryPool pool = nullptr) {
   return guarded(entryPoint, [&](Runtime& runtime) {
@@ -601,14 +602,18 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
     }
     std::optional<gpuproxy::stub::ContextRecord> context = runtime.context(target.context);
     if (!context) return CUDA_ERROR_INVALID_CONTEXT;
-    if (pool != nullptr && gpuproxy::stub::defaultPoolDevice(pool) != context->device) {
+    if (pool == nullptr) pool = gpuproxy::stub::currentPool(context->device);
+    if (pool == nullptr || gpuproxy::stub::poolDevice(pool) != context->device) {
       return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (CUresult room = gpuproxy::stub::poolRoomFor(pool, bytesize); room != CUDA_SUCCESS) {
+      return room;
     }
     if (CUresult allocated = allocateIn(runtime, target.context, bytesize, dptr);
         allocated != CUDA_SUCCESS) {
       return allocated;
     }
-    gpuproxy::stub::notePoolAllocation(context->device, *dptr, bytesize);
+    gpuproxy::stub::notePoolAllocation(pool, *dptr, bytesize);
     return CUDA_SUCCESS;
   });
 }

@@ -1,12 +1,16 @@
 // Memory pools: each device's default pool, the one cudaMallocAsync uses (PyTorch's and RAPIDS'
-// allocators ask for it to set its release threshold and read its usage). Explicit pools
-// (cuMemPoolCreate) are not offered.
+// allocators ask for it to set its release threshold and read its usage), and pools the
+// application creates (cuMemPoolCreate, as RMM's cuda_async_memory_resource does). Pools live in
+// the stub: an allocation from any of them is an ordinary allocation of the tenant's, which the
+// pool counts. IPC-capable pools (handle types other than none) and pools of host memory are not
+// offered.
 
 #include "client/stub/api/memory_pools.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -20,11 +24,14 @@ using gpuproxy::stub::Runtime;
 
 namespace {
 
-// At most this many devices have a pool: more than any node has GPUs.
+// At most this many devices have pools: more than any node has GPUs.
 constexpr std::size_t kMaxDevices = 64;
 
-struct DefaultPool {
+struct Pool {
   std::uint32_t device = 0;
+  bool isDefault = false;
+  bool destroyed = false;      // cuMemPoolDestroy'd while allocations were still out
+  std::uint64_t maxBytes = 0;  // cuMemPoolCreate's maxSize; 0: no limit but the tenant's
   // Attributes as set; the release threshold is kept and answered, and changes nothing (the pool
   // keeps no memory back to release).
   std::uint64_t releaseThreshold = 0;
@@ -33,115 +40,304 @@ struct DefaultPool {
   int reuseAllowInternalDependencies = 1;
   std::uint64_t usedBytes = 0;
   std::uint64_t usedHigh = 0;
+  std::uint64_t liveAllocations = 0;
 };
 
-class DefaultPools {
+// Every pool, by handle (the handle is the record's address). Callers hold mutex() around
+// everything but instance().
+class Pools {
 public:
-  static DefaultPools& instance() {
-    static auto* pools = new DefaultPools();  // handles stay valid through static destruction
+  static Pools& instance() {
+    static auto* pools = new Pools();  // handles stay valid through static destruction
     return *pools;
-  }
-
-  CUmemoryPool handleOf(std::uint32_t device) {
-    return reinterpret_cast<CUmemoryPool>(&pools_.at(device));
-  }
-  // Null for anything that is not one of these pools.
-  DefaultPool* find(CUmemoryPool handle) {
-    const auto address = reinterpret_cast<std::uintptr_t>(handle);
-    const auto first = reinterpret_cast<std::uintptr_t>(pools_.data());
-    if (address < first || (address - first) % sizeof(DefaultPool) != 0) return nullptr;
-    const std::size_t index = (address - first) / sizeof(DefaultPool);
-    return index < pools_.size() ? &pools_[index] : nullptr;
   }
   std::mutex& mutex() { return mutex_; }
 
-  void allocated(std::uint32_t device, std::uint64_t pointer, std::uint64_t bytes) {
-    if (device >= pools_.size()) return;
-    std::lock_guard lock(mutex_);
-    DefaultPool& pool = pools_[device];
+  static CUmemoryPool handleOf(Pool& pool) { return reinterpret_cast<CUmemoryPool>(&pool); }
+
+  // A pool that exists (destroyed ones do not); null for anything else.
+  Pool* find(CUmemoryPool handle) {
+    auto* pool = reinterpret_cast<Pool*>(handle);
+    const auto address = reinterpret_cast<std::uintptr_t>(handle);
+    const auto first = reinterpret_cast<std::uintptr_t>(defaults_.data());
+    if (address >= first && address < first + sizeof(defaults_)) {
+      return (address - first) % sizeof(Pool) == 0 ? pool : nullptr;
+    }
+    const auto found = created_.find(pool);
+    return found != created_.end() && !found->second->destroyed ? pool : nullptr;
+  }
+  Pool& defaultOf(std::uint32_t device) { return defaults_.at(device); }
+  Pool*& current(std::uint32_t device) { return current_.at(device); }
+
+  Pool& create(std::uint32_t device, std::uint64_t maxBytes) {
+    auto pool = std::make_unique<Pool>();
+    pool->device = device;
+    pool->maxBytes = maxBytes;
+    Pool& made = *pool;
+    created_.emplace(&made, std::move(pool));
+    return made;
+  }
+  // The device's current pool becomes its default again if it was this one; the record goes
+  // once nothing allocated from it is left.
+  void destroy(Pool& pool) {
+    if (current_[pool.device] == &pool) current_[pool.device] = &defaults_[pool.device];
+    pool.destroyed = true;
+    if (pool.liveAllocations == 0) created_.erase(&pool);
+  }
+
+  void allocated(Pool& pool, std::uint64_t pointer, std::uint64_t bytes) {
     pool.usedBytes += bytes;
     pool.usedHigh = std::max(pool.usedHigh, pool.usedBytes);
-    live_[pointer] = Live{device, bytes};
+    ++pool.liveAllocations;
+    live_[pointer] = Live{&pool, bytes};
   }
   void freed(std::uint64_t pointer) {
-    std::lock_guard lock(mutex_);
     auto found = live_.find(pointer);
     if (found == live_.end()) return;
-    pools_[found->second.device].usedBytes -= found->second.bytes;
+    Pool& pool = *found->second.pool;
+    pool.usedBytes -= found->second.bytes;
+    --pool.liveAllocations;
     live_.erase(found);
+    if (pool.destroyed && pool.liveAllocations == 0) created_.erase(&pool);
   }
 
 private:
-  DefaultPools() {
-    for (std::uint32_t device = 0; device < pools_.size(); ++device) pools_[device].device = device;
+  Pools() {
+    for (std::uint32_t device = 0; device < defaults_.size(); ++device) {
+      defaults_[device].device = device;
+      defaults_[device].isDefault = true;
+      current_[device] = &defaults_[device];
+    }
   }
 
   struct Live {
-    std::uint32_t device;
+    Pool* pool;
     std::uint64_t bytes;
   };
   std::mutex mutex_;
-  std::array<DefaultPool, kMaxDevices> pools_{};
+  std::array<Pool, kMaxDevices> defaults_{};
+  std::array<Pool*, kMaxDevices> current_{};
+  std::unordered_map<Pool*, std::unique_ptr<Pool>> created_;
   std::unordered_map<std::uint64_t, Live> live_;  // pool allocations by address
 };
 
-CUresult getPool(const char* entryPoint, CUmemoryPool* pool, CUdevice dev) {
-  return guarded(entryPoint, [&](Runtime& runtime) {
-    if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (runtime.device(dev) == nullptr || static_cast<std::size_t>(dev) >= kMaxDevices) {
-      return CUDA_ERROR_INVALID_DEVICE;
-    }
-    *pool = DefaultPools::instance().handleOf(static_cast<std::uint32_t>(dev));
-    return CUDA_SUCCESS;
-  });
+// A device ordinal that has pools: a device of this client's, below kMaxDevices.
+bool poolsFor(Runtime& runtime, CUdevice device) {
+  return runtime.device(device) != nullptr && static_cast<std::size_t>(device) < kMaxDevices;
+}
+
+// A device's default (`current` false) or current pool.
+CUresult getPool(Runtime& runtime, CUmemoryPool* pool, CUdevice dev, bool current) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!poolsFor(runtime, dev)) return CUDA_ERROR_INVALID_DEVICE;
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  const auto device = static_cast<std::uint32_t>(dev);
+  *pool = Pools::handleOf(current ? *pools.current(device) : pools.defaultOf(device));
+  return CUDA_SUCCESS;
+}
+
+CUresult setPool(Runtime& runtime, CUdevice dev, CUmemoryPool handle) {
+  if (!poolsFor(runtime, dev)) return CUDA_ERROR_INVALID_DEVICE;
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  Pool* pool = pools.find(handle);
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // The pool must be the device's own.
+  if (pool->device != static_cast<std::uint32_t>(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  pools.current(pool->device) = pool;
+  return CUDA_SUCCESS;
+}
+
+// The device a pinned-memory pool location names (cuMemGetMemPool and the rest): pools of host
+// memory and managed pools are not offered.
+CUresult locatedDevice(Runtime& runtime, const CUmemLocation* location, CUmemAllocationType type,
+                       CUdevice& device) {
+  if (location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_ALLOCATION_TYPE_PINNED || location->type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return location->type == CU_MEM_LOCATION_TYPE_DEVICE || type == CU_MEM_ALLOCATION_TYPE_PINNED
+               ? CUDA_ERROR_NOT_SUPPORTED
+               : CUDA_ERROR_INVALID_VALUE;
+  }
+  device = location->id;
+  return poolsFor(runtime, device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
 }  // namespace
 
 namespace gpuproxy::stub {
 
-void notePoolAllocation(std::uint32_t device, std::uint64_t pointer, std::uint64_t bytes) {
-  DefaultPools::instance().allocated(device, pointer, bytes);
+std::optional<std::uint32_t> poolDevice(CUmemoryPool handle) {
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  const Pool* pool = pools.find(handle);
+  if (pool == nullptr) return std::nullopt;
+  return pool->device;
+}
+
+CUmemoryPool currentPool(std::uint32_t device) {
+  if (device >= kMaxDevices) return nullptr;
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  return Pools::handleOf(*pools.current(device));
+}
+
+CUresult poolRoomFor(CUmemoryPool handle, std::uint64_t bytes) {
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  const Pool* pool = pools.find(handle);
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (pool->maxBytes != 0 && (bytes > pool->maxBytes || pool->usedBytes > pool->maxBytes - bytes)) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
+}
+
+void notePoolAllocation(CUmemoryPool handle, std::uint64_t pointer, std::uint64_t bytes) {
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  if (Pool* pool = pools.find(handle)) pools.allocated(*pool, pointer, bytes);
 }
 
 void notePoolFree(std::uint64_t pointer) {
-  DefaultPools::instance().freed(pointer);
-}
-
-std::optional<std::uint32_t> defaultPoolDevice(CUmemoryPool pool) {
-  DefaultPool* found = DefaultPools::instance().find(pool);
-  if (found == nullptr) return std::nullopt;
-  return found->device;
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  pools.freed(pointer);
 }
 
 }  // namespace gpuproxy::stub
 
 GPUPROXY_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice dev) {
-  return getPool(__func__, pool_out, dev);
+  return guarded(__func__,
+                 [&](Runtime& runtime) { return getPool(runtime, pool_out, dev, false); });
 }
 
-// Every device's current pool is its default pool: no other pool can be made here.
 GPUPROXY_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
-  return getPool(__func__, pool, dev);
+  return guarded(__func__, [&](Runtime& runtime) { return getPool(runtime, pool, dev, true); });
 }
 
 GPUPROXY_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  return guarded(__func__, [&](Runtime& runtime) { return setPool(runtime, dev, pool); });
+}
+
+GPUPROXY_EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool* pool_out, CUmemLocation* location,
+                                                CUmemAllocationType type) {
   return guarded(__func__, [&](Runtime& runtime) {
-    if (runtime.device(dev) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
-    DefaultPool* found = DefaultPools::instance().find(pool);
-    if (found == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // Making a device's own default pool current again is all there is to do.
-    return found->device == static_cast<std::uint32_t>(dev) ? CUDA_SUCCESS
-                                                            : CUDA_ERROR_INVALID_DEVICE;
+    CUdevice device = 0;
+    const CUresult located = locatedDevice(runtime, location, type, device);
+    return located != CUDA_SUCCESS ? located : getPool(runtime, pool_out, device, false);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location,
+                                         CUmemAllocationType type) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    CUdevice device = 0;
+    const CUresult located = locatedDevice(runtime, location, type, device);
+    return located != CUDA_SUCCESS ? located : getPool(runtime, pool, device, true);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type,
+                                         CUmemoryPool pool) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    CUdevice device = 0;
+    if (CUresult located = locatedDevice(runtime, location, type, device);
+        located != CUDA_SUCCESS) {
+      return located;
+    }
+    const CUresult set = setPool(runtime, device, pool);
+    return set == CUDA_ERROR_INVALID_DEVICE ? CUDA_ERROR_INVALID_VALUE : set;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pool == nullptr || poolProps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    switch (gpuproxy::stub::enumValue(poolProps->location.type)) {
+      case CU_MEM_LOCATION_TYPE_DEVICE:
+        break;
+      case CU_MEM_LOCATION_TYPE_HOST:
+      case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        return CUDA_ERROR_NOT_SUPPORTED;  // pools of host memory
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!poolsFor(runtime, poolProps->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+    // Memory another process could import (IPC handles) is not offered; neither are the usage
+    // hints CUDA has added since (none but 0 is defined for pinned device pools).
+    if (poolProps->handleTypes != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;
+    if (poolProps->usage != 0) return CUDA_ERROR_NOT_SUPPORTED;
+    if (poolProps->win32SecurityAttributes != nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    *pool = Pools::handleOf(
+        pools.create(static_cast<std::uint32_t>(poolProps->location.id), poolProps->maxSize));
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool handle) {
+  return guarded(__func__, [&](Runtime&) {
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    Pool* pool = pools.find(handle);
+    if (pool == nullptr || pool->isDefault) return CUDA_ERROR_INVALID_VALUE;
+    pools.destroy(*pool);
+    return CUDA_SUCCESS;
+  });
+}
+
+// A pool's memory is read and written by its own device. Other devices cannot be given access:
+// through gpuproxy no two devices are peers (cuDeviceCanAccessPeer answers 0).
+GPUPROXY_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool handle, const CUmemAccessDesc* map,
+                                            size_t count) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (map == nullptr && count != 0) return CUDA_ERROR_INVALID_VALUE;
+    const std::optional<std::uint32_t> device = gpuproxy::stub::poolDevice(handle);
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i) {
+      const CUmemAccessDesc& access = map[i];
+      if (access.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (access.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+          access.flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+          access.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (runtime.device(access.location.id) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+      const bool own = static_cast<std::uint32_t>(access.location.id) == *device;
+      // The owning device keeps read-write access; a peer gets none.
+      if (own ? access.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+              : access.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+        return CUDA_ERROR_INVALID_DEVICE;
+      }
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool handle,
+                                            CUmemLocation* location) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (flags == nullptr || location == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::optional<std::uint32_t> device = gpuproxy::stub::poolDevice(handle);
+    if (!device || location->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (runtime.device(location->id) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    *flags = static_cast<std::uint32_t>(location->id) == *device
+                 ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                 : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return CUDA_SUCCESS;
   });
 }
 
 GPUPROXY_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                                void* value) {
   return guarded(__func__, [&](Runtime&) {
-    DefaultPool* found = DefaultPools::instance().find(pool);
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    Pool* found = pools.find(pool);
     if (found == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::lock_guard lock(DefaultPools::instance().mutex());
     auto answer = [value](auto number) {
       std::memcpy(value, &number, sizeof(number));
       return CUDA_SUCCESS;
@@ -171,9 +367,10 @@ GPUPROXY_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attr
 GPUPROXY_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                                void* value) {
   return guarded(__func__, [&](Runtime&) {
-    DefaultPool* found = DefaultPools::instance().find(pool);
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    Pool* found = pools.find(pool);
     if (found == nullptr || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::lock_guard lock(DefaultPools::instance().mutex());
     int flag = 0;
     cuuint64_t number = 0;
     switch (gpuproxy::stub::enumValue(attr)) {
@@ -208,6 +405,6 @@ GPUPROXY_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attr
 // The pool keeps no freed memory, so there is never anything to release.
 GPUPROXY_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t /*minBytesToKeep*/) {
   return guarded(__func__, [&](Runtime&) {
-    return DefaultPools::instance().find(pool) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return gpuproxy::stub::poolDevice(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }

@@ -1,8 +1,9 @@
 #pragma once
-// The default memory pool of each device, which cuMemAllocAsync allocates from: its handle and
-// attributes (memory_pools.cpp), and the bookkeeping memory.cpp feeds it. The pool keeps nothing
-// back: memory freed to it goes back to the device (and the tenant's limit) at once, so its
-// reserved and used sizes are the same, and trimming has nothing to do.
+// Memory pools, which cuMemAllocAsync and cuMemAllocFromPoolAsync allocate from: each device's
+// default pool and the pools an application creates (cuMemPoolCreate: RAPIDS' RMM makes its own),
+// their handles and attributes (memory_pools.cpp), and the bookkeeping memory.cpp feeds them. A
+// pool keeps nothing back: memory freed to it goes back to the device (and the tenant's limit) at
+// once, so its reserved and used sizes are the same, and trimming has nothing to do.
 
 #include <cuda.h>
 
@@ -11,11 +12,18 @@
 
 namespace gpuproxy::stub {
 
-// An allocation of `bytes` made from the default pool of `device` (cuMemAllocAsync).
-void notePoolAllocation(std::uint32_t device, std::uint64_t pointer, std::uint64_t bytes);
-// The device whose default pool `pool` is; nullopt for anything else.
-std::optional<std::uint32_t> defaultPoolDevice(CUmemoryPool pool);
-// Any device memory freed (cuMemFree or cuMemFreeAsync): forgotten if it came from a pool.
+// The device whose memory `pool` holds, for a pool that exists (not destroyed); else nullopt.
+std::optional<std::uint32_t> poolDevice(CUmemoryPool pool);
+// The pool cuMemAllocAsync allocates from on `device` (cuDeviceSetMemPool), or null when the
+// device has none (an ordinal past any node's GPU count).
+CUmemoryPool currentPool(std::uint32_t device);
+// Whether `pool` may grow by `bytes` more (its cuMemPoolCreate maxSize): CUDA_SUCCESS, or
+// CUDA_ERROR_OUT_OF_MEMORY.
+CUresult poolRoomFor(CUmemoryPool pool, std::uint64_t bytes);
+// An allocation of `bytes` at `pointer` made from `pool`.
+void notePoolAllocation(CUmemoryPool pool, std::uint64_t pointer, std::uint64_t bytes);
+// Any device memory freed (cuMemFree or cuMemFreeAsync): forgotten if it came from a pool; a
+// destroyed pool goes with its last allocation.
 void notePoolFree(std::uint64_t pointer);
 
 }  // namespace gpuproxy::stub

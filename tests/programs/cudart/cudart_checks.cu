@@ -8,7 +8,8 @@
 //   pinned            cudaMallocHost/cudaHostAlloc memory used by asynchronous copies and a kernel
 //   symbols           cudaMemcpyToSymbol/FromSymbol on __constant__ and __device__ variables
 //   malloc-async      cudaMallocAsync/cudaFreeAsync in stream order
-//   memory-pool       the device's default pool: release threshold, usage, cudaMallocFromPoolAsync
+//   memory-pool       the device's default pool: release threshold, usage, cudaMallocFromPoolAsync;
+//                     a pool of the program's own (cudaMemPoolCreate) with a maximum size
 //   copies-3d         cudaMallocPitch and cudaMalloc3D memory, 2D and 3D copies of a sub-box
 //   devices           every device from several threads, cudaDeviceReset of one in between,
 //                     module variables written again after the reset
@@ -553,6 +554,59 @@ int memoryPool() {
   CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
   EXPECT(high == 2u << 20, "high watermark %llu", static_cast<unsigned long long>(high));
   CHECK(cudaMemPoolTrimTo(pool, 0));
+
+  // A pool of the application's own, as RMM's cuda_async_memory_resource makes one: at most
+  // 4 MiB, current for the device (cudaMallocAsync allocates from it), destroyed while an
+  // allocation is still out (which stays usable), the default pool current again after.
+  cudaMemPoolProps properties = {};
+  properties.allocType = cudaMemAllocationTypePinned;
+  properties.handleTypes = cudaMemHandleTypeNone;
+  properties.location.type = cudaMemLocationTypeDevice;
+  properties.location.id = 0;
+  properties.maxSize = 4u << 20;
+  cudaMemPool_t own = nullptr;
+  CHECK(cudaMemPoolCreate(&own, &properties));
+  EXPECT(own != nullptr && own != pool, "cudaMemPoolCreate gave the default pool");
+  CHECK(cudaMemPoolSetAttribute(own, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cudaMemAccessFlags access = cudaMemAccessFlagsProtNone;
+  cudaMemLocation location = {};
+  location.type = cudaMemLocationTypeDevice;
+  location.id = 0;
+  CHECK(cudaMemPoolGetAccess(&access, own, &location));
+  EXPECT(access == cudaMemAccessFlagsProtReadWrite, "the pool's own device has access %d",
+         static_cast<int>(access));
+  CHECK(cudaDeviceSetMemPool(0, own));
+  CHECK(cudaDeviceGetMemPool(&current, 0));
+  EXPECT(current == own, "the created pool is not current after cudaDeviceSetMemPool");
+  void* fromOwn = nullptr;
+  CHECK(cudaMallocAsync(&fromOwn, 3u << 20, stream));
+  CHECK(cudaMemPoolGetAttribute(own, cudaMemPoolAttrUsedMemCurrent, &used));
+  EXPECT(used == 3u << 20, "created pool in use: %llu bytes",
+         static_cast<unsigned long long>(used));
+  CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  EXPECT(used == 0, "the default pool grew: %llu bytes", static_cast<unsigned long long>(used));
+  void* tooMuch = nullptr;
+  const cudaError_t past = cudaMallocFromPoolAsync(&tooMuch, 2u << 20, own, stream);
+  EXPECT(past == cudaErrorMemoryAllocation, "allocating past the pool's maxSize gave %s",
+         cudaGetErrorName(past));
+  CHECK(cudaMemsetAsync(fromOwn, 1, 3u << 20, stream));
+  CHECK(cudaMemPoolDestroy(own));
+  CHECK(cudaDeviceGetMemPool(&current, 0));
+  EXPECT(current == pool, "the default pool is not current after its replacement was destroyed");
+  unsigned char last = 0;
+  CHECK(cudaMemcpyAsync(&last, static_cast<unsigned char*>(fromOwn) + (3u << 20) - 1, 1,
+                        cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(last == 1, "memory of a destroyed pool read %u", last);
+  CHECK(cudaFreeAsync(fromOwn, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  // Pools whose memory other processes could import (IPC) are not offered.
+  properties.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+  const cudaError_t shareable = cudaMemPoolCreate(&own, &properties);
+  EXPECT(shareable == cudaErrorNotSupported, "an IPC-capable pool gave %s",
+         cudaGetErrorName(shareable));
+  std::printf(
+      "explicit pool: maxSize enforced, current for the device, destroyed with memory out\n");
   CHECK(cudaStreamDestroy(stream));
   return 0;
 }
