@@ -163,6 +163,16 @@ CUresult locatedDevice(Runtime& runtime, const CUmemLocation* location, CUmemAll
   return poolsFor(runtime, device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
+// cuMemGetDefaultMemPool (`current` false) and cuMemGetMemPool.
+CUresult getLocatedPool(const char* entryPoint, CUmemoryPool* pool, const CUmemLocation* location,
+                        CUmemAllocationType type, bool current) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    CUdevice device = 0;
+    const CUresult located = locatedDevice(runtime, location, type, device);
+    return located != CUDA_SUCCESS ? located : getPool(runtime, pool, device, current);
+  });
+}
+
 }  // namespace
 
 namespace gpuproxy::stub {
@@ -222,20 +232,12 @@ GPUPROXY_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 
 GPUPROXY_EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool* pool_out, CUmemLocation* location,
                                                 CUmemAllocationType type) {
-  return guarded(__func__, [&](Runtime& runtime) {
-    CUdevice device = 0;
-    const CUresult located = locatedDevice(runtime, location, type, device);
-    return located != CUDA_SUCCESS ? located : getPool(runtime, pool_out, device, false);
-  });
+  return getLocatedPool(__func__, pool_out, location, type, false);
 }
 
 GPUPROXY_EXPORT CUresult cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location,
                                          CUmemAllocationType type) {
-  return guarded(__func__, [&](Runtime& runtime) {
-    CUdevice device = 0;
-    const CUresult located = locatedDevice(runtime, location, type, device);
-    return located != CUDA_SUCCESS ? located : getPool(runtime, pool, device, true);
-  });
+  return getLocatedPool(__func__, pool, location, type, true);
 }
 
 GPUPROXY_EXPORT CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type,

@@ -541,6 +541,33 @@ int mmaGemmCheck(const char* what) {
   return 0;
 }
 
+// One warp of `kernel` (inputs a and b, an m x n result D, row-major), compared element by element
+// with reference(row, column), the host's.
+template <typename D, typename A, typename B, typename Reference>
+int checkTile(const char* what, void (*kernel)(const A*, const B*, D*), const std::vector<A>& a,
+              const std::vector<B>& b, int m, int n, Reference reference) {
+  A* da = toDevice(a);
+  B* db = toDevice(b);
+  D* dd = toDevice(std::vector<D>(m * n));
+  EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
+  kernel<<<1, 32>>>(da, db, dd);
+  CHECK(cudaGetLastError());
+  std::vector<D> got(m * n);
+  if (fromDevice(got, dd) != 0) return 1;
+  for (int row = 0; row < m; ++row) {
+    for (int column = 0; column < n; ++column) {
+      const D expected = reference(row, column);
+      EXPECT(got[row * n + column] == expected, "mma.sync %s D[%d][%d] = %.17g, expected %.17g",
+             what, row, column, static_cast<double>(got[row * n + column]),
+             static_cast<double>(expected));
+    }
+  }
+  CHECK(cudaFree(da));
+  CHECK(cudaFree(db));
+  CHECK(cudaFree(dd));
+  return 0;
+}
+
 int mmaSync() {
   if (mmaGemmCheck<half, true>("f16, B column-major") != 0) return 1;
   if (mmaGemmCheck<__nv_bfloat16, false>("bf16, B row-major (ldmatrix.trans)") != 0) return 1;
@@ -576,75 +603,36 @@ int mmaSync() {
     std::vector<float> a(16 * 8), b(8 * 8);
     for (int i = 0; i < 16 * 8; ++i) a[i] = smallValue(i, 9);
     for (int i = 0; i < 8 * 8; ++i) b[i] = smallValue(i, 10);
-    float* da = toDevice(a);
-    float* db = toDevice(b);
-    float* dd = toDevice(std::vector<float>(16 * 8));
-    EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
-    mmaTf32<<<1, 32>>>(da, db, dd);
-    CHECK(cudaGetLastError());
-    std::vector<float> got(16 * 8);
-    if (fromDevice(got, dd) != 0) return 1;
-    for (int row = 0; row < 16; ++row) {
-      for (int column = 0; column < 8; ++column) {
-        float sum = 1.0f;
-        for (int i = 0; i < 8; ++i) sum += a[row * 8 + i] * b[i * 8 + column];
-        EXPECT(got[row * 8 + column] == sum, "mma.sync tf32 D[%d][%d] = %f, expected %f", row,
-               column, got[row * 8 + column], sum);
-      }
-    }
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dd));
+    auto reference = [&](int row, int column) {
+      float sum = 1.0f;
+      for (int i = 0; i < 8; ++i) sum += a[row * 8 + i] * b[i * 8 + column];
+      return sum;
+    };
+    if (checkTile<float>("tf32", mmaTf32, a, b, 16, 8, reference) != 0) return 1;
   }
   {
     std::vector<signed char> a(16 * 32);
     std::vector<unsigned char> b(8 * 32);  // column-major
     for (int i = 0; i < 16 * 32; ++i) a[i] = static_cast<signed char>((i * 53) % 256 - 128);
     for (int i = 0; i < 8 * 32; ++i) b[i] = static_cast<unsigned char>((i * 29 + 7) % 256);
-    signed char* da = toDevice(a);
-    unsigned char* db = toDevice(b);
-    int* dd = toDevice(std::vector<int>(16 * 8));
-    EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
-    mmaInteger<<<1, 32>>>(da, db, dd);
-    CHECK(cudaGetLastError());
-    std::vector<int> got(16 * 8);
-    if (fromDevice(got, dd) != 0) return 1;
-    const int initial[4] = {-5, 5, 100, -100};
-    for (int row = 0; row < 16; ++row) {
-      for (int column = 0; column < 8; ++column) {
-        int sum = initial[(row / 8) * 2 + column % 2];
-        for (int i = 0; i < 32; ++i) sum += a[row * 32 + i] * b[column * 32 + i];
-        EXPECT(got[row * 8 + column] == sum, "mma.sync s8.u8 D[%d][%d] = %d, expected %d", row,
-               column, got[row * 8 + column], sum);
-      }
-    }
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dd));
+    auto reference = [&](int row, int column) {
+      const int initial[4] = {-5, 5, 100, -100};
+      int sum = initial[(row / 8) * 2 + column % 2];
+      for (int i = 0; i < 32; ++i) sum += a[row * 32 + i] * b[column * 32 + i];
+      return sum;
+    };
+    if (checkTile<int>("s8.u8", mmaInteger, a, b, 16, 8, reference) != 0) return 1;
   }
   {
     std::vector<double> a(8 * 4), b(4 * 8);
     for (int i = 0; i < 8 * 4; ++i) a[i] = smallValue(i, 11) / 3.0;
     for (int i = 0; i < 4 * 8; ++i) b[i] = smallValue(i, 12) * 1.5;
-    double* da = toDevice(a);
-    double* db = toDevice(b);
-    double* dd = toDevice(std::vector<double>(8 * 8));
-    EXPECT(da != nullptr && db != nullptr && dd != nullptr, "copying the tiles in failed");
-    mmaDouble<<<1, 32>>>(da, db, dd);
-    CHECK(cudaGetLastError());
-    std::vector<double> got(8 * 8);
-    if (fromDevice(got, dd) != 0) return 1;
-    for (int row = 0; row < 8; ++row) {
-      for (int column = 0; column < 8; ++column) {
-        double sum = column % 2 == 0 ? 0.25 : -0.25;
-        for (int i = 0; i < 4; ++i) sum = std::fma(a[row * 4 + i], b[i * 8 + column], sum);
-        EXPECT(got[row * 8 + column] == sum, "mma.sync f64 D[%d][%d] = %.17g, expected %.17g", row,
-               column, got[row * 8 + column], sum);
-      }
-    }
-    CHECK(cudaFree(da));
-    CHECK(cudaFree(db));
-    CHECK(cudaFree(dd));
+    auto reference = [&](int row, int column) {
+      double sum = column % 2 == 0 ? 0.25 : -0.25;
+      for (int i = 0; i < 4; ++i) sum = std::fma(a[row * 4 + i], b[i * 8 + column], sum);
+      return sum;
+    };
+    if (checkTile<double>("f64", mmaDouble, a, b, 8, 8, reference) != 0) return 1;
   }
   {
     std::vector<unsigned short> in(64);

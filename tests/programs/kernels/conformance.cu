@@ -9,16 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-struct In {
-  unsigned long long a;
-  unsigned long long b;
-  unsigned long long c;
-};
+#include "conformance_rows.cuh"
 
-// Results per thread; unused slots stay as the host filled them.
-constexpr int kSlots = 64;
-
-#define SLOT(index, value) out[(index)] = static_cast<unsigned long long>(value)
 #define FBITS(x) static_cast<unsigned long long>(__float_as_uint(x))
 #define DBITS(x) static_cast<unsigned long long>(__double_as_longlong(x))
 

@@ -4,15 +4,7 @@
 // where nvcc lowers the half-word intrinsics to .s16x2/.u16x2 arithmetic and the byte differences
 // to vabsdiff4. tests/programs/ptx_conformance.cpp holds the CPU reference of every slot.
 
-struct In {
-  unsigned long long a;
-  unsigned long long b;
-  unsigned long long c;
-};
-
-constexpr int kSlots = 64;
-
-#define SLOT(index, value) out[(index)] = static_cast<unsigned long long>(value)
+#include "conformance_rows.cuh"
 
 // One video instruction, its operands (with selectors or masks) written out in `form`.
 #define VIDEO(index, form)                                                  \
