@@ -9,11 +9,12 @@
 // the first mismatches and exit code 1.
 
 #include <cuda.h>
+#include <cuda_fp8.h>
 
 #include "conformance_debug_ptx.hpp"
 #include "conformance_ptx.hpp"
-#include "conformance_simd_debug_ptx.hpp"
-#include "conformance_simd_ptx.hpp"
+#include "conformance_sm90_debug_ptx.hpp"
+#include "conformance_sm90_ptx.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -1039,6 +1040,42 @@ void simdReference(const std::vector<In>& in, std::size_t i, Expect* out) {
       std::max(std::min(static_cast<std::int32_t>(a), static_cast<std::int32_t>(b)), 0)));
 }
 
+// ---- fp8 ------------------------------------------------------------------------------------
+
+// f32 values around fp8's limits (E4M3: 448 largest, 2^-9 smallest; E5M2: 57344, 2^-16) and
+// halfway points, as f32 bits; also used as halves (their low 16 bits) and fp8 pairs.
+std::vector<std::uint32_t> fp8Edges() {
+  std::vector<std::uint32_t> edges = floatEdges();
+  for (const float value :
+       {448.0f, 464.0f, 465.0f, 480.0f, 57344.0f, 61440.0f, 65504.0f, 0.001953125f, 0.0009765625f,
+        0.0029296875f, 1.0f / 65536, 1.0f / 131072, 1.0625f, 1.1875f, 3.5f, -0.3f}) {
+    edges.push_back(std::bit_cast<std::uint32_t>(value));
+    edges.push_back(std::bit_cast<std::uint32_t>(-value));
+  }
+  return edges;
+}
+
+// NVIDIA's own host conversions (cuda_fp8.h) are the reference.
+void fp8Reference(const std::vector<In>& in, std::size_t i, Expect* out) {
+  const float2 floats = make_float2(f32(in[i].a), f32(in[i].b));
+  __half2_raw halves;
+  halves.x = static_cast<unsigned short>(in[i].c);
+  halves.y = static_cast<unsigned short>(in[i].c >> 16);
+  const auto pair = static_cast<__nv_fp8x2_storage_t>(in[i].c);
+  out[0] = exact(__nv_cvt_float2_to_fp8x2(floats, __NV_SATFINITE, __NV_E4M3));
+  out[1] = exact(__nv_cvt_float2_to_fp8x2(floats, __NV_SATFINITE, __NV_E5M2));
+  out[2] = exact(__nv_cvt_halfraw2_to_fp8x2(halves, __NV_SATFINITE, __NV_E4M3));
+  out[3] = exact(__nv_cvt_halfraw2_to_fp8x2(halves, __NV_SATFINITE, __NV_E5M2));
+  const __half2_raw fromE4m3 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+  const __half2_raw fromE5m2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E5M2);
+  out[4] = exact(fromE4m3.x | static_cast<std::uint32_t>(fromE4m3.y) << 16);
+  out[5] = exact(fromE5m2.x | static_cast<std::uint32_t>(fromE5m2.y) << 16);
+  // .relu: what is negative converts as zero (NaN stays NaN).
+  const float2 clamped =
+      make_float2(floats.x < 0 ? 0.0f : floats.x, floats.y < 0 ? 0.0f : floats.y);
+  out[6] = exact(__nv_cvt_float2_to_fp8x2(clamped, __NV_SATFINITE, __NV_E4M3));
+}
+
 // ---- Running one class -----------------------------------------------------------------------
 
 struct Launch {
@@ -1448,13 +1485,17 @@ int main(int argc, char** argv) {
   runAtomics(runner, random);
   runMemory(runner, random);
   {
-    // The SIMD kernel is a module of its own, built for compute capability 9.0.
+    // The SIMD and fp8 kernels are a module of their own, built for compute capability 9.0.
     CUmodule module = runner.module;
-    CHECK(cuModuleLoadData(&runner.module, debug ? gpuproxy::testing::kConformanceSimdDebugPtx
-                                                 : gpuproxy::testing::kConformanceSimdPtx));
+    CHECK(cuModuleLoadData(&runner.module, debug ? gpuproxy::testing::kConformanceSm90DebugPtx
+                                                 : gpuproxy::testing::kConformanceSm90Ptx));
     const std::vector<In> simd = pairs(simdEdges(), random, 1024, 0xffffffffull);
     runner.compare("simd", simd, runner.run("conf_simd", simd, oneDimensional(simd.size())),
                    simdReference);
+    std::vector<In> fp8 = pairs(fp8Edges(), random, 1024, 0xffffffffull);
+    for (In& row : fp8) row.c = (row.c & 0xffff0000u) | ((row.a ^ row.b) & 0xffff);
+    runner.compare("fp8", fp8, runner.run("conf_fp8", fp8, oneDimensional(fp8.size())),
+                   fp8Reference);
     CHECK(cuModuleUnload(runner.module));
     runner.module = module;
   }

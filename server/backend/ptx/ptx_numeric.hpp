@@ -244,6 +244,53 @@ inline double fromBfloat16(std::uint16_t bits) {
   return narrowToDouble(bits, 8, 7);
 }
 
+// fp8 (cvt's .e4m3x2 and .e5m2x2 halves), always rounded to nearest even and saturated to the
+// largest finite value (.satfinite, which PTX requires for these conversions); NaN becomes
+// 0x7f (with its sign cleared). E4M3 has no infinities: its largest value is 448 and
+// S.1111.111 is NaN. E5M2 is IEEE-like with a 5-bit exponent.
+inline std::uint8_t toE4m3(double value) {
+  if (std::isnan(value)) return 0x7f;
+  const std::uint8_t sign = std::signbit(value) ? 0x80 : 0;
+  const double magnitude = std::fabs(value);
+  if (magnitude == 0) return sign;
+  if (std::isinf(magnitude) || magnitude >= 464) return sign | 0x7e;  // 464: halfway to 480
+  int exponent = 0;
+  std::frexp(magnitude, &exponent);
+  const int e = std::max(exponent - 1, -6);  // below 2^-6: subnormal, quantum 2^-9
+  const double quanta = std::ldexp(magnitude, 3 - e);
+  double whole = std::floor(quanta);
+  const double rest = quanta - whole;
+  if (rest > 0.5 || (rest == 0.5 && std::fmod(whole, 2.0) != 0)) whole += 1;
+  auto q = static_cast<unsigned>(whole);  // 8..16 for normals, 0..8 for subnormals
+  int biased = e + 7;
+  if (q >= 16) {
+    q /= 2;
+    ++biased;
+  }
+  if (q < 8) return static_cast<std::uint8_t>(sign | q);  // subnormal (or zero)
+  if (biased > 15 || (biased == 15 && q - 8 == 7)) return sign | 0x7e;
+  return static_cast<std::uint8_t>(sign | (biased << 3) | (q - 8));
+}
+inline double fromE4m3(std::uint8_t bits) {
+  const unsigned exponent = (bits >> 3) & 0xf;
+  const unsigned mantissa = bits & 7;
+  double value = 0;
+  if (exponent == 15 && mantissa == 7) {
+    value = std::numeric_limits<double>::quiet_NaN();
+  } else if (exponent == 0) {
+    value = std::ldexp(static_cast<double>(mantissa), -9);
+  } else {
+    value = std::ldexp(static_cast<double>(mantissa | 8), static_cast<int>(exponent) - 10);
+  }
+  return (bits & 0x80) != 0 ? -value : value;
+}
+inline std::uint8_t toE5m2(double value) {
+  return static_cast<std::uint8_t>(doubleToNarrow(value, Rounding::kNearest, 5, 2, 0x7f, true));
+}
+inline double fromE5m2(std::uint8_t bits) {
+  return narrowToDouble(bits, 5, 2);
+}
+
 // A float rounded to tf32 (10 mantissa bits, float's exponent), kept in a float's bits.
 inline std::uint32_t toTf32(float value, Rounding rounding) {
   if (std::isnan(value)) return kCanonicalNanF32;

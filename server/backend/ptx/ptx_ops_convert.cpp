@@ -210,6 +210,106 @@ bool packHandler(ExecContext& context, const Instruction& instruction, std::uint
   return true;
 }
 
+// fp8 pairs (cvt .e4m3x2/.e5m2x2; Instruction::flags bit 0: e5m2, bit 1: .relu). In a pair the
+// first source, or the upper half of an f16x2 source, is the upper byte, and the other way round.
+constexpr std::uint8_t kFp8E5m2 = 1;
+constexpr std::uint8_t kFp8Relu = 2;
+
+std::uint8_t toFp8(double value, std::uint8_t flags) {
+  if ((flags & kFp8Relu) != 0 && value < 0) value = 0;
+  return (flags & kFp8E5m2) != 0 ? toE5m2(value) : toE4m3(value);
+}
+
+// cvt.rn.satfinite{.relu}.f8x2.f32 d, a, b: d = {fp8(a), fp8(b)}.
+bool fp8FromFloatsHandler(ExecContext& context, const Instruction& instruction,
+                          std::uint32_t mask) {
+  std::uint64_t* d = context.row(instruction.op[0]);
+  const std::uint64_t* a = context.row(instruction.op[1]);
+  const std::uint64_t* b = context.row(instruction.op[2]);
+  forLanes(mask, [&](std::uint32_t lane) {
+    const auto high =
+        toFp8(std::bit_cast<float>(static_cast<std::uint32_t>(a[lane])), instruction.flags);
+    const auto low =
+        toFp8(std::bit_cast<float>(static_cast<std::uint32_t>(b[lane])), instruction.flags);
+    d[lane] = (std::uint64_t{high} << 8) | low;
+  });
+  return true;
+}
+
+// cvt.rn.satfinite{.relu}.f8x2.f16x2 d, a.
+bool fp8FromHalvesHandler(ExecContext& context, const Instruction& instruction,
+                          std::uint32_t mask) {
+  std::uint64_t* d = context.row(instruction.op[0]);
+  const std::uint64_t* a = context.row(instruction.op[1]);
+  forLanes(mask, [&](std::uint32_t lane) {
+    const auto high = toFp8(fromHalf(static_cast<std::uint16_t>(a[lane] >> 16)), instruction.flags);
+    const auto low = toFp8(fromHalf(static_cast<std::uint16_t>(a[lane])), instruction.flags);
+    d[lane] = (std::uint64_t{high} << 8) | low;
+  });
+  return true;
+}
+
+// cvt.rn{.relu}.f16x2.f8x2 d, a: both bytes of a, exactly, as halves.
+bool halvesFromFp8Handler(ExecContext& context, const Instruction& instruction,
+                          std::uint32_t mask) {
+  std::uint64_t* d = context.row(instruction.op[0]);
+  const std::uint64_t* a = context.row(instruction.op[1]);
+  auto half = [&](std::uint8_t bits) {
+    double value = (instruction.flags & kFp8E5m2) != 0 ? fromE5m2(bits) : fromE4m3(bits);
+    if ((instruction.flags & kFp8Relu) != 0 && value < 0) value = 0;
+    return std::uint64_t{toHalf(value)};
+  };
+  forLanes(mask, [&](std::uint32_t lane) {
+    d[lane] = (half(static_cast<std::uint8_t>(a[lane] >> 8)) << 16) |
+              half(static_cast<std::uint8_t>(a[lane]));
+  });
+  return true;
+}
+
+// cvt between fp8 pairs and f32 or f16x2 (compute capability 8.9).
+bool bindFp8Convert(const ParsedInstruction& parsed, std::string_view fp8, Rounding rounding,
+                    bool relu, bool satFinite, const std::vector<Type>& types,
+                    OperandResolver& resolver, Instruction& instruction, bool& unsupported) {
+  const std::string_view opcode = parsed.opcode;
+  const bool fromFp8 = opcode.substr(opcode.size() - fp8.size()) == fp8;
+  if (types.size() != 1) return bindError(resolver, "cvt needs two types");
+  if (rounding != Rounding::kNearest) return bindError(resolver, "fp8 conversions need .rn");
+  instruction.flags =
+      static_cast<std::uint8_t>((fp8 == "e5m2x2" ? kFp8E5m2 : 0) | (relu ? kFp8Relu : 0));
+  const std::vector<Operand>& operands = parsed.operands;
+  if (fromFp8) {
+    if (types[0] != Type::kF16x2)
+      return unsupportedBinding(resolver, unsupported, "this conversion");
+    if (satFinite) return bindError(resolver, ".satfinite converting from fp8");
+    if (!expectOperands(parsed, 2, resolver) ||
+        !bindDestination(instruction, 0, operands[0], Type::kF16x2, resolver) ||
+        !bindSource(instruction, 1, operands[1], Type::kB16, resolver)) {
+      return false;
+    }
+    instruction.handler = &halvesFromFp8Handler;
+    return true;
+  }
+  if (!satFinite) return bindError(resolver, "converting to fp8 needs .satfinite");
+  if (types[0] == Type::kF32) {
+    if (!expectOperands(parsed, 3, resolver) ||
+        !bindDestination(instruction, 0, operands[0], Type::kB16, resolver) ||
+        !bindSource(instruction, 1, operands[1], Type::kF32, resolver) ||
+        !bindSource(instruction, 2, operands[2], Type::kF32, resolver)) {
+      return false;
+    }
+    instruction.handler = &fp8FromFloatsHandler;
+    return true;
+  }
+  if (types[0] != Type::kF16x2) return unsupportedBinding(resolver, unsupported, "this conversion");
+  if (!expectOperands(parsed, 2, resolver) ||
+      !bindDestination(instruction, 0, operands[0], Type::kB16, resolver) ||
+      !bindSource(instruction, 1, operands[1], Type::kF16x2, resolver)) {
+    return false;
+  }
+  instruction.handler = &fp8FromHalvesHandler;
+  return true;
+}
+
 template <typename D>
 Handler castFrom(Type source) {
   switch (source) {
@@ -273,8 +373,13 @@ bool bindConvert(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
   const bool sat = qualifiers.take("sat");
   const bool relu = qualifiers.take("relu");
   const bool satFinite = qualifiers.take("satfinite");
+  const std::string_view fp8 = qualifiers.takeAny({"e4m3x2", "e5m2x2"});
   const std::vector<Type> types = qualifiers.takeTypes();
   if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
+  if (!fp8.empty()) {
+    return bindFp8Convert(parsed, fp8, rounding, relu, satFinite, types, resolver, instruction,
+                          unsupported);
+  }
   if (types.size() != 2) return bindError(resolver, "cvt needs two types");
   const Type destination = types[0];
   const Type source = types[1];

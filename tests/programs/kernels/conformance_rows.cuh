@@ -1,5 +1,5 @@
 #pragma once
-// What the PTX conformance suite's kernels (conformance.cu, conformance_simd.cu) share: each
+// What the PTX conformance suite's kernels (conformance.cu, conformance_sm90.cu) share: each
 // thread reads one row of inputs (In) and writes its results into kSlots slots of its own,
 // which tests/programs/ptx_conformance.cpp compares with its CPU reference.
 

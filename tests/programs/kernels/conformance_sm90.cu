@@ -1,17 +1,22 @@
-// The PTX conformance suite's SIMD kernel: the byte and half-word intrinsics (__vadd2,
-// __vabsdiffu4, __vsads4, ...) and the PTX SIMD video instructions with their operand selectors,
-// lane masks, saturation and secondary accumulate or merge. Compiled for compute capability 9.0,
-// where nvcc lowers the half-word intrinsics to .s16x2/.u16x2 arithmetic and the byte differences
-// to vabsdiff4. tests/programs/ptx_conformance.cpp holds the CPU reference of every slot.
+// The PTX conformance suite's kernels for compute capability 9.0
+// (tests/programs/ptx_conformance.cpp holds the CPU reference of every slot):
+//   conf_simd  the byte and half-word intrinsics (__vadd2, __vabsdiffu4, __vsads4, ...), which
+//              nvcc lowers to .s16x2/.u16x2 arithmetic and vabsdiff4 here, and the PTX SIMD video
+//              instructions with their operand selectors, lane masks, saturation and secondary
+//              accumulate or merge;
+//   conf_fp8   cuda_fp8.h's conversions between f32, f16x2 and pairs of E4M3 or E5M2 (cvt
+//              .e4m3x2/.e5m2x2 from 8.9 on).
+
+#include <cuda_fp8.h>
 
 #include "conformance_rows.cuh"
 
 // One video instruction, its operands (with selectors or masks) written out in `form`.
-#define VIDEO(index, form)                                                  \
-  do {                                                                      \
-    unsigned d_;                                                            \
-    asm(form : "=r"(d_) : "r"(a), "r"(b), "r"(c));                          \
-    SLOT(index, d_);                                                        \
+#define VIDEO(index, form)                         \
+  do {                                             \
+    unsigned d_;                                   \
+    asm(form : "=r"(d_) : "r"(a), "r"(b), "r"(c)); \
+    SLOT(index, d_);                               \
   } while (0)
 
 extern "C" __global__ void conf_simd(const In* in, unsigned long long* results, int n) {
@@ -72,4 +77,28 @@ extern "C" __global__ void conf_simd(const In* in, unsigned long long* results, 
   // Half-word arithmetic with .relu (compute capability 9.0).
   VIDEO(47, "max.relu.s16x2 %0, %1, %2;");
   VIDEO(48, "min.relu.s32 %0, %1, %2;");
+}
+
+extern "C" __global__ void conf_fp8(const In* in, unsigned long long* results, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  unsigned long long* out = results + static_cast<long long>(i) * kSlots;
+  const float2 floats = make_float2(__uint_as_float(static_cast<unsigned>(in[i].a)),
+                                    __uint_as_float(static_cast<unsigned>(in[i].b)));
+  __half2_raw halves;
+  halves.x = static_cast<unsigned short>(in[i].c);
+  halves.y = static_cast<unsigned short>(in[i].c >> 16);
+  const auto pair = static_cast<__nv_fp8x2_storage_t>(in[i].c);
+  SLOT(0, __nv_cvt_float2_to_fp8x2(floats, __NV_SATFINITE, __NV_E4M3));
+  SLOT(1, __nv_cvt_float2_to_fp8x2(floats, __NV_SATFINITE, __NV_E5M2));
+  SLOT(2, __nv_cvt_halfraw2_to_fp8x2(halves, __NV_SATFINITE, __NV_E4M3));
+  SLOT(3, __nv_cvt_halfraw2_to_fp8x2(halves, __NV_SATFINITE, __NV_E5M2));
+  const __half2_raw fromE4m3 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+  const __half2_raw fromE5m2 = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E5M2);
+  SLOT(4, fromE4m3.x | static_cast<unsigned>(fromE4m3.y) << 16);
+  SLOT(5, fromE5m2.x | static_cast<unsigned>(fromE5m2.y) << 16);
+  // .relu: negative values become zero.
+  unsigned short relu;
+  asm("cvt.rn.satfinite.relu.e4m3x2.f32 %0, %1, %2;" : "=h"(relu) : "f"(floats.y), "f"(floats.x));
+  SLOT(6, relu);
 }
