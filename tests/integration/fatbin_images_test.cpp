@@ -48,13 +48,17 @@ TEST(FatbinImages, EveryShapeNvccWritesRunsFromItsPtx) {
 }
 
 // As cuBLAS ships: machine code for every GPU it supports, PTX for the newest only. A GPU of the
-// sim's kind (9.0) runs the machine code; the sim runs the newer PTX instead, and says so.
+// sim's kind (9.0) runs the machine code; the sim runs the newer PTX instead, and says so. The
+// kernel's PTX and binary versions are what the GPU running that machine code reports (cuBLAS
+// picks its launch configurations by them).
 TEST(FatbinImages, MachineCodeForTheSimsGpuAndNewerPtxRunsFromThatPtx) {
   Daemon daemon;
   RunResult result =
       daemon.runClient("error_probe", {"load-image", kData + "/sass90_ptx100.fatbin"});
   EXPECT_NE(result.output.find("scale-result OK"), std::string::npos)
       << result.output << daemon.log();
+  EXPECT_NE(result.output.find("scale-versions ptx 90 binary 90"), std::string::npos)
+      << result.output;
   // The sim's own account (through the chain, the upstream sim daemon's log has it).
   if (chainedCudaBackend()) return;
   EXPECT_NE(daemon.log().find("has machine code for sm_90 but no PTX for it; running its "

@@ -200,6 +200,11 @@ int main(int argc, char** argv) {
     if (loaded == CUDA_SUCCESS) {
       CUfunction scale;
       report("cuModuleGetFunction", cuModuleGetFunction(&scale, module, "scale"));
+      int ptxVersion = 0;
+      int binaryVersion = 0;
+      cuFuncGetAttribute(&ptxVersion, CU_FUNC_ATTRIBUTE_PTX_VERSION, scale);
+      cuFuncGetAttribute(&binaryVersion, CU_FUNC_ATTRIBUTE_BINARY_VERSION, scale);
+      std::printf("scale-versions ptx %d binary %d\n", ptxVersion, binaryVersion);
       constexpr int kCount = 256;
       float host[kCount];
       for (int i = 0; i < kCount; ++i) host[i] = static_cast<float>(i);

@@ -110,6 +110,15 @@ class DeviceCore;
 struct SimPreparedModule final : PreparedModule {
   std::shared_ptr<const ptx::Program> program;
   std::size_t imageBytes = 0;  // the PTX text's size: what the module's code takes on the device
+  // A fatbin's newer PTX run in place of its machine code for this device: what a GPU reports as
+  // the kernels' PTX and binary versions (it runs the machine code), 0 otherwise.
+  unsigned standsInForMachineCode = 0;
+};
+
+// The PTX text chosen from a fatbin, and whether it stands in for machine code (see above).
+struct SelectedPtx {
+  std::string text;
+  unsigned standsInForMachineCode = 0;
 };
 
 // A loaded module: its decoded program, placed in device memory (its variables in one
@@ -1071,7 +1080,7 @@ public:
   }
 
   // The PTX text of a fatbin's entry best suited to this device (compute capability 9.0).
-  Result<std::string> selectFatbinPtx(std::span<const std::byte> image) const {
+  Result<SelectedPtx> selectFatbinPtx(std::span<const std::byte> image) const {
     const int index = core_->index();
     auto contents = fatbin::parseFatbin(image);
     if (!contents.ok()) {
@@ -1081,7 +1090,7 @@ public:
     }
     const std::vector<fatbin::FatbinEntry>& entries = contents.value->entries;
     auto ptx = fatbin::selectPtx(*contents.value, kSimComputeCapability);
-    if (ptx.ok()) return std::move(*ptx.value);
+    if (ptx.ok()) return SelectedPtx{std::move(*ptx.value), 0};
     const bool hasUsablePtx =
         std::any_of(entries.begin(), entries.end(), [](const fatbin::FatbinEntry& entry) {
           return entry.kind == fatbin::EntryKind::kPtx && entry.arch <= kSimComputeCapability;
@@ -1111,7 +1120,7 @@ public:
               "sim device {}: a fatbin of {} bytes has machine code for sm_{} but no PTX for it; "
               "running its compute_{} PTX",
               index, contents.value->size, kSimComputeCapability, closestNewer);
-          return std::move(*newer.value);
+          return SelectedPtx{std::move(*newer.value), kSimComputeCapability};
         }
         ptx.error = newer.error;
       }
@@ -1129,6 +1138,7 @@ public:
     const int index = core_->index();
     // A fatbin runs from its PTX entry (the interpreter executes PTX, not SASS).
     std::string ptxOfFatbin;
+    unsigned standsInForMachineCode = 0;
     switch (protocol::moduleImageKind(image)) {
       case protocol::ModuleImageKind::kPtx:
         break;
@@ -1142,7 +1152,9 @@ public:
       case protocol::ModuleImageKind::kFatbin: {
         auto selected = selectFatbinPtx(image);
         if (!selected.ok()) return selected.code();
-        ptxOfFatbin = std::move(selected).value();
+        SelectedPtx chosen = std::move(selected).value();
+        ptxOfFatbin = std::move(chosen.text);
+        standsInForMachineCode = chosen.standsInForMachineCode;
         image = std::as_bytes(std::span(ptxOfFatbin.data(), ptxOfFatbin.size()));
         break;
       }
@@ -1169,6 +1181,7 @@ public:
     auto prepared = std::make_unique<SimPreparedModule>();
     prepared->program = std::shared_ptr<const ptx::Program>(std::move(decoded.program));
     prepared->imageBytes = image.size();
+    prepared->standsInForMachineCode = standsInForMachineCode;
     return std::unique_ptr<PreparedModule>(std::move(prepared));
   }
 
@@ -1226,8 +1239,12 @@ public:
       info.localSizeBytes = static_cast<int>(kernel.localBytes);
       info.constSizeBytes = static_cast<int>(std::min<std::uint64_t>(constBytes, 1u << 30));
       // What a GPU reports for JIT-compiled PTX: the virtual architecture the PTX targets
-      // (.target sm_75: 75), and the device's own as the code it runs.
-      info.ptxVersion = static_cast<int>(program.smVersion);
+      // (.target sm_75: 75), and the device's own as the code it runs. For newer PTX run in
+      // place of a fatbin's machine code for this device, what the GPU running that code
+      // reports (libraries such as cuBLAS pick their launch configurations by it).
+      info.ptxVersion =
+          static_cast<int>(prepared->standsInForMachineCode != 0 ? prepared->standsInForMachineCode
+                                                                 : program.smVersion);
       info.binaryVersion = static_cast<int>(kSimComputeCapability);
       functions.emplace(kernel.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
