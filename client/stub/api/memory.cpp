@@ -584,8 +584,9 @@ CUresult freeAllocation(Runtime& runtime, CUdeviceptr dptr) {
 // cuMemAllocFromPoolAsync. The memory is the tenant's like any other allocation. Allocating at
 // once is a legal schedule of "usable in stream order"; freeing waits, as cuMemFree does, for this
 // process's earlier work, so the call returns later than CUDA's would, never earlier than is safe.
-// `pool`: null for the stream's device's current pool, else a pool of that device (a pool of
-// another device, which CUDA allows, is refused with CUDA_ERROR_INVALID_VALUE).
+// `pool`: null for the stream's device's current pool. A pool of another device (which CUDA
+// allows) gets its memory through that device's primary context, which the stub retains for the
+// rest of the process if the program has not.
 CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t bytesize,
                           CUstream stream, NullStream nullStream, CUmemoryPool pool = nullptr) {
   return guarded(entryPoint, [&](Runtime& runtime) {
@@ -603,13 +604,27 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
     std::optional<gpuproxy::stub::ContextRecord> context = runtime.context(target.context);
     if (!context) return CUDA_ERROR_INVALID_CONTEXT;
     if (pool == nullptr) pool = gpuproxy::stub::currentPool(context->device);
-    if (pool == nullptr || gpuproxy::stub::poolDevice(pool) != context->device) {
-      return CUDA_ERROR_INVALID_VALUE;
+    const std::optional<std::uint32_t> poolDevice =
+        pool != nullptr ? gpuproxy::stub::poolDevice(pool) : std::nullopt;
+    if (!poolDevice) return CUDA_ERROR_INVALID_VALUE;
+    std::uint64_t owner = target.context;
+    if (*poolDevice != context->device) {
+      std::optional<std::uint64_t> primary = runtime.primaryContext(*poolDevice);
+      if (!primary) {
+        CUcontext retained = nullptr;
+        if (CUresult result =
+                cuDevicePrimaryCtxRetain(&retained, static_cast<CUdevice>(*poolDevice));
+            result != CUDA_SUCCESS) {
+          return result;
+        }
+        primary = gpuproxy::stub::handleValue(retained);
+      }
+      owner = *primary;
     }
     if (CUresult room = gpuproxy::stub::poolRoomFor(pool, bytesize); room != CUDA_SUCCESS) {
       return room;
     }
-    if (CUresult allocated = allocateIn(runtime, target.context, bytesize, dptr);
+    if (CUresult allocated = allocateIn(runtime, owner, bytesize, dptr);
         allocated != CUDA_SUCCESS) {
       return allocated;
     }

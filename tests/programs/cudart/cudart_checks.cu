@@ -15,7 +15,7 @@
 //                     module variables written again after the reset
 //   peer-copies       two devices without peer access (as through gpuproxy): the queries say so,
 //                     and copies between them (cudaMemcpyPeer[Async], cudaMemcpy) go through the
-//                     host with the right data
+//                     host with the right data; a pool of device 1 allocated from on device 0
 //   hints             cache and shared-memory preferences read back, the profiler switches
 //   limits            cudaDeviceSetLimit: a device heap larger than the default taken by
 //                     malloc in a kernel, then fixed; a stack deep enough for a recursion; the
@@ -405,6 +405,46 @@ int peerCopies() {
   CHECK(cudaSetDevice(0));
   CHECK(cudaFree(onZero));
   std::printf("no peer access; 4 copies of %zu bytes between devices\n", n * sizeof(float));
+
+  // A pool of device 1 allocated from in stream order on device 0 (CUDA allows it): the memory
+  // is device 1's, and device 0 is given no access to it.
+  cudaMemPoolProps properties = {};
+  properties.allocType = cudaMemAllocationTypePinned;
+  properties.location.type = cudaMemLocationTypeDevice;
+  properties.location.id = 1;
+  cudaMemPool_t poolOnOne = nullptr;
+  CHECK(cudaMemPoolCreate(&poolOnOne, &properties));
+  cudaMemAccessDesc access = {};
+  access.location.type = cudaMemLocationTypeDevice;
+  access.location.id = 0;
+  access.flags = cudaMemAccessFlagsProtReadWrite;
+  const cudaError_t peerAccess = cudaMemPoolSetAccess(poolOnOne, &access, 1);
+  EXPECT(peerAccess != cudaSuccess, "device 0 was given access to device 1's pool");
+  cudaGetLastError();  // the refusal above is not sticky
+  cudaStream_t onDeviceZero;
+  CHECK(cudaStreamCreate(&onDeviceZero));
+  float* fromPool = nullptr;
+  CHECK(cudaMallocFromPoolAsync(&fromPool, n * sizeof(float), poolOnOne, onDeviceZero));
+  cudaPointerAttributes where;
+  CHECK(cudaPointerGetAttributes(&where, fromPool));
+  EXPECT(where.type == cudaMemoryTypeDevice && where.device == 1,
+         "memory of device 1's pool is on device %d (type %d)", where.device,
+         static_cast<int>(where.type));
+  CHECK(cudaStreamSynchronize(onDeviceZero));
+  // Used on its own device (through gpuproxy a stream of one device does not copy another
+  // device's memory: README, "Known differences").
+  CHECK(cudaSetDevice(1));
+  std::vector<float> values(n, 4.5f);
+  CHECK(cudaMemcpy(fromPool, values.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  std::vector<float> read(n, 0.0f);
+  CHECK(cudaMemcpy(read.data(), fromPool, n * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT(read[n - 1] == 4.5f, "device 1's pool memory read back %f", read[n - 1]);
+  CHECK(cudaSetDevice(0));
+  CHECK(cudaFreeAsync(fromPool, onDeviceZero));
+  CHECK(cudaStreamSynchronize(onDeviceZero));
+  CHECK(cudaStreamDestroy(onDeviceZero));
+  CHECK(cudaMemPoolDestroy(poolOnOne));
+  std::printf("a pool of device 1 allocated from on device 0\n");
   return 0;
 }
 
