@@ -131,6 +131,43 @@ bool deviceReaches(Runtime& runtime, CUdeviceptr pointer, std::uint64_t bytes) {
   return host && host->deviceMapped && bytes <= host->bytes - (pointer - host->start);
 }
 
+// The context of the device allocation holding `pointer`, when it is one device's memory; nullopt
+// for memory every device reaches (pinned, managed) or that is not an allocation.
+std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer) {
+  std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(pointer);
+  if (!range || range->managed) return std::nullopt;
+  return range->context;
+}
+
+// An operation on memory of another device than `target`'s stream (CUDA's unified addressing
+// lets any stream copy to, from or set any device's memory). No device reaches another's memory
+// through gpuproxy, so it runs in the memory's own device's NULL stream, after the stream's
+// earlier work, and has completed when the call returns, which an asynchronous call may also do.
+// `operation(where)` queues it there. nullopt: the memory is the stream's device's (or every
+// device's), and the caller queues the operation on the stream itself.
+template <typename Operation>
+std::optional<CUresult> onOwnDevice(Runtime& runtime, const StreamTarget& target,
+                                    CUdeviceptr pointer, Operation operation) {
+  const std::optional<std::uint64_t> owner = allocationContext(runtime, pointer);
+  if (!owner || *owner == target.context) return std::nullopt;
+  const std::optional<ContextRecord> ownerRecord = runtime.context(*owner);
+  const std::optional<ContextRecord> targetRecord = runtime.context(target.context);
+  if (!ownerRecord || !targetRecord || ownerRecord->device == targetRecord->device) {
+    return std::nullopt;
+  }
+  if (std::optional<CUresult> refused = runtime.capturing().captures().unsupported(target.stream)) {
+    return *refused;  // a graph has no node for it
+  }
+  if (CUresult drained = runtime.commands().synchronize(
+          target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
+      drained != CUDA_SUCCESS) {
+    return drained;
+  }
+  if (CUresult queued = operation(StreamTarget{*owner, 0}); queued != CUDA_SUCCESS) return queued;
+  return runtime.commands().synchronize(*owner, ring::SynchronizeKind::kStream, 0,
+                                        /*query=*/false);
+}
+
 CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* srcHost,
                     size_t byteCount, CUstream stream, NullStream nullStream, bool blocking) {
   return guarded(entryPoint, [&](Runtime& runtime) {
@@ -142,6 +179,13 @@ CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* s
     if (byteCount == 0) return CUDA_SUCCESS;
     if (srcHost == nullptr || !deviceReaches(runtime, dstDevice, byteCount)) {
       return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (std::optional<CUresult> done =
+            onOwnDevice(runtime, target, dstDevice, [&](const StreamTarget& where) {
+              return runtime.commands().copyHostToDevice(where, dstDevice, srcHost, byteCount,
+                                                         /*blocking=*/true);
+            })) {
+      return *done;
     }
     return runtime.commands().copyHostToDevice(target, dstDevice, srcHost, byteCount, blocking);
   });
@@ -159,16 +203,15 @@ CUresult memcpyDtoH(const char* entryPoint, void* dstHost, CUdeviceptr srcDevice
     if (dstHost == nullptr || !deviceReaches(runtime, srcDevice, byteCount)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
+    if (std::optional<CUresult> done =
+            onOwnDevice(runtime, target, srcDevice, [&](const StreamTarget& where) {
+              return runtime.commands().copyDeviceToHost(where, dstHost, srcDevice, byteCount,
+                                                         /*blocking=*/true);
+            })) {
+      return *done;
+    }
     return runtime.commands().copyDeviceToHost(target, dstHost, srcDevice, byteCount, blocking);
   });
-}
-
-// The context of the device allocation holding `pointer`, when it is one device's memory; nullopt
-// for memory every device reaches (pinned, managed) or that is not an allocation.
-std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer) {
-  std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(pointer);
-  if (!range || range->managed) return std::nullopt;
-  return range->context;
 }
 
 // A copy between two GPUs' memory. No GPU reaches another's memory through gpuproxy (there is no
@@ -233,14 +276,20 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
                                   byteCount);
       }
     }
-    ring::Command command{ring::CopyDeviceToDevice{}};
-    auto& copy = std::get<ring::CopyDeviceToDevice>(command);
-    copy.context = target.context;
-    copy.stream = target.stream;
-    copy.destination = dstDevice;
-    copy.source = srcDevice;
-    copy.bytes = byteCount;
-    return runtime.commands().enqueue(command);
+    // Both on one device (or reached by every device): on that device if it is not the stream's.
+    auto queue = [&](const StreamTarget& where) {
+      ring::Command command{ring::CopyDeviceToDevice{}};
+      auto& copy = std::get<ring::CopyDeviceToDevice>(command);
+      copy.context = where.context;
+      copy.stream = where.stream;
+      copy.destination = dstDevice;
+      copy.source = srcDevice;
+      copy.bytes = byteCount;
+      return runtime.commands().enqueue(command);
+    };
+    const CUdeviceptr owned = dstContext ? dstDevice : srcDevice;
+    if (std::optional<CUresult> done = onOwnDevice(runtime, target, owned, queue)) return *done;
+    return queue(target);
   });
 }
 
@@ -297,15 +346,19 @@ CUresult memsetOnStream(const char* entryPoint, CUdeviceptr dstDevice, std::uint
         !deviceReaches(runtime, dstDevice, std::uint64_t{count} * elementSize)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    ring::Command command{ring::Memset{}};
-    auto& memset = std::get<ring::Memset>(command);
-    memset.context = target.context;
-    memset.stream = target.stream;
-    memset.destination = dstDevice;
-    memset.count = count;
-    memset.value = value;
-    memset.elementSize = elementSize;
-    return runtime.commands().enqueue(command);
+    auto queue = [&](const StreamTarget& where) {
+      ring::Command command{ring::Memset{}};
+      auto& memset = std::get<ring::Memset>(command);
+      memset.context = where.context;
+      memset.stream = where.stream;
+      memset.destination = dstDevice;
+      memset.count = count;
+      memset.value = value;
+      memset.elementSize = elementSize;
+      return runtime.commands().enqueue(command);
+    };
+    if (std::optional<CUresult> done = onOwnDevice(runtime, target, dstDevice, queue)) return *done;
+    return queue(target);
   });
 }
 
@@ -332,17 +385,21 @@ CUresult memset2DOnStream(const char* entryPoint, CUdeviceptr dstDevice, size_t 
     }
     const std::uint64_t extent = (height > 1 ? std::uint64_t{pitch} * (height - 1) : 0) + rowBytes;
     if (!deviceReaches(runtime, dstDevice, extent)) return CUDA_ERROR_INVALID_VALUE;
-    ring::Command command{ring::Memset2D{}};
-    auto& memset = std::get<ring::Memset2D>(command);
-    memset.context = target.context;
-    memset.stream = target.stream;
-    memset.destination = dstDevice;
-    memset.pitch = pitch;
-    memset.width = width;
-    memset.height = height;
-    memset.value = value;
-    memset.elementSize = elementSize;
-    return runtime.commands().enqueue(command);
+    auto queue = [&](const StreamTarget& where) {
+      ring::Command command{ring::Memset2D{}};
+      auto& memset = std::get<ring::Memset2D>(command);
+      memset.context = where.context;
+      memset.stream = where.stream;
+      memset.destination = dstDevice;
+      memset.pitch = pitch;
+      memset.width = width;
+      memset.height = height;
+      memset.value = value;
+      memset.elementSize = elementSize;
+      return runtime.commands().enqueue(command);
+    };
+    if (std::optional<CUresult> done = onOwnDevice(runtime, target, dstDevice, queue)) return *done;
+    return queue(target);
   });
 }
 

@@ -15,7 +15,8 @@
 //                     module variables written again after the reset
 //   peer-copies       two devices without peer access (as through gpuproxy): the queries say so,
 //                     and copies between them (cudaMemcpyPeer[Async], cudaMemcpy) go through the
-//                     host with the right data; a pool of device 1 allocated from on device 0
+//                     host with the right data; a pool of device 1 allocated from, copied to, set
+//                     and read in a stream of device 0
 //   hints             cache and shared-memory preferences read back, the profiler switches
 //   limits            cudaDeviceSetLimit: a device heap larger than the default taken by
 //                     malloc in a kernel, then fixed; a stack deep enough for a recursion; the
@@ -430,21 +431,28 @@ int peerCopies() {
   EXPECT(where.type == cudaMemoryTypeDevice && where.device == 1,
          "memory of device 1's pool is on device %d (type %d)", where.device,
          static_cast<int>(where.type));
-  CHECK(cudaStreamSynchronize(onDeviceZero));
-  // Used on its own device (through gpuproxy a stream of one device does not copy another
-  // device's memory: README, "Known differences").
-  CHECK(cudaSetDevice(1));
+  // Copied to, set and read back in device 0's stream, as unified addressing lets any stream.
   std::vector<float> values(n, 4.5f);
-  CHECK(cudaMemcpy(fromPool, values.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  std::vector<float> read(n, 0.0f);
+  CHECK(cudaMemcpyAsync(fromPool, values.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                        onDeviceZero));
+  CHECK(cudaMemsetAsync(fromPool, 0, sizeof(float), onDeviceZero));
+  std::vector<float> read(n, -1.0f);
+  CHECK(cudaMemcpyAsync(read.data(), fromPool, n * sizeof(float), cudaMemcpyDeviceToHost,
+                        onDeviceZero));
+  CHECK(cudaStreamSynchronize(onDeviceZero));
+  EXPECT(read[0] == 0.0f && read[n - 1] == 4.5f, "device 1's pool memory read back %f, %f", read[0],
+         read[n - 1]);
+  // And on its own device, with device 1 current.
+  CHECK(cudaSetDevice(1));
   CHECK(cudaMemcpy(read.data(), fromPool, n * sizeof(float), cudaMemcpyDeviceToHost));
-  EXPECT(read[n - 1] == 4.5f, "device 1's pool memory read back %f", read[n - 1]);
+  EXPECT(read[0] == 0.0f && read[n - 1] == 4.5f, "device 1 reads its pool memory as %f, %f",
+         read[0], read[n - 1]);
   CHECK(cudaSetDevice(0));
   CHECK(cudaFreeAsync(fromPool, onDeviceZero));
   CHECK(cudaStreamSynchronize(onDeviceZero));
   CHECK(cudaStreamDestroy(onDeviceZero));
   CHECK(cudaMemPoolDestroy(poolOnOne));
-  std::printf("a pool of device 1 allocated from on device 0\n");
+  std::printf("a pool of device 1 allocated from, copied and set on device 0\n");
   return 0;
 }
 
