@@ -107,4 +107,38 @@ CUresult resolveStream(Runtime& runtime, CUstream stream, NullStream nullStream,
   return CUDA_SUCCESS;
 }
 
+std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer) {
+  std::optional<AllocationRange> range = runtime.allocationContaining(pointer);
+  if (!range || range->managed) return std::nullopt;
+  return range->context;
+}
+
+CUresult beginOnOwnDevice(Runtime& runtime, const StreamTarget& target, CUdeviceptr pointer,
+                          std::optional<StreamTarget>& where) {
+  where.reset();
+  const std::optional<std::uint64_t> owner = allocationContext(runtime, pointer);
+  if (!owner || *owner == target.context) return CUDA_SUCCESS;
+  const std::optional<ContextRecord> ownerRecord = runtime.context(*owner);
+  const std::optional<ContextRecord> targetRecord = runtime.context(target.context);
+  if (!ownerRecord || !targetRecord || ownerRecord->device == targetRecord->device) {
+    return CUDA_SUCCESS;
+  }
+  if (std::optional<CUresult> refused = runtime.capturing().captures().unsupported(target.stream)) {
+    return *refused;  // a graph has no node for it
+  }
+  if (CUresult drained = runtime.commands().synchronize(
+          target.context, protocol::ring::SynchronizeKind::kStream, target.stream,
+          /*query=*/false);
+      drained != CUDA_SUCCESS) {
+    return drained;
+  }
+  where = StreamTarget{*owner, 0};
+  return CUDA_SUCCESS;
+}
+
+CUresult finishOnOwnDevice(Runtime& runtime, const StreamTarget& where) {
+  return runtime.commands().synchronize(where.context, protocol::ring::SynchronizeKind::kStream,
+                                        where.stream, /*query=*/false);
+}
+
 }  // namespace gpuproxy::stub

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "client/stub/log.hpp"
@@ -83,5 +84,20 @@ enum class NullStream { kLegacy, kPerThread };
 // CUDA_ERROR_INVALID_HANDLE for a stream this process does not have.
 CUresult resolveStream(Runtime& runtime, CUstream stream, NullStream nullStream,
                        StreamTarget& target);
+
+// The context of the device allocation holding `pointer`, when it is one device's memory; nullopt
+// for memory every device reaches (pinned, managed) or that is not an allocation.
+std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer);
+
+// A copy or memset of memory of another device than `target`'s stream (CUDA's unified addressing
+// lets any stream copy to, from or set any device's memory). No device reaches another's memory
+// through gpuproxy, so it runs in the memory's own device's NULL stream, after the stream's
+// earlier work, and has completed when the call returns, which an asynchronous call may also do:
+// beginOnOwnDevice drains the stream and sets `where` (left empty when `pointer` is the stream's
+// device's memory, or every device's: the caller queues on the stream itself), the caller queues
+// the operation on `where`, and finishOnOwnDevice waits for it.
+CUresult beginOnOwnDevice(Runtime& runtime, const StreamTarget& target, CUdeviceptr pointer,
+                          std::optional<StreamTarget>& where);
+CUresult finishOnOwnDevice(Runtime& runtime, const StreamTarget& where);
 
 }  // namespace gpuproxy::stub

@@ -4,7 +4,8 @@
 // contiguous (each pitch equals the width). Arrays are not supported (the stub has no CUarray).
 //
 // The blocking variants queue the rows like the Async one and then wait for the stream, so a
-// copy of many rows costs one wait, not one per row.
+// copy of many rows costs one wait, not one per row. Another device's memory than the stream's is
+// copied on that device (beginOnOwnDevice, api_support.hpp).
 
 #include <cuda.h>
 
@@ -174,22 +175,34 @@ CUresult memcpy2D(const char* entryPoint, const CUDA_MEMCPY2D* copy, CUstream st
         return drained;
       }
     }
+    // Memory of another device than the stream's runs there (beginOnOwnDevice); a copy between
+    // two devices' memory is the daemon's to refuse.
+    std::optional<StreamTarget> elsewhere;
+    if (src.device || dst.device) {
+      if (CUresult begun = gpuproxy::stub::beginOnOwnDevice(
+              runtime, target, dst.device ? dst.address : src.address, elsewhere);
+          begun != CUDA_SUCCESS) {
+        return begun;
+      }
+    }
+    const StreamTarget& queueOn = elsewhere ? *elsewhere : target;
     const bool contiguous = height == 1 || (src.pitch == width && dst.pitch == width);
     if (contiguous) {
       if (CUresult copied =
-              copyPiece(runtime, target, dst, src, dst.address, src.address, width * height);
+              copyPiece(runtime, queueOn, dst, src, dst.address, src.address, width * height);
           copied != CUDA_SUCCESS) {
         return copied;
       }
     } else {
       for (std::uint64_t row = 0; row < height; ++row) {
-        if (CUresult copied = copyPiece(runtime, target, dst, src, dst.address + row * dst.pitch,
+        if (CUresult copied = copyPiece(runtime, queueOn, dst, src, dst.address + row * dst.pitch,
                                         src.address + row * src.pitch, width);
             copied != CUDA_SUCCESS) {
           return copied;
         }
       }
     }
+    if (elsewhere) return gpuproxy::stub::finishOnOwnDevice(runtime, *elsewhere);
     if (!blocking || (!src.device && !dst.device)) return CUDA_SUCCESS;
     return runtime.commands().synchronize(target.context, ring::SynchronizeKind::kStream,
                                           target.stream, /*query=*/false);

@@ -40,6 +40,7 @@
 #include "ipc/shared_segment.hpp"
 
 using gpuproxy::protocol::Session;
+using gpuproxy::stub::allocationContext;
 using gpuproxy::stub::ContextRecord;
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::guarded;
@@ -131,41 +132,19 @@ bool deviceReaches(Runtime& runtime, CUdeviceptr pointer, std::uint64_t bytes) {
   return host && host->deviceMapped && bytes <= host->bytes - (pointer - host->start);
 }
 
-// The context of the device allocation holding `pointer`, when it is one device's memory; nullopt
-// for memory every device reaches (pinned, managed) or that is not an allocation.
-std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer) {
-  std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(pointer);
-  if (!range || range->managed) return std::nullopt;
-  return range->context;
-}
-
-// An operation on memory of another device than `target`'s stream (CUDA's unified addressing
-// lets any stream copy to, from or set any device's memory). No device reaches another's memory
-// through gpuproxy, so it runs in the memory's own device's NULL stream, after the stream's
-// earlier work, and has completed when the call returns, which an asynchronous call may also do.
-// `operation(where)` queues it there. nullopt: the memory is the stream's device's (or every
-// device's), and the caller queues the operation on the stream itself.
+// An operation on memory of another device than the stream's, queued by `operation(where)`
+// (beginOnOwnDevice in api_support.hpp); nullopt when it is the stream's to queue.
 template <typename Operation>
 std::optional<CUresult> onOwnDevice(Runtime& runtime, const StreamTarget& target,
                                     CUdeviceptr pointer, Operation operation) {
-  const std::optional<std::uint64_t> owner = allocationContext(runtime, pointer);
-  if (!owner || *owner == target.context) return std::nullopt;
-  const std::optional<ContextRecord> ownerRecord = runtime.context(*owner);
-  const std::optional<ContextRecord> targetRecord = runtime.context(target.context);
-  if (!ownerRecord || !targetRecord || ownerRecord->device == targetRecord->device) {
-    return std::nullopt;
+  std::optional<StreamTarget> where;
+  if (CUresult begun = gpuproxy::stub::beginOnOwnDevice(runtime, target, pointer, where);
+      begun != CUDA_SUCCESS) {
+    return begun;
   }
-  if (std::optional<CUresult> refused = runtime.capturing().captures().unsupported(target.stream)) {
-    return *refused;  // a graph has no node for it
-  }
-  if (CUresult drained = runtime.commands().synchronize(
-          target.context, ring::SynchronizeKind::kStream, target.stream, /*query=*/false);
-      drained != CUDA_SUCCESS) {
-    return drained;
-  }
-  if (CUresult queued = operation(StreamTarget{*owner, 0}); queued != CUDA_SUCCESS) return queued;
-  return runtime.commands().synchronize(*owner, ring::SynchronizeKind::kStream, 0,
-                                        /*query=*/false);
+  if (!where) return std::nullopt;
+  if (CUresult queued = operation(*where); queued != CUDA_SUCCESS) return queued;
+  return gpuproxy::stub::finishOnOwnDevice(runtime, *where);
 }
 
 CUresult memcpyHtoD(const char* entryPoint, CUdeviceptr dstDevice, const void* srcHost,

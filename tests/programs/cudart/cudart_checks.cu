@@ -16,7 +16,7 @@
 //   peer-copies       two devices without peer access (as through gpuproxy): the queries say so,
 //                     and copies between them (cudaMemcpyPeer[Async], cudaMemcpy) go through the
 //                     host with the right data; a pool of device 1 allocated from, copied to, set
-//                     and read in a stream of device 0
+//                     and read (linear and 2D copies) in a stream of device 0
 //   hints             cache and shared-memory preferences read back, the profiler switches
 //   limits            cudaDeviceSetLimit: a device heap larger than the default taken by
 //                     malloc in a kernel, then fixed; a stack deep enough for a recursion; the
@@ -439,9 +439,15 @@ int peerCopies() {
   std::vector<float> read(n, -1.0f);
   CHECK(cudaMemcpyAsync(read.data(), fromPool, n * sizeof(float), cudaMemcpyDeviceToHost,
                         onDeviceZero));
+  // A 2D copy too: column 0 of a 16-float-wide matrix there, read into a packed column here.
+  std::vector<float> column(n / 16, -1.0f);
+  CHECK(cudaMemcpy2DAsync(column.data(), sizeof(float), fromPool, 16 * sizeof(float), sizeof(float),
+                          n / 16, cudaMemcpyDeviceToHost, onDeviceZero));
   CHECK(cudaStreamSynchronize(onDeviceZero));
   EXPECT(read[0] == 0.0f && read[n - 1] == 4.5f, "device 1's pool memory read back %f, %f", read[0],
          read[n - 1]);
+  EXPECT(column[0] == 0.0f && column[1] == 4.5f && column[n / 16 - 1] == 4.5f,
+         "a 2D copy of device 1's pool memory read %f, %f", column[0], column[1]);
   // And on its own device, with device 1 current.
   CHECK(cudaSetDevice(1));
   CHECK(cudaMemcpy(read.data(), fromPool, n * sizeof(float), cudaMemcpyDeviceToHost));
