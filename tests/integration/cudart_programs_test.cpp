@@ -130,6 +130,13 @@ TEST_P(CudartPrograms, ACooperativeGridSynchronisesAsAWhole) {
   EXPECT_NE(result.output.find("cooperative: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, CuBlasLevelOneRoutinesGiveTheHostsResults) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("cublas_level1"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("cublas_level1: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("curand_uniform"));

@@ -90,6 +90,8 @@ TEST_F(DriverSurface, OccupancyFollowsTheDeviceLimits) {
                  {"limit-grow-heap", "CUDA_SUCCESS"},
                  {"limit-heap-mib", "64"},
                  {"limit-l2-fetch-granularity", "128"},
+                 {"limit-cig-enabled", "0"},
+                 {"limit-set-cig-enabled", "CUDA_ERROR_INVALID_VALUE"},
                  {"limit-set-unknown", "CUDA_ERROR_UNSUPPORTED_LIMIT"},
                  {"limit-unknown", "CUDA_ERROR_UNSUPPORTED_LIMIT"},
                  {"potential-block", "1024"},

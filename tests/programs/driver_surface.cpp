@@ -236,6 +236,11 @@ void occupancy(CUmodule module) {
   MUST(cuCtxSetLimit(CU_LIMIT_MAX_L2_FETCH_GRANULARITY, 1000));
   MUST(cuCtxGetLimit(&granularity, CU_LIMIT_MAX_L2_FETCH_GRANULARITY));
   reportNumber("limit-l2-fetch-granularity", static_cast<long long>(granularity));
+  // No context is a CUDA-in-graphics one (cuBLAS asks before it sizes its launches).
+  size_t cig = 1;
+  MUST(cuCtxGetLimit(&cig, CU_LIMIT_CIG_ENABLED));
+  reportNumber("limit-cig-enabled", static_cast<long long>(cig));
+  report("limit-set-cig-enabled", cuCtxSetLimit(CU_LIMIT_CIG_ENABLED, 1));
   report("limit-unknown", cuCtxGetLimit(&stack, static_cast<CUlimit>(0x7f)));
   report("limit-set-unknown", cuCtxSetLimit(static_cast<CUlimit>(0x7f), 1));
 

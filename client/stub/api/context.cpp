@@ -409,6 +409,12 @@ std::optional<size_t> defaultLimit(int limit) {
       return 64;
     case CU_LIMIT_PERSISTING_L2_CACHE_SIZE:
       return 0;
+    // CUDA-in-graphics contexts, which cuCtxCreate_v4 refuses: no context here is one (libraries
+    // such as cuBLAS ask), and the fallback a CIG context would take stays on.
+    case CU_LIMIT_CIG_ENABLED:
+      return 0;
+    case CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED:
+      return 1;
     default:
       return std::nullopt;
   }
@@ -441,6 +447,7 @@ GPUPROXY_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     if (!record) return CUDA_ERROR_INVALID_CONTEXT;
     const int which = gpuproxy::stub::enumValue(limit);
     if (!defaultLimit(which)) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (which == CU_LIMIT_CIG_ENABLED) return CUDA_ERROR_INVALID_VALUE;  // it can only be queried
     size_t granted = value;
     switch (which) {
       case CU_LIMIT_STACK_SIZE:
