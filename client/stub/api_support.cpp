@@ -1,6 +1,7 @@
 #include "client/stub/api_support.hpp"
 
 #include <unordered_map>
+#include <variant>
 
 namespace gpuproxy::stub {
 
@@ -139,6 +140,19 @@ CUresult beginOnOwnDevice(Runtime& runtime, const StreamTarget& target, CUdevice
 CUresult finishOnOwnDevice(Runtime& runtime, const StreamTarget& where) {
   return runtime.commands().synchronize(where.context, protocol::ring::SynchronizeKind::kStream,
                                         where.stream, /*query=*/false);
+}
+
+CUresult enqueueDeviceToDevice(Runtime& runtime, const StreamTarget& where,
+                               std::uint64_t destination, std::uint64_t source,
+                               std::uint64_t bytes) {
+  protocol::ring::Command command{protocol::ring::CopyDeviceToDevice{}};
+  auto& copy = std::get<protocol::ring::CopyDeviceToDevice>(command);
+  copy.context = where.context;
+  copy.stream = where.stream;
+  copy.destination = destination;
+  copy.source = source;
+  copy.bytes = bytes;
+  return runtime.commands().enqueue(command);
 }
 
 }  // namespace gpuproxy::stub

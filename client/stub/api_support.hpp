@@ -100,4 +100,9 @@ CUresult beginOnOwnDevice(Runtime& runtime, const StreamTarget& target, CUdevice
                           std::optional<StreamTarget>& where);
 CUresult finishOnOwnDevice(Runtime& runtime, const StreamTarget& where);
 
+// Queues a copy of `bytes` from `source` to `destination`, both device memory, on `where`.
+CUresult enqueueDeviceToDevice(Runtime& runtime, const StreamTarget& where,
+                               std::uint64_t destination, std::uint64_t source,
+                               std::uint64_t bytes);
+
 }  // namespace gpuproxy::stub

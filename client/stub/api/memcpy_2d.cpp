@@ -85,14 +85,7 @@ std::optional<std::uint64_t> extentOf(const Side& side, std::uint64_t width, std
 CUresult copyPiece(Runtime& runtime, const StreamTarget& target, const Side& dst, const Side& src,
                    std::uint64_t dstAddress, std::uint64_t srcAddress, std::uint64_t bytes) {
   if (dst.device && src.device) {
-    ring::Command command{ring::CopyDeviceToDevice{}};
-    auto& copy = std::get<ring::CopyDeviceToDevice>(command);
-    copy.context = target.context;
-    copy.stream = target.stream;
-    copy.destination = dstAddress;
-    copy.source = srcAddress;
-    copy.bytes = bytes;
-    return runtime.commands().enqueue(command);
+    return gpuproxy::stub::enqueueDeviceToDevice(runtime, target, dstAddress, srcAddress, bytes);
   }
   if (dst.device) {
     return runtime.commands().copyHostToDevice(

@@ -257,14 +257,7 @@ CUresult memcpyDtoD(const char* entryPoint, CUdeviceptr dstDevice, CUdeviceptr s
     }
     // Both on one device (or reached by every device): on that device if it is not the stream's.
     auto queue = [&](const StreamTarget& where) {
-      ring::Command command{ring::CopyDeviceToDevice{}};
-      auto& copy = std::get<ring::CopyDeviceToDevice>(command);
-      copy.context = where.context;
-      copy.stream = where.stream;
-      copy.destination = dstDevice;
-      copy.source = srcDevice;
-      copy.bytes = byteCount;
-      return runtime.commands().enqueue(command);
+      return gpuproxy::stub::enqueueDeviceToDevice(runtime, where, dstDevice, srcDevice, byteCount);
     };
     const CUdeviceptr owned = dstContext ? dstDevice : srcDevice;
     if (std::optional<CUresult> done = onOwnDevice(runtime, target, owned, queue)) return *done;
