@@ -130,6 +130,32 @@ TEST_P(CudartPrograms, ACooperativeGridSynchronisesAsAWhole) {
   EXPECT_NE(result.output.find("cooperative: PASSED"), std::string::npos) << result.output;
 }
 
+// Texture and surface objects over CUDA arrays, linear and pitched memory: what each fetch, gather
+// and surface load or store gives is what the program computes on the host.
+TEST_P(CudartPrograms, TexturesAndSurfacesGiveTheHostsResults) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("textures"));
+  if (chainedCudaBackend()) {
+    // Texture and surface objects are headers the sim's texture unit reads in the client's
+    // memory; on a GPU they would be the driver's, made by the daemon, which makes none. Arrays
+    // are memory, and are served.
+    EXPECT_TRUE(result.status.exitedWith(1)) << describe(result, daemon);
+    EXPECT_NE(result.output.find("arrays: 2D, array to array"), std::string::npos)
+        << result.output;
+    EXPECT_NE(result.output.find("cudaCreateTextureObject"), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find("returned cudaErrorNotSupported"), std::string::npos)
+        << result.output;
+  } else {
+    ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+    EXPECT_NE(result.output.find("textures: PASSED"), std::string::npos) << result.output;
+  }
+  // The arrays, textures and surfaces the program held came back when it exited.
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
 TEST_P(CudartPrograms, CuBlasLevelOneRoutinesGiveTheHostsResults) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("cublas_level1"));

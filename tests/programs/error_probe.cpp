@@ -59,7 +59,8 @@ bool setUp() {
   return true;
 }
 
-// Well-formed PTX whose kernel samples a texture: a GPU runs it, the sim's interpreter does not.
+// Well-formed PTX whose kernel samples a layered texture: a GPU runs it, the sim's interpreter
+// does not.
 constexpr const char kTexturePtx[] = R"PTX(
 .version 8.0
 .target sm_75
@@ -70,9 +71,11 @@ constexpr const char kTexturePtx[] = R"PTX(
 )
 {
 	.reg .f32 %f<5>;
+	.reg .b32 %r<2>;
 	.reg .b64 %rd<2>;
 	ld.param.u64 %rd1, [texture_kernel_param_0];
-	tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2}];
+	mov.b32 %r1, 0;
+	tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f1, %f2, %f2}];
 	ret;
 }
 )PTX";

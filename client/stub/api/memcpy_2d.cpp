@@ -1,7 +1,8 @@
 // 2D and 3D copies (cuMemcpy2D, cuMemcpy2DUnaligned, cuMemcpy2DAsync, cuMemcpy3D(Async)) between
-// host and device memory,
-// made of the copies the stub already has: one per row, or a single one when both sides are
-// contiguous (each pitch equals the width). Arrays are not supported (the stub has no CUarray).
+// host memory, device memory and CUDA arrays, made of the copies the stub already has: one per
+// row, or a single one when both sides are contiguous (each pitch equals the width). An array is
+// device memory in a dense layout (cuda_arrays.hpp): a side naming one is that memory, with the
+// array's row as its pitch and its rows as the bounds.
 //
 // The blocking variants queue the rows like the Async one and then wait for the stream, so a
 // copy of many rows costs one wait, not one per row. Another device's memory than the stream's is
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <optional>
 
+#include "client/stub/api/cuda_arrays.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
@@ -35,9 +37,12 @@ struct Side {
   std::uint64_t pitch = 0;
 };
 
-// The side's memory type as the copy uses it, or the driver's error for it.
+// The side's memory type as the copy uses it, or the driver's error for it. An array side must
+// hold the copied rectangle (`width` bytes by `height` rows from xInBytes, y: a 3D copy's slices
+// are rows further down, as the array's layout has them).
 CUresult resolveSide(Runtime& runtime, int type, const void* host, CUdeviceptr device,
-                     std::size_t pitch, std::size_t xInBytes, std::size_t y, Side& side) {
+                     CUarray array, std::size_t pitch, std::size_t xInBytes, std::size_t y,
+                     std::uint64_t width, std::uint64_t height, Side& side) {
   std::uint64_t base = 0;
   switch (type) {
     case CU_MEMORYTYPE_HOST:
@@ -53,9 +58,21 @@ CUresult resolveSide(Runtime& runtime, int type, const void* host, CUdeviceptr d
       side.device = runtime.ownsRange(device, 1);
       base = device;
       break;
-    case CU_MEMORYTYPE_ARRAY:
-      GPUPROXY_STUB_LOG(kWarn, "cuMemcpy2D: CUDA arrays are not supported");
-      return CUDA_ERROR_NOT_SUPPORTED;
+    case CU_MEMORYTYPE_ARRAY: {
+      const std::optional<gpuproxy::stub::ArrayLayout> layout = gpuproxy::stub::arrayLayout(array);
+      if (!layout) return CUDA_ERROR_INVALID_HANDLE;
+      std::uint64_t rowEnd = 0;
+      std::uint64_t rowsEnd = 0;
+      if (__builtin_add_overflow(std::uint64_t{xInBytes}, width, &rowEnd) ||
+          rowEnd > layout->pitch || __builtin_add_overflow(std::uint64_t{y}, height, &rowsEnd) ||
+          rowsEnd > layout->rows) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      side.device = true;
+      base = layout->base;
+      pitch = static_cast<std::size_t>(layout->pitch);
+      break;
+    }
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
@@ -132,22 +149,22 @@ CUresult memcpy2D(const char* entryPoint, const CUDA_MEMCPY2D* copy, CUstream st
       const std::optional<int> maxPitch =
           device != nullptr ? device->attribute(CU_DEVICE_ATTRIBUTE_MAX_PITCH) : std::nullopt;
       if (maxPitch && *maxPitch > 0 &&
-          (copy->srcPitch > static_cast<std::size_t>(*maxPitch) ||
-           copy->dstPitch > static_cast<std::size_t>(*maxPitch))) {
+          ((srcHasPitch && copy->srcPitch > static_cast<std::size_t>(*maxPitch)) ||
+           (dstHasPitch && copy->dstPitch > static_cast<std::size_t>(*maxPitch)))) {
         return CUDA_ERROR_INVALID_VALUE;
       }
     }
     Side src;
     Side dst;
-    if (CUresult resolved =
-            resolveSide(runtime, gpuproxy::stub::enumValue(copy->srcMemoryType), copy->srcHost,
-                        copy->srcDevice, copy->srcPitch, copy->srcXInBytes, copy->srcY, src);
+    if (CUresult resolved = resolveSide(
+            runtime, gpuproxy::stub::enumValue(copy->srcMemoryType), copy->srcHost, copy->srcDevice,
+            copy->srcArray, copy->srcPitch, copy->srcXInBytes, copy->srcY, width, height, src);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    if (CUresult resolved =
-            resolveSide(runtime, gpuproxy::stub::enumValue(copy->dstMemoryType), copy->dstHost,
-                        copy->dstDevice, copy->dstPitch, copy->dstXInBytes, copy->dstY, dst);
+    if (CUresult resolved = resolveSide(
+            runtime, gpuproxy::stub::enumValue(copy->dstMemoryType), copy->dstHost, copy->dstDevice,
+            copy->dstArray, copy->dstPitch, copy->dstXInBytes, copy->dstY, width, height, dst);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
@@ -244,6 +261,14 @@ CUresult memcpy3D(const char* entryPoint, const CUDA_MEMCPY3D* copy, CUstream st
     return CUDA_ERROR_INVALID_VALUE;
   }
   const std::uint64_t depth = copy->Depth;
+  // An array's slices are as high as the array; a pitched side says how high its are.
+  auto sliceHeightOf = [](CUmemorytype type, CUarray array, std::size_t height) -> std::size_t {
+    if (gpuproxy::stub::enumValue(type) != CU_MEMORYTYPE_ARRAY) return height;
+    const std::optional<gpuproxy::stub::ArrayLayout> layout = gpuproxy::stub::arrayLayout(array);
+    return layout ? static_cast<std::size_t>(layout->height) : height;
+  };
+  const std::size_t srcHeight = sliceHeightOf(copy->srcMemoryType, copy->srcArray, copy->srcHeight);
+  const std::size_t dstHeight = sliceHeightOf(copy->dstMemoryType, copy->dstArray, copy->dstHeight);
   // Slices below the first need their side's slice height, and a slice must hold the rows.
   auto slicesFit = [&](std::size_t sliceHeight, std::size_t y, std::size_t z) {
     if (depth <= 1 && z == 0) return true;
@@ -251,8 +276,8 @@ CUresult memcpy3D(const char* entryPoint, const CUDA_MEMCPY3D* copy, CUstream st
     return !__builtin_add_overflow(std::uint64_t{y}, std::uint64_t{copy->Height}, &rows) &&
            rows <= sliceHeight;
   };
-  if (!slicesFit(copy->srcHeight, copy->srcY, copy->srcZ) ||
-      !slicesFit(copy->dstHeight, copy->dstY, copy->dstZ)) {
+  if (!slicesFit(srcHeight, copy->srcY, copy->srcZ) ||
+      !slicesFit(dstHeight, copy->dstY, copy->dstZ)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   // No slice at all still checks the stream and the sides, as one empty plane.
@@ -275,9 +300,9 @@ CUresult memcpy3D(const char* entryPoint, const CUDA_MEMCPY3D* copy, CUstream st
     slice.Height = depth == 0 ? 0 : copy->Height;
     std::uint64_t srcRow = 0;
     std::uint64_t dstRow = 0;
-    if (__builtin_mul_overflow(copy->srcZ + z, std::uint64_t{copy->srcHeight}, &srcRow) ||
+    if (__builtin_mul_overflow(copy->srcZ + z, std::uint64_t{srcHeight}, &srcRow) ||
         __builtin_add_overflow(srcRow, std::uint64_t{copy->srcY}, &srcRow) ||
-        __builtin_mul_overflow(copy->dstZ + z, std::uint64_t{copy->dstHeight}, &dstRow) ||
+        __builtin_mul_overflow(copy->dstZ + z, std::uint64_t{dstHeight}, &dstRow) ||
         __builtin_add_overflow(dstRow, std::uint64_t{copy->dstY}, &dstRow)) {
       return CUDA_ERROR_INVALID_VALUE;
     }

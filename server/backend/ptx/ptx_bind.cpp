@@ -231,9 +231,7 @@ std::string_view unsupportedFamily(std::string_view opcode) {
   const auto startsWith = [&](std::string_view prefix) {
     return opcode.substr(0, prefix.size()) == prefix;
   };
-  if (anyOf(base, {"tex", "tld4", "txq", "suld", "sust", "sured", "suq", "istypep"})) {
-    return "textures and surfaces";
-  }
+  if (anyOf(base, {"sured", "istypep"})) return "surface reductions and texture type tests";
   if (anyOf(base, {"wgmma", "bmma", "tcgen05"})) return "tensor-core instructions";
   if (startsWith("cp.async.bulk") || startsWith("cp.reduce.async.bulk") || base == "tensormap") {
     return "TMA (bulk asynchronous copies)";
@@ -281,6 +279,9 @@ bool bindInstruction(const ParsedInstruction& parsed, OperandResolver& resolver,
   }
   if (isWarpOpcode(base)) return bindWarp(parsed, qualifiers, resolver, instruction, unsupported);
   if (isVideoOpcode(base)) return bindVideo(parsed, qualifiers, resolver, instruction, unsupported);
+  if (isTextureOpcode(base)) {
+    return bindTexture(parsed, qualifiers, resolver, instruction, unsupported);
+  }
   if (anyOf(base, {"wmma", "mma", "ldmatrix", "stmatrix", "movmatrix"})) {
     return bindMatrix(parsed, qualifiers, resolver, instruction, unsupported);
   }

@@ -53,8 +53,8 @@ inline bool unsupportedBinding(OperandResolver& resolver, bool& unsupported, std
   return false;
 }
 
-// The family of instructions `opcode` belongs to when the sim has none of it (textures, tensor
-// cores, cp.async, TMA, mbarrier, clusters, multimem), else empty.
+// The family of instructions `opcode` belongs to when the sim has none of it (surface
+// reductions, some tensor cores, cp.async, TMA, mbarrier, clusters, multimem), else empty.
 std::string_view unsupportedFamily(std::string_view opcode);
 // %clusterid, %cluster_ctarank and the other special registers of thread-block clusters.
 bool isClusterRegister(std::string_view name);
@@ -99,6 +99,9 @@ bool bindAsyncBarrier(const ParsedInstruction& parsed, Qualifiers& qualifiers,
 // vadd2/4, vabsdiff2/4, vset2/4 and the other SIMD video instructions (ptx_ops_video.cpp).
 bool bindVideo(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                Instruction& instruction, bool& unsupported);
+// tex, tld4, txq, suld, sust and suq (ptx_ops_texture.cpp).
+bool bindTexture(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
+                 Instruction& instruction, bool& unsupported);
 // wmma, mma, ldmatrix, stmatrix and movmatrix (ptx_ops_matrix.cpp).
 bool bindMatrix(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandResolver& resolver,
                 Instruction& instruction, bool& unsupported);
@@ -116,5 +119,6 @@ bool isMemoryOpcode(std::string_view base);
 bool isWarpOpcode(std::string_view base);
 bool isControlOpcode(std::string_view base);
 bool isVideoOpcode(std::string_view base);
+bool isTextureOpcode(std::string_view base);
 
 }  // namespace gpuproxy::server::ptx

@@ -1028,8 +1028,8 @@ private:
       lexer_.next();
       return true;
     }
-    // Instructions whose operands this parser does not model (texture tuples, ...) are skipped
-    // whole: the binder refuses them by name.
+    // Instructions whose operands this parser does not model (surface reductions, TMA tuples, ...)
+    // are skipped whole: the binder refuses them by name.
     if (unmodelledOperands(instruction.opcode)) return skipTo(';');
     for (;;) {
       Operand operand;
@@ -1048,10 +1048,9 @@ private:
 
   static bool unmodelledOperands(std::string_view opcode) {
     const std::string_view base = opcode.substr(0, opcode.find('.'));
-    static constexpr std::string_view kSkipped[] = {
-        "tex",       "tld4",    "txq",   "suld", "sust",    "sured",
-        "suq",       "istypep", "wgmma", "brx",  "tcgen05", "clusterlaunchcontrol",
-        "tensormap", "multimem"};
+    static constexpr std::string_view kSkipped[] = {"sured",     "istypep", "wgmma",
+                                                    "brx",       "tcgen05", "clusterlaunchcontrol",
+                                                    "tensormap", "multimem"};
     // cp.async's operands are addresses and sizes; its bulk (TMA) forms take tensor tuples.
     if (base == "cp")
       return !opcode.starts_with("cp.async.") || opcode.starts_with("cp.async.bulk");
@@ -1092,6 +1091,16 @@ private:
         if (!value) return false;
         const auto offset = static_cast<std::int64_t>(*value);
         operand.integer += minus ? -offset : offset;
+      }
+      // A texture or surface address: the handle, then the coordinates.
+      if (lexer_.peek().is(',')) {
+        lexer_.next();
+        Operand coordinates;
+        if (!parseOperand(coordinates, depth + 1)) return false;
+        if (coordinates.kind != Operand::Kind::kVector) {
+          return fail(base.line, "expected coordinates {...} in a texture address");
+        }
+        operand.elements = std::move(coordinates.elements);
       }
       return expect(']', "after an address");
     }
@@ -1504,6 +1513,10 @@ public:
   std::uint32_t matrixOperation(MatrixOperation operation) override {
     function_.matrixOperations.push_back(std::move(operation));
     return static_cast<std::uint32_t>(function_.matrixOperations.size() - 1);
+  }
+  std::uint32_t textureOperation(TextureOperation operation) override {
+    function_.textureOperations.push_back(std::move(operation));
+    return static_cast<std::uint32_t>(function_.textureOperations.size() - 1);
   }
 
   std::optional<std::uint32_t> callSite(const ParsedInstruction& call, std::uint32_t callee,

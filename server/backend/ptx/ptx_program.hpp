@@ -156,6 +156,48 @@ struct MatrixOperation {
   std::vector<std::uint32_t> fragments[4];
 };
 
+// A texture or surface instruction (tex, tld4, txq, suld.b, sust.b, suq): the handle of a header
+// in the client's memory (protocol/texture_header.hpp) and more registers than an Instruction
+// holds, found by the instruction's `extra`.
+struct TextureOperation {
+  enum class Kind : std::uint8_t {
+    kSample,        // tex: filtered (or point) fetch of all four channels
+    kGather,        // tld4: one channel of the four texels bilinear filtering would use
+    kQuery,         // txq
+    kSurfaceLoad,   // suld.b
+    kSurfaceStore,  // sust.b
+    kSurfaceQuery   // suq
+  };
+  // What tex and tld4 return: floats (each channel converted, normalised or filtered), or the
+  // channels' integers.
+  enum class Result : std::uint8_t { kF32, kS32, kU32 };
+  // suld/sust outside the surface: fault, clamp to the edge, or read zero and drop the store.
+  enum class Boundary : std::uint8_t { kTrap, kClamp, kZero };
+  // txq/suq: what is asked.
+  enum class Query : std::uint8_t {
+    kWidth,
+    kHeight,
+    kDepth,
+    kNormalizedCoordinates,
+    kFilterMode,
+    kAddressMode0,
+    kAddressMode1,
+    kAddressMode2
+  };
+  Kind kind = Kind::kSample;
+  std::uint8_t dimensions = 1;  // the geometry: .1d, .2d, .3d
+  std::uint8_t component = 0;   // tld4: .r .g .b .a
+  bool integerCoordinates = false;
+  Result result = Result::kF32;
+  Boundary boundary = Boundary::kTrap;
+  Query query = Query::kWidth;
+  std::uint8_t elementBytes = 4;  // suld/sust: .b8 .b16 .b32 .b64
+  std::uint32_t handle = kNoRegister;
+  std::vector<std::uint32_t> coordinates;
+  // Destinations (tex, tld4, txq, suld, suq) or sources (sust), one row each.
+  std::vector<std::uint32_t> values;
+};
+
 struct KernelParameter {
   std::string name;
   std::uint32_t offset = 0;
@@ -188,6 +230,7 @@ struct Function {
   std::uint32_t localAlignment = 8;
   std::vector<CallSite> callSites;
   std::vector<MatrixOperation> matrixOperations;
+  std::vector<TextureOperation> textureOperations;
   // Kernels only.
   std::vector<KernelParameter> kernelParameters;
   std::uint32_t kernelParameterBytes = 0;

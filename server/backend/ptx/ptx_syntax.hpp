@@ -50,7 +50,8 @@ struct Operand {
     kInteger,   // 42, -1, 0x10
     kFloat,     // 0f3F800000 (bits, f32), 0d... (f64), 1.5 (a double)
     kSymbol,    // a variable, function or label, plus an offset
-    kAddress,   // [base + offset]: base is a register, a symbol or nothing
+    kAddress,   // [base + offset]: base is a register, a symbol or nothing; [base, {a, b}]
+                // (a texture's coordinates) keeps the tuple in elements
     kVector,    // {a, b, ...}
     kSink       // _
   };
@@ -108,6 +109,8 @@ public:
   // A call site from the call's operands (results, callee, arguments, optional prototype).
   // Keeps a matrix instruction's operands with the function; its index.
   virtual std::uint32_t matrixOperation(MatrixOperation operation) = 0;
+  // Keeps a texture or surface instruction's operands with the function; its index.
+  virtual std::uint32_t textureOperation(TextureOperation operation) = 0;
   virtual std::optional<std::uint32_t> callSite(const ParsedInstruction& call, std::uint32_t callee,
                                                 bool indirect) = 0;
   // A hidden per-lane row for the carry flag of add.cc and friends.

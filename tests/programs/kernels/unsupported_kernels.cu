@@ -4,12 +4,13 @@
 #include <cooperative_groups.h>
 
 #if defined(UNSUPPORTED_TEXTURE)
+// Layered textures (the sim runs 1D, 2D and 3D texture objects, not layered or cube-map ones).
 extern "C" __global__ void texture_sample(cudaTextureObject_t texture, float* out) {
-  out[threadIdx.x] = tex2D<float>(texture, threadIdx.x + 0.5f, 0.5f);
+  out[threadIdx.x] = tex2DLayered<float>(texture, threadIdx.x + 0.5f, 0.5f, 1);
 }
 #elif defined(UNSUPPORTED_SURFACE)
 extern "C" __global__ void surface_write(cudaSurfaceObject_t surface) {
-  surf2Dwrite(static_cast<float>(threadIdx.x), surface, threadIdx.x * 4, 0);
+  surf2DLayeredwrite(static_cast<float>(threadIdx.x), surface, threadIdx.x * 4, 0, 1);
 }
 #elif defined(UNSUPPORTED_TENSOR_CORES)
 // mma.sync on 4-bit integers written as inline PTX, as quantised inference kernels do (the sim
