@@ -140,8 +140,7 @@ TEST_P(CudartPrograms, TexturesAndSurfacesGiveTheHostsResults) {
     // memory; on a GPU they would be the driver's, made by the daemon, which makes none. Arrays
     // are memory, and are served.
     EXPECT_TRUE(result.status.exitedWith(1)) << describe(result, daemon);
-    EXPECT_NE(result.output.find("arrays: 2D, array to array"), std::string::npos)
-        << result.output;
+    EXPECT_NE(result.output.find("arrays: 2D, array to array"), std::string::npos) << result.output;
     EXPECT_NE(result.output.find("cudaCreateTextureObject"), std::string::npos) << result.output;
     EXPECT_NE(result.output.find("returned cudaErrorNotSupported"), std::string::npos)
         << result.output;
