@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "protocol/texture_header.hpp"
 #include "server/backend/ptx/ptx_frontend.hpp"
 #include "server/backend/ptx/ptx_interpreter.hpp"
 #include "server/backend/ptx/ptx_numeric.hpp"
@@ -479,6 +480,113 @@ TEST(PtxInterpreter, VideoInstructionsTheSimCannotRunAreNamed) {
   EXPECT_EQ(badMask.status(), CUDA_ERROR_INVALID_PTX) << badMask.message();
   Harness simd(kernel("vabsdiff4.u32.u32.u32.add %r1.b310, %r2.b7654, %r3.b0123, %r1;"));
   EXPECT_EQ(simd.status(), CUDA_SUCCESS) << simd.message();
+}
+
+// A texture handle is the address of a header in the client's memory (tests/programs/cudart/
+// textures checks the sampling itself): the header and the texels are read through the launch's
+// memory checks, so a handle reaches nothing the client's own loads could not.
+TEST(PtxInterpreter, TextureHandlesAreHeadersInTheClientsMemory) {
+  const std::string text = std::string(kHeader) + R"(
+.visible .entry sample(.param .u64 handle, .param .u64 out)
+{
+  .reg .b32 %r<2>;
+  .reg .f32 %f<7>;
+  .reg .b64 %rd<5>;
+  ld.param.u64 %rd1, [handle];
+  ld.param.u64 %rd2, [out];
+  mov.u32 %r1, %tid.x;
+  cvt.rn.f32.u32 %f1, %r1;
+  add.f32 %f1, %f1, 0f3F000000;
+  mov.f32 %f2, 0f3F000000;
+  tex.2d.v4.f32.f32 {%f3, %f4, %f5, %f6}, [%rd1, {%f1, %f2}];
+  mul.wide.u32 %rd3, %r1, 8;
+  add.u64 %rd4, %rd2, %rd3;
+  st.global.v2.f32 [%rd4], {%f3, %f6};
+  ret;
+}
+.visible .entry store(.param .u64 handle, .param .b32 x)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [handle];
+  ld.param.b32 %r1, [x];
+  mov.u32 %r2, 0;
+  sust.b.2d.b32.trap [%rd1, {%r1, %r2}], {%r2};
+  ret;
+}
+)";
+  Harness harness(text);
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<float> texels = {1, 2, 3, 4, 5, 6, 7, 8};  // 4 x 2
+  std::vector<float> out(2 * 6, -1.0f);
+  std::vector<protocol::TextureHeader> headers(3);
+  protocol::TextureHeader& texture = headers[0];
+  texture.base = address(texels.data());
+  texture.pitch = 4 * sizeof(float);
+  texture.slicePitch = texels.size() * sizeof(float);
+  texture.width = 4;
+  texture.height = 2;
+  texture.dimensions = 2;
+  protocol::TextureHeader& surface = headers[1] = texture;
+  surface.kind = protocol::TextureHeaderKind::kSurface;
+  protocol::TextureHeader& elsewhere = headers[2] = texture;
+  std::vector<float> foreign(8);  // never added to the launch's memory
+  elsewhere.base = address(foreign.data());
+  harness.addRange(texels);
+  harness.addRange(out);
+  harness.addRange(headers);
+  std::vector<std::uint64_t> notAHeader(32, 0x1234);
+  harness.addRange(notAHeader);
+
+  LaunchOutcome outcome =
+      harness.launch("sample", {1, 1, 1}, {6, 1, 1}, {address(&texture), address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  // Row 0 point-sampled, clamped past its end; one channel, so alpha reads 1.
+  const std::vector<float> expected = {1, 1, 2, 1, 3, 1, 4, 1, 4, 1, 4, 1};
+  EXPECT_EQ(out, expected);
+
+  const std::pair<std::uint64_t, const char*> refused[] = {
+      {address(foreign.data()), "not memory of this client"},
+      {address(notAHeader.data()), "names no texture object"},  // no header there
+      {address(&surface), "names no texture object"},           // a surface's header
+      {address(&elsewhere), "not memory of this client"},       // texels outside the client
+  };
+  for (const auto& [handle, message] : refused) {
+    SCOPED_TRACE(message);
+    outcome = harness.launch("sample", {1, 1, 1}, {6, 1, 1}, {handle, address(out.data())});
+    EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS) << outcome.message;
+    EXPECT_NE(outcome.message.find(message), std::string::npos) << outcome.message;
+  }
+  // A store past a surface's row with .trap faults; inside, it lands.
+  outcome = harness.launch("store", {1, 1, 1}, {1, 1, 1}, {address(&surface), 12});
+  EXPECT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(texels[3], 0.0f);
+  outcome = harness.launch("store", {1, 1, 1}, {1, 1, 1}, {address(&surface), 16});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS) << outcome.message;
+  EXPECT_NE(outcome.message.find("outside the surface"), std::string::npos) << outcome.message;
+}
+
+TEST(PtxInterpreter, TexturesTheSimCannotSampleAreNamed) {
+  const auto kernel = [](const char* instruction) {
+    return std::string(kHeader) +
+           ".visible .entry k(.param .u64 h)\n{\n  .reg .b32 %r<4>;\n  .reg .f32 %f<8>;\n"
+           "  .reg .b64 %rd<2>;\n  ld.param.u64 %rd1, [h];\n  " +
+           instruction + "\n  ret;\n}\n";
+  };
+  const std::pair<const char*, const char*> cases[] = {
+      {"tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f5, %f6, %f6}];", "layered"},
+      {"tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f7, %f7}];", "cube-map"},
+      {"sust.p.2d.v4.b32.trap [%rd1, {%r1, %r2}], {%r1, %r2, %r3, %r3};", "sust.p"},
+      {"sured.b.add.2d.u32.trap [%rd1, {%r1, %r2}], %r3;", "surface reductions"},
+  };
+  for (const auto& [instruction, message] : cases) {
+    SCOPED_TRACE(instruction);
+    Harness harness(kernel(instruction));
+    EXPECT_EQ(harness.status(), CUDA_ERROR_NOT_SUPPORTED) << harness.message();
+    EXPECT_NE(harness.message().find(message), std::string::npos) << harness.message();
+  }
+  Harness level(kernel("tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], %f7;"));
+  EXPECT_EQ(level.status(), CUDA_SUCCESS) << level.message();
 }
 
 // stmatrix (compute capability 9.0; tests/programs/cudart/tensor_cores checks mma.sync, ldmatrix
