@@ -247,7 +247,7 @@ TEST_F(DriverSurface, PitchedCopiesRoundTripAndLeaveThePaddingAlone) {
                  {"copy2d-width-over-pitch", "CUDA_ERROR_INVALID_VALUE"},
                  {"copy2d-x-over-pitch", "CUDA_ERROR_INVALID_VALUE"},
                  {"copy2d-past-allocation", "CUDA_ERROR_INVALID_VALUE"},
-                 {"copy2d-array", "CUDA_ERROR_NOT_SUPPORTED"}});
+                 {"copy2d-array", "CUDA_ERROR_INVALID_HANDLE"}});  // no such array
 }
 
 TEST_F(DriverSurface, HostFunctionsRunInStreamOrder) {
@@ -309,6 +309,30 @@ TEST_F(DriverSurface, HintsAreKeptAndNoDeviceReachesAnothersMemory) {
                  {"peer-copy", "CUDA_SUCCESS"},
                  {"peer-copy-arrived", "yes"},
                  {"peer-copy-bad-context", "CUDA_ERROR_INVALID_CONTEXT"}});
+}
+
+// CUDA arrays are memory with bounds; texture and surface objects are checked as they are made
+// (on the sim: a GPU needs the daemon to make them, which it does not).
+TEST_F(DriverSurface, ArraysAndTextureObjectsCheckTheirArguments) {
+  expectAnswers({{"array-three-channels", "CUDA_ERROR_INVALID_VALUE"},
+                 {"array-zero-width", "CUDA_ERROR_INVALID_VALUE"},
+                 {"array-depth-without-height", "CUDA_ERROR_INVALID_VALUE"},
+                 {"array-descriptor", "yes"},
+                 {"array-bytes-round-trip", "yes"},
+                 {"array-read-past-the-end", "CUDA_ERROR_INVALID_VALUE"},
+                 {"copy-past-the-array-row", "CUDA_ERROR_INVALID_VALUE"},
+                 {"tex-no-resource", "CUDA_ERROR_INVALID_VALUE"},
+                 {"array-destroyed", "CUDA_ERROR_INVALID_HANDLE"}});
+  if (chainedCudaBackend()) {
+    expectAnswers({{"tex-create", "CUDA_ERROR_NOT_SUPPORTED"}});
+    return;
+  }
+  expectAnswers({{"tex-create", "CUDA_SUCCESS"},
+                 {"tex-resource-desc", "yes"},
+                 {"surf-without-the-flag", "CUDA_ERROR_INVALID_VALUE"},
+                 {"tex-misaligned-pitch", "CUDA_ERROR_INVALID_VALUE"},
+                 {"tex-filtered-integers", "CUDA_ERROR_INVALID_VALUE"},
+                 {"tex-past-the-allocation", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
 TEST_F(DriverSurface, StreamsNotCapturingSaySoAndHaveIds) {

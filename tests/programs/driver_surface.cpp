@@ -1,9 +1,9 @@
 // A driver-API program that exercises the calls around launches and copies that applications and
 // the CUDA runtime use besides the basic ones: function and kernel attributes, the occupancy
 // calculator, pointer attributes, 2D copies, host functions on streams, cuLaunchKernelEx and the
-// stream queries, managed memory, graphs made by stream capture. One line per check, "<check>
-// <value>", where a value is a CUresult name, a number, or "yes"/"no" for a property the program
-// checked itself. Runs on a GPU too.
+// stream queries, managed memory, graphs made by stream capture, CUDA arrays and texture objects.
+// One line per check, "<check> <value>", where a value is a CUresult name, a number, or "yes"/"no"
+// for a property the program checked itself. Runs on a GPU too.
 //
 //   driver_surface
 
@@ -1012,6 +1012,89 @@ void graphs(CUfunction fillU32) {
   MUST(cuStreamDestroy(stream));
 }
 
+// CUDA arrays, and texture and surface objects' argument checks (tests/programs/cudart/textures
+// checks what kernels read through them).
+void arraysAndTextures() {
+  CUDA_ARRAY3D_DESCRIPTOR descriptor{};
+  descriptor.Width = 64;
+  descriptor.Format = CU_AD_FORMAT_FLOAT;
+  descriptor.NumChannels = 3;
+  CUarray array = nullptr;
+  report("array-three-channels", cuArray3DCreate(&array, &descriptor));
+  descriptor.NumChannels = 1;
+  descriptor.Width = 0;
+  report("array-zero-width", cuArray3DCreate(&array, &descriptor));
+  descriptor.Width = 64;
+  descriptor.Depth = 4;
+  report("array-depth-without-height", cuArray3DCreate(&array, &descriptor));
+  descriptor.Depth = 0;
+  MUST(cuArray3DCreate(&array, &descriptor));  // 1D, 64 floats
+  CUDA_ARRAY3D_DESCRIPTOR back{};
+  MUST(cuArray3DGetDescriptor(&back, array));
+  reportYes("array-descriptor", back.Width == 64 && back.Height == 0 && back.Depth == 0 &&
+                                    back.Format == CU_AD_FORMAT_FLOAT && back.NumChannels == 1);
+  std::vector<float> values(64);
+  for (int i = 0; i < 64; ++i) values[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i);
+  MUST(cuMemcpyHtoA(array, 0, values.data(), 64 * sizeof(float)));
+  std::vector<float> read(16, -1.0f);
+  MUST(cuMemcpyAtoH(read.data(), array, 8 * sizeof(float), 16 * sizeof(float)));
+  reportYes("array-bytes-round-trip", std::equal(read.begin(), read.end(), values.begin() + 8));
+  report("array-read-past-the-end",
+         cuMemcpyAtoH(read.data(), array, 56 * sizeof(float), 16 * sizeof(float)));
+  CUDA_MEMCPY2D wide{};
+  wide.srcMemoryType = CU_MEMORYTYPE_HOST;
+  wide.srcHost = values.data();
+  wide.srcPitch = 64 * sizeof(float);
+  wide.dstMemoryType = CU_MEMORYTYPE_ARRAY;
+  wide.dstArray = array;
+  wide.dstXInBytes = 4;
+  wide.WidthInBytes = 64 * sizeof(float);
+  wide.Height = 1;
+  report("copy-past-the-array-row", cuMemcpy2D(&wide));
+
+  CUDA_RESOURCE_DESC resource{};
+  resource.resType = CU_RESOURCE_TYPE_ARRAY;
+  resource.res.array.hArray = array;
+  CUDA_TEXTURE_DESC sampler{};
+  sampler.filterMode = CU_TR_FILTER_MODE_LINEAR;
+  CUtexObject texture = 0;
+  const CUresult made = cuTexObjectCreate(&texture, &resource, &sampler, nullptr);
+  report("tex-create", made);
+  if (made == CUDA_SUCCESS) {
+    CUDA_RESOURCE_DESC described{};
+    MUST(cuTexObjectGetResourceDesc(&described, texture));
+    reportYes("tex-resource-desc",
+              described.resType == CU_RESOURCE_TYPE_ARRAY && described.res.array.hArray == array);
+    MUST(cuTexObjectDestroy(texture));
+  }
+  report("tex-no-resource", cuTexObjectCreate(&texture, nullptr, &sampler, nullptr));
+  // Surfaces need an array made for load and store.
+  CUsurfObject surface = 0;
+  report("surf-without-the-flag", cuSurfObjectCreate(&surface, &resource));
+  CUdeviceptr linear = 0;
+  MUST(cuMemAlloc(&linear, 4096));
+  CUDA_RESOURCE_DESC pitched{};
+  pitched.resType = CU_RESOURCE_TYPE_PITCH2D;
+  pitched.res.pitch2D.devPtr = linear;
+  pitched.res.pitch2D.format = CU_AD_FORMAT_UNSIGNED_INT8;
+  pitched.res.pitch2D.numChannels = 1;
+  pitched.res.pitch2D.width = 40;
+  pitched.res.pitch2D.height = 8;
+  pitched.res.pitch2D.pitchInBytes = 100;  // not a multiple of the texture pitch alignment
+  CUDA_TEXTURE_DESC point{};
+  report("tex-misaligned-pitch", cuTexObjectCreate(&texture, &pitched, &point, nullptr));
+  pitched.res.pitch2D.pitchInBytes = 128;
+  CUDA_TEXTURE_DESC integers{};
+  integers.flags = CU_TRSF_READ_AS_INTEGER;
+  integers.filterMode = CU_TR_FILTER_MODE_LINEAR;
+  report("tex-filtered-integers", cuTexObjectCreate(&texture, &pitched, &integers, nullptr));
+  pitched.res.pitch2D.height = 64;  // 8 KiB: past the allocation
+  report("tex-past-the-allocation", cuTexObjectCreate(&texture, &pitched, &point, nullptr));
+  MUST(cuMemFree(linear));
+  MUST(cuArrayDestroy(array));
+  report("array-destroyed", cuArray3DGetDescriptor(&back, array));
+}
+
 }  // namespace
 
 int main() {
@@ -1036,6 +1119,7 @@ int main() {
   hintsAndPeers();
   managedMemory(fillU32);
   graphs(fillU32);
+  arraysAndTextures();
 
   MUST(cuModuleUnload(module));
   MUST(cuDevicePrimaryCtxRelease(gDevice));
