@@ -170,9 +170,10 @@ CUresult createArray(const char* entryPoint, CUarray* handle,
   });
 }
 
-// [offset, offset + bytes) of an array, as device memory (the legacy cuMemcpy*A* calls address
-// an array as the bytes of its elements in order).
-CUresult arrayBytes(CUarray array, std::size_t offset, std::size_t bytes, CUdeviceptr& address) {
+// Runs copy(address) on the device memory of [offset, offset + bytes) of an array (the legacy
+// cuMemcpy*A* calls address an array as the bytes of its elements in order).
+template <typename Copy>
+CUresult withArrayBytes(CUarray array, std::size_t offset, std::size_t bytes, Copy&& copy) {
   const std::optional<ArrayLayout> layout = gpuproxy::stub::arrayLayout(array);
   if (!layout) return CUDA_ERROR_INVALID_HANDLE;
   std::uint64_t end = 0;
@@ -180,8 +181,7 @@ CUresult arrayBytes(CUarray array, std::size_t offset, std::size_t bytes, CUdevi
       end > layout->bytes) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  address = layout->base + offset;
-  return CUDA_SUCCESS;
+  return copy(layout->base + offset);
 }
 
 }  // namespace
@@ -260,149 +260,110 @@ GPUPROXY_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* pArrayDe
 
 // ---- copies that name an array by byte offset ---------------------------------------------------
 
+// Each is the linear copy it names, of the array's bytes.
 GPUPROXY_EXPORT CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void* srcHost,
                                          size_t ByteCount) {
-  CUdeviceptr destination = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyHtoD_v2(destination, srcHost, ByteCount);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return cuMemcpyHtoD_v2(destination, srcHost, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset,
                                               const void* srcHost, size_t ByteCount) {
-  CUdeviceptr destination = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyHtoD_v2_ptds(destination, srcHost, ByteCount);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return cuMemcpyHtoD_v2_ptds(destination, srcHost, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOffset,
                                          size_t ByteCount) {
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoH_v2(dstHost, source, ByteCount);
+  return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+    return cuMemcpyDtoH_v2(dstHost, source, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t srcOffset,
                                               size_t ByteCount) {
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoH_v2_ptds(dstHost, source, ByteCount);
+  return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+    return cuMemcpyDtoH_v2_ptds(dstHost, source, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset,
                                               const void* srcHost, size_t ByteCount,
                                               CUstream hStream) {
-  CUdeviceptr destination = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyHtoDAsync_v2(destination, srcHost, ByteCount, hStream);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return cuMemcpyHtoDAsync_v2(destination, srcHost, ByteCount, hStream);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset,
                                                    const void* srcHost, size_t ByteCount,
                                                    CUstream hStream) {
-  CUdeviceptr destination = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyHtoDAsync_v2_ptsz(destination, srcHost, ByteCount, hStream);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return cuMemcpyHtoDAsync_v2_ptsz(destination, srcHost, ByteCount, hStream);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t srcOffset,
                                               size_t ByteCount, CUstream hStream) {
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoHAsync_v2(dstHost, source, ByteCount, hStream);
+  return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+    return cuMemcpyDtoHAsync_v2(dstHost, source, ByteCount, hStream);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray,
                                                    size_t srcOffset, size_t ByteCount,
                                                    CUstream hStream) {
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoHAsync_v2_ptsz(dstHost, source, ByteCount, hStream);
+  return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+    return cuMemcpyDtoHAsync_v2_ptsz(dstHost, source, ByteCount, hStream);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset,
                                          size_t ByteCount) {
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoD_v2(dstDevice, source, ByteCount);
+  return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+    return cuMemcpyDtoD_v2(dstDevice, source, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
                                               size_t srcOffset, size_t ByteCount) {
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoD_v2_ptds(dstDevice, source, ByteCount);
+  return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+    return cuMemcpyDtoD_v2_ptds(dstDevice, source, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice,
                                          size_t ByteCount) {
-  CUdeviceptr destination = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoD_v2(destination, srcDevice, ByteCount);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return cuMemcpyDtoD_v2(destination, srcDevice, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset,
                                               CUdeviceptr srcDevice, size_t ByteCount) {
-  CUdeviceptr destination = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoD_v2_ptds(destination, srcDevice, ByteCount);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return cuMemcpyDtoD_v2_ptds(destination, srcDevice, ByteCount);
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray srcArray,
                                          size_t srcOffset, size_t ByteCount) {
-  CUdeviceptr destination = 0;
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoD_v2(destination, source, ByteCount);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+      return cuMemcpyDtoD_v2(destination, source, ByteCount);
+    });
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUarray srcArray,
                                               size_t srcOffset, size_t ByteCount) {
-  CUdeviceptr destination = 0;
-  CUdeviceptr source = 0;
-  if (CUresult found = arrayBytes(dstArray, dstOffset, ByteCount, destination);
-      found != CUDA_SUCCESS) {
-    return found;
-  }
-  if (CUresult found = arrayBytes(srcArray, srcOffset, ByteCount, source); found != CUDA_SUCCESS) {
-    return found;
-  }
-  return cuMemcpyDtoD_v2_ptds(destination, source, ByteCount);
+  return withArrayBytes(dstArray, dstOffset, ByteCount, [&](CUdeviceptr destination) {
+    return withArrayBytes(srcArray, srcOffset, ByteCount, [&](CUdeviceptr source) {
+      return cuMemcpyDtoD_v2_ptds(destination, source, ByteCount);
+    });
+  });
 }
 
 // ---- texture and surface objects ------------------------------------------------------------

@@ -212,6 +212,23 @@ Type arithmeticType(std::string_view opcode) {
 
 }  // namespace
 
+bool bindRegisterList(const Operand& operand, std::size_t count, Type type, bool written,
+                      OperandResolver& resolver, std::vector<std::uint32_t>& rows) {
+  const std::vector<Operand> lone{operand};
+  const std::vector<Operand>& registers =
+      operand.kind == Operand::Kind::kVector ? operand.elements : lone;
+  if (registers.size() != count) {
+    return bindError(resolver, "expected " + std::to_string(count) + " registers");
+  }
+  for (const Operand& each : registers) {
+    const std::uint32_t row =
+        written ? resolver.destination(each, type) : resolver.source(each, type);
+    if (row == kNoRegister) return false;
+    rows.push_back(row);
+  }
+  return true;
+}
+
 bool isMemoryOpcode(std::string_view base) {
   return anyOf(base, {"ld", "ldu", "st", "atom", "red", "cvta", "isspacep", "prefetch", "prefetchu",
                       "membar", "fence", "discard", "applypriority", "createpolicy", "cp"});

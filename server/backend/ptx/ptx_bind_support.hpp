@@ -70,6 +70,10 @@ bool bindDestination(Instruction& instruction, int index, const Operand& operand
                      OperandResolver& resolver);
 bool bindPredicate(Instruction& instruction, int index, const Operand& operand,
                    OperandResolver& resolver);
+// `count` registers, written `{a, b, ...}` or (one) alone, as rows read or written as `type`,
+// appended to `rows`; false on error.
+bool bindRegisterList(const Operand& operand, std::size_t count, Type type, bool written,
+                      OperandResolver& resolver, std::vector<std::uint32_t>& rows);
 // A memory operand [base + offset] into op[4] and `immediate` (kAddressBase32 when the base is a
 // 32-bit register); false on error.
 bool bindAddress(Instruction& instruction, const Operand& operand, Space space,

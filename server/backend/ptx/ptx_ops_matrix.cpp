@@ -597,19 +597,7 @@ bool bindMmaSync(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operan
 // One b32 register per matrix, written {r0, ...} or as a lone register.
 bool bindMatrixRegisters(const Operand& operand, unsigned count, bool written,
                          std::vector<std::uint32_t>& rows, OperandResolver& resolver) {
-  const std::vector<Operand> lone{operand};
-  const std::vector<Operand>& registers =
-      operand.kind == Operand::Kind::kVector ? operand.elements : lone;
-  if (registers.size() != count) {
-    return bindError(resolver, "expected " + std::to_string(count) + " registers");
-  }
-  for (const Operand& each : registers) {
-    const std::uint32_t row =
-        written ? resolver.destination(each, Type::kB32) : resolver.source(each, Type::kB32);
-    if (row == kNoRegister) return false;
-    rows.push_back(row);
-  }
-  return true;
+  return bindRegisterList(operand, count, Type::kB32, written, resolver, rows);
 }
 
 // ldmatrix/stmatrix.sync.aligned.m8n8.xN{.trans}{.shared{::cta}}.b16, and

@@ -475,23 +475,6 @@ bool bindTextureAddress(const Operand& address, Type coordinateType, bool withCo
   return true;
 }
 
-bool bindValues(const Operand& operand, std::size_t count, Type type, bool written,
-                OperandResolver& resolver, TextureOperation& operation) {
-  const std::vector<Operand> lone{operand};
-  const std::vector<Operand>& registers =
-      operand.kind == Operand::Kind::kVector ? operand.elements : lone;
-  if (registers.size() != count) {
-    return bindError(resolver, "expected " + std::to_string(count) + " registers");
-  }
-  for (const Operand& each : registers) {
-    const std::uint32_t row =
-        written ? resolver.destination(each, type) : resolver.source(each, type);
-    if (row == kNoRegister) return false;
-    operation.values.push_back(row);
-  }
-  return true;
-}
-
 bool finishTexture(OperandResolver& resolver, Instruction& instruction, TextureOperation operation,
                    Handler handler) {
   instruction.flow = Flow::kMemory;
@@ -544,7 +527,7 @@ bool bindSample(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
   if (parsed.operands[0].pairedPredicate) {
     return unsupportedBinding(resolver, unsupported, "texture residency predicates (sparse)");
   }
-  if (!bindValues(parsed.operands[0], 4, types[0], true, resolver, operation) ||
+  if (!bindRegisterList(parsed.operands[0], 4, types[0], true, resolver, operation.values) ||
       !bindTextureAddress(parsed.operands[1], types[1], true, resolver, unsupported, operation)) {
     return false;
   }
@@ -590,7 +573,7 @@ bool bindQuery(const ParsedInstruction& parsed, Qualifiers& qualifiers, OperandR
   if (!qualifiers.take("b32")) return bindError(resolver, "expected .b32");
   if (!finishQualifiers(qualifiers, resolver, unsupported)) return false;
   if (!expectOperands(parsed, 2, resolver)) return false;
-  if (!bindValues(parsed.operands[0], 1, Type::kB32, true, resolver, operation) ||
+  if (!bindRegisterList(parsed.operands[0], 1, Type::kB32, true, resolver, operation.values) ||
       !bindTextureAddress(parsed.operands[1], Type::kB32, false, resolver, unsupported,
                           operation)) {
     return false;
@@ -629,7 +612,7 @@ bool bindSurfaceAccess(const ParsedInstruction& parsed, Qualifiers& qualifiers,
   const Operand& address = store ? parsed.operands[0] : parsed.operands[1];
   // 8-bit values live in 16-bit registers.
   const Type registerType = types[0] == Type::kB8 ? Type::kB16 : types[0];
-  if (!bindValues(values, vector, registerType, !store, resolver, operation) ||
+  if (!bindRegisterList(values, vector, registerType, !store, resolver, operation.values) ||
       !bindTextureAddress(address, Type::kB32, true, resolver, unsupported, operation)) {
     return false;
   }

@@ -701,7 +701,8 @@ TEST_F(SimTest, ModuleLoadErrors) {
   // Valid PTX the interpreter does not execute is refused at load, not at launch.
   EXPECT_EQ(load(header + ".visible .entry t(.param .u64 a) {\n .reg .f32 %f<5>;\n"
                           " .reg .b64 %rd<2>;\n"
-                          " tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2}];\n ret;\n}"),
+                          " tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2, %f3, %f3}];"
+                          "\n ret;\n}"),
             CUDA_ERROR_NOT_SUPPORTED);
   // Malformed PTX, and bytes that are not PTX at all.
   EXPECT_EQ(load(header + ".visible .entry spin(.param .u64 ns { ret; }"), CUDA_ERROR_INVALID_PTX);

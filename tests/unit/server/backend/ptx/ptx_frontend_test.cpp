@@ -23,9 +23,9 @@ std::string kernel(const std::string& name, const std::string& body) {
 // instruction and the kernel.
 TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
   const std::pair<std::string, std::string> cases[] = {
-      {"tex.2d.v4.f32.f32",
-       ".reg .f32 %f<5>; .reg .b64 %rd<2>;\n"
-       "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2}];"},
+      {"tex.a2d.v4.f32.f32",
+       ".reg .f32 %f<5>; .reg .b32 %r<2>; .reg .b64 %rd<2>;\n"
+       "tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f1, %f2, %f2}];"},
       {"mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32",
        ".reg .b32 %r<8>;\n"
        "mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32 {%r0, %r1, %r2, %r3}, {%r4, %r5}, "
@@ -36,9 +36,9 @@ TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
       {"ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8",
        ".reg .b32 %r<3>;\n"
        "ldmatrix.sync.aligned.m16n16.x1.trans.shared.b8 {%r1, %r2}, [%r2];"},
-      {"suld.b.1d.b32.trap",
+      {"suld.b.a1d.b32.trap",
        ".reg .b32 %r<3>; .reg .b64 %rd<2>;\n"
-       "suld.b.1d.b32.trap {%r1}, [%rd1, {%r2}];"},
+       "suld.b.a1d.b32.trap {%r1}, [%rd1, {%r2, %r1}];"},
       {"alloca.u64", ".reg .b64 %rd<3>;\nalloca.u64 %rd1, %rd2;"},
   };
   for (const auto& [instruction, body] : cases) {
@@ -75,21 +75,20 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
   };
   const Case cases[] = {
       // Textures and surfaces.
-      {"tex.2d.v4.f32.f32", "textures and surfaces",
-       "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"},
-      {"tex.1d.v4.s32.s32", "textures and surfaces",
-       "tex.1d.v4.s32.s32 {%r1, %r2, %r3, %r4}, [%rd1, {%r5}];"},
-      {"tld4.r.2d.v4.f32.f32", "textures and surfaces",
-       "tld4.r.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"},
-      {"txq.width.b32", "textures and surfaces", "txq.width.b32 %r1, [%rd1];"},
-      {"suld.b.2d.v4.b32.trap", "textures and surfaces",
-       "suld.b.2d.v4.b32.trap {%r1, %r2, %r3, %r4}, [%rd1, {%r5, %r6}];"},
-      {"sust.b.2d.v4.b32.trap", "textures and surfaces",
-       "sust.b.2d.v4.b32.trap [%rd1, {%r5, %r6}], {%r1, %r2, %r3, %r4};"},
-      {"sust.p.1d.b32.clamp", "textures and surfaces", "sust.p.1d.b32.clamp [%rd1, {%r5}], {%r1};"},
-      {"sured.b.add.1d.u32.trap", "textures and surfaces",
+      {"tex.a2d.v4.f32.f32", "layered, cube-map and multi-sample textures",
+       "tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r5, %f5, %f6, %f6}];"},
+      {"tex.cube.v4.f32.f32", "layered, cube-map and multi-sample textures",
+       "tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f5, %f5}];"},
+      {"tld4.r.a2d.v4.f32.f32", "layered, cube-map and multi-sample textures",
+       "tld4.r.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r5, %f5, %f6, %f6}];"},
+      {"txq.level.width.b32", "txq of a mip level", "txq.level.width.b32 %r1, [%rd1], %r2;"},
+      {"suld.b.a2d.v4.b32.trap", "layered, cube-map and multi-sample",
+       "suld.b.a2d.v4.b32.trap {%r1, %r2, %r3, %r4}, [%rd1, {%r7, %r5, %r6, %r6}];"},
+      {"sust.p.1d.b32.clamp", "formatted surface stores",
+       "sust.p.1d.b32.clamp [%rd1, {%r5}], {%r1};"},
+      {"sured.b.add.1d.u32.trap", "surface reductions",
        "sured.b.add.1d.u32.trap [%rd1, {%r5}], %r1;"},
-      {"suq.width.b32", "textures and surfaces", "suq.width.b32 %r1, [%rd1];"},
+      {"suq.channel_order.b32", "suq of that attribute", "suq.channel_order.b32 %r1, [%rd1];"},
       // Tensor cores.
       // mma of sub-byte and fp8 types, sparse mma and Volta's m8n8k4 .f16 (mma.sync of the
       // other shapes and types is executed).
