@@ -119,6 +119,8 @@ struct ExecContext {
   std::uint32_t workerIndex = 0;  // %smid
   std::uint32_t workerCount = 1;  // %nsmid
   std::uint32_t dynamicSharedBytes = 0;
+  std::uint64_t reservedSharedOffset =
+      0;  // where the reserved region starts (kReservedSharedBytes)
   // The launch.
   const std::byte* kernelParams = nullptr;
   std::uint32_t kernelParamBytes = 0;

@@ -1251,6 +1251,8 @@ bool isSpecialRegister(std::string_view name) {
                                                    "%reserved_smem_offset_begin",
                                                    "%reserved_smem_offset_end",
                                                    "%reserved_smem_offset_cap",
+                                                   "%reserved_smem_offset_0",
+                                                   "%reserved_smem_offset_1",
                                                    "%current_graph_exec"};
   const std::string_view base = name.substr(0, name.find('.'));
   if (base.substr(0, 7) == "%envreg") return true;
@@ -1862,11 +1864,24 @@ private:
       value.addend = offset;
       return addConstant(value);
     }
+    // WARP_SZ is PTX's predefined run-time constant for the warp size (nvcc writes it for
+    // warpSize); no declaration can shadow it, as every user symbol above was looked up first.
+    if (name == "WARP_SZ" && offset == 0) {
+      Constant value;
+      value.value = kWarpSize;
+      return addConstant(value);
+    }
     error_ = "undefined symbol " + shown(name);
     return kNoRegister;
   }
 
   CUresult lowerInstruction(const ParsedInstruction& parsed) {
+    for (const Operand& operand : parsed.operands) {
+      if (operand.kind == Operand::Kind::kRegister &&
+          operand.name.starts_with("%reserved_smem_offset")) {
+        program_.usesReservedShared = true;
+      }
+    }
     Instruction instruction;
     instruction.source =
         static_cast<std::uint16_t>(std::min<std::size_t>(function_.sourceLines.size(), 0xffff));

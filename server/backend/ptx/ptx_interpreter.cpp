@@ -278,7 +278,8 @@ struct Interpreter::Launch {
   std::uint64_t totalBlocks = 0;
   std::uint32_t threadsPerBlock = 0;
   std::uint32_t warpsPerBlock = 0;
-  std::uint64_t sharedBytes = 0;
+  std::uint64_t sharedBytes = 0;  // the kernel's, and the reserved region if it uses it
+  std::uint64_t reservedSharedOffset = 0;
   std::uint32_t localStride = 0;
   unsigned workerCount = 1;
   std::atomic<std::uint64_t> nextBlock{0};
@@ -503,6 +504,7 @@ bool BlockRunner::prepare(Interpreter::Launch& launch, unsigned workerIndex) {
   context_.workerCount = launch.workerCount;
   context_.dynamicSharedBytes = request.dynamicSharedBytes;
   context_.sharedBytes = launch.sharedBytes;
+  context_.reservedSharedOffset = launch.reservedSharedOffset;
   sharedStorage_.assign(std::max<std::uint64_t>(launch.sharedBytes, 16) + 16, std::byte{0});
   // 16-byte aligned, for 128-bit accesses and atomics.
   const auto address = reinterpret_cast<std::uintptr_t>(sharedStorage_.data());
@@ -1306,6 +1308,10 @@ LaunchOutcome Interpreter::run(const LaunchRequest& request) {
   launch.sharedBytes = request.dynamicSharedBytes > 0
                            ? launch.program->dynamicSharedOffset + request.dynamicSharedBytes
                            : launch.program->staticSharedBytes;
+  if (launch.program->usesReservedShared) {
+    launch.reservedSharedOffset = (launch.sharedBytes + 15) / 16 * 16;
+    launch.sharedBytes = launch.reservedSharedOffset + kReservedSharedBytes;
+  }
   launch.localStride = request.executable->localBytesPerThread(request.kernel);
   if (request.executable->recurses(request.kernel)) {
     const std::uint32_t asked = std::min(request.stackBytes, kMaxStackBytesPerThread);

@@ -102,6 +102,11 @@ enum class Special : std::uint32_t {
   kTotalSmem,
   kGridWorkspaceHigh,  // %envreg1
   kGridWorkspaceLow,   // %envreg2
+  kReservedSharedBegin,
+  kReservedSharedEnd,
+  kReservedSharedCap,
+  kReservedShared0,
+  kReservedShared1,
   kZero
 };
 
@@ -144,9 +149,12 @@ std::optional<Special> specialRegister(std::string_view name) {
       {"%envreg1", Special::kGridWorkspaceHigh},
       {"%envreg2", Special::kGridWorkspaceLow},
       {"%current_graph_exec", Special::kZero},
-      {"%reserved_smem_offset_begin", Special::kZero},
-      {"%reserved_smem_offset_end", Special::kZero},
-      {"%reserved_smem_offset_cap", Special::kZero}};
+      // The reserved shared memory (cooperative groups' scratch for tiles of several warps).
+      {"%reserved_smem_offset_begin", Special::kReservedSharedBegin},
+      {"%reserved_smem_offset_end", Special::kReservedSharedEnd},
+      {"%reserved_smem_offset_cap", Special::kReservedSharedCap},
+      {"%reserved_smem_offset_0", Special::kReservedShared0},
+      {"%reserved_smem_offset_1", Special::kReservedShared1}};
   for (const auto& [special, id] : kNames) {
     if (special == name) return id;
   }
@@ -263,6 +271,19 @@ bool specialHandler(ExecContext& context, const Instruction& instruction, std::u
       break;
     case Special::kTotalSmem:
       uniform = context.sharedBytes;
+      break;
+    case Special::kReservedSharedBegin:
+    case Special::kReservedShared0:
+      uniform = context.reservedSharedOffset;
+      break;
+    case Special::kReservedSharedEnd:
+      uniform = context.reservedSharedOffset + kReservedSharedBytes;
+      break;
+    case Special::kReservedSharedCap:
+      uniform = kReservedSharedBytes;
+      break;
+    case Special::kReservedShared1:
+      uniform = context.reservedSharedOffset + kReservedSharedBytes / 2;
       break;
     case Special::kZero:
       uniform = 0;

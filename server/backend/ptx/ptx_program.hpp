@@ -22,6 +22,9 @@ namespace gpuproxy::server::ptx {
 inline constexpr std::uint32_t kWarpSize = 32;
 inline constexpr std::uint32_t kNoRegister = 0xffffffffu;
 inline constexpr std::uint32_t kNoPredicate = 0xffffffffu;
+// Shared memory reserved per block for the system (cooperative groups' multi-warp scratch): the
+// region %reserved_smem_offset_begin .. _end; _0 and _1 each start half of it.
+inline constexpr std::uint32_t kReservedSharedBytes = 1024;
 
 // State spaces of memory instructions and of variables.
 enum class Space : std::uint8_t { kGeneric, kGlobal, kShared, kLocal, kConst, kParam };
@@ -254,6 +257,10 @@ struct Program {
   // memory (.extern .shared) starts at dynamicSharedOffset for every kernel.
   std::uint64_t staticSharedBytes = 0;
   std::uint64_t dynamicSharedOffset = 0;
+  // Whether a kernel reads %reserved_smem_offset_*: each block then gets the reserved shared
+  // memory a GPU of compute capability 8.0+ sets aside (kReservedSharedBytes, which the device
+  // reports as CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK), after its own.
+  bool usesReservedShared = false;
   // The module's .global/.const variables, laid out in one device allocation.
   std::uint64_t globalBytes = 0;
   std::uint64_t constOffset = 0;             // .const variables from here on: read-only to kernels

@@ -482,6 +482,46 @@ TEST(PtxInterpreter, VideoInstructionsTheSimCannotRunAreNamed) {
   EXPECT_EQ(simd.status(), CUDA_SUCCESS) << simd.message();
 }
 
+// WARP_SZ is PTX's constant for the warp size (nvcc writes it for warpSize); the reserved shared
+// memory a GPU sets aside per block (cooperative_groups keeps its multi-warp scratch at
+// %reserved_smem_offset_1) follows the kernel's own, so using it overwrites none of the kernel's.
+TEST(PtxInterpreter, WarpSizeAndTheReservedSharedMemory) {
+  Harness harness(std::string(kHeader) + R"(
+.visible .entry k(.param .u64 out)
+{
+  .shared .align 4 .b8 own[64];
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [out];
+  mov.u32 %r1, WARP_SZ;
+  mov.u32 %r2, %reserved_smem_offset_begin;
+  mov.u32 %r3, %reserved_smem_offset_end;
+  mov.u32 %r4, %reserved_smem_offset_cap;
+  mov.u32 %r5, %reserved_smem_offset_1;
+  st.shared.u32 [own+60], 7;
+  st.shared.u32 [%r5], 9;
+  add.u32 %r6, %r3, -4;
+  st.shared.u32 [%r6], 11;
+  ld.shared.u32 %r7, [own+60];
+  st.global.v4.u32 [%rd1], {%r1, %r2, %r3, %r4};
+  st.global.v2.u32 [%rd1+16], {%r5, %r7};
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> out(6, 0);
+  harness.addRange(out);
+  const LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(out[0], 32u);
+  EXPECT_GE(out[1], 64u) << "the reserved region starts after the kernel's own shared memory";
+  EXPECT_EQ(out[2], out[1] + kReservedSharedBytes);
+  EXPECT_EQ(out[3], kReservedSharedBytes);
+  EXPECT_GE(out[4], out[1]);
+  EXPECT_LE(out[4] + 288, out[2]) << "cooperative_groups expects 288 bytes from offset 1";
+  EXPECT_EQ(out[5], 7u);
+}
+
 // A texture handle is the address of a header in the client's memory (tests/programs/cudart/
 // textures checks the sampling itself): the header and the texels are read through the launch's
 // memory checks, so a handle reaches nothing the client's own loads could not.
