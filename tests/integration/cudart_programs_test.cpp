@@ -130,6 +130,13 @@ TEST_P(CudartPrograms, ACooperativeGridSynchronisesAsAWhole) {
   EXPECT_NE(result.output.find("cooperative: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, ThreadBlockTilesOfSeveralWarpsGiveTheHostsResults) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("thread_groups"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("thread-groups: PASSED"), std::string::npos) << result.output;
+}
+
 // Texture and surface objects over CUDA arrays, linear and pitched memory: what each fetch, gather
 // and surface load or store gives is what the program computes on the host.
 TEST_P(CudartPrograms, TexturesAndSurfacesGiveTheHostsResults) {
