@@ -62,10 +62,22 @@ struct DeviceRecord {
   }
 };
 
+// What cuStreamSetAttribute set on a stream that changes no result, kept so that
+// cuStreamGetAttribute answers it: the L2 access policy window (a cache hint), how the host waits
+// for the stream, and the memory synchronisation domain its kernels' fences name (the sim's
+// memory is coherent in every domain; on a GPU the default domain's fences reach furthest).
+struct StreamHints {
+  CUaccessPolicyWindow accessPolicyWindow{};
+  int synchronizationPolicy = CU_SYNC_POLICY_AUTO;
+  int memSyncDomain = CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT;
+  CUlaunchMemSyncDomainMap memSyncDomainMap{0, 1};
+};
+
 struct StreamRecord {
   std::uint64_t context = 0;
   unsigned flags = 0;  // as created (CU_STREAM_NON_BLOCKING or 0)
   int priority = 0;    // as requested, clamped to the device's range
+  StreamHints hints;
 };
 
 struct ContextRecord {
@@ -81,6 +93,8 @@ struct ContextRecord {
   // What cuCtxSetLimit granted, by CUlimit; a limit not here has the driver's default. Cleared
   // with the context's resources (a primary context reset).
   std::map<int, std::size_t> limits{};
+  // cuStreamSetAttribute's hints on the context's default streams (NULL, legacy, per-thread).
+  StreamHints defaultStreamHints{};
 };
 
 // What cuLaunchKernel needs to know about a CUfunction without asking the daemon.
@@ -200,6 +214,15 @@ public:
 
   void addStream(std::uint64_t stream, StreamRecord record);
   std::optional<StreamRecord> stream(std::uint64_t stream) const;
+  // Changes a known stream's record; false when there is none.
+  template <typename Change>
+  bool updateStream(std::uint64_t stream, Change&& change) {
+    std::lock_guard lock(tablesMutex_);
+    auto found = streams_.find(stream);
+    if (found == streams_.end()) return false;
+    change(found->second);
+    return true;
+  }
   std::optional<std::uint64_t> streamContext(std::uint64_t stream) const;
   void forgetStream(std::uint64_t stream);
 

@@ -335,6 +335,7 @@ TEST_F(DriverSurface, ArraysAndTextureObjectsCheckTheirArguments) {
                  {"tex-past-the-allocation", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
+// Streams not capturing say so, have ids, and keep the attributes set on them.
 TEST_F(DriverSurface, StreamsNotCapturingSaySoAndHaveIds) {
   expectAnswers({{"is-capturing", "CUDA_SUCCESS"},
                  {"is-capturing-status", "0"},
@@ -344,6 +345,14 @@ TEST_F(DriverSurface, StreamsNotCapturingSaySoAndHaveIds) {
                  {"stream-ids-differ", "yes"},
                  {"context-id", "CUDA_SUCCESS"},
                  {"context-id-stable", "yes"},
+                 {"attr-window-set", "CUDA_SUCCESS"},
+                 {"attr-window-kept", "yes"},
+                 {"attr-window-copied", "yes"},
+                 {"attr-window-bad-ratio", "CUDA_ERROR_INVALID_VALUE"},
+                 {"attr-sync-policy", "3"},  // CU_SYNC_POLICY_YIELD
+                 {"attr-priority", "0"},
+                 {"attr-priority-change", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"attr-not-of-streams", "CUDA_ERROR_INVALID_VALUE"},
                  {"driver_surface", "done"}});
 }
 

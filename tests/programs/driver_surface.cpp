@@ -713,6 +713,44 @@ void streamQueries() {
   unsigned long long sameContextId = 1;
   MUST(cuCtxGetId(gContext, &sameContextId));
   reportYes("context-id-stable", contextId == sameContextId);
+
+  // Stream attributes: hints are kept and answered; the priority is the stream's.
+  CUstreamAttrValue window{};
+  window.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(std::uintptr_t{0x1000});
+  window.accessPolicyWindow.num_bytes = 1 << 20;
+  window.accessPolicyWindow.hitRatio = 0.6f;
+  window.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+  window.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+  report("attr-window-set",
+         cuStreamSetAttribute(first, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &window));
+  CUstreamAttrValue back{};
+  MUST(cuStreamGetAttribute(first, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &back));
+  reportYes("attr-window-kept",
+            back.accessPolicyWindow.num_bytes == (1 << 20) &&
+                back.accessPolicyWindow.hitRatio == 0.6f &&
+                back.accessPolicyWindow.hitProp == CU_ACCESS_PROPERTY_PERSISTING);
+  MUST(cuStreamCopyAttributes(second, first));
+  CUstreamAttrValue copied{};
+  MUST(cuStreamGetAttribute(second, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &copied));
+  reportYes("attr-window-copied", copied.accessPolicyWindow.num_bytes == (1 << 20));
+  CUstreamAttrValue bad = window;
+  bad.accessPolicyWindow.hitRatio = 1.5f;
+  report("attr-window-bad-ratio",
+         cuStreamSetAttribute(first, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &bad));
+  CUstreamAttrValue policy{};
+  policy.syncPolicy = CU_SYNC_POLICY_YIELD;
+  MUST(cuStreamSetAttribute(nullptr, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &policy));
+  CUstreamAttrValue policyBack{};
+  MUST(cuStreamGetAttribute(nullptr, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY, &policyBack));
+  reportNumber("attr-sync-policy", policyBack.syncPolicy);
+  CUstreamAttrValue priority{};
+  MUST(cuStreamGetAttribute(first, CU_LAUNCH_ATTRIBUTE_PRIORITY, &priority));
+  reportNumber("attr-priority", priority.priority);
+  priority.priority -= 1;
+  report("attr-priority-change",
+         cuStreamSetAttribute(first, CU_LAUNCH_ATTRIBUTE_PRIORITY, &priority));
+  report("attr-not-of-streams",
+         cuStreamGetAttribute(first, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &priority));
   MUST(cuStreamDestroy(first));
   MUST(cuStreamDestroy(second));
 }

@@ -3,9 +3,11 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <span>
 
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/stream_capture.hpp"
 
@@ -18,6 +20,7 @@ using gpuproxy::stub::handleValue;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
+using gpuproxy::stub::StreamHints;
 using gpuproxy::stub::StreamRecord;
 using gpuproxy::stub::StreamTarget;
 using gpuproxy::stub::toHandle;
@@ -61,9 +64,10 @@ CUresult createStream(const char* entryPoint, CUstream* phStream, unsigned flags
     std::optional<ContextRecord> record = runtime.context(context);
     const DeviceRecord* device =
         record ? runtime.device(static_cast<CUdevice>(record->device)) : nullptr;
-    runtime.addStream(reply.handle,
-                      StreamRecord{context, flags,
-                                   device != nullptr ? device->clampStreamPriority(priority) : 0});
+    runtime.addStream(
+        reply.handle,
+        StreamRecord{context, flags, device != nullptr ? device->clampStreamPriority(priority) : 0,
+                     StreamHints{}});
     *phStream = toHandle<CUstream>(reply.handle);
     return CUDA_SUCCESS;
   });
@@ -76,7 +80,9 @@ CUresult describeStream(Runtime& runtime, CUstream hStream, StreamRecord& out) {
   if (isReservedStream(value)) {
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    out = StreamRecord{context, 0, 0};
+    std::optional<ContextRecord> record = runtime.context(context);
+    if (!record) return CUDA_ERROR_INVALID_CONTEXT;
+    out = StreamRecord{context, 0, 0, record->defaultStreamHints};
     return CUDA_SUCCESS;
   }
   std::optional<StreamRecord> record = runtime.stream(value);
@@ -266,6 +272,167 @@ GPUPROXY_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) 
 GPUPROXY_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
                                                     int priority) {
   return createStream(__func__, phStream, flags, priority);
+}
+
+// ---- stream attributes ---------------------------------------------------------------------
+
+namespace {
+
+// The launch attributes CUDA defines for streams; all but the priority are hints that change no
+// result (StreamHints), kept and answered. The priority is the one the stream was created with.
+CUresult setStreamAttribute(const char* entryPoint, CUstream hStream, CUstreamAttrID attr,
+                            const CUstreamAttrValue* value) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamRecord record;
+    if (CUresult described = describeStream(runtime, hStream, record); described != CUDA_SUCCESS) {
+      return described;
+    }
+    std::optional<ContextRecord> context = runtime.context(record.context);
+    const DeviceRecord* device =
+        context ? runtime.device(static_cast<CUdevice>(context->device)) : nullptr;
+    auto deviceLimit = [&](CUdevice_attribute attribute, int fallback) {
+      return device != nullptr ? device->attribute(attribute).value_or(fallback) : fallback;
+    };
+    StreamHints hints = record.hints;
+    switch (gpuproxy::stub::enumValue(attr)) {
+      case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: {
+        const CUaccessPolicyWindow& window = value->accessPolicyWindow;
+        const int hit = gpuproxy::stub::enumValue(window.hitProp);
+        const int miss = gpuproxy::stub::enumValue(window.missProp);
+        const auto largest = static_cast<std::size_t>(
+            std::max(deviceLimit(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, 0), 0));
+        if (!(window.hitRatio >= 0.0f && window.hitRatio <= 1.0f) || window.num_bytes > largest ||
+            hit < CU_ACCESS_PROPERTY_NORMAL || hit > CU_ACCESS_PROPERTY_PERSISTING ||
+            miss < CU_ACCESS_PROPERTY_NORMAL || miss > CU_ACCESS_PROPERTY_STREAMING) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        hints.accessPolicyWindow = window;
+        break;
+      }
+      case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: {
+        const int policy = gpuproxy::stub::enumValue(value->syncPolicy);
+        if (policy < CU_SYNC_POLICY_AUTO || policy > CU_SYNC_POLICY_BLOCKING_SYNC) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        hints.synchronizationPolicy = policy;
+        break;
+      }
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: {
+        const int domain = gpuproxy::stub::enumValue(value->memSyncDomain);
+        if (domain != CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT &&
+            domain != CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        hints.memSyncDomain = domain;
+        break;
+      }
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: {
+        const int domains = deviceLimit(CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT, 1);
+        if (value->memSyncDomainMap.default_ >= domains ||
+            value->memSyncDomainMap.remote >= domains) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        hints.memSyncDomainMap = value->memSyncDomainMap;
+        break;
+      }
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY: {
+        // The daemon placed the stream at its priority when it made it.
+        const int asked = device != nullptr ? device->clampStreamPriority(value->priority) : 0;
+        if (asked == record.priority) return CUDA_SUCCESS;
+        GPUPROXY_STUB_LOG(kWarn, "%s: a stream's priority cannot change after it is created",
+                          entryPoint);
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      default:
+        return CUDA_ERROR_INVALID_VALUE;  // not an attribute of streams
+    }
+    const std::uint64_t stream = handleValue(hStream);
+    if (isReservedStream(stream)) {
+      runtime.updateContext(record.context,
+                            [&](ContextRecord& owner) { owner.defaultStreamHints = hints; });
+    } else {
+      runtime.updateStream(stream, [&](StreamRecord& owner) { owner.hints = hints; });
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult getStreamAttribute(const char* entryPoint, CUstream hStream, CUstreamAttrID attr,
+                            CUstreamAttrValue* value) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamRecord record;
+    if (CUresult described = describeStream(runtime, hStream, record); described != CUDA_SUCCESS) {
+      return described;
+    }
+    switch (gpuproxy::stub::enumValue(attr)) {
+      case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+        value->accessPolicyWindow = record.hints.accessPolicyWindow;
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
+        value->syncPolicy =
+            static_cast<CUsynchronizationPolicy>(record.hints.synchronizationPolicy);
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+        value->memSyncDomain = static_cast<CUlaunchMemSyncDomain>(record.hints.memSyncDomain);
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        value->memSyncDomainMap = record.hints.memSyncDomainMap;
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+        value->priority = record.priority;
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  });
+}
+
+// Every attribute of `src` that can be set is set on `dst` (the priority stays `dst`'s own).
+CUresult copyStreamAttributes(const char* entryPoint, CUstream dst, CUstream src) {
+  for (const CUstreamAttrID id :
+       {CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY,
+        CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP}) {
+    CUstreamAttrValue value{};
+    if (CUresult got = getStreamAttribute(entryPoint, src, id, &value); got != CUDA_SUCCESS) {
+      return got;
+    }
+    if (CUresult set = setStreamAttribute(entryPoint, dst, id, &value); set != CUDA_SUCCESS) {
+      return set;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuStreamSetAttribute(CUstream hStream, CUstreamAttrID attr,
+                                              const CUstreamAttrValue* value) {
+  return setStreamAttribute(__func__, hStream, attr, value);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamSetAttribute_ptsz(CUstream hStream, CUstreamAttrID attr,
+                                                   const CUstreamAttrValue* value) {
+  return setStreamAttribute(__func__, hStream, attr, value);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetAttribute(CUstream hStream, CUstreamAttrID attr,
+                                              CUstreamAttrValue* value_out) {
+  return getStreamAttribute(__func__, hStream, attr, value_out);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetAttribute_ptsz(CUstream hStream, CUstreamAttrID attr,
+                                                   CUstreamAttrValue* value_out) {
+  return getStreamAttribute(__func__, hStream, attr, value_out);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamCopyAttributes(CUstream dst, CUstream src) {
+  return copyStreamAttributes(__func__, dst, src);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamCopyAttributes_ptsz(CUstream dst, CUstream src) {
+  return copyStreamAttributes(__func__, dst, src);
 }
 
 GPUPROXY_EXPORT CUresult cuStreamGetPriority(CUstream hStream, int* priority) {
