@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "client/stub/api/cuda_arrays.hpp"
@@ -97,6 +98,9 @@ std::optional<std::uint64_t> extentOf(const Side& side, std::uint64_t width, std
   }
   return extent - side.address;
 }
+
+// A device-to-host copy of rows whose span is at most this is one copy of the span.
+constexpr std::uint64_t kGatheredSpanBytes = 64ull << 20;
 
 // One contiguous piece, through the copy path its two sides call for.
 CUresult copyPiece(Runtime& runtime, const StreamTarget& target, const Side& dst, const Side& src,
@@ -197,7 +201,23 @@ CUresult memcpy2D(const char* entryPoint, const CUDA_MEMCPY2D* copy, CUstream st
     }
     const StreamTarget& queueOn = elsewhere ? *elsewhere : target;
     const bool contiguous = height == 1 || (src.pitch == width && dst.pitch == width);
-    if (contiguous) {
+    if (!contiguous && src.device && !dst.device && *srcExtent <= kGatheredSpanBytes) {
+      // Device to host memory the stub writes itself waits for each piece, so row by row would be
+      // a round trip per row (a column of a matrix: one per element). The rows' whole span comes
+      // over in one copy instead, and the rows are taken out of it here.
+      std::unique_ptr<std::byte[]> span(new std::byte[*srcExtent]);
+      if (CUresult copied = runtime.commands().copyDeviceToHost(
+              queueOn, span.get(), src.address, static_cast<std::size_t>(*srcExtent),
+              /*blocking=*/true);
+          copied != CUDA_SUCCESS) {
+        return copied;
+      }
+      for (std::uint64_t row = 0; row < height; ++row) {
+        std::memcpy(
+            reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst.address + row * dst.pitch)),
+            span.get() + row * src.pitch, static_cast<std::size_t>(width));
+      }
+    } else if (contiguous) {
       if (CUresult copied =
               copyPiece(runtime, queueOn, dst, src, dst.address, src.address, width * height);
           copied != CUDA_SUCCESS) {
