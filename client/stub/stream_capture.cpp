@@ -327,18 +327,20 @@ CUresult CapturingSink::copyWithHost(const StreamTarget& target, bool hostToDevi
     return hostToDevice ? transport_->copyHostToDevice(target, device, host, bytes, blocking)
                         : transport_->copyDeviceToHost(target, host, device, bytes, blocking);
   }
-  // A graph's copy reads (or writes) the host buffer each time it runs: page-locked memory only,
-  // as the driver allows; pageable memory's bytes would have to be taken at capture.
+  // A graph's copy reads (or writes) the host buffer each time it runs, page-locked or pageable
+  // (NVIDIA's simpleCudaGraphs captures a copy into a variable on the stack). A blocking copy
+  // cannot be captured.
   const auto address = reinterpret_cast<std::uint64_t>(host);
   std::optional<HostAllocationRange> range = hostAllocationContaining(address);
   const bool pageLocked = range && bytes <= range->bytes - (address - range->start);
-  if (blocking || !pageLocked) return *captures_.unsupported(target.stream);
+  if (blocking) return *captures_.unsupported(target.stream);
   GraphNode node;
   node.kind = GraphNode::Kind::kMemcpy;
   node.hostToDevice = hostToDevice;
   node.device = device;
   node.host = host;
   node.bytes = bytes;
+  node.pageable = !pageLocked;
   return captures_.capture(target.stream, std::move(node))
       .value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 }
@@ -418,9 +420,19 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
           break;
       }
     } else if (node.host != nullptr) {
-      sent = node.hostToDevice
-                 ? copyHostToDevice(target, node.device, node.host, node.bytes, false)
-                 : copyDeviceToHost(target, node.host, node.device, node.bytes, false);
+      // Pageable memory is read when the copy is sent, so what the graph did before it (a host
+      // node, a copy into the same buffer) must have finished; a copy to pageable memory waits
+      // for its data anyway. A launch into a capturing stream is captured, not run.
+      if (node.pageable && node.hostToDevice &&
+          captures_.statusOf(target.stream).status == CU_STREAM_CAPTURE_STATUS_NONE) {
+        sent = transport_->synchronize(target.context, ring::SynchronizeKind::kStream,
+                                       target.stream, /*query=*/false);
+      }
+      if (sent == CUDA_SUCCESS) {
+        sent = node.hostToDevice
+                   ? copyHostToDevice(target, node.device, node.host, node.bytes, false)
+                   : copyDeviceToHost(target, node.host, node.device, node.bytes, false);
+      }
     } else if (node.command) {
       ring::Command command = *node.command;
       std::visit(

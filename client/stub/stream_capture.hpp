@@ -43,12 +43,14 @@ struct GraphNode {
   // are replaced at each launch of the graph).
   std::optional<protocol::ring::Command> command;
   std::vector<std::byte> parameters;  // a launch's, which command's view then points into
-  // A copy between device memory and page-locked host memory (which the graph reads or writes at
-  // each launch, as a GPU's copy node does).
+  // A copy between device memory and host memory (which the graph reads or writes at each launch,
+  // as a GPU's copy node does). `pageable`: the host side is not page-locked, so a launch reads it
+  // only once the work before the node has finished, as a copy from pageable memory waits.
   bool hostToDevice = false;
   CUdeviceptr device = 0;
   void* host = nullptr;
   std::size_t bytes = 0;
+  bool pageable = false;
   // A memcpy or memset node added with its parameters, run as cuMemcpy3DAsync or cuMemsetD2D*Async
   // would run them at each launch.
   std::optional<CUDA_MEMCPY3D> copy;

@@ -670,6 +670,11 @@ GpuClient::HostFunctionHold GpuClient::holdForHostFunction(Handle context, Handl
   if (!target) {
     return refused(stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
   }
+  // Stream work like any other: ordered with the legacy NULL stream, and counted, so that a
+  // synchronisation of the stream waits for the function to have returned.
+  if (CUresult ordered = orderForLegacyStream(*target); ordered != CUDA_SUCCESS) {
+    return refused(ordered);
+  }
   CallbackOnLoop reached = callbackOnLoop();
   auto gate = shard_.dispatcher().pushHostGate(*target->stream, std::move(reached.callback));
   if (!gate.ok()) return refused(gate.code());

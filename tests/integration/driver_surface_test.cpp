@@ -221,8 +221,9 @@ TEST_F(DriverSurface, WhatCaptureCannotHoldIsRefusedAndSpoilsTheCapture) {
                  {"capture-relaxed-context-sync", "CUDA_SUCCESS"},
                  {"capture-global-context-sync", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
                  {"capture-global-context-sync-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
-                 {"capture-pageable-copy", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
-                 {"capture-pageable-copy-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"}});
+                 {"capture-pageable-copy", "CUDA_SUCCESS"},
+                 {"capture-pageable-copy-end", "CUDA_SUCCESS"},
+                 {"capture-pageable-results", "yes"}});
 }
 
 TEST_F(DriverSurface, UnknownPointers) {
@@ -258,6 +259,7 @@ TEST_F(DriverSurface, HostFunctionsRunInStreamOrder) {
                    {prefix + "-before-later-work", "yes"}});
   }
   expectAnswers({{"callback-status", "CUDA_SUCCESS"},
+                 {"host-func-alone-synchronized", "yes"},
                  {"host-func-null", "CUDA_ERROR_INVALID_VALUE"},
                  {"callback-flags", "CUDA_ERROR_INVALID_VALUE"}});
 }

@@ -578,6 +578,20 @@ void hostFunctions(CUfunction fillU32) {
     reportYes(check, later);
     if (callback) report("callback-status", step.status);
   }
+  // A host function the last thing on its stream, and on the NULL stream: a synchronisation of
+  // the stream returns once it has run, each of three times.
+  std::atomic<int> alone{0};
+  auto count = [](void* data) { static_cast<std::atomic<int>*>(data)->fetch_add(1); };
+  bool seen = true;
+  for (int round = 1; round <= 3; ++round) {
+    MUST(cuLaunchHostFunc(stream, count, &alone));
+    MUST(cuStreamSynchronize(stream));
+    seen = seen && alone.load() == 2 * round - 1;
+    MUST(cuLaunchHostFunc(nullptr, count, &alone));
+    MUST(cuStreamSynchronize(nullptr));
+    seen = seen && alone.load() == 2 * round;
+  }
+  reportYes("host-func-alone-synchronized", seen);
   report("host-func-null", cuLaunchHostFunc(stream, nullptr, nullptr));
   report("callback-flags", cuStreamAddCallback(stream, &hostCallback, nullptr, 1));
   MUST(cuMemFreeHost(pinned));
@@ -969,11 +983,36 @@ void graphs(CUfunction fillU32) {
   CUdeviceptr temporary = 0;
   report("capture-alloc-async", cuMemAllocAsync(&temporary, 256, stream));
   report("capture-alloc-async-end", cuStreamEndCapture(stream, &none));
-  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  // Copies with pageable memory are captured too, and read it when they run: after the host
+  // function before them has changed it.
+  CUdeviceptr pageableTarget = 0;
+  MUST(cuMemAlloc(&pageableTarget, 16 * sizeof(unsigned)));
   std::vector<unsigned> pageable(16, 3);
+  std::vector<unsigned> pageableBack(16, 0);
+  MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  MUST(cuLaunchHostFunc(
+      stream,
+      [](void* data) {
+        for (unsigned& value : *static_cast<std::vector<unsigned>*>(data)) value += 2;
+      },
+      &pageable));
   report("capture-pageable-copy",
-         cuMemcpyHtoDAsync(words, pageable.data(), 16 * sizeof(unsigned), stream));
-  report("capture-pageable-copy-end", cuStreamEndCapture(stream, &none));
+         cuMemcpyHtoDAsync(pageableTarget, pageable.data(), 16 * sizeof(unsigned), stream));
+  MUST(cuMemcpyDtoHAsync(pageableBack.data(), pageableTarget, 16 * sizeof(unsigned), stream));
+  CUgraph pageableGraph = nullptr;
+  report("capture-pageable-copy-end", cuStreamEndCapture(stream, &pageableGraph));
+  CUgraphExec pageableExec = nullptr;
+  MUST(cuGraphInstantiate(&pageableExec, pageableGraph, 0));
+  bool pageableRight = true;
+  for (unsigned launch = 1; launch <= 2; ++launch) {
+    MUST(cuGraphLaunch(pageableExec, stream));
+    MUST(cuStreamSynchronize(stream));
+    for (unsigned value : pageableBack) pageableRight = pageableRight && value == 3 + 2 * launch;
+  }
+  reportYes("capture-pageable-results", pageableRight);
+  MUST(cuGraphExecDestroy(pageableExec));
+  MUST(cuGraphDestroy(pageableGraph));
+  MUST(cuMemFree(pageableTarget));
   // A relaxed thread may synchronise the context during capture; a global one may not.
   MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
