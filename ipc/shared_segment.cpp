@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <system_error>
 #include <utility>
@@ -315,6 +316,50 @@ std::optional<SharedWindow> sharedWindowOf(const void* address, std::size_t byte
   }
   ::closedir(descriptors);
   if (!window.fd) return std::nullopt;
+  return window;
+}
+
+std::optional<SharedWindow> shareInPlace(void* address, std::size_t bytes) {
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  if (bytes == 0 || start % pageSize() != 0 || bytes % pageSize() != 0 || start + bytes < start) {
+    return std::nullopt;
+  }
+  // Every page of the range in a private anonymous read-write mapping ("[heap]" counts; files,
+  // shared memory, the stack and read-only memory do not).
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return std::nullopt;
+  std::uintptr_t covered = start;
+  char line[4096];
+  while (covered < start + bytes && std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long long low = 0, high = 0, offset = 0, inode = 0;
+    unsigned major = 0, minor = 0;
+    char perms[8] = {};
+    char path[4096] = {};
+    const int fields = std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %4095s", &low, &high, perms,
+                                   &offset, &major, &minor, &inode, path);
+    if (fields < 7 || high <= covered || low > covered) continue;
+    const bool anonymous = inode == 0 && (fields == 7 || std::strcmp(path, "[heap]") == 0);
+    if (!anonymous || std::strncmp(perms, "rw-p", 4) != 0) break;
+    covered = high;
+  }
+  std::fclose(maps);
+  if (covered < start + bytes) return std::nullopt;
+
+  UniqueFd fd(::memfd_create("gpuproxy-registered", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return std::nullopt;
+  void* copy = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (copy == MAP_FAILED) return std::nullopt;
+  std::memcpy(copy, address, bytes);
+  ::munmap(copy, bytes);
+  if (::fcntl(fd.get(), F_ADD_SEALS, SharedSegment::kRequiredSeals) != 0) return std::nullopt;
+  // MAP_FIXED over memory the caller owns, replaced in one step: no other mapping can land in
+  // between.
+  if (::mmap(address, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0) !=
+      address) {
+    return std::nullopt;
+  }
+  SharedWindow window;
+  window.fd = std::move(fd);
   return window;
 }
 

@@ -163,4 +163,13 @@ struct SharedWindow {
 // mappings, or no descriptor to be had.
 std::optional<SharedWindow> sharedWindowOf(const void* address, std::size_t bytes);
 
+// Makes [address, address + bytes) shareable where it is: when the range lies wholly in private,
+// anonymous, read-write mappings (malloc's larger blocks, an mmap of its own, the heap), its pages
+// are copied into a new memfd (sealed as SharedSegment's are) that is mapped over them at the same
+// address, MAP_FIXED, with the same contents. `address` and `bytes` page-aligned. What another
+// thread writes to the range while it is copied is lost, and the pages stay shared across a
+// fork(), so the caller does this only for memory it was asked to share (cuMemHostRegister of a
+// range of whole pages). nullopt, and the memory untouched, for anything else.
+std::optional<SharedWindow> shareInPlace(void* address, std::size_t bytes);
+
 }  // namespace gpuproxy::ipc

@@ -60,9 +60,10 @@ TEST_F(Pinned, KernelsReadAndWritePinnedMemoryThroughItsDevicePointer) {
   EXPECT_NE(result.output.find("kernel OK"), std::string::npos) << result.output;
 }
 
-// cuMemHostRegister: memory in a shared mapping of a sealed memfd is mapped by the daemon at the
-// same address, so a kernel writes it through its device pointer; malloc'd memory is registered
-// for copies only (DEVICEMAP refused honestly). Over either transport, and through the chain.
+// cuMemHostRegister: memory in a shared mapping of a sealed memfd, and whole pages of private
+// memory (moved into one in place), are mapped by the daemon at the same address, so a kernel
+// writes them through their device pointer; part of malloc'd pages is registered for copies only
+// (DEVICEMAP refused honestly). Over either transport, and through the chain.
 TEST_F(Pinned, RegisteredHostMemoryIsReachableWhereItCanBeShared) {
   RunResult result = probe({"register"});
   ASSERT_NE(result.output.find("register OK"), std::string::npos) << result.output;
@@ -83,6 +84,13 @@ TEST_F(Pinned, RegisteredHostMemoryIsReachableWhereItCanBeShared) {
       {"heap-device-pointer", "CUDA_ERROR_NOT_SUPPORTED"},
       {"unregister-heap-inside", "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"},
       {"unregister-heap", "CUDA_SUCCESS"},
+      {"register-private-pages-devicemap", "CUDA_SUCCESS"},
+      {"private-pages-kept", "yes"},
+      {"private-pages-device-pointer", "CUDA_SUCCESS"},
+      {"private-pages-kernel", "CUDA_SUCCESS"},
+      {"private-pages-kernel-wrote", "yes"},
+      {"unregister-private-pages", "CUDA_SUCCESS"},
+      {"private-pages-usable", "yes"},
       {"register-unsealed-devicemap", "CUDA_ERROR_NOT_SUPPORTED"},
       {"register-null", "CUDA_ERROR_INVALID_VALUE"},
       {"register-empty", "CUDA_ERROR_INVALID_VALUE"},

@@ -10,8 +10,9 @@
 //   pinned_probe async           an async copy returns while the stream is busy; a blocking one
 //                                waits for it
 //   pinned_probe hold BYTES      cuMemHostAlloc, touch every page, then wait to be killed
-//   pinned_probe register        cuMemHostRegister of a sealed memfd's shared mapping (kernels
-//                                reach it) and of malloc'd memory (copies only), and its errors
+//   pinned_probe register        cuMemHostRegister of a sealed memfd's shared mapping and of
+//                                whole pages of private memory (kernels reach both) and of part
+//                                of malloc'd pages (copies only), and its errors
 //   pinned_probe hold-registered BYTES   cuMemHostRegister of BYTES of shared memory, then wait
 //                                to be killed
 #include <cuda.h>
@@ -328,6 +329,46 @@ int registered() {
   expectSame(landing.data(), heap.data(), heap.size(), "copies of registered heap memory");
   report("unregister-heap-inside", cuMemHostUnregister(heap.data() + 1));
   report("unregister-heap", cuMemHostUnregister(heap.data()));
+
+  // Whole pages of the program's own private memory, device-mapped: moved into shared memory
+  // where they are, contents and all, so a kernel writes them too; still the program's after.
+  const std::size_t privateBytes = 3 * page;
+  void* privateMapping =
+      ::mmap(nullptr, privateBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (privateMapping == MAP_FAILED) {
+    std::fprintf(stderr, "mmap failed\n");
+    return 1;
+  }
+  auto* privateBytesAt = static_cast<unsigned char*>(privateMapping);
+  fillPattern(privateBytesAt, privateBytes, 8);
+  std::vector<unsigned char> before(privateBytesAt, privateBytesAt + privateBytes);
+  report("register-private-pages-devicemap",
+         cuMemHostRegister(privateMapping, privateBytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+  std::printf("private-pages-kept %s\n",
+              std::memcmp(before.data(), privateBytesAt, privateBytes) == 0 ? "yes" : "no");
+  CUdeviceptr privateOnDevice = 0;
+  report("private-pages-device-pointer",
+         cuMemHostGetDevicePointer(&privateOnDevice, privateMapping, 0));
+  unsigned long long privateWords = page / sizeof(unsigned);  // the middle page
+  CUdeviceptr middle = privateOnDevice + page;
+  unsigned privateValue = 0x5eed0001u;
+  void* privateParams[] = {&middle, &privateValue, &privateWords};
+  report("private-pages-kernel",
+         cuLaunchKernel(fillU32, static_cast<unsigned>((privateWords + 127) / 128), 1, 1, 128, 1, 1,
+                        0, nullptr, privateParams, nullptr));
+  CHECK(cuCtxSynchronize());
+  bool privateFilled = true;
+  for (unsigned long long i = 0; i < privateWords; ++i) {
+    unsigned word = 0;
+    std::memcpy(&word, privateBytesAt + page + i * sizeof(unsigned), sizeof(word));
+    privateFilled = privateFilled && word == privateValue;
+  }
+  privateFilled = privateFilled && std::memcmp(before.data(), privateBytesAt, page) == 0;
+  std::printf("private-pages-kernel-wrote %s\n", privateFilled ? "yes" : "no");
+  report("unregister-private-pages", cuMemHostUnregister(privateMapping));
+  privateBytesAt[0] = 42;  // the program's memory, as before
+  std::printf("private-pages-usable %s\n", privateBytesAt[0] == 42 ? "yes" : "no");
+  ::munmap(privateMapping, privateBytes);
 
   // What the daemon cannot map safely: a memfd its owner could still shrink.
   unsigned char* unsealed = sharedMemory(1, /*sealed=*/false);

@@ -480,10 +480,13 @@ bool overlapsPageLocked(std::uint64_t address, std::uint64_t bytes) {
 // cuMemHostRegister. Memory that lies in a shared mapping of a sealed memfd (another process's
 // shared segment, such as gpuproxyd's pinned memory when its cuda backend runs on this stub) is
 // mapped by gpuproxyd at the same address and registered with its GPUs: devices reach it, as on
-// a GPU. Other memory (malloc, the stack, private mappings) cannot be shared after the fact; it is
-// registered here alone, for what needs no device mapping: copies from and to it work (through
-// the staging area, as for pageable memory), and CU_MEMHOSTREGISTER_DEVICEMAP is refused with
-// CUDA_ERROR_NOT_SUPPORTED, as cuMemHostGetDevicePointer is for it.
+// a GPU. So is a range of whole pages of private anonymous memory (an mmap of the program's own,
+// malloc's page-aligned blocks) registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages are moved
+// into a memfd first, at the same address. Other memory (part of a page of malloc's, the stack,
+// file mappings) cannot be shared after the fact; it is registered here alone, for what needs no
+// device mapping: copies from and to it work (through the staging area, as for pageable memory),
+// and CU_MEMHOSTREGISTER_DEVICEMAP is refused with CUDA_ERROR_NOT_SUPPORTED, as
+// cuMemHostGetDevicePointer is for it.
 CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned flags) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     constexpr unsigned kKnownFlags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
@@ -506,8 +509,15 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
     const std::uint64_t pageStart = address / page * page;
     const std::uint64_t pageBytes = (address + bytesize + page - 1) / page * page - pageStart;
     bool deviceMapped = false;
-    if (auto window =
-            gpuproxy::ipc::sharedWindowOf(reinterpret_cast<void*>(pageStart), pageBytes)) {
+    std::optional<gpuproxy::ipc::SharedWindow> window =
+        gpuproxy::ipc::sharedWindowOf(reinterpret_cast<void*>(pageStart), pageBytes);
+    // Whole pages of private memory asked to be device-mapped are moved into a memfd in place
+    // (ipc::shareInPlace): the range is the caller's alone, so nothing else on those pages moves.
+    if (!window && (flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0 && pageStart == address &&
+        pageBytes == bytesize) {
+      window = gpuproxy::ipc::shareInPlace(p, bytesize);
+    }
+    if (window) {
       const CUresult result = gpuproxy::stub::registerSharedRange(
           runtime, std::move(window->fd), window->fileOffset, pageStart, pageBytes);
       if (result == CUDA_SUCCESS) {
@@ -525,8 +535,9 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
     if (!deviceMapped && (flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0) {
       GPUPROXY_STUB_LOG(kWarn,
                         "%s: CU_MEMHOSTREGISTER_DEVICEMAP of %p: gpuproxyd can map only memory "
-                        "shared with it (cuMemHostAlloc's, or a shared mapping of a sealed memfd); "
-                        "registered without it, copies work but devices cannot reach the memory",
+                        "shared with it (cuMemHostAlloc's, a shared mapping of a sealed memfd, or "
+                        "whole pages of private anonymous memory); registered without it, copies "
+                        "work but devices cannot reach the memory",
                         entryPoint, p);
       return CUDA_ERROR_NOT_SUPPORTED;
     }

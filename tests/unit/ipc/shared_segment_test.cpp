@@ -237,6 +237,41 @@ TEST(SharedWindow, NoneForPrivateMemoryOrARangeSpanningMappings) {
   EXPECT_FALSE(sharedWindowOf(segment.data(), 2 * pageSize()).has_value());
 }
 
+// cuMemHostRegister of whole pages of private memory: they move into a sealed memfd where they
+// are, with their contents, and are then found as any shared window; a range that is not wholly
+// private anonymous memory, or not whole pages, is left alone.
+TEST(SharedWindow, PrivatePagesAreSharedInPlaceWithTheirContents) {
+  const std::size_t bytes = 3 * pageSize();
+  void* mapping =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapping, MAP_FAILED);
+  auto* data = static_cast<unsigned char*>(mapping);
+  for (std::size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(i * 7);
+  EXPECT_FALSE(shareInPlace(data + 1, pageSize()).has_value());  // not page-aligned
+  auto moved = shareInPlace(mapping, bytes);
+  ASSERT_TRUE(moved.has_value());
+  bool kept = true;
+  for (std::size_t i = 0; i < bytes; ++i)
+    kept = kept && data[i] == static_cast<unsigned char>(i * 7);
+  EXPECT_TRUE(kept);
+  auto window = sharedWindowOf(data + pageSize(), pageSize());
+  ASSERT_TRUE(window.has_value());
+  EXPECT_EQ(window->fileOffset, pageSize());
+  // The same memory through the memfd: a write here is seen there.
+  data[pageSize() + 5] = 0xab;
+  void* other = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, moved->fd.get(), 0);
+  ASSERT_NE(other, MAP_FAILED);
+  EXPECT_EQ(static_cast<unsigned char*>(other)[pageSize() + 5], 0xab);
+  ::munmap(other, bytes);
+  // Shared memory already, or read-only memory: not moved.
+  EXPECT_FALSE(shareInPlace(mapping, bytes).has_value());
+  void* readOnly = ::mmap(nullptr, pageSize(), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(readOnly, MAP_FAILED);
+  EXPECT_FALSE(shareInPlace(readOnly, pageSize()).has_value());
+  ::munmap(readOnly, pageSize());
+  ::munmap(mapping, bytes);
+}
+
 TEST(SharedWindow, MapWindowRefusesAFileThatCouldShrinkOrAWindowPastItsEnd) {
   UniqueFd unsealed(::memfd_create("gpuproxy-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
