@@ -55,8 +55,12 @@ struct TextureHeader {
   std::uint32_t filterMode = CU_TR_FILTER_MODE_POINT;
   std::uint32_t flags = 0;
   float borderColor[4] = {0, 0, 0, 0};
+  // A layered array (1D or 2D, `dimensions`): its layers are its `depth` slices, and a fetch names
+  // one by index (tex.a1d/a2d, suld/sust .a1d/.a2d) without filtering between them. 0: not layered.
+  std::uint32_t layered = 0;
+  std::uint32_t reserved = 0;
 };
-static_assert(sizeof(TextureHeader) == 96, "the header's layout is shared with the interpreter");
+static_assert(sizeof(TextureHeader) == 104, "the header's layout is shared with the interpreter");
 
 // Bytes of one channel of `format`, or 0 for a format the texture unit does not read (the
 // packed, compressed and video formats).

@@ -9,8 +9,8 @@
 // in gpuproxyd's context; the daemon makes none, so there texture and surface objects are
 // CUDA_ERROR_NOT_SUPPORTED (arrays, being memory, are served everywhere).
 //
-// Not served (CUDA_ERROR_NOT_SUPPORTED, with a log line): layered, cube-map, depth, sparse and
-// mip-mapped arrays, formats other than 8/16/32-bit integers, half and float with 1, 2 or 4
+// Not served (CUDA_ERROR_NOT_SUPPORTED, with a log line): cube-map, depth, sparse and mip-mapped
+// arrays, formats other than 8/16/32-bit integers, half and float with 1, 2 or 4
 // channels, resource views, sRGB conversion.
 
 #include <cuda.h>
@@ -87,8 +87,8 @@ bool withinLimit(Runtime& runtime, CUdevice_attribute attribute, std::uint64_t v
 }
 
 // The flags an array may have here: the others ask for layouts the texture unit does not model.
-constexpr unsigned kServedArrayFlags =
-    CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_TEXTURE_GATHER | CUDA_ARRAY3D_COLOR_ATTACHMENT;
+constexpr unsigned kServedArrayFlags = CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_SURFACE_LDST |
+                                       CUDA_ARRAY3D_TEXTURE_GATHER | CUDA_ARRAY3D_COLOR_ATTACHMENT;
 
 CUresult checkArraySize(Runtime& runtime, const CUDA_ARRAY3D_DESCRIPTOR& descriptor) {
   const bool surface = (descriptor.Flags & CUDA_ARRAY3D_SURFACE_LDST) != 0;
@@ -96,7 +96,16 @@ CUresult checkArraySize(Runtime& runtime, const CUDA_ARRAY3D_DESCRIPTOR& descrip
   const std::uint64_t height = descriptor.Height;
   const std::uint64_t depth = descriptor.Depth;
   bool fits = true;
-  if (depth != 0) {
+  if ((descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0) {
+    fits =
+        height == 0
+            ? withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH, width) &&
+                  withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS, depth)
+            : withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH, width) &&
+                  withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT,
+                              height) &&
+                  withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS, depth);
+  } else if (depth != 0) {
     fits =
         withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH, width) &&
         withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT, height) &&
@@ -124,12 +133,16 @@ CUresult createArray(const char* entryPoint, CUarray* handle,
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
     if ((descriptor.Flags & ~kServedArrayFlags) != 0) {
       GPUPROXY_STUB_LOG(kWarn,
-                        "%s: layered, cube-map, depth, sparse and deferred-mapping arrays are not "
+                        "%s: cube-map, depth, sparse and deferred-mapping arrays are not "
                         "supported (flags 0x%x)",
                         entryPoint, descriptor.Flags);
       return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (descriptor.Width == 0 || (descriptor.Height == 0 && descriptor.Depth != 0)) {
+    // A layered array has its layers as Depth (a 1D one no Height); others have no Depth without
+    // a Height.
+    const bool layered = (descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0;
+    if (descriptor.Width == 0 || (layered && descriptor.Depth == 0) ||
+        (!layered && descriptor.Height == 0 && descriptor.Depth != 0)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     const unsigned channels = descriptor.NumChannels;
@@ -143,7 +156,7 @@ CUresult createArray(const char* entryPoint, CUarray* handle,
     }
     // Gather reads the four texels of a 2D footprint.
     if ((descriptor.Flags & CUDA_ARRAY3D_TEXTURE_GATHER) != 0 &&
-        (descriptor.Height == 0 || descriptor.Depth != 0)) {
+        (layered || descriptor.Height == 0 || descriptor.Depth != 0)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     if (CUresult fits = checkArraySize(runtime, descriptor); fits != CUDA_SUCCESS) return fits;
@@ -410,7 +423,11 @@ CUresult describeResource(Runtime& runtime, const char* entryPoint,
       header.width = static_cast<std::uint32_t>(descriptor.Width);
       header.height = static_cast<std::uint32_t>(array->layout.height);
       header.depth = static_cast<std::uint32_t>(descriptor.Depth == 0 ? 1 : descriptor.Depth);
-      header.dimensions = descriptor.Depth != 0 ? 3 : descriptor.Height != 0 ? 2 : 1;
+      header.layered = (descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0 ? 1 : 0;
+      header.dimensions = header.layered != 0      ? (descriptor.Height != 0 ? 2 : 1)
+                          : descriptor.Depth != 0  ? 3
+                          : descriptor.Height != 0 ? 2
+                                                   : 1;
       header.format = gpuproxy::stub::enumValue(descriptor.Format);
       header.channels = descriptor.NumChannels;
       return CUDA_SUCCESS;

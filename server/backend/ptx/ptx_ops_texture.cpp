@@ -13,8 +13,9 @@
 // alpha as 1. Linear memory (tex1Dfetch) reads 0 outside it. tld4 returns channel `component` of
 // the four texels of the bilinear footprint, counter-clockwise from the lower left.
 //
-// Not modelled, refused at load by name: layered, cube-map and multi-sample geometries, depth
-// comparison, formatted surface stores (sust.p), surface reductions (sured).
+// Layered geometries (.a1d, .a2d) name a layer by index, clamped to the layers there are, and
+// sample within it. Not modelled, refused at load by name: cube-map and multi-sample geometries,
+// depth comparison, formatted surface stores (sust.p), surface reductions (sured).
 
 #include <algorithm>
 #include <array>
@@ -206,9 +207,9 @@ bool mapIndex(std::int64_t index, std::uint32_t size, std::uint32_t mode, std::u
 // Reads the texel at `index` (one per dimension the resource has) through the address modes, or
 // the border colour, or (linear memory outside itself) zeros.
 bool fetch(ExecContext& context, const TextureHeader& header, const std::int64_t* index,
-           std::uint32_t lane, bool integers, Texel& texel) {
+           std::uint32_t layer, std::uint32_t lane, bool integers, Texel& texel) {
   const bool normalized = (header.flags & CU_TRSF_NORMALIZED_COORDINATES) != 0;
-  std::uint32_t at[3] = {0, 0, 0};
+  std::uint32_t at[3] = {0, 0, layer};
   for (unsigned d = 0; d < header.dimensions; ++d) {
     const std::uint32_t size = extentOf(header, d);
     if (header.resource == TextureResource::kLinear) {
@@ -249,6 +250,15 @@ void texelCoordinates(ExecContext& context, const TextureOperation& operation,
   }
 }
 
+// The layer a layered fetch names, clamped to the layers the resource has (0 for any other).
+std::uint32_t layerOf(ExecContext& context, const TextureOperation& operation,
+                      const TextureHeader& header, std::uint32_t lane) {
+  if (!operation.layered || header.layered == 0) return 0;
+  const auto index = static_cast<std::int32_t>(context.row(operation.layer)[lane]);
+  return static_cast<std::uint32_t>(
+      std::clamp<std::int64_t>(index, 0, static_cast<std::int64_t>(header.depth) - 1));
+}
+
 // Linear filtering's first texel and weight along one dimension.
 void footprint(float u, std::int64_t& first, float& weight) {
   const float shifted = u - 0.5f;
@@ -260,13 +270,14 @@ void footprint(float u, std::int64_t& first, float& weight) {
 bool sample(ExecContext& context, const TextureOperation& operation, const TextureHeader& header,
             std::uint32_t lane, Texel& result) {
   const bool integers = readsIntegers(header) || operation.result != Result::kF32;
+  const std::uint32_t layer = layerOf(context, operation, header, lane);
   float u[3] = {0, 0, 0};
   texelCoordinates(context, operation, header, lane, u);
   // Integer coordinates name a texel; so does point filtering, and integers cannot be filtered.
   if (operation.integerCoordinates || header.filterMode == CU_TR_FILTER_MODE_POINT || integers) {
     std::int64_t index[3] = {0, 0, 0};
     for (unsigned d = 0; d < header.dimensions; ++d) index[d] = floorIndex(u[d]);
-    return fetch(context, header, index, lane, integers, result);
+    return fetch(context, header, index, layer, lane, integers, result);
   }
   std::int64_t first[3] = {0, 0, 0};
   float weight[3] = {0, 0, 0};
@@ -282,7 +293,7 @@ bool sample(ExecContext& context, const TextureOperation& operation, const Textu
       scale *= next ? weight[d] : 1.0f - weight[d];
     }
     Texel texel;
-    if (!fetch(context, header, index, lane, false, texel)) return false;
+    if (!fetch(context, header, index, layer, lane, false, texel)) return false;
     for (unsigned channel = 0; channel < 4; ++channel) {
       sum[channel] += scale * std::bit_cast<float>(texel[channel]);
     }
@@ -297,6 +308,7 @@ bool sample(ExecContext& context, const TextureOperation& operation, const Textu
 bool gather(ExecContext& context, const TextureOperation& operation, const TextureHeader& header,
             std::uint32_t lane, Texel& result) {
   const bool integers = readsIntegers(header) || operation.result != Result::kF32;
+  const std::uint32_t layer = layerOf(context, operation, header, lane);
   float u[3] = {0, 0, 0};
   texelCoordinates(context, operation, header, lane, u);
   std::int64_t first[2] = {0, 0};
@@ -307,7 +319,7 @@ bool gather(ExecContext& context, const TextureOperation& operation, const Textu
   for (unsigned k = 0; k < 4; ++k) {
     const std::int64_t index[3] = {first[0] + kOffsets[k][0], first[1] + kOffsets[k][1], 0};
     Texel texel;
-    if (!fetch(context, header, index, lane, integers, texel)) return false;
+    if (!fetch(context, header, index, layer, lane, integers, texel)) return false;
     result[k] = texel[operation.component];
   }
   return true;
@@ -393,6 +405,14 @@ bool surfaceHandler(ExecContext& context, const Instruction& instruction, std::u
         at[d] = std::clamp<std::int64_t>(at[d], 0, std::max<std::int64_t>(last[d], 0));
       }
     }
+    // A layered access's layer is its slice, outside the surface as any coordinate is.
+    if (operation.layered) {
+      at[2] = static_cast<std::int32_t>(context.row(operation.layer)[lane]);
+      if (at[2] < 0 || at[2] > last[2]) {
+        outside = true;
+        at[2] = std::clamp<std::int64_t>(at[2], 0, last[2]);
+      }
+    }
     if (last[0] < 0) outside = true;  // the access is wider than a row
     const bool store = operation.kind == Kind::kSurfaceStore;
     if (outside) {
@@ -432,15 +452,16 @@ bool surfaceHandler(ExecContext& context, const Instruction& instruction, std::u
 
 bool takeGeometry(Qualifiers& qualifiers, OperandResolver& resolver, bool& unsupported,
                   TextureOperation& operation) {
-  const std::string_view geometry = qualifiers.takeAny({"1d", "2d", "3d"});
+  const std::string_view geometry = qualifiers.takeAny({"1d", "2d", "3d", "a1d", "a2d"});
   if (geometry.empty()) {
-    if (!qualifiers.takeAny({"a1d", "a2d", "cube", "acube", "2dms", "a2dms"}).empty()) {
+    if (!qualifiers.takeAny({"cube", "acube", "2dms", "a2dms"}).empty()) {
       return unsupportedBinding(resolver, unsupported,
-                                "layered, cube-map and multi-sample textures and surfaces");
+                                "cube-map and multi-sample textures and surfaces");
     }
     return bindError(resolver, "texture or surface instruction without a geometry");
   }
-  operation.dimensions = static_cast<std::uint8_t>(geometry[0] - '0');
+  operation.layered = geometry[0] == 'a';
+  operation.dimensions = static_cast<std::uint8_t>(geometry[operation.layered ? 1 : 0] - '0');
   return true;
 }
 
@@ -463,12 +484,19 @@ bool bindTextureAddress(const Operand& address, Type coordinateType, bool withCo
   if (!withCoordinates) {
     return address.elements.empty() ? true : bindError(resolver, "unexpected coordinates");
   }
-  const std::size_t expected = operation.dimensions == 3 ? 4 : operation.dimensions;
-  if (address.elements.size() != expected && address.elements.size() != operation.dimensions) {
+  // {x}, {x, y}, {x, y, z, _}; layered: {layer, x}, {layer, x, y, _}.
+  const std::size_t used = operation.dimensions + (operation.layered ? 1 : 0);
+  const std::size_t expected = used == 3 ? 4 : used;
+  if (address.elements.size() != expected && address.elements.size() != used) {
     return bindError(resolver, "expected " + std::to_string(expected) + " coordinates");
   }
+  std::size_t next = 0;
+  if (operation.layered) {
+    operation.layer = resolver.source(address.elements[next++], Type::kB32);
+    if (operation.layer == kNoRegister) return false;
+  }
   for (unsigned d = 0; d < operation.dimensions; ++d) {
-    const std::uint32_t row = resolver.source(address.elements[d], coordinateType);
+    const std::uint32_t row = resolver.source(address.elements[next++], coordinateType);
     if (row == kNoRegister) return false;
     operation.coordinates.push_back(row);
   }

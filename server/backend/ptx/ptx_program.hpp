@@ -188,8 +188,10 @@ struct TextureOperation {
     kAddressMode2
   };
   Kind kind = Kind::kSample;
-  std::uint8_t dimensions = 1;  // the geometry: .1d, .2d, .3d
-  std::uint8_t component = 0;   // tld4: .r .g .b .a
+  std::uint8_t dimensions = 1;  // the geometry: .1d, .2d, .3d (.a1d, .a2d: 1, 2 and layered)
+  bool layered = false;
+  std::uint32_t layer = kNoRegister;  // layered: the row holding the layer index
+  std::uint8_t component = 0;         // tld4: .r .g .b .a
   bool integerCoordinates = false;
   Result result = Result::kF32;
   Boundary boundary = Boundary::kTrap;

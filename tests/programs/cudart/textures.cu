@@ -17,6 +17,9 @@
 //     tex2Dgather on float4 and float arrays;
 //   - surfaces: surf2Dread/surf2Dwrite in place, the zero and clamp boundary modes (loads and
 //     stores), surf3Dwrite/surf3Dread, surf1Dwrite to a 1D array;
+//   - layered arrays (cudaArrayLayered), 2D and 1D: tex2DLayered/tex1DLayered point and bilinear
+//     within each layer (never between layers), a layer index past the end clamped, and
+//     surf2DLayeredread/surf2DLayeredwrite;
 //   - a surface over an array made without cudaArraySurfaceLoadStore is refused.
 
 #include <cuda_fp16.h>
@@ -185,6 +188,29 @@ float sample(const Image& image, const Sampler& s, float x, float y = 0.0f, floa
                      first[2] + (corner >> 2 & 1));
   }
   return sum;
+}
+
+// Layered textures: layer `layer[i]` at (x[i], y[i]); a 1D layered texture at (x[i]) too.
+__global__ void fetchLayered(cudaTextureObject_t texture2D, cudaTextureObject_t texture1D,
+                             const float2* at, const int* layer, float* out2D, float* out1D,
+                             int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out2D[i] = tex2DLayered<float>(texture2D, at[i].x, at[i].y, layer[i]);
+  out1D[i] = tex1DLayered<float>(texture1D, at[i].x, layer[i]);
+}
+
+// Each element of each layer of a layered surface: v -> 10 v + layer.
+__global__ void scaleLayers(cudaSurfaceObject_t surface, int width, int height, int layers) {
+  const int x = threadIdx.x;
+  const int y = blockIdx.x;
+  if (x >= width || y >= height) return;
+  for (int layer = 0; layer < layers; ++layer) {
+    float v = 0.0f;
+    surf2DLayeredread(&v, surface, x * static_cast<int>(sizeof(float)), y, layer);
+    surf2DLayeredwrite(10.0f * v + static_cast<float>(layer), surface,
+                       x * static_cast<int>(sizeof(float)), y, layer);
+  }
 }
 
 bool near(float got, float want) {
@@ -1010,6 +1036,144 @@ int surfaceWithoutTheFlag() {
 
 }  // namespace
 
+// Layered arrays: each layer a texture of its own, sampled without blending layers.
+int layered() {
+  constexpr int W = 8, H = 4, L = 3;
+  std::vector<float> texels(W * H * L);
+  for (int i = 0; i < W * H * L; ++i) texels[i] = static_cast<float>((i * 37) % 101) * 0.5f;
+  const cudaChannelFormatDesc channels = cudaCreateChannelDesc<float>();
+  cudaArray_t array2D = nullptr;
+  CHECK(cudaMalloc3DArray(&array2D, &channels, make_cudaExtent(W, H, L),
+                          cudaArrayLayered | cudaArraySurfaceLoadStore));
+  cudaArray_t array1D = nullptr;  // L layers of W elements: the first row of each 2D layer
+  CHECK(cudaMalloc3DArray(&array1D, &channels, make_cudaExtent(W, 0, L), cudaArrayLayered));
+  cudaMemcpy3DParms up = {};
+  up.srcPtr = make_cudaPitchedPtr(texels.data(), W * sizeof(float), W, H);
+  up.dstArray = array2D;
+  up.extent = make_cudaExtent(W, H, L);
+  up.kind = cudaMemcpyHostToDevice;
+  CHECK(cudaMemcpy3D(&up));
+  std::vector<float> rows(W * L);
+  for (int layer = 0; layer < L; ++layer) {
+    std::copy_n(texels.begin() + layer * W * H, W, rows.begin() + layer * W);
+  }
+  cudaMemcpy3DParms upRows = {};
+  upRows.srcPtr = make_cudaPitchedPtr(rows.data(), W * sizeof(float), W, 1);
+  upRows.dstArray = array1D;
+  upRows.extent = make_cudaExtent(W, 1, L);
+  upRows.kind = cudaMemcpyHostToDevice;
+  CHECK(cudaMemcpy3D(&upRows));
+  cudaExtent extent = {};
+  unsigned flags = 0;
+  CHECK(cudaArrayGetInfo(nullptr, &extent, &flags, array2D));
+  EXPECT(extent.width == W && extent.height == H && extent.depth == L &&
+             (flags & cudaArrayLayered) != 0,
+         "layered array info %zux%zux%zu flags %u", extent.width, extent.height, extent.depth,
+         flags);
+
+  // Host reference: texel (x, y) of `layer`, clamped; bilinear within the layer.
+  auto texel = [&](int x, int y, int layer) {
+    x = std::min(std::max(x, 0), W - 1);
+    y = std::min(std::max(y, 0), H - 1);
+    return texels[(layer * H + y) * W + x];
+  };
+  for (cudaTextureFilterMode filter : {cudaFilterModePoint, cudaFilterModeLinear}) {
+    std::vector<float2> at;
+    std::vector<int> layers;
+    for (int layer = -1; layer <= L; ++layer) {  // -1 and L: clamped to the first and last
+      for (int y = 0; y < H; ++y) {
+        for (int x = -1; x <= W; ++x) {
+          at.push_back(make_float2(x + 0.75f, y + 0.25f));
+          layers.push_back(layer);
+        }
+      }
+    }
+    const int n = static_cast<int>(at.size());
+    cudaResourceDesc resource = {};
+    resource.resType = cudaResourceTypeArray;
+    resource.res.array.array = array2D;
+    cudaTextureDesc description = {};
+    description.addressMode[0] = description.addressMode[1] = cudaAddressModeClamp;
+    description.filterMode = filter;
+    description.readMode = cudaReadModeElementType;
+    cudaTextureObject_t texture2D = 0;
+    CHECK(cudaCreateTextureObject(&texture2D, &resource, &description, nullptr));
+    resource.res.array.array = array1D;
+    cudaTextureObject_t texture1D = 0;
+    CHECK(cudaCreateTextureObject(&texture1D, &resource, &description, nullptr));
+    float2* onDevice = nullptr;
+    int* layersOnDevice = nullptr;
+    float* out2D = nullptr;
+    float* out1D = nullptr;
+    CHECK(cudaMalloc(&onDevice, n * sizeof(float2)));
+    CHECK(cudaMalloc(&layersOnDevice, n * sizeof(int)));
+    CHECK(cudaMalloc(&out2D, n * sizeof(float)));
+    CHECK(cudaMalloc(&out1D, n * sizeof(float)));
+    CHECK(cudaMemcpy(onDevice, at.data(), n * sizeof(float2), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(layersOnDevice, layers.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+    fetchLayered<<<(n + 127) / 128, 128>>>(texture2D, texture1D, onDevice, layersOnDevice, out2D,
+                                           out1D, n);
+    CHECK(cudaGetLastError());
+    std::vector<float> got2D(n), got1D(n);
+    CHECK(cudaMemcpy(got2D.data(), out2D, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(got1D.data(), out1D, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) {
+      const int layer = std::min(std::max(layers[i], 0), L - 1);
+      float want2D = 0.0f;
+      float want1D = 0.0f;
+      if (filter == cudaFilterModePoint) {
+        want2D = texel(static_cast<int>(std::floor(at[i].x)), static_cast<int>(std::floor(at[i].y)),
+                       layer);
+        want1D = texel(static_cast<int>(std::floor(at[i].x)), 0, layer);
+      } else {
+        const float xb = at[i].x - 0.5f, yb = at[i].y - 0.5f;
+        const int x0 = static_cast<int>(std::floor(xb)), y0 = static_cast<int>(std::floor(yb));
+        const float a = xb - x0, b = yb - y0;
+        want2D = (1 - a) * (1 - b) * texel(x0, y0, layer) + a * (1 - b) * texel(x0 + 1, y0, layer) +
+                 (1 - a) * b * texel(x0, y0 + 1, layer) + a * b * texel(x0 + 1, y0 + 1, layer);
+        want1D = (1 - a) * texel(x0, 0, layer) + a * texel(x0 + 1, 0, layer);
+      }
+      EXPECT(near(got2D[i], want2D), "tex2DLayered %s (%g, %g) layer %d = %.7g, expected %.7g",
+             filter == cudaFilterModePoint ? "point" : "linear", at[i].x, at[i].y, layers[i],
+             got2D[i], want2D);
+      EXPECT(near(got1D[i], want1D), "tex1DLayered %s (%g) layer %d = %.7g, expected %.7g",
+             filter == cudaFilterModePoint ? "point" : "linear", at[i].x, layers[i], got1D[i],
+             want1D);
+    }
+    CHECK(cudaDestroyTextureObject(texture2D));
+    CHECK(cudaDestroyTextureObject(texture1D));
+    CHECK(cudaFree(onDevice));
+    CHECK(cudaFree(layersOnDevice));
+    CHECK(cudaFree(out2D));
+    CHECK(cudaFree(out1D));
+  }
+
+  // A layered surface: every layer's elements rewritten in place, then read back whole.
+  cudaResourceDesc surfaceResource = {};
+  surfaceResource.resType = cudaResourceTypeArray;
+  surfaceResource.res.array.array = array2D;
+  cudaSurfaceObject_t surface = 0;
+  CHECK(cudaCreateSurfaceObject(&surface, &surfaceResource));
+  scaleLayers<<<H, W>>>(surface, W, H, L);
+  CHECK(cudaGetLastError());
+  std::vector<float> back(W * H * L, -1.0f);
+  cudaMemcpy3DParms down = {};
+  down.srcArray = array2D;
+  down.dstPtr = make_cudaPitchedPtr(back.data(), W * sizeof(float), W, H);
+  down.extent = make_cudaExtent(W, H, L);
+  down.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaMemcpy3D(&down));
+  for (int i = 0; i < W * H * L; ++i) {
+    const float want = 10.0f * texels[i] + static_cast<float>(i / (W * H));
+    EXPECT(back[i] == want, "layered surface element %d is %g, expected %g", i, back[i], want);
+  }
+  CHECK(cudaDestroySurfaceObject(surface));
+  CHECK(cudaFreeArray(array2D));
+  CHECK(cudaFreeArray(array1D));
+  std::printf("layered textures and surfaces: each layer sampled and written as on the host\n");
+  return 0;
+}
+
 int main() {
   if (arrays() != 0) return 1;
   if (pointAndLinear() != 0) return 1;
@@ -1022,6 +1186,7 @@ int main() {
   if (surfaces2D() != 0) return 1;
   if (surfaces3D() != 0) return 1;
   if (surface1D() != 0) return 1;
+  if (layered() != 0) return 1;
   if (surfaceWithoutTheFlag() != 0) return 1;
   CHECK(cudaDeviceSynchronize());
   std::printf("textures: PASSED\n");

@@ -4,13 +4,15 @@
 #include <cooperative_groups.h>
 
 #if defined(UNSUPPORTED_TEXTURE)
-// Layered textures (the sim runs 1D, 2D and 3D texture objects, not layered or cube-map ones).
+// Cube-map textures (the sim runs 1D, 2D, 3D and layered texture objects, not cube maps).
 extern "C" __global__ void texture_sample(cudaTextureObject_t texture, float* out) {
-  out[threadIdx.x] = tex2DLayered<float>(texture, threadIdx.x + 0.5f, 0.5f, 1);
+  out[threadIdx.x] = texCubemap<float>(texture, threadIdx.x + 0.5f, 0.5f, 1.0f);
 }
 #elif defined(UNSUPPORTED_SURFACE)
+// A surface reduction (sured), which CUDA C++ reaches through inline PTX.
 extern "C" __global__ void surface_write(cudaSurfaceObject_t surface) {
-  surf2DLayeredwrite(static_cast<float>(threadIdx.x), surface, threadIdx.x * 4, 0, 1);
+  asm volatile("sured.b.add.2d.u32.trap [%0, {%1, %2}], %3;" ::"l"(surface), "r"(threadIdx.x * 4),
+               "r"(0), "r"(1u));
 }
 #elif defined(UNSUPPORTED_TENSOR_CORES)
 // mma.sync on 4-bit integers written as inline PTX, as quantised inference kernels do (the sim

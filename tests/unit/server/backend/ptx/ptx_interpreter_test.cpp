@@ -614,7 +614,7 @@ TEST(PtxInterpreter, TexturesTheSimCannotSampleAreNamed) {
            instruction + "\n  ret;\n}\n";
   };
   const std::pair<const char*, const char*> cases[] = {
-      {"tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f5, %f6, %f6}];", "layered"},
+      {"tex.acube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f5, %f6, %f6}];", "cube-map"},
       {"tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f7, %f7}];", "cube-map"},
       {"sust.p.2d.v4.b32.trap [%rd1, {%r1, %r2}], {%r1, %r2, %r3, %r3};", "sust.p"},
       {"sured.b.add.2d.u32.trap [%rd1, {%r1, %r2}], %r3;", "surface reductions"},
