@@ -267,21 +267,36 @@ void footprint(float u, std::int64_t& first, float& weight) {
   weight = std::round(fraction * 256.0f) / 256.0f;  // 8 fractional bits
 }
 
-bool sample(ExecContext& context, const TextureOperation& operation, const TextureHeader& header,
-            std::uint32_t lane, Texel& result) {
-  const bool integers = readsIntegers(header) || operation.result != Result::kF32;
-  const std::uint32_t layer = layerOf(context, operation, header, lane);
+// What one lane's tex or tld4 looks up: its coordinates in texels, its layer, and whether it reads
+// the channels' integers (the texture's read mode, or an integer destination) rather than floats.
+struct Lookup {
   float u[3] = {0, 0, 0};
-  texelCoordinates(context, operation, header, lane, u);
+  std::uint32_t layer = 0;
+  bool integers = false;
+};
+
+Lookup lookupOf(ExecContext& context, const TextureOperation& operation,
+                const TextureHeader& header, std::uint32_t lane) {
+  Lookup lookup;
+  lookup.integers = readsIntegers(header) || operation.result != Result::kF32;
+  lookup.layer = layerOf(context, operation, header, lane);
+  texelCoordinates(context, operation, header, lane, lookup.u);
+  return lookup;
+}
+
+bool sample(ExecContext& context, const TextureOperation& operation, const TextureHeader& header,
+            const Lookup& lookup, std::uint32_t lane, Texel& result) {
+  const std::uint32_t layer = lookup.layer;
   // Integer coordinates name a texel; so does point filtering, and integers cannot be filtered.
-  if (operation.integerCoordinates || header.filterMode == CU_TR_FILTER_MODE_POINT || integers) {
+  if (operation.integerCoordinates || header.filterMode == CU_TR_FILTER_MODE_POINT ||
+      lookup.integers) {
     std::int64_t index[3] = {0, 0, 0};
-    for (unsigned d = 0; d < header.dimensions; ++d) index[d] = floorIndex(u[d]);
-    return fetch(context, header, index, layer, lane, integers, result);
+    for (unsigned d = 0; d < header.dimensions; ++d) index[d] = floorIndex(lookup.u[d]);
+    return fetch(context, header, index, layer, lane, lookup.integers, result);
   }
   std::int64_t first[3] = {0, 0, 0};
   float weight[3] = {0, 0, 0};
-  for (unsigned d = 0; d < header.dimensions; ++d) footprint(u[d], first[d], weight[d]);
+  for (unsigned d = 0; d < header.dimensions; ++d) footprint(lookup.u[d], first[d], weight[d]);
   FloatTexel sum = {0, 0, 0, 0};
   const unsigned corners = 1u << header.dimensions;
   for (unsigned corner = 0; corner < corners; ++corner) {
@@ -306,20 +321,16 @@ bool sample(ExecContext& context, const TextureOperation& operation, const Textu
 
 // tld4: counter-clockwise from the lower left: (i, j+1), (i+1, j+1), (i+1, j), (i, j).
 bool gather(ExecContext& context, const TextureOperation& operation, const TextureHeader& header,
-            std::uint32_t lane, Texel& result) {
-  const bool integers = readsIntegers(header) || operation.result != Result::kF32;
-  const std::uint32_t layer = layerOf(context, operation, header, lane);
-  float u[3] = {0, 0, 0};
-  texelCoordinates(context, operation, header, lane, u);
+            const Lookup& lookup, std::uint32_t lane, Texel& result) {
   std::int64_t first[2] = {0, 0};
   float weight[2] = {0, 0};
-  footprint(u[0], first[0], weight[0]);
-  footprint(u[1], first[1], weight[1]);
+  footprint(lookup.u[0], first[0], weight[0]);
+  footprint(lookup.u[1], first[1], weight[1]);
   static constexpr int kOffsets[4][2] = {{0, 1}, {1, 1}, {1, 0}, {0, 0}};
   for (unsigned k = 0; k < 4; ++k) {
     const std::int64_t index[3] = {first[0] + kOffsets[k][0], first[1] + kOffsets[k][1], 0};
     Texel texel;
-    if (!fetch(context, header, index, layer, lane, integers, texel)) return false;
+    if (!fetch(context, header, index, lookup.layer, lane, lookup.integers, texel)) return false;
     result[k] = texel[operation.component];
   }
   return true;
@@ -356,16 +367,16 @@ bool textureHandler(ExecContext& context, const Instruction& instruction, std::u
       context.row(operation.values[0])[lane] = queryValue(header, operation.query);
       return true;
     }
+    const Lookup lookup = lookupOf(context, operation, header, lane);
     Texel result{};
     const bool fetched = operation.kind == Kind::kGather
-                             ? gather(context, operation, header, lane, result)
-                             : sample(context, operation, header, lane, result);
+                             ? gather(context, operation, header, lookup, lane, result)
+                             : sample(context, operation, header, lookup, lane, result);
     if (!fetched) return false;
     for (unsigned k = 0; k < 4; ++k) {
       std::uint32_t bits = result[k];
-      // A float texture read into integers, or integers into floats, converts the value.
-      const bool integers = readsIntegers(header) || operation.result != Result::kF32;
-      if (operation.result == Result::kF32 && integers) {
+      // Integers read into a float destination are converted to their values.
+      if (operation.result == Result::kF32 && lookup.integers) {
         bits = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(bits)));
       }
       context.row(operation.values[k])[lane] =
@@ -398,21 +409,17 @@ bool surfaceHandler(ExecContext& context, const Instruction& instruction, std::u
                             static_cast<std::int64_t>(header.height) - 1,
                             static_cast<std::int64_t>(header.depth) - 1};
     bool outside = false;
-    for (unsigned d = 0; d < operation.dimensions; ++d) {
-      at[d] = static_cast<std::int32_t>(context.row(operation.coordinates[d])[lane]);
+    // Coordinate `d` from register row `row`, clamped and noted when outside the surface.
+    auto place = [&](unsigned d, std::uint32_t row) {
+      at[d] = static_cast<std::int32_t>(context.row(row)[lane]);
       if (at[d] < 0 || at[d] > last[d]) {
         outside = true;
         at[d] = std::clamp<std::int64_t>(at[d], 0, std::max<std::int64_t>(last[d], 0));
       }
-    }
+    };
+    for (unsigned d = 0; d < operation.dimensions; ++d) place(d, operation.coordinates[d]);
     // A layered access's layer is its slice, outside the surface as any coordinate is.
-    if (operation.layered) {
-      at[2] = static_cast<std::int32_t>(context.row(operation.layer)[lane]);
-      if (at[2] < 0 || at[2] > last[2]) {
-        outside = true;
-        at[2] = std::clamp<std::int64_t>(at[2], 0, last[2]);
-      }
-    }
+    if (operation.layered) place(2, operation.layer);
     if (last[0] < 0) outside = true;  // the access is wider than a row
     const bool store = operation.kind == Kind::kSurfaceStore;
     if (outside) {
