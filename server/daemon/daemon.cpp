@@ -299,9 +299,22 @@ int runDaemon(const DaemonOptions& options) {
     // Leaving this scope drops every connection (so every session, whose GPU state goes to the
     // reaper) and closes and removes every socket.
   }
-  reaper.onEmpty()
-      .exclusiveJoin(io.provider->getTimer().afterDelay(kShutdownGrace))
-      .wait(io.waitScope);
+  // A dropped connection cancels its calls on later turns of the event loop, and a call in flight
+  // holds its session until then; a session's teardown in turn feeds the reaper. Turn the loop
+  // until both are done: everything below (the data plane, the GPUs) outlives every session.
+  kj::Timer& timer = io.provider->getTimer();
+  const kj::TimePoint deadline = timer.now() + kShutdownGrace;
+  while ((!sessions.empty() || !reaper.isEmpty()) && timer.now() < deadline) {
+    timer.afterDelay(1 * kj::MILLISECONDS).wait(io.waitScope);
+  }
+  if (!sessions.empty()) {
+    // A session still held by a call that would not end: its teardown would reach state that is
+    // about to go. The process ends here; the kernel takes back what it held.
+    spdlog::warn("{} client session(s) still busy after {} s; exiting without their teardown",
+                 sessions.size(), kShutdownGrace / kj::SECONDS);
+    spdlog::shutdown();
+    std::_Exit(exitCode);
+  }
   spdlog::info("stopped");
   return exitCode;
 }

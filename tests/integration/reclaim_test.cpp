@@ -88,10 +88,32 @@ TEST(Reclaim, ADaemonShutdownRemovesItsSockets) {
   auto client = daemon->startClient("error_probe", {"alloc-and-hold", "4096"});
   ASSERT_TRUE(eventually([&] { return daemon->status()["clients"].size() == 1; }));
   ExitStatus status = daemon->stop();
-  EXPECT_TRUE(status.exitedWith(0)) << daemon->log();
+  EXPECT_TRUE(status.exitedWith(0))
+      << "exit code " << status.code << ", signal " << status.signal << "\n"
+      << daemon->log();
   EXPECT_NE(::access(socket.c_str(), F_OK), 0);
   EXPECT_NE(::access(admin.c_str(), F_OK), 0);
   client->signal(SIGKILL);
+}
+
+// A daemon told to stop while a client's calls are in flight: each call holds its client's
+// session until the dropped connection cancels it, a turn of the event loop later. The daemon
+// waits for that teardown (and does not crash in it), and the client hears its context is gone.
+TEST(Reclaim, ADaemonStoppedWhileCallsAreInFlightExitsCleanly) {
+  for (int round = 0; round < 20; ++round) {
+    Daemon daemon;
+    auto busy = daemon.startClient("error_probe", {"alloc-loop"});
+    ASSERT_TRUE(eventually([&] { return busy->output().find("looping") != std::string::npos; }))
+        << busy->output() << daemon.log();
+    ExitStatus status = daemon.stop();
+    ASSERT_TRUE(status.exitedWith(0)) << "round " << round << ": exit code " << status.code
+                                      << ", signal " << status.signal << "\n"
+                                      << daemon.log();
+    EXPECT_NE(daemon.log().find("detached; reclaiming"), std::string::npos) << daemon.log();
+    EXPECT_TRUE(busy->wait().exitedWith(0)) << busy->output() << busy->errors();
+    EXPECT_NE(busy->output().find("cuMemAlloc/cuMemFree CUDA_ERROR_"), std::string::npos)
+        << busy->output();
+  }
 }
 
 // A kernel that never ends: while it occupies device 0, device 1 serves other clients; when its

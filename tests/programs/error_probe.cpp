@@ -330,6 +330,20 @@ int main(int argc, char** argv) {
     std::printf("pointer 0x%llx\n", static_cast<unsigned long long>(pointer));
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::seconds(600));
+  } else if (scenario == "alloc-loop") {
+    // Control calls back to back until one fails (the daemon went away): there is nearly always
+    // one in flight.
+    CUresult result = CUDA_SUCCESS;
+    for (unsigned long i = 0; result == CUDA_SUCCESS; ++i) {
+      CUdeviceptr pointer = 0;
+      result = cuMemAlloc(&pointer, 4096);
+      if (result == CUDA_SUCCESS) result = cuMemFree(pointer);
+      if (i == 0) {
+        std::printf("looping\n");
+        std::fflush(stdout);
+      }
+    }
+    report("cuMemAlloc/cuMemFree", result);
   } else if (scenario == "queue-and-hold" && argc > 4) {
     CUdeviceptr pointer;
     report("cuMemAlloc", cuMemAlloc(&pointer, std::strtoull(argv[2], nullptr, 0)));
