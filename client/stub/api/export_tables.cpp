@@ -48,6 +48,7 @@ enum TableId : int {
   kDeviceExtendedRuntime,
   kIntegrityCheck,
   kContextChecks,
+  kContextInternals,
   kTableCount
 };
 
@@ -61,6 +62,7 @@ constexpr std::array<const char*, kTableCount> kTableNames = {
     "DEVICE_EXTENDED_RT",
     "INTEGRITY_CHECK",
     "CONTEXT_CHECKS",
+    "CONTEXT_INTERNALS",
 };
 
 template <int Table, int Slot>
@@ -267,6 +269,46 @@ std::uint32_t contextCheckFlags() {
   return 0;
 }
 
+// ---- TOOLS_TLS, CONTEXT_INTERNALS: what cuBLAS keys its per-context state by ------------------
+
+CUresult currentContextForTools(CUcontext* context) {
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t current = currentContext();
+  GPUPROXY_STUB_LOG(kDebug, "cuGetExportTable: TOOLS_TLS current context %" PRIu64, current);
+  *context = gpuproxy::stub::toHandle<CUcontext>(current);
+  return current != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult contextId(CUcontext context, unsigned long long* id) {
+  GPUPROXY_STUB_LOG(kDebug, "cuGetExportTable: CONTEXT_INTERNALS id of context %" PRIu64,
+                    handleValue(context));
+  return cuCtxGetId(context, id);
+}
+
+// The driver's own object behind a stream handle. The stub's handles are its objects: the
+// "private" stream is the handle itself, with the NULL stream made explicit (CU_STREAM_LEGACY
+// or, for per-thread default-stream code, CU_STREAM_PER_THREAD).
+CUresult streamBehindHandle(CUcontext context, CUstream stream, CUstream* privateStream,
+                            int perThreadDefault) {
+  GPUPROXY_STUB_LOG(kDebug, "cuGetExportTable: CONTEXT_INTERNALS stream behind %p",
+                    static_cast<void*>(stream));
+  if (privateStream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  (void)context;  // a stream names its own context
+  if (stream == nullptr) stream = perThreadDefault != 0 ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+  unsigned long long id = 0;
+  if (const CUresult valid = cuStreamGetId(stream, &id); valid != CUDA_SUCCESS) return valid;
+  *privateStream = stream;
+  return CUDA_SUCCESS;
+}
+
+CUresult streamIdentity(CUcontext context, CUstream privateStream, unsigned long long* id) {
+  GPUPROXY_STUB_LOG(kDebug, "cuGetExportTable: CONTEXT_INTERNALS identity of stream %p",
+                    static_cast<void*>(privateStream));
+  (void)context;
+  if (privateStream == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return cuStreamGetId(privateStream, id);
+}
+
 // ---- INTEGRITY_CHECK ----------------------------------------------------------------------
 
 struct Tables;
@@ -285,6 +327,7 @@ struct Tables {
   std::vector<const void*> deviceExtended = tracedTable<kDeviceExtendedRuntime, 26>(true);
   std::vector<const void*> integrity = tracedTable<kIntegrityCheck, 3>(true);
   std::vector<const void*> contextChecks = tracedTable<kContextChecks, 4>(true);
+  std::vector<const void*> contextInternals = tracedTable<kContextInternals, 93>(true);
 
   Tables() {
     cudartInterface[1] = slot(&moduleFromFatbinWrapper);
@@ -302,6 +345,10 @@ struct Tables {
     integrity[1] = slot(&integrityCheck);
     contextChecks[2] = slot(&contextCheck);
     contextChecks[3] = slot(&contextCheckFlags);
+    toolsTls[2] = slot(&currentContextForTools);
+    contextInternals[4] = slot(&contextId);
+    contextInternals[39] = slot(&streamIdentity);
+    contextInternals[51] = slot(&streamBehindHandle);
   }
 };
 
@@ -376,6 +423,9 @@ constexpr std::array<KnownTable, kTableCount> kKnownTables = {{
     {{0x26, 0x3E, 0x88, 0x60, 0x7C, 0xD2, 0x61, 0x43, 0x92, 0xF6, 0xBB, 0xD5, 0x00, 0x6D, 0xFA,
       0x7E},
      kContextChecks},
+    {{0x21, 0x31, 0x8C, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8C, 0xA6, 0x41, 0xFF, 0x73, 0x24, 0xC8,
+      0xF2},
+     kContextInternals},
 }};
 
 const void* const* tableData(int table) {
@@ -399,6 +449,8 @@ const void* const* tableData(int table) {
       return all.integrity.data();
     case kContextChecks:
       return all.contextChecks.data();
+    case kContextInternals:
+      return all.contextInternals.data();
     default:
       return nullptr;
   }

@@ -27,6 +27,10 @@ const CUuuid kContextLocalStorage = uuid({0xC6, 0x93, 0x33, 0x6E, 0x11, 0x21, 0x
                                           0xC3, 0x68, 0xF3, 0x55, 0xD8, 0x95, 0x93});
 const CUuuid kIntegrityCheck = uuid({0xD4, 0x08, 0x20, 0x55, 0xBD, 0xE6, 0x70, 0x4B, 0x8D, 0x34,
                                      0xBA, 0x12, 0x3C, 0x66, 0xE1, 0xF2});
+const CUuuid kToolsTls = uuid({0x42, 0xD8, 0x5A, 0x81, 0x23, 0xF6, 0xCB, 0x47, 0x82, 0x98, 0xF6,
+                               0xE7, 0x8A, 0x3A, 0xEC, 0xDC});
+const CUuuid kContextInternals = uuid({0x21, 0x31, 0x8C, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8C, 0xA6,
+                                       0x41, 0xFF, 0x73, 0x24, 0xC8, 0xF2});
 const CUuuid kDeviceExtendedRuntime = uuid({0xB1, 0x05, 0x41, 0xE1, 0xF7, 0xC7, 0xC7, 0x4A, 0x9F,
                                             0x64, 0xF2, 0x23, 0xBE, 0x99, 0xF1, 0xE2});
 
@@ -102,6 +106,39 @@ TEST_F(PrivateTablesTest, ContextStorageNeedsAContext) {
   // No cuInit, so no current context: as the driver answers for a missing context.
   EXPECT_EQ(reinterpret_cast<Get>(const_cast<void*>(storage[2]))(&value, nullptr, &key),
             CUDA_ERROR_INVALID_CONTEXT);
+}
+
+// What cuBLAS keys its per-context and per-stream state by. With a context, the integration test
+// (cublas_routines) shows them at work; here, what they answer without one.
+TEST_F(PrivateTablesTest, ContextAndStreamIdentitiesNeedAContextAndSomewhereToWrite) {
+  const void* const* tls = table(kToolsTls);
+  ASSERT_NE(tls, nullptr);
+  using CurrentContext = CUresult (*)(CUcontext*);
+  auto current = reinterpret_cast<CurrentContext>(const_cast<void*>(tls[2]));
+  CUcontext context = reinterpret_cast<CUcontext>(1);
+  EXPECT_EQ(current(&context), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(context, nullptr);
+  EXPECT_EQ(current(nullptr), CUDA_ERROR_INVALID_VALUE);
+
+  const void* const* internals = table(kContextInternals);
+  ASSERT_NE(internals, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(internals[0]), 93 * sizeof(void*));
+  using ContextId = CUresult (*)(CUcontext, unsigned long long*);
+  unsigned long long id = 0;
+  EXPECT_NE(reinterpret_cast<ContextId>(const_cast<void*>(internals[4]))(nullptr, &id),
+            CUDA_SUCCESS);
+  using StreamBehind = CUresult (*)(CUcontext, CUstream, CUstream*, int);
+  EXPECT_EQ(reinterpret_cast<StreamBehind>(const_cast<void*>(internals[51]))(nullptr, nullptr,
+                                                                             nullptr, 0),
+            CUDA_ERROR_INVALID_VALUE);
+  using StreamIdentity = CUresult (*)(CUcontext, CUstream, unsigned long long*);
+  EXPECT_EQ(
+      reinterpret_cast<StreamIdentity>(const_cast<void*>(internals[39]))(nullptr, nullptr, &id),
+      CUDA_ERROR_INVALID_VALUE);
+  // A slot nobody understands refuses.
+  using Unknown = CUresult (*)();
+  EXPECT_EQ(reinterpret_cast<Unknown>(const_cast<void*>(internals[10]))(),
+            CUDA_ERROR_NOT_SUPPORTED);
 }
 
 }  // namespace
