@@ -392,8 +392,9 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
   for (std::size_t index : order) {
     const GraphNode& node = graph.nodes[index];
     CUresult sent = CUDA_SUCCESS;
-    if (node.kind == GraphNode::Kind::kEmpty) {
-      continue;
+    if (node.kind == GraphNode::Kind::kEmpty || node.kind == GraphNode::Kind::kMemAlloc ||
+        node.kind == GraphNode::Kind::kMemFree) {
+      continue;  // a memory node's memory is there already (graph_memory.hpp)
     } else if (node.kind == GraphNode::Kind::kHost) {
       // Captured again if the launch stream captures.
       std::optional<CUresult> captured =

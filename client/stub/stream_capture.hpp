@@ -14,8 +14,8 @@
 // it. What CUDA does not allow during capture is refused as the driver refuses it, and
 // invalidates the capture: synchronising with a capturing stream or (outside relaxed mode) with
 // the context, waiting on another capture's event, copies with pageable host memory
-// (whose bytes a later launch would have to read), stream-ordered allocation (graph memory nodes
-// are not supported). Thread-safe.
+// (whose bytes a later launch would have to read). A stream-ordered allocation on a capturing
+// stream becomes a memory node (graph_memory.hpp). Thread-safe.
 
 #include <cuda.h>
 
@@ -35,9 +35,11 @@
 
 namespace gpuproxy::stub {
 
+class GraphAllocation;
+
 // One operation of a graph: captured, or added with cuGraphAdd*Node.
 struct GraphNode {
-  enum class Kind : std::uint8_t { kKernel, kMemcpy, kMemset, kHost, kEmpty };
+  enum class Kind : std::uint8_t { kKernel, kMemcpy, kMemset, kHost, kEmpty, kMemAlloc, kMemFree };
   Kind kind = Kind::kKernel;
   // A launch, memset or device-to-device copy, as the entry point built it (its context and stream
   // are replaced at each launch of the graph).
@@ -58,6 +60,8 @@ struct GraphNode {
   // A host function (cuLaunchHostFunc, or a host node).
   CUhostFn function = nullptr;
   void* userData = nullptr;
+  // A memory node's allocation (graph_memory.hpp): the one it makes, or the one it frees.
+  std::shared_ptr<GraphAllocation> allocation;
   // The nodes it waits for, by index in its graph (added nodes; captured ones wait for the one
   // captured before them, which their order already says).
   std::vector<std::size_t> dependencies;
@@ -124,8 +128,8 @@ public:
   // thread's global one; none when the caller is relaxed (cuThreadExchangeStreamCaptureMode).
   std::optional<CUresult> synchronizingContext(std::uint64_t context,
                                                CUstreamCaptureMode callerMode);
-  // Something CUDA does not capture (a copy from pageable memory, a stream-ordered allocation) on
-  // `stream`: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when it captures (and is invalidated by it).
+  // Something CUDA does not capture (a copy from pageable memory, a free of memory no graph made)
+  // on `stream`: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when it captures (and is invalidated by it).
   std::optional<CUresult> unsupported(std::uint64_t stream);
   // A stream destroyed or a context gone: what captured there is dropped.
   void streamGone(std::uint64_t stream);

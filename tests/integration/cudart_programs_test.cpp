@@ -348,6 +348,27 @@ TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {
   }
 }
 
+// Memory nodes: an allocation captured or added keeps its address at every launch, lives until
+// freed (in the graph, by the program, or by another graph), and comes back to the tenant when
+// the graphs are gone.
+TEST_P(CudartPrograms, GraphMemoryNodesAllocateAndFreeAsCudaSays) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"memory"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line : {"captured graph of 6 nodes: 1 alloc, 1 free",
+                           "captured: 3 launches at one address",
+                           "launch while its allocation is live: cudaErrorInvalidValue",
+                           "kept: freed by the program, then by another graph",
+                           "auto free on launch: launched twice", "graph memory given back",
+                           "memory: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
 TEST_P(CudartPrograms, WhatCaptureCannotHoldIsRefusedAsCudaRefusesIt) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("graphs"), {"capture-errors"});

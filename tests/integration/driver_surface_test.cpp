@@ -215,7 +215,8 @@ TEST_F(DriverSurface, WhatCaptureCannotHoldIsRefusedAndSpoilsTheCapture) {
                  {"captured-event-query", "CUDA_ERROR_CAPTURED_EVENT"},
                  {"captured-event-synchronize", "CUDA_ERROR_CAPTURED_EVENT"},
                  {"captured-event-query-after", "CUDA_SUCCESS"},
-                 {"capture-alloc-async", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+                 {"capture-alloc-async", "CUDA_SUCCESS"},
+                 {"capture-free-ordinary", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
                  {"capture-alloc-async-end", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
                  {"capture-mode-was", "0"},  // CU_STREAM_CAPTURE_MODE_GLOBAL
                  {"capture-relaxed-context-sync", "CUDA_SUCCESS"},

@@ -979,10 +979,16 @@ void graphs(CUfunction fillU32) {
   report("captured-event-query-after", cuEventQuery(marker));
   MUST(cuEventDestroy(marker));
   report("capture-end-not-capturing", cuStreamEndCapture(stream, &none));
+  // A stream-ordered allocation is captured as a memory node; a free of memory no graph made
+  // cannot be.
+  CUdeviceptr ordinary = 0;
+  MUST(cuMemAlloc(&ordinary, 256));
   MUST(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CUdeviceptr temporary = 0;
   report("capture-alloc-async", cuMemAllocAsync(&temporary, 256, stream));
+  report("capture-free-ordinary", cuMemFreeAsync(ordinary, stream));
   report("capture-alloc-async-end", cuStreamEndCapture(stream, &none));
+  MUST(cuMemFree(ordinary));
   // Copies with pageable memory are captured too, and read it when they run: after the host
   // function before them has changed it.
   CUdeviceptr pageableTarget = 0;

@@ -1,10 +1,12 @@
 // CUDA graphs: made by stream capture (cuStreamBeginCapture/EndCapture, and the capture queries)
 // or node by node (cuGraphAdd{Kernel,Memcpy,Memset,Host,Empty}Node, cuGraphAddDependencies);
 // instantiated, launched, updated (cuGraphExecUpdate, cuGraph[Exec]KernelNodeSetParams) and
-// destroyed. How capture works, and what a launch does, is stream_capture.hpp's: everything is
-// kept in the stub, and gpuproxyd sees only the operations a launch sends. Child graphs,
-// conditional, event, memory and external-semaphore nodes, edge data other than the default, and
-// device-side launches are not supported: their entry points stay CUDA_ERROR_NOT_SUPPORTED.
+// destroyed; memory nodes (cuGraphAddMem{Alloc,Free}Node, and stream-ordered allocation captured)
+// as graph_memory.hpp keeps them. How capture works, and what a launch does, is
+// stream_capture.hpp's: everything is kept in the stub, and gpuproxyd sees only the operations a
+// launch sends. Child graphs, conditional, event and external-semaphore nodes, edge data other
+// than the default, and device-side launches are not supported: their entry points stay
+// CUDA_ERROR_NOT_SUPPORTED.
 
 #include <cuda.h>
 
@@ -21,11 +23,14 @@
 #include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
+#include "client/stub/graph_memory.hpp"
 #include "client/stub/log.hpp"
 #include "client/stub/stream_capture.hpp"
 
 using gpuproxy::stub::CapturingSink;
 using gpuproxy::stub::Graph;
+using gpuproxy::stub::GraphAllocation;
+using gpuproxy::stub::GraphMemory;
 using gpuproxy::stub::GraphNode;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::NullStream;
@@ -36,6 +41,36 @@ using gpuproxy::stub::StreamTarget;
 
 namespace {
 
+// The allocations of a graph's alloc nodes, held by its one executable graph (CUDA allows one
+// at a time for a graph with memory nodes).
+class ExecutableClaim {
+public:
+  ExecutableClaim() = default;
+  ExecutableClaim(const ExecutableClaim&) = delete;
+  ExecutableClaim& operator=(const ExecutableClaim&) = delete;
+  ~ExecutableClaim() {
+    for (const std::shared_ptr<GraphAllocation>& allocation : allocations_) {
+      --allocation->executables;
+    }
+  }
+  // False (and nothing claimed) when another executable graph holds one of them.
+  bool claim(const Graph& graph) {
+    std::vector<std::shared_ptr<GraphAllocation>> wanted;
+    for (const GraphNode& node : graph.nodes) {
+      if (node.kind == GraphNode::Kind::kMemAlloc) wanted.push_back(node.allocation);
+    }
+    for (const std::shared_ptr<GraphAllocation>& allocation : wanted) {
+      if (allocation->executables.load() != 0) return false;
+    }
+    for (const std::shared_ptr<GraphAllocation>& allocation : wanted) ++allocation->executables;
+    allocations_ = std::move(wanted);
+    return true;
+  }
+
+private:
+  std::vector<std::shared_ptr<GraphAllocation>> allocations_;
+};
+
 // An executable graph: its own copy of the graph's nodes, as CUDA's is (destroying or changing
 // the graph afterwards leaves it alone), and the order a launch sends them in.
 struct GraphExec {
@@ -44,6 +79,8 @@ struct GraphExec {
   // The nodes of the graph it was made from (or last updated from), to their copies here: what
   // cuGraphExecKernelNodeSetParams names.
   std::map<const GraphNode*, std::size_t> fromGraph;
+  bool autoFreeOnLaunch = false;  // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+  ExecutableClaim claim;
 };
 
 // Every graph and executable graph handed out, so that a handle that is not one (or no longer
@@ -197,7 +234,17 @@ CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph h
       GPUPROXY_STUB_LOG(kWarn, "%s: the graph's dependencies form a cycle", entryPoint);
       return CUDA_ERROR_INVALID_VALUE;
     }
-    auto exec = std::make_unique<GraphExec>(GraphExec{*graph, std::move(*order), {}});
+    auto exec = std::make_unique<GraphExec>();
+    exec->graph = *graph;
+    exec->order = std::move(*order);
+    exec->autoFreeOnLaunch = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
+    if (!exec->claim.claim(*graph)) {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "%s: a graph with memory nodes has an executable graph already (one at "
+                        "a time)",
+                        entryPoint);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     rememberOrigins(*exec, *graph);
     GraphTables& all = tables();
     std::lock_guard lock(all.mutex);
@@ -222,6 +269,21 @@ CUresult launchGraph(const char* entryPoint, CUgraphExec hGraphExec, CUstream hS
     }
     // Uploading prepares nothing here: a launch sends the operations as they are.
     if (upload) return CUDA_SUCCESS;
+    if (gpuproxy::stub::hasMemoryNodes(exec->graph)) {
+      if (runtime.capturing().captures().statusOf(target.stream).status !=
+          CU_STREAM_CAPTURE_STATUS_NONE) {
+        GPUPROXY_STUB_LOG(kWarn,
+                          "%s: a graph with memory nodes launched into a capture is not "
+                          "supported",
+                          entryPoint);
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      if (CUresult allocated =
+              GraphMemory::instance().launch(exec->graph, exec->order, exec->autoFreeOnLaunch);
+          allocated != CUDA_SUCCESS) {
+        return allocated;
+      }
+    }
     return runtime.capturing().launch(exec->graph, exec->order, target);
   });
 }
@@ -238,6 +300,10 @@ CUgraphNodeType typeOf(const GraphNode& node) {
       return CU_GRAPH_NODE_TYPE_HOST;
     case GraphNode::Kind::kEmpty:
       return CU_GRAPH_NODE_TYPE_EMPTY;
+    case GraphNode::Kind::kMemAlloc:
+      return CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    case GraphNode::Kind::kMemFree:
+      return CU_GRAPH_NODE_TYPE_MEM_FREE;
   }
   return CU_GRAPH_NODE_TYPE_EMPTY;
 }
@@ -358,6 +424,7 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
     if (phGraphClone == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const Graph* graph = graphOf(originalGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (gpuproxy::stub::hasMemoryNodes(*graph)) return CUDA_ERROR_NOT_SUPPORTED;  // as CUDA says
     *phGraphClone = adopt(std::make_unique<Graph>(*graph));
     return CUDA_SUCCESS;
   });
@@ -700,6 +767,10 @@ CUresult execUpdate(const char* entryPoint, CUgraphExec hGraphExec, CUgraph hGra
                              next.command.has_value() == now.command.has_value() &&
                              (!next.command || next.command->index() == now.command->index());
       if (!sameShape) return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, &next);
+      // A memory node keeps its allocation: its address is fixed when the node is made.
+      if (next.allocation != now.allocation) {
+        return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED, &next);
+      }
     }
     exec->graph = *graph;
     if (exec->graph.context == 0) exec->graph.context = current.context;
@@ -846,4 +917,180 @@ GPUPROXY_EXPORT CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGrap
   *hErrorNode_out = info.errorNode;
   *updateResult_out = info.result;
   return result;
+}
+
+// ---- memory nodes ----------------------------------------------------------------------------
+
+namespace {
+
+// Where an alloc node on `device` allocates: the calling thread's context when it is on that
+// device, else the device's primary context (retained for the rest of the process if the program
+// has not).
+CUresult contextOnDevice(Runtime& runtime, std::uint32_t device, std::uint64_t& context) {
+  const std::uint64_t current = gpuproxy::stub::currentContext();
+  if (std::optional<gpuproxy::stub::ContextRecord> record = runtime.context(current);
+      record && record->device == device) {
+    context = current;
+    return CUDA_SUCCESS;
+  }
+  if (std::optional<std::uint64_t> primary = runtime.primaryContext(device)) {
+    context = *primary;
+    return CUDA_SUCCESS;
+  }
+  CUcontext retained = nullptr;
+  if (CUresult result = cuDevicePrimaryCtxRetain(&retained, static_cast<CUdevice>(device));
+      result != CUDA_SUCCESS) {
+    return result;
+  }
+  context = gpuproxy::stub::handleValue(retained);
+  return CUDA_SUCCESS;
+}
+
+// The memory node `hNode` of kind `kind`; null when it is none.
+const GraphNode* memoryNode(CUgraphNode hNode, GraphNode::Kind kind) {
+  std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+  if (!found) return nullptr;
+  const GraphNode& node = found->first->nodes[found->second];
+  return node.kind == kind ? &node : nullptr;
+}
+
+}  // namespace
+
+// Device memory in the device's default way (pinned, on one device, no IPC handle); access from
+// other devices (accessDescs naming another device) is not supported.
+GPUPROXY_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                                const CUgraphNode* dependencies,
+                                                size_t numDependencies,
+                                                CUDA_MEM_ALLOC_NODE_PARAMS* nodeParams) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (nodeParams == nullptr || nodeParams->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    const CUmemPoolProps& pool = nodeParams->poolProps;
+    if (pool.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        pool.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        runtime.device(static_cast<CUdevice>(pool.location.id)) == nullptr) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (pool.handleTypes != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_INVALID_VALUE;
+    if (nodeParams->accessDescCount > 0 && nodeParams->accessDescs == nullptr) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const auto device = static_cast<std::uint32_t>(pool.location.id);
+    for (size_t i = 0; i < nodeParams->accessDescCount; ++i) {
+      const CUmemAccessDesc& access = nodeParams->accessDescs[i];
+      if (access.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+          static_cast<std::uint32_t>(access.location.id) != device) {
+        GPUPROXY_STUB_LOG(kWarn,
+                          "%s: access to a graph allocation from another device is not "
+                          "supported",
+                          __func__);
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+    std::uint64_t context = 0;
+    if (CUresult found = contextOnDevice(runtime, device, context); found != CUDA_SUCCESS) {
+      return found;
+    }
+    std::shared_ptr<GraphAllocation> allocation;
+    if (CUresult allocated =
+            GraphMemory::instance().allocate(context, device, nodeParams->bytesize, allocation);
+        allocated != CUDA_SUCCESS) {
+      return allocated;
+    }
+    GraphNode node;
+    node.kind = GraphNode::Kind::kMemAlloc;
+    node.allocation = allocation;
+    const CUresult added =
+        addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), context);
+    if (added == CUDA_SUCCESS) nodeParams->dptr = allocation->address();
+    return added;
+  });
+}
+
+// Frees an allocation an alloc node made (of this graph or another), once per graph.
+GPUPROXY_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                               const CUgraphNode* dependencies,
+                                               size_t numDependencies, CUdeviceptr dptr) {
+  return guarded(__func__, [&](Runtime&) {
+    std::shared_ptr<GraphAllocation> allocation = GraphMemory::instance().find(dptr);
+    if (!allocation) return CUDA_ERROR_INVALID_VALUE;
+    if (const Graph* graph = graphOf(hGraph)) {
+      for (const GraphNode& node : graph->nodes) {
+        if (node.kind == GraphNode::Kind::kMemFree && node.allocation == allocation) {
+          return CUDA_ERROR_INVALID_VALUE;  // freed twice in one graph
+        }
+      }
+    }
+    GraphNode node;
+    node.kind = GraphNode::Kind::kMemFree;
+    node.allocation = std::move(allocation);
+    return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), 0);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode,
+                                                      CUDA_MEM_ALLOC_NODE_PARAMS* params_out) {
+  return guarded(__func__, [&](Runtime&) {
+    const GraphNode* node = memoryNode(hNode, GraphNode::Kind::kMemAlloc);
+    if (node == nullptr || params_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *params_out = CUDA_MEM_ALLOC_NODE_PARAMS{};
+    params_out->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    params_out->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    params_out->poolProps.location.id = static_cast<int>(node->allocation->device());
+    params_out->bytesize = node->allocation->bytes();
+    params_out->dptr = node->allocation->address();
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr* dptr_out) {
+  return guarded(__func__, [&](Runtime&) {
+    const GraphNode* node = memoryNode(hNode, GraphNode::Kind::kMemFree);
+    if (node == nullptr || dptr_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *dptr_out = node->allocation->address();
+    return CUDA_SUCCESS;
+  });
+}
+
+// What graph allocations hold on a device. Used and reserved memory are the same here: an
+// allocation is backed from its node's creation until nothing needs it.
+GPUPROXY_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                      void* value) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (runtime.device(device) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GraphMemory& memory = GraphMemory::instance();
+    const auto index = static_cast<std::uint32_t>(device);
+    switch (attr) {
+      case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+      case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+        *static_cast<cuuint64_t*>(value) = memory.bytesHeld(index);
+        return CUDA_SUCCESS;
+      case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+      case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+        *static_cast<cuuint64_t*>(value) = memory.mostBytesHeld(index);
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+// Only the high-water marks can be set, and only to 0 (which resets them to what is held now).
+GPUPROXY_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                                      void* value) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (runtime.device(device) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    if (value == nullptr || *static_cast<const cuuint64_t*>(value) != 0 ||
+        (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    GraphMemory::instance().resetMostBytesHeld(static_cast<std::uint32_t>(device));
+    return CUDA_SUCCESS;
+  });
+}
+
+// Nothing is cached for graphs beyond what their allocations hold, so there is nothing to trim.
+GPUPROXY_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return runtime.device(device) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  });
 }

@@ -34,6 +34,7 @@
 #include "client/stub/api/memory_pools.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
+#include "client/stub/graph_memory.hpp"
 #include "client/stub/pinned_heap.hpp"
 #include "client/stub/stream_capture.hpp"
 #include "ipc/shared_file.hpp"
@@ -636,13 +637,28 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    // A graph's allocation happens at each launch (a memory node), which is not supported.
-    if (std::optional<CUresult> refused =
-            runtime.capturing().captures().unsupported(target.stream)) {
-      return *refused;
-    }
     std::optional<gpuproxy::stub::ContextRecord> context = runtime.context(target.context);
     if (!context) return CUDA_ERROR_INVALID_CONTEXT;
+    gpuproxy::stub::StreamCaptures& captures = runtime.capturing().captures();
+    if (!captures.idle() &&
+        captures.statusOf(target.stream).status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      // On a capturing stream: the graph's allocation (a memory node), from the graph's own pool.
+      if (pool != nullptr)
+        return captures.unsupported(target.stream).value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+      std::shared_ptr<gpuproxy::stub::GraphAllocation> allocation;
+      if (CUresult allocated = gpuproxy::stub::GraphMemory::instance().allocate(
+              target.context, context->device, bytesize, allocation);
+          allocated != CUDA_SUCCESS) {
+        return allocated;
+      }
+      gpuproxy::stub::GraphNode node;
+      node.kind = gpuproxy::stub::GraphNode::Kind::kMemAlloc;
+      node.allocation = allocation;
+      const CUresult captured = captures.capture(target.stream, std::move(node))
+                                    .value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+      if (captured == CUDA_SUCCESS) *dptr = allocation->address();
+      return captured;
+    }
     if (pool == nullptr) pool = gpuproxy::stub::currentPool(context->device);
     const std::optional<std::uint32_t> poolDevice =
         pool != nullptr ? gpuproxy::stub::poolDevice(pool) : std::nullopt;
@@ -682,10 +698,22 @@ CUresult freeOnStream(const char* entryPoint, CUdeviceptr dptr, CUstream stream,
       return resolved;
     }
     if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (std::optional<CUresult> refused =
-            runtime.capturing().captures().unsupported(target.stream)) {
-      return *refused;
+    gpuproxy::stub::GraphMemory& graphMemory = gpuproxy::stub::GraphMemory::instance();
+    gpuproxy::stub::StreamCaptures& captures = runtime.capturing().captures();
+    if (!captures.idle() &&
+        captures.statusOf(target.stream).status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      // On a capturing stream: a free node, of an allocation a graph made (CUDA captures no
+      // other free).
+      std::shared_ptr<gpuproxy::stub::GraphAllocation> allocation = graphMemory.find(dptr);
+      if (!allocation)
+        return captures.unsupported(target.stream).value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+      gpuproxy::stub::GraphNode node;
+      node.kind = gpuproxy::stub::GraphNode::Kind::kMemFree;
+      node.allocation = std::move(allocation);
+      return captures.capture(target.stream, std::move(node))
+          .value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
+    if (std::optional<CUresult> graphs = graphMemory.freeOutsideGraph(dptr)) return *graphs;
     return freeAllocation(runtime, dptr);
   });
 }
@@ -743,6 +771,10 @@ GPUPROXY_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, s
 GPUPROXY_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (dptr == 0) return CUDA_SUCCESS;  // as the driver does
+    if (std::optional<CUresult> graphs =
+            gpuproxy::stub::GraphMemory::instance().freeOutsideGraph(dptr)) {
+      return *graphs;
+    }
     if (std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(dptr);
         range && range->managed) {
       return range->start == dptr ? gpuproxy::stub::freeManaged(runtime, *range)

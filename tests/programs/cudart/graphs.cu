@@ -12,11 +12,18 @@
 //                    node, a dependency added afterwards), launched; a kernel's arguments changed
 //                    in the executable graph; cudaGraphExecUpdate from a graph of the same shape
 //                    and from one of another; a cycle refused at instantiation
+//   memory           memory nodes: cudaMallocAsync and cudaFreeAsync captured (the same address at
+//                    every launch); an allocation a graph leaves live, used after the launch and
+//                    freed by the program, by cudaFreeAsync or by another graph's free node; a
+//                    launch while it is live refused, unless AUTO_FREE_ON_LAUNCH; one executable
+//                    graph at a time, no clone; cudaDeviceGetGraphMemAttribute; the memory given
+//                    back when the graphs are destroyed
 
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "checks.cuh"
 
@@ -346,6 +353,220 @@ int nodesMode() {
 
 }  // namespace
 
+namespace {
+
+// Copies `n` floats of `device` and checks each is `expected(i)`.
+template <typename Expected>
+int expectOnDevice(const float* device, int n, const char* what, Expected expected) {
+  float* host = nullptr;
+  CHECK(cudaMallocHost(&host, n * sizeof(float)));
+  CHECK(cudaMemcpy(host, device, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    EXPECT(host[i] == expected(i), "%s[%d] = %g, expected %g", what, i, host[i], expected(i));
+  }
+  CHECK(cudaFreeHost(host));
+  return 0;
+}
+
+// A graph of one alloc node (`bytes` on device 0) followed by `iota` into it; not freed in it.
+cudaError_t allocatingGraph(int n, cudaGraph_t& graph, float*& address) {
+  cudaError_t status = cudaGraphCreate(&graph, 0);
+  if (status != cudaSuccess) return status;
+  cudaMemAllocNodeParams allocation{};
+  allocation.poolProps.allocType = cudaMemAllocationTypePinned;
+  allocation.poolProps.location.type = cudaMemLocationTypeDevice;
+  allocation.poolProps.location.id = 0;
+  allocation.bytesize = n * sizeof(float);
+  cudaGraphNode_t allocated;
+  status = cudaGraphAddMemAllocNode(&allocated, graph, nullptr, 0, &allocation);
+  if (status != cudaSuccess) return status;
+  address = static_cast<float*>(allocation.dptr);
+  cudaMemsetParams clear{};
+  clear.dst = address;
+  clear.elementSize = 4;
+  clear.width = n;
+  clear.height = 1;
+  cudaGraphNode_t cleared;
+  status = cudaGraphAddMemsetNode(&cleared, graph, &allocated, 1, &clear);
+  if (status != cudaSuccess) return status;
+  int count = n;
+  void* arguments[] = {&address, &count};
+  cudaKernelNodeParams kernel{};
+  kernel.func = reinterpret_cast<void*>(iota);
+  kernel.gridDim = dim3((n + 255) / 256);
+  kernel.blockDim = dim3(256);
+  kernel.kernelParams = arguments;
+  cudaGraphNode_t filled;
+  return cudaGraphAddKernelNode(&filled, graph, &cleared, 1, &kernel);
+}
+
+int memoryMode() {
+  const int n = 4096;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  size_t freeBefore = 0;
+  size_t total = 0;
+  CHECK(cudaMemGetInfo(&freeBefore, &total));
+
+  // Captured: allocate, fill, scale, copy out, free; the same address at every launch.
+  float* result = nullptr;
+  CHECK(cudaMalloc(&result, n * sizeof(float)));
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  float* scratch = nullptr;
+  CHECK(cudaMallocAsync(&scratch, n * sizeof(float), stream));
+  CHECK(cudaMemsetAsync(scratch, 0, n * sizeof(float), stream));
+  iota<<<(n + 255) / 256, 256, 0, stream>>>(scratch, n);
+  scale<<<(n + 255) / 256, 256, 0, stream>>>(scratch, 3.0f, n);
+  CHECK(cudaMemcpyAsync(result, scratch, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  CHECK(cudaFreeAsync(scratch, stream));
+  cudaGraph_t captured;
+  CHECK(cudaStreamEndCapture(stream, &captured));
+  size_t nodes = 0;
+  CHECK(cudaGraphGetNodes(captured, nullptr, &nodes));
+  std::vector<cudaGraphNode_t> all(nodes);
+  CHECK(cudaGraphGetNodes(captured, all.data(), &nodes));
+  int allocNodes = 0;
+  int freeNodes = 0;
+  for (cudaGraphNode_t node : all) {
+    cudaGraphNodeType type;
+    CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeMemAlloc) {
+      ++allocNodes;
+      cudaMemAllocNodeParams params{};
+      CHECK(cudaGraphMemAllocNodeGetParams(node, &params));
+      EXPECT(params.dptr == scratch && params.bytesize == n * sizeof(float),
+             "alloc node params: %p, %zu bytes", params.dptr, params.bytesize);
+    }
+    if (type == cudaGraphNodeTypeMemFree) {
+      ++freeNodes;
+      void* freed = nullptr;
+      CHECK(cudaGraphMemFreeNodeGetParams(node, &freed));
+      EXPECT(freed == scratch, "free node frees %p, not %p", freed, scratch);
+    }
+  }
+  std::printf("captured graph of %zu nodes: %d alloc, %d free\n", nodes, allocNodes, freeNodes);
+  EXPECT(allocNodes == 1 && freeNodes == 1, "memory nodes captured");
+  cudaGraphExec_t capturedExec;
+  CHECK(cudaGraphInstantiate(&capturedExec, captured, 0));
+  for (int launch = 0; launch < 3; ++launch) {
+    CHECK(cudaMemsetAsync(result, 0, n * sizeof(float), stream));
+    CHECK(cudaGraphLaunch(capturedExec, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    if (expectOnDevice(result, n, "captured result", [](int i) { return 3.0f * i; }) != 0) {
+      return 1;
+    }
+  }
+  cudaGraphExec_t second;
+  const cudaError_t again = cudaGraphInstantiate(&second, captured, 0);
+  std::printf("second executable graph: %s\n", cudaGetErrorName(again));
+  EXPECT(again != cudaSuccess, "a second executable graph of a graph with memory nodes");
+  cudaGetLastError();
+  cudaGraph_t clone;
+  const cudaError_t cloned = cudaGraphClone(&clone, captured);
+  std::printf("clone: %s\n", cudaGetErrorName(cloned));
+  EXPECT(cloned != cudaSuccess, "a clone of a graph with memory nodes");
+  cudaGetLastError();
+  std::printf("captured: 3 launches at one address\n");
+
+  // Built: the allocation outlives the launch, and must be freed before the next one.
+  cudaGraph_t building;
+  float* kept = nullptr;
+  CHECK(allocatingGraph(n, building, kept));
+  cudaGraphExec_t buildingExec;
+  CHECK(cudaGraphInstantiate(&buildingExec, building, 0));
+  unsigned long long used = 0;
+  CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+  std::printf("graph memory in use: %llu bytes\n", static_cast<unsigned long long>(used));
+  EXPECT(used >= 2 * n * sizeof(float), "graph memory in use: %llu",
+         static_cast<unsigned long long>(used));
+  CHECK(cudaGraphLaunch(buildingExec, stream));
+  scale<<<(n + 255) / 256, 256, 0, stream>>>(kept, 2.0f, n);  // after the launch, in order
+  CHECK(cudaStreamSynchronize(stream));
+  if (expectOnDevice(kept, n, "kept", [](int i) { return 2.0f * i; }) != 0) return 1;
+  const cudaError_t whileLive = cudaGraphLaunch(buildingExec, stream);
+  std::printf("launch while its allocation is live: %s\n", cudaGetErrorName(whileLive));
+  EXPECT(whileLive == cudaErrorInvalidValue, "relaunch while live");
+  cudaGetLastError();
+  CHECK(cudaFreeAsync(kept, stream));
+  const cudaError_t twice = cudaFree(kept);
+  std::printf("freed twice: %s\n", cudaGetErrorName(twice));
+  EXPECT(twice == cudaErrorInvalidValue, "a graph allocation freed twice");
+  cudaGetLastError();
+  CHECK(cudaGraphLaunch(buildingExec, stream));  // freed: it runs again
+  // Freed by another graph's free node.
+  cudaGraph_t freeing;
+  CHECK(cudaGraphCreate(&freeing, 0));
+  cudaGraphNode_t freeNode;
+  CHECK(cudaGraphAddMemFreeNode(&freeNode, freeing, nullptr, 0, kept));
+  const cudaError_t freedTwiceInGraph =
+      cudaGraphAddMemFreeNode(&freeNode, freeing, nullptr, 0, kept);
+  EXPECT(freedTwiceInGraph == cudaErrorInvalidValue, "two free nodes of one allocation: %s",
+         cudaGetErrorName(freedTwiceInGraph));
+  cudaGetLastError();
+  const cudaError_t notAGraphAllocation =
+      cudaGraphAddMemFreeNode(&freeNode, freeing, nullptr, 0, result);
+  EXPECT(notAGraphAllocation == cudaErrorInvalidValue, "a free node of cudaMalloc memory: %s",
+         cudaGetErrorName(notAGraphAllocation));
+  cudaGetLastError();
+  cudaGraphExec_t freeingExec;
+  CHECK(cudaGraphInstantiate(&freeingExec, freeing, 0));
+  CHECK(cudaGraphLaunch(freeingExec, stream));
+  CHECK(cudaGraphLaunch(buildingExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  if (expectOnDevice(kept, n, "kept again", [](int i) { return 1.0f * i; }) != 0) return 1;
+  std::printf("kept: freed by the program, then by another graph\n");
+  CHECK(cudaGraphExecDestroy(buildingExec));
+
+  // Instantiated to free on launch: launched again without a free.
+  cudaGraphExec_t autoFree;
+  CHECK(
+      cudaGraphInstantiateWithFlags(&autoFree, building, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+  CHECK(cudaGraphLaunch(autoFree, stream));
+  CHECK(cudaGraphLaunch(autoFree, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  std::printf("auto free on launch: launched twice\n");
+  CHECK(cudaFree(kept));
+
+  // A free of ordinary memory cannot be captured.
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const cudaError_t ordinaryFree = cudaFreeAsync(result, stream);
+  std::printf("capturing a free of cudaMalloc memory: %s\n", cudaGetErrorName(ordinaryFree));
+  EXPECT(ordinaryFree == cudaErrorStreamCaptureUnsupported, "captured free of ordinary memory");
+  cudaGraph_t invalidated = nullptr;
+  EXPECT(cudaStreamEndCapture(stream, &invalidated) == cudaErrorStreamCaptureInvalidated,
+         "the capture is invalidated");
+  cudaGetLastError();
+
+  // Everything gone: the memory is the tenant's again.
+  CHECK(cudaGraphExecDestroy(autoFree));
+  CHECK(cudaGraphExecDestroy(capturedExec));
+  CHECK(cudaGraphExecDestroy(freeingExec));
+  CHECK(cudaGraphDestroy(captured));
+  CHECK(cudaGraphDestroy(building));
+  CHECK(cudaGraphDestroy(freeing));
+  CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, &used));
+  EXPECT(used == 0, "graph memory in use after the graphs are gone: %llu",
+         static_cast<unsigned long long>(used));
+  unsigned long long high = 0;
+  CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &high));
+  EXPECT(high >= 2 * n * sizeof(float), "high-water mark %llu",
+         static_cast<unsigned long long>(high));
+  unsigned long long zero = 0;
+  CHECK(cudaDeviceSetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &zero));
+  CHECK(cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemHigh, &high));
+  EXPECT(high == 0, "high-water mark after a reset: %llu", static_cast<unsigned long long>(high));
+  CHECK(cudaDeviceGraphMemTrim(0));
+  CHECK(cudaFree(result));
+  size_t freeAfter = 0;
+  CHECK(cudaMemGetInfo(&freeAfter, &total));
+  EXPECT(freeAfter == freeBefore, "free memory %zu before, %zu after", freeBefore, freeAfter);
+  std::printf("graph memory given back\n");
+  CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::printf("usage: %s <mode>\n", argv[0]);
@@ -356,6 +577,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "capture") == 0) result = captureMode();
   if (std::strcmp(mode, "capture-errors") == 0) result = captureErrors();
   if (std::strcmp(mode, "nodes") == 0) result = nodesMode();
+  if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
   if (result == 0) std::printf("%s: PASSED\n", mode);
   return result;
