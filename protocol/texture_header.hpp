@@ -58,7 +58,9 @@ struct TextureHeader {
   // A layered array (1D or 2D, `dimensions`): its layers are its `depth` slices, and a fetch names
   // one by index (tex.a1d/a2d, suld/sust .a1d/.a2d) without filtering between them. 0: not layered.
   std::uint32_t layered = 0;
-  std::uint32_t reserved = 0;
+  // A cube map (or, layered too, an array of them): a layered 2D array of square layers, six per
+  // cube (+x, -x, +y, -y, +z, -z), which tex.cube and tex.acube address by direction. 0: not one.
+  std::uint32_t cubemap = 0;
 };
 static_assert(sizeof(TextureHeader) == 104, "the header's layout is shared with the interpreter");
 

@@ -153,6 +153,8 @@ TEST_P(CudartPrograms, TexturesAndSurfacesGiveTheHostsResults) {
         << result.output;
   } else {
     ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+    EXPECT_NE(result.output.find("cube maps: 864 directions on every face"), std::string::npos)
+        << result.output;
     EXPECT_NE(result.output.find("textures: PASSED"), std::string::npos) << result.output;
   }
   // The arrays, textures and surfaces the program held came back when it exited.

@@ -77,12 +77,12 @@ TEST_F(ErrorPaths, UnknownKernelsAndUnrunnableModulesAreRefused) {
   // Valid PTX the sim's interpreter does not execute: refused at load, naming what and where.
   EXPECT_EQ(got["cuModuleLoadData(texture)"], "CUDA_ERROR_NOT_SUPPORTED");
   EXPECT_NE(daemon_.log().find("texture_kernel"), std::string::npos) << daemon_.log();
-  EXPECT_NE(daemon_.log().find("tex.cube.v4.f32.f32"), std::string::npos) << daemon_.log();
+  EXPECT_NE(daemon_.log().find("tex.2dms.v4.f32.s32"), std::string::npos) << daemon_.log();
   EXPECT_EQ(got["cuModuleLoadData(malformed)"], "CUDA_ERROR_INVALID_PTX");
   expectDaemonStillServes();
 }
 
-// Kernels nvcc built from ordinary CUDA C++ that use cube-map textures, surface reductions, 4-bit
+// Kernels nvcc built from ordinary CUDA C++ that use sparse textures, surface reductions, 4-bit
 // tensor cores or clusters: cuModuleLoadData fails with NOT_SUPPORTED (never a load that
 // would run with a wrong answer), and the daemon's log names the first such instruction and its
 // kernel.
@@ -93,7 +93,7 @@ TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
   }
   auto got = probe("unsupported-kernels");
   const std::pair<std::string, std::string> refused[] = {
-      {"texture_sample", "'tex.cube.v4.f32.f32' (cube-map and multi-sample textures and surfaces)"},
+      {"texture_sample", "'tex.2d.v4.f32.f32' (texture residency predicates (sparse))"},
       {"surface_write", "'sured.b.add.2d.u32.trap' (surface reductions and texture type tests)"},
       {"tensor_core_tile",
        "'mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32' (tensor-core instructions of sub-byte "

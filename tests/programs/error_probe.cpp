@@ -59,8 +59,8 @@ bool setUp() {
   return true;
 }
 
-// Well-formed PTX whose kernel samples a cube-map texture: a GPU runs it, the sim's interpreter
-// does not.
+// Well-formed PTX whose kernel samples a multi-sample texture: a GPU runs it, the sim's
+// interpreter does not.
 constexpr const char kTexturePtx[] = R"PTX(
 .version 8.0
 .target sm_75
@@ -75,7 +75,7 @@ constexpr const char kTexturePtx[] = R"PTX(
 	.reg .b64 %rd<2>;
 	ld.param.u64 %rd1, [texture_kernel_param_0];
 	mov.b32 %r1, 0;
-	tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2, %f3, %f3}];
+	tex.2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r1, %r1, %r1}];
 	ret;
 }
 )PTX";

@@ -9,9 +9,9 @@
 // in gpuproxyd's context; the daemon makes none, so there texture and surface objects are
 // CUDA_ERROR_NOT_SUPPORTED (arrays, being memory, are served everywhere).
 //
-// Not served (CUDA_ERROR_NOT_SUPPORTED, with a log line): cube-map, depth, sparse and mip-mapped
-// arrays, formats other than 8/16/32-bit integers, half and float with 1, 2 or 4
-// channels, resource views, sRGB conversion.
+// Not served (CUDA_ERROR_NOT_SUPPORTED, with a log line): depth, sparse and mip-mapped arrays,
+// formats other than 8/16/32-bit integers, half and float with 1, 2 or 4 channels, resource views,
+// sRGB conversion.
 
 #include <cuda.h>
 
@@ -88,7 +88,8 @@ bool withinLimit(Runtime& runtime, CUdevice_attribute attribute, std::uint64_t v
 
 // The flags an array may have here: the others ask for layouts the texture unit does not model.
 constexpr unsigned kServedArrayFlags = CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_SURFACE_LDST |
-                                       CUDA_ARRAY3D_TEXTURE_GATHER | CUDA_ARRAY3D_COLOR_ATTACHMENT;
+                                       CUDA_ARRAY3D_CUBEMAP | CUDA_ARRAY3D_TEXTURE_GATHER |
+                                       CUDA_ARRAY3D_COLOR_ATTACHMENT;
 
 CUresult checkArraySize(Runtime& runtime, const CUDA_ARRAY3D_DESCRIPTOR& descriptor) {
   const bool surface = (descriptor.Flags & CUDA_ARRAY3D_SURFACE_LDST) != 0;
@@ -96,7 +97,23 @@ CUresult checkArraySize(Runtime& runtime, const CUDA_ARRAY3D_DESCRIPTOR& descrip
   const std::uint64_t height = descriptor.Height;
   const std::uint64_t depth = descriptor.Depth;
   bool fits = true;
-  if ((descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0) {
+  if ((descriptor.Flags & CUDA_ARRAY3D_CUBEMAP) != 0) {
+    const bool layered = (descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0;
+    fits =
+        layered
+            ? withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH,
+                          width) &&
+                  withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS,
+                              depth / 6) &&
+                  (!surface ||
+                   (withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH,
+                                width) &&
+                    withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS,
+                                depth / 6)))
+            : withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH, width) &&
+                  (!surface ||
+                   withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH, width));
+  } else if ((descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0) {
     fits =
         height == 0
             ? withinLimit(runtime, CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH, width) &&
@@ -133,8 +150,8 @@ CUresult createArray(const char* entryPoint, CUarray* handle,
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
     if ((descriptor.Flags & ~kServedArrayFlags) != 0) {
       GPUPROXY_STUB_LOG(kWarn,
-                        "%s: cube-map, depth, sparse and deferred-mapping arrays are not "
-                        "supported (flags 0x%x)",
+                        "%s: depth, sparse and deferred-mapping arrays are not supported (flags "
+                        "0x%x)",
                         entryPoint, descriptor.Flags);
       return CUDA_ERROR_NOT_SUPPORTED;
     }
@@ -143,6 +160,12 @@ CUresult createArray(const char* entryPoint, CUarray* handle,
     const bool layered = (descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0;
     if (descriptor.Width == 0 || (layered && descriptor.Depth == 0) ||
         (!layered && descriptor.Height == 0 && descriptor.Depth != 0)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // A cube map's faces are square, six per cube: Depth 6, or (layered) a multiple of 6.
+    if ((descriptor.Flags & CUDA_ARRAY3D_CUBEMAP) != 0 &&
+        (descriptor.Width != descriptor.Height ||
+         (layered ? descriptor.Depth % 6 != 0 : descriptor.Depth != 6))) {
       return CUDA_ERROR_INVALID_VALUE;
     }
     const unsigned channels = descriptor.NumChannels;
@@ -423,7 +446,10 @@ CUresult describeResource(Runtime& runtime, const char* entryPoint,
       header.width = static_cast<std::uint32_t>(descriptor.Width);
       header.height = static_cast<std::uint32_t>(array->layout.height);
       header.depth = static_cast<std::uint32_t>(descriptor.Depth == 0 ? 1 : descriptor.Depth);
-      header.layered = (descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0 ? 1 : 0;
+      // A cube map is a layered 2D array of its faces.
+      header.cubemap = (descriptor.Flags & CUDA_ARRAY3D_CUBEMAP) != 0 ? 1 : 0;
+      header.layered =
+          (descriptor.Flags & CUDA_ARRAY3D_LAYERED) != 0 || header.cubemap != 0 ? 1 : 0;
       header.dimensions = header.layered != 0      ? (descriptor.Height != 0 ? 2 : 1)
                           : descriptor.Depth != 0  ? 3
                           : descriptor.Height != 0 ? 2

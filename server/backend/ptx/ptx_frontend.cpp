@@ -1118,7 +1118,9 @@ private:
         operand.elements.push_back(std::move(element));
         if (operand.elements.size() > kMaxOperands) return fail(token.line, "list too long");
         const Token separator = lexer_.next();
-        if (separator.is(close)) return true;
+        // A vector destination may carry a paired predicate too: a sparse texture fetch's
+        // "{d0, d1, d2, d3}|p" says whether the texels were resident.
+        if (separator.is(close)) return close == '}' ? pairedPredicate(operand) : true;
         if (!separator.is(',')) return fail(separator.line, "expected ',' in an operand list");
       }
     }

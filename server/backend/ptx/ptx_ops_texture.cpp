@@ -14,8 +14,11 @@
 // the four texels of the bilinear footprint, counter-clockwise from the lower left.
 //
 // Layered geometries (.a1d, .a2d) name a layer by index, clamped to the layers there are, and
-// sample within it. Not modelled, refused at load by name: cube-map and multi-sample geometries,
-// depth comparison, formatted surface stores (sust.p), surface reductions (sured).
+// sample within it. Cube maps (.cube, .acube) take a direction (x, y, z): the face is that of its
+// largest component, and the face's coordinates are the guide's "Cubemap Textures" table's,
+// clamped to the face's edges (no filtering across faces). Not modelled, refused at load by name:
+// multi-sample geometries, gathers from cube maps, depth comparison, formatted surface stores
+// (sust.p), surface reductions (sured).
 
 #include <algorithm>
 #include <array>
@@ -275,10 +278,59 @@ struct Lookup {
   bool integers = false;
 };
 
+// A cube-map fetch's face (0 to 5: +x, -x, +y, -y, +z, -z) and coordinates in its texels, from
+// the direction (x, y, z): the programming guide's table, s and t over the major axis' magnitude m
+// giving u = (s / m + 1) / 2 and v = (t / m + 1) / 2 across the face.
+std::uint32_t cubeFace(float x, float y, float z, const TextureHeader& header, float* u) {
+  const float ax = std::fabs(x);
+  const float ay = std::fabs(y);
+  const float az = std::fabs(z);
+  std::uint32_t face = 0;
+  float m = 0;
+  float s = 0;
+  float t = 0;
+  if (ax >= ay && ax >= az) {
+    face = x >= 0 ? 0 : 1;
+    m = ax;
+    s = x >= 0 ? -z : z;
+    t = -y;
+  } else if (ay >= az) {
+    face = y >= 0 ? 2 : 3;
+    m = ay;
+    s = x;
+    t = y >= 0 ? z : -z;
+  } else {
+    face = z >= 0 ? 4 : 5;
+    m = az;
+    s = z >= 0 ? x : -x;
+    t = -y;
+  }
+  const float scale = m > 0 ? 1.0f / m : 0.0f;
+  u[0] = (s * scale + 1.0f) * 0.5f * static_cast<float>(header.width);
+  u[1] = (t * scale + 1.0f) * 0.5f * static_cast<float>(header.height);
+  return face;
+}
+
 Lookup lookupOf(ExecContext& context, const TextureOperation& operation,
                 const TextureHeader& header, std::uint32_t lane) {
   Lookup lookup;
   lookup.integers = readsIntegers(header) || operation.result != Result::kF32;
+  if (operation.cube) {
+    float direction[3];
+    for (unsigned d = 0; d < 3; ++d) {
+      direction[d] = std::bit_cast<float>(
+          static_cast<std::uint32_t>(context.row(operation.coordinates[d])[lane]));
+    }
+    const std::uint32_t face = cubeFace(direction[0], direction[1], direction[2], header, lookup.u);
+    std::int64_t cube = 0;
+    if (operation.layered) {
+      cube = std::clamp<std::int64_t>(static_cast<std::int32_t>(context.row(operation.layer)[lane]),
+                                      0, std::max<std::int64_t>(header.depth / 6, 1) - 1);
+    }
+    lookup.layer = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(cube * 6 + face, static_cast<std::int64_t>(header.depth) - 1));
+    return lookup;
+  }
   lookup.layer = layerOf(context, operation, header, lane);
   texelCoordinates(context, operation, header, lane, lookup.u);
   return lookup;
@@ -366,6 +418,11 @@ bool textureHandler(ExecContext& context, const Instruction& instruction, std::u
     if (operation.kind == Kind::kQuery) {
       context.row(operation.values[0])[lane] = queryValue(header, operation.query);
       return true;
+    }
+    if (operation.cube) {
+      // Within a face: its layer of a 2D array, clamped to the face's edges.
+      header.dimensions = 2;
+      header.addressMode[0] = header.addressMode[1] = CU_TR_ADDRESS_MODE_CLAMP;
     }
     const Lookup lookup = lookupOf(context, operation, header, lane);
     Texel result{};
@@ -457,13 +514,27 @@ bool surfaceHandler(ExecContext& context, const Instruction& instruction, std::u
 
 // ---- binding ---------------------------------------------------------------------------------
 
-bool takeGeometry(Qualifiers& qualifiers, OperandResolver& resolver, bool& unsupported,
+// `cube`: whether the instruction takes cube-map geometries (tex does; surfaces address a cube
+// map as the layered 2D array it is).
+bool takeGeometry(Qualifiers& qualifiers, OperandResolver& resolver, bool& unsupported, bool cube,
                   TextureOperation& operation) {
+  if (cube) {
+    const std::string_view cubeGeometry = qualifiers.takeAny({"cube", "acube"});
+    if (!cubeGeometry.empty()) {
+      operation.cube = true;
+      operation.layered = cubeGeometry == "acube";
+      operation.dimensions = 3;  // the direction
+      return true;
+    }
+  }
   const std::string_view geometry = qualifiers.takeAny({"1d", "2d", "3d", "a1d", "a2d"});
   if (geometry.empty()) {
-    if (!qualifiers.takeAny({"cube", "acube", "2dms", "a2dms"}).empty()) {
+    if (!qualifiers.takeAny({"2dms", "a2dms"}).empty()) {
+      return unsupportedBinding(resolver, unsupported, "multi-sample textures and surfaces");
+    }
+    if (!qualifiers.takeAny({"cube", "acube"}).empty()) {
       return unsupportedBinding(resolver, unsupported,
-                                "cube-map and multi-sample textures and surfaces");
+                                std::string(qualifiers.base()) + " of a cube map");
     }
     return bindError(resolver, "texture or surface instruction without a geometry");
   }
@@ -531,7 +602,10 @@ bool bindSample(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
   // A resource without mip levels has one: level-of-detail and gradients choose it whatever they
   // are.
   const std::string_view level = qualifiers.takeAny({"base", "level", "grad"});
-  if (!takeGeometry(qualifiers, resolver, unsupported, operation)) return false;
+  if (!takeGeometry(qualifiers, resolver, unsupported, operation.kind == Kind::kSample,
+                    operation)) {
+    return false;
+  }
   if (operation.kind == Kind::kGather && operation.dimensions != 2) {
     return bindError(resolver, "tld4 needs .2d");
   }
@@ -555,6 +629,9 @@ bool bindSample(const ParsedInstruction& parsed, Qualifiers& qualifiers, Operand
       return unsupportedBinding(resolver, unsupported, "texture fetches into .f16 registers");
   }
   operation.integerCoordinates = types[1] == Type::kS32;
+  if (operation.cube && operation.integerCoordinates) {
+    return bindError(resolver, "a cube-map fetch takes .f32 coordinates");
+  }
   const std::size_t extra = level == "level" ? 1 : level == "grad" ? 2 : 0;
   if (parsed.operands.size() != 2 + extra) {
     return bindError(resolver, "expected " + std::to_string(2 + extra) + " operands");
@@ -628,7 +705,7 @@ bool bindSurfaceAccess(const ParsedInstruction& parsed, Qualifiers& qualifiers,
                ? unsupportedBinding(resolver, unsupported, "formatted surface stores (sust.p)")
                : bindError(resolver, "expected .b");
   }
-  if (!takeGeometry(qualifiers, resolver, unsupported, operation)) return false;
+  if (!takeGeometry(qualifiers, resolver, unsupported, false, operation)) return false;
   qualifiers.takeAny({"ca", "cg", "cs", "cv", "wb", "wt"});  // caching: no effect on the sim
   const unsigned vector = qualifiers.takeVector();
   const std::vector<Type> types = qualifiers.takeTypes();

@@ -190,6 +190,7 @@ struct TextureOperation {
   Kind kind = Kind::kSample;
   std::uint8_t dimensions = 1;  // the geometry: .1d, .2d, .3d (.a1d, .a2d: 1, 2 and layered)
   bool layered = false;
+  bool cube = false;                  // .cube, .acube: the coordinates are a direction
   std::uint32_t layer = kNoRegister;  // layered: the row holding the layer index
   std::uint8_t component = 0;         // tld4: .r .g .b .a
   bool integerCoordinates = false;

@@ -20,6 +20,9 @@
 //   - layered arrays (cudaArrayLayered), 2D and 1D: tex2DLayered/tex1DLayered point and bilinear
 //     within each layer (never between layers), a layer index past the end clamped, and
 //     surf2DLayeredread/surf2DLayeredwrite;
+//   - cube maps (cudaArrayCubemap) and a layered cube map: texCubemap/texCubemapLayered at
+//     directions on every face (the face of the largest component, the guide's table of face
+//     coordinates), point and bilinear within a face; surfCubemapwrite to one face;
 //   - a surface over an array made without cudaArraySurfaceLoadStore is refused.
 
 #include <cuda_fp16.h>
@@ -117,6 +120,28 @@ __global__ void fillLine(cudaSurfaceObject_t surface, int width) {
   const int x = blockIdx.x * blockDim.x + threadIdx.x;
   if (x < width) {
     surf1Dwrite(make_float2(x, -0.5f * x), surface, x * static_cast<int>(sizeof(float2)));
+  }
+}
+
+struct Direction {
+  float x, y, z;
+  int cube;  // the cube of a layered cube map
+};
+
+__global__ void fetchCubemap(cudaTextureObject_t cube, cudaTextureObject_t cubes,
+                             const Direction* at, float* single, float* layered, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  single[i] = texCubemap<float>(cube, at[i].x, at[i].y, at[i].z);
+  layered[i] = texCubemapLayered<float>(cubes, at[i].x, at[i].y, at[i].z, at[i].cube);
+}
+
+// Face `face` of a cube-map surface: element (x, y) becomes -(x + 100 y).
+__global__ void markFace(cudaSurfaceObject_t surface, int width, int face) {
+  const int x = threadIdx.x, y = blockIdx.x;
+  if (x < width && y < width) {
+    surfCubemapwrite(-static_cast<float>(x + 100 * y), surface, x * static_cast<int>(sizeof(float)),
+                     y, face);
   }
 }
 
@@ -1174,6 +1199,175 @@ int layered() {
   return 0;
 }
 
+// Cube maps: a W x W face per direction, six per cube; texel (x, y) of face f of cube c holds
+// 1000 c + 100 f + 10 y + x.
+int cubemaps() {
+  constexpr int W = 4, Cubes = 2;
+  std::vector<float> texels(W * W * 6 * Cubes);
+  for (int c = 0; c < Cubes; ++c) {
+    for (int f = 0; f < 6; ++f) {
+      for (int y = 0; y < W; ++y) {
+        for (int x = 0; x < W; ++x) {
+          texels[((c * 6 + f) * W + y) * W + x] = 1000.0f * c + 100.0f * f + 10.0f * y + x;
+        }
+      }
+    }
+  }
+  const cudaChannelFormatDesc channels = cudaCreateChannelDesc<float>();
+  cudaArray_t cube = nullptr;
+  CHECK(cudaMalloc3DArray(&cube, &channels, make_cudaExtent(W, W, 6),
+                          cudaArrayCubemap | cudaArraySurfaceLoadStore));
+  cudaArray_t cubes = nullptr;
+  CHECK(cudaMalloc3DArray(&cubes, &channels, make_cudaExtent(W, W, 6 * Cubes),
+                          cudaArrayCubemap | cudaArrayLayered));
+  cudaArray_t notSquare = nullptr;
+  const cudaError_t refused =
+      cudaMalloc3DArray(&notSquare, &channels, make_cudaExtent(W, W + 1, 6), cudaArrayCubemap);
+  EXPECT(refused == cudaErrorInvalidValue, "a cube map of %dx%d faces: %s", W, W + 1,
+         cudaGetErrorName(refused));
+  cudaGetLastError();
+  for (cudaArray_t array : {cube, cubes}) {
+    cudaMemcpy3DParms up = {};
+    up.srcPtr = make_cudaPitchedPtr(texels.data(), W * sizeof(float), W, W);
+    up.dstArray = array;
+    up.extent = make_cudaExtent(W, W, array == cube ? 6 : 6 * Cubes);
+    up.kind = cudaMemcpyHostToDevice;
+    CHECK(cudaMemcpy3D(&up));
+  }
+  // The host's cube-map unit: the face of the direction's largest component and its (s, t), as
+  // the programming guide's table gives them, then (u, v) = ((s / m + 1) / 2, (t / m + 1) / 2)
+  // across the face, clamped to its edges.
+  auto texel = [&](int c, int f, int x, int y) {
+    x = std::min(std::max(x, 0), W - 1);
+    y = std::min(std::max(y, 0), W - 1);
+    return texels[((c * 6 + f) * W + y) * W + x];
+  };
+  auto reference = [&](const Direction& d, bool linear) {
+    const float ax = std::fabs(d.x), ay = std::fabs(d.y), az = std::fabs(d.z);
+    int face;
+    float m, s, t;
+    if (ax >= ay && ax >= az) {
+      face = d.x >= 0 ? 0 : 1;
+      m = ax;
+      s = d.x >= 0 ? -d.z : d.z;
+      t = -d.y;
+    } else if (ay >= az) {
+      face = d.y >= 0 ? 2 : 3;
+      m = ay;
+      s = d.x;
+      t = d.y >= 0 ? d.z : -d.z;
+    } else {
+      face = d.z >= 0 ? 4 : 5;
+      m = az;
+      s = d.z >= 0 ? d.x : -d.x;
+      t = -d.y;
+    }
+    const float u = (s / m + 1.0f) * 0.5f * W, v = (t / m + 1.0f) * 0.5f * W;
+    const int c = std::min(std::max(d.cube, 0), Cubes - 1);
+    if (!linear) {
+      return texel(c, face, static_cast<int>(std::floor(u)), static_cast<int>(std::floor(v)));
+    }
+    const float xb = u - 0.5f, yb = v - 0.5f;
+    const int x0 = static_cast<int>(std::floor(xb)), y0 = static_cast<int>(std::floor(yb));
+    const float a = xb - x0, b = yb - y0;
+    return (1 - a) * (1 - b) * texel(c, face, x0, y0) + a * (1 - b) * texel(c, face, x0 + 1, y0) +
+           (1 - a) * b * texel(c, face, x0, y0 + 1) + a * b * texel(c, face, x0 + 1, y0 + 1);
+  };
+  // Directions towards every face, at points across it (never on an edge between two faces),
+  // scaled by powers of two and landing on quarter texels, so that s / m and the filter's weights
+  // are exact.
+  std::vector<Direction> at;
+  const float across[] = {-0.875f, -0.5f, -0.125f, 0.125f, 0.625f, 0.875f};
+  for (int c = -1; c <= Cubes; ++c) {  // -1 and Cubes: clamped to the first and last cube
+    for (float p : across) {
+      for (float q : across) {
+        at.push_back({1.0f, p, q, c});
+        at.push_back({-2.0f, 2 * p, 2 * q, c});
+        at.push_back({p, 1.0f, q, c});
+        at.push_back({0.5f * p, -0.5f, 0.5f * q, c});
+        at.push_back({4 * p, 4 * q, 4.0f, c});
+        at.push_back({p, q, -1.0f, c});
+      }
+    }
+  }
+  const int n = static_cast<int>(at.size());
+  Direction* onDevice = nullptr;
+  float* single = nullptr;
+  float* layered = nullptr;
+  CHECK(cudaMalloc(&onDevice, n * sizeof(Direction)));
+  CHECK(cudaMalloc(&single, n * sizeof(float)));
+  CHECK(cudaMalloc(&layered, n * sizeof(float)));
+  CHECK(cudaMemcpy(onDevice, at.data(), n * sizeof(Direction), cudaMemcpyHostToDevice));
+  for (cudaTextureFilterMode filter : {cudaFilterModePoint, cudaFilterModeLinear}) {
+    cudaResourceDesc resource = {};
+    resource.resType = cudaResourceTypeArray;
+    cudaTextureDesc description = {};
+    description.filterMode = filter;
+    description.readMode = cudaReadModeElementType;
+    description.normalizedCoords = 1;
+    resource.res.array.array = cube;
+    cudaTextureObject_t cubeTexture = 0;
+    CHECK(cudaCreateTextureObject(&cubeTexture, &resource, &description, nullptr));
+    resource.res.array.array = cubes;
+    cudaTextureObject_t cubesTexture = 0;
+    CHECK(cudaCreateTextureObject(&cubesTexture, &resource, &description, nullptr));
+    fetchCubemap<<<(n + 127) / 128, 128>>>(cubeTexture, cubesTexture, onDevice, single, layered, n);
+    CHECK(cudaGetLastError());
+    std::vector<float> gotSingle(n), gotLayered(n);
+    CHECK(cudaMemcpy(gotSingle.data(), single, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(gotLayered.data(), layered, n * sizeof(float), cudaMemcpyDeviceToHost));
+    const bool linear = filter == cudaFilterModeLinear;
+    for (int i = 0; i < n; ++i) {
+      Direction first = at[i];
+      first.cube = 0;
+      const float wantSingle = reference(first, linear);
+      const float wantLayered = reference(at[i], linear);
+      EXPECT(near(gotSingle[i], wantSingle), "texCubemap %s (%g, %g, %g) = %.7g, expected %.7g",
+             linear ? "linear" : "point", at[i].x, at[i].y, at[i].z, gotSingle[i], wantSingle);
+      EXPECT(near(gotLayered[i], wantLayered),
+             "texCubemapLayered %s (%g, %g, %g) cube %d = %.7g, expected %.7g",
+             linear ? "linear" : "point", at[i].x, at[i].y, at[i].z, at[i].cube, gotLayered[i],
+             wantLayered);
+    }
+    CHECK(cudaDestroyTextureObject(cubeTexture));
+    CHECK(cudaDestroyTextureObject(cubesTexture));
+  }
+  // A surface over the cube map: face 3 rewritten, the others as they were.
+  cudaResourceDesc surfaceResource = {};
+  surfaceResource.resType = cudaResourceTypeArray;
+  surfaceResource.res.array.array = cube;
+  cudaSurfaceObject_t surface = 0;
+  CHECK(cudaCreateSurfaceObject(&surface, &surfaceResource));
+  markFace<<<W, W>>>(surface, W, 3);
+  CHECK(cudaGetLastError());
+  std::vector<float> back(W * W * 6, 0.0f);
+  cudaMemcpy3DParms down = {};
+  down.srcArray = cube;
+  down.dstPtr = make_cudaPitchedPtr(back.data(), W * sizeof(float), W, W);
+  down.extent = make_cudaExtent(W, W, 6);
+  down.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaMemcpy3D(&down));
+  for (int f = 0; f < 6; ++f) {
+    for (int y = 0; y < W; ++y) {
+      for (int x = 0; x < W; ++x) {
+        const float want = f == 3 ? -static_cast<float>(x + 100 * y) : texel(0, f, x, y);
+        const float got = back[(f * W + y) * W + x];
+        EXPECT(got == want, "cube-map surface face %d (%d, %d) = %g, expected %g", f, x, y, got,
+               want);
+      }
+    }
+  }
+  CHECK(cudaDestroySurfaceObject(surface));
+  CHECK(cudaFree(onDevice));
+  CHECK(cudaFree(single));
+  CHECK(cudaFree(layered));
+  CHECK(cudaFreeArray(cube));
+  CHECK(cudaFreeArray(cubes));
+  std::printf("cube maps: %d directions on every face, point and bilinear, single and layered\n",
+              n);
+  return 0;
+}
+
 int main() {
   if (arrays() != 0) return 1;
   if (pointAndLinear() != 0) return 1;
@@ -1187,6 +1381,7 @@ int main() {
   if (surfaces3D() != 0) return 1;
   if (surface1D() != 0) return 1;
   if (layered() != 0) return 1;
+  if (cubemaps() != 0) return 1;
   if (surfaceWithoutTheFlag() != 0) return 1;
   CHECK(cudaDeviceSynchronize());
   std::printf("textures: PASSED\n");

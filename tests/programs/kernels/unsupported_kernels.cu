@@ -4,9 +4,12 @@
 #include <cooperative_groups.h>
 
 #if defined(UNSUPPORTED_TEXTURE)
-// Cube-map textures (the sim runs 1D, 2D, 3D and layered texture objects, not cube maps).
+// A fetch from a sparse texture that asks whether its texels are resident (the sim has no sparse
+// arrays).
 extern "C" __global__ void texture_sample(cudaTextureObject_t texture, float* out) {
-  out[threadIdx.x] = texCubemap<float>(texture, threadIdx.x + 0.5f, 0.5f, 1.0f);
+  bool resident = false;
+  out[threadIdx.x] = tex2D<float>(texture, threadIdx.x + 0.5f, 0.5f, &resident);
+  out[threadIdx.x + blockDim.x] = resident ? 1.0f : 0.0f;
 }
 #elif defined(UNSUPPORTED_SURFACE)
 // A surface reduction (sured), which CUDA C++ reaches through inline PTX.

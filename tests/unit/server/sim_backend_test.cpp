@@ -701,7 +701,8 @@ TEST_F(SimTest, ModuleLoadErrors) {
   // Valid PTX the interpreter does not execute is refused at load, not at launch.
   EXPECT_EQ(load(header + ".visible .entry t(.param .u64 a) {\n .reg .f32 %f<5>;\n"
                           " .reg .b64 %rd<2>;\n"
-                          " tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2, %f3, %f3}];"
+                          " .reg .b32 %r<2>;\n"
+                          " tex.2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r1, %r1, %r1}];"
                           "\n ret;\n}"),
             CUDA_ERROR_NOT_SUPPORTED);
   // Malformed PTX, and bytes that are not PTX at all.

@@ -23,9 +23,9 @@ std::string kernel(const std::string& name, const std::string& body) {
 // instruction and the kernel.
 TEST(PtxFrontend, UnsupportedInstructionsAreRefusedByName) {
   const std::pair<std::string, std::string> cases[] = {
-      {"tex.acube.v4.f32.f32",
+      {"tex.a2dms.v4.f32.s32",
        ".reg .f32 %f<5>; .reg .b32 %r<2>; .reg .b64 %rd<2>;\n"
-       "tex.acube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f1, %f2, %f2}];"},
+       "tex.a2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r1, %r1, %r1}];"},
       {"mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32",
        ".reg .b32 %r<8>;\n"
        "mma.sync.aligned.m16n8k32.row.col.s32.s4.s4.s32 {%r0, %r1, %r2, %r3}, {%r4, %r5}, "
@@ -75,14 +75,14 @@ TEST(PtxFrontend, EveryUnsupportedClassIsRefusedByName) {
   };
   const Case cases[] = {
       // Textures and surfaces.
-      {"tex.a2dms.v4.f32.s32", "cube-map and multi-sample textures",
+      {"tex.a2dms.v4.f32.s32", "multi-sample textures",
        "tex.a2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r5, %r6, %r7, %r7}];"},
-      {"tex.cube.v4.f32.f32", "cube-map and multi-sample textures",
-       "tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f5, %f5}];"},
-      {"tld4.r.acube.v4.f32.f32", "cube-map and multi-sample textures",
+      {"tld4.r.acube.v4.f32.f32", "tld4 of a cube map",
        "tld4.r.acube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r5, %f5, %f6, %f6}];"},
+      {"tex.2d.v4.f32.f32", "texture residency predicates (sparse)",
+       "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}|%p1, [%rd1, {%f5, %f6}];"},
       {"txq.level.width.b32", "txq of a mip level", "txq.level.width.b32 %r1, [%rd1], %r2;"},
-      {"suld.b.2dms.v4.b32.trap", "cube-map and multi-sample",
+      {"suld.b.2dms.v4.b32.trap", "multi-sample",
        "suld.b.2dms.v4.b32.trap {%r1, %r2, %r3, %r4}, [%rd1, {%r7, %r5}];"},
       {"sust.p.1d.b32.clamp", "formatted surface stores",
        "sust.p.1d.b32.clamp [%rd1, {%r5}], {%r1};"},

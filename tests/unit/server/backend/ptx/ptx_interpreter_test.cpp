@@ -614,8 +614,9 @@ TEST(PtxInterpreter, TexturesTheSimCannotSampleAreNamed) {
            instruction + "\n  ret;\n}\n";
   };
   const std::pair<const char*, const char*> cases[] = {
-      {"tex.acube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %f5, %f6, %f6}];", "cube-map"},
-      {"tex.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f7, %f7}];", "cube-map"},
+      {"tex.2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r2, %r3, %r3}];", "multi-sample"},
+      {"tld4.r.cube.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6, %f7, %f7}];",
+       "tld4 of a cube map"},
       {"sust.p.2d.v4.b32.trap [%rd1, {%r1, %r2}], {%r1, %r2, %r3, %r3};", "sust.p"},
       {"sured.b.add.2d.u32.trap [%rd1, {%r1, %r2}], %r3;", "surface reductions"},
   };
@@ -625,6 +626,10 @@ TEST(PtxInterpreter, TexturesTheSimCannotSampleAreNamed) {
     EXPECT_EQ(harness.status(), CUDA_ERROR_NOT_SUPPORTED) << harness.message();
     EXPECT_NE(harness.message().find(message), std::string::npos) << harness.message();
   }
+  // A cube map is addressed by a direction: integer coordinates are not PTX.
+  Harness integerCube(
+      kernel("tex.cube.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1, %r2, %r3, %r3}];"));
+  EXPECT_EQ(integerCube.status(), CUDA_ERROR_INVALID_PTX) << integerCube.message();
   Harness level(kernel("tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], %f7;"));
   EXPECT_EQ(level.status(), CUDA_SUCCESS) << level.message();
 }
