@@ -215,6 +215,17 @@ float sample(const Image& image, const Sampler& s, float x, float y = 0.0f, floa
   return sum;
 }
 
+// Bilinear filtering at (u, v) in texels of a 2D image whose texel (x, y) `texel` reads: with
+// xB = u - 0.5, i = floor(xB), a = xB - i (and the same for v), the weighted sum of four texels.
+template <class Texel>
+float bilinear(float u, float v, Texel texel) {
+  const float xb = u - 0.5f, yb = v - 0.5f;
+  const int x0 = static_cast<int>(std::floor(xb)), y0 = static_cast<int>(std::floor(yb));
+  const float a = xb - x0, b = yb - y0;
+  return (1 - a) * (1 - b) * texel(x0, y0) + a * (1 - b) * texel(x0 + 1, y0) +
+         (1 - a) * b * texel(x0, y0 + 1) + a * b * texel(x0 + 1, y0 + 1);
+}
+
 // Layered textures: layer `layer[i]` at (x[i], y[i]); a 1D layered texture at (x[i]) too.
 __global__ void fetchLayered(cudaTextureObject_t texture2D, cudaTextureObject_t texture1D,
                              const float2* at, const int* layer, float* out2D, float* out1D,
@@ -1151,12 +1162,8 @@ int layered() {
                        layer);
         want1D = texel(static_cast<int>(std::floor(at[i].x)), 0, layer);
       } else {
-        const float xb = at[i].x - 0.5f, yb = at[i].y - 0.5f;
-        const int x0 = static_cast<int>(std::floor(xb)), y0 = static_cast<int>(std::floor(yb));
-        const float a = xb - x0, b = yb - y0;
-        want2D = (1 - a) * (1 - b) * texel(x0, y0, layer) + a * (1 - b) * texel(x0 + 1, y0, layer) +
-                 (1 - a) * b * texel(x0, y0 + 1, layer) + a * b * texel(x0 + 1, y0 + 1, layer);
-        want1D = (1 - a) * texel(x0, 0, layer) + a * texel(x0 + 1, 0, layer);
+        want2D = bilinear(at[i].x, at[i].y, [&](int x, int y) { return texel(x, y, layer); });
+        want1D = bilinear(at[i].x, 0.5f, [&](int x, int) { return texel(x, 0, layer); });
       }
       EXPECT(near(got2D[i], want2D), "tex2DLayered %s (%g, %g) layer %d = %.7g, expected %.7g",
              filter == cudaFilterModePoint ? "point" : "linear", at[i].x, at[i].y, layers[i],
@@ -1267,11 +1274,7 @@ int cubemaps() {
     if (!linear) {
       return texel(c, face, static_cast<int>(std::floor(u)), static_cast<int>(std::floor(v)));
     }
-    const float xb = u - 0.5f, yb = v - 0.5f;
-    const int x0 = static_cast<int>(std::floor(xb)), y0 = static_cast<int>(std::floor(yb));
-    const float a = xb - x0, b = yb - y0;
-    return (1 - a) * (1 - b) * texel(c, face, x0, y0) + a * (1 - b) * texel(c, face, x0 + 1, y0) +
-           (1 - a) * b * texel(c, face, x0, y0 + 1) + a * b * texel(c, face, x0 + 1, y0 + 1);
+    return bilinear(u, v, [&](int x, int y) { return texel(c, face, x, y); });
   };
   // Directions towards every face, at points across it (never on an edge between two faces),
   // scaled by powers of two and landing on quarter texels, so that s / m and the filter's weights
