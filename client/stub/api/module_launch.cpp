@@ -12,7 +12,9 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -317,6 +319,18 @@ CUresult checkLaunchConfiguration(const DeviceRecord* device, const KernelRecord
   const std::uint64_t threads = std::uint64_t{block[0]} * block[1] * block[2];
   if (kernel.maxThreadsPerBlock > 0 &&
       threads > static_cast<std::uint64_t>(kernel.maxThreadsPerBlock)) {
+    // Said once per kernel: libraries that launch through their own copy of the runtime may
+    // drop the error, and the block size was chosen for another build of the kernel.
+    static std::mutex warnedMutex;
+    static std::set<std::string> warned;
+    std::lock_guard lock(warnedMutex);
+    if (warned.insert(kernel.name).second) {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "launch of %s refused: %llu threads per block, and the kernel was built "
+                        "for at most %d (.maxntid or __launch_bounds__)",
+                        kernel.name.c_str(), static_cast<unsigned long long>(threads),
+                        kernel.maxThreadsPerBlock);
+    }
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (device == nullptr) return CUDA_SUCCESS;
