@@ -152,6 +152,7 @@ int runDaemon(const DaemonOptions& options) {
     sim::SimOptions simulator;
     simulator.devices = options.simDevices;
     simulator.memoryBytes = options.simMemoryBytes;
+    simulator.computeCapability = options.simComputeCapability;
     simulator.slowModuleLoad = options.simSlowModuleLoad;
     simulator.slowReset = options.simSlowReset;
     choice = backend::selectBackend(options.backend, simulator, options.cudaDriver);
@@ -205,7 +206,14 @@ int runDaemon(const DaemonOptions& options) {
                                               std::move(device).value(), io.provider->getTimer(),
                                               dispatchOptions));
     const auto& properties = gpus.back()->properties();
-    spdlog::info("device {}: {}, {} bytes", i, properties.name, properties.totalMemory);
+    int major = 0;
+    int minor = 0;
+    for (const auto& [attribute, value] : properties.attributes) {
+      if (attribute == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) major = value;
+      if (attribute == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) minor = value;
+    }
+    spdlog::info("device {}: {}, {} bytes, compute capability {}.{}", i, properties.name,
+                 properties.totalMemory, major, minor);
   }
 
   TenantConfig config;

@@ -73,6 +73,14 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sim-memory", simMemory, "Memory of each simulated device, e.g. 16GiB")
       ->capture_default_str();
+  std::string simComputeCapability = "9.0";
+  app.add_option("--sim-compute-capability", simComputeCapability,
+                 "Compute capability the simulated devices report, and so the PTX of a fatbin they "
+                 "run: 9.0 (an H100), or 7.5, 8.0, 8.6, 8.9, 10.0, 12.0. 12.0 makes libraries that "
+                 "ship PTX only for the newest GPUs (cuSPARSE, cuBLAS) pick the kernels built for "
+                 "it; the rest of the device is still an H100's")
+      ->check(CLI::IsMember({"7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"}))
+      ->capture_default_str();
   app.add_option("--sim-slow-module-load", slowModuleLoad,
                  "DEVICE:MS: sim device DEVICE takes MS milliseconds more to prepare each module, "
                  "as a large PTX JIT does on a GPU (for testing)")
@@ -129,6 +137,12 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
     return 2;
   }
   options.simMemoryBytes = *bytes;
+  {
+    const std::size_t dot = simComputeCapability.find('.');
+    options.simComputeCapability =
+        static_cast<unsigned>(std::stoul(simComputeCapability.substr(0, dot)) * 10 +
+                              std::stoul(simComputeCapability.substr(dot + 1)));
+  }
   if (!parseSlowCall("--sim-slow-module-load", slowModuleLoad, options.simDevices,
                      options.simSlowModuleLoad) ||
       !parseSlowCall("--sim-slow-reset", slowReset, options.simDevices, options.simSlowReset)) {

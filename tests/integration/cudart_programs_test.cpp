@@ -175,6 +175,22 @@ TEST_P(CudartPrograms, CuBlasRoutinesGiveTheHostsResults) {
   EXPECT_NE(result.output.find("cublas_routines: PASSED"), std::string::npos) << result.output;
 }
 
+// cuSPARSE ships PTX only for the newest GPUs: a sim device that says it is one (compute
+// capability 12.0) runs the kernels cuSPARSE picks for it as they were built, and a
+// conjugate-gradient solve with cuBLAS converges to the host's answer.
+TEST_P(CudartPrograms, CuSparseSolvesOnADeviceOfTheComputeCapabilityItsPtxWasBuiltFor) {
+  Daemon::Options options;
+  options.extraArguments = {"--sim-compute-capability", "12.0"};
+  Daemon daemon(options);
+  RunResult result = daemon.runClient(program("cusparse_spmv"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("SpMV of a 1000 x 1000 CSR matrix with 2998 non-zeros: as on the "
+                               "host"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("cusparse_spmv: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("curand_uniform"));

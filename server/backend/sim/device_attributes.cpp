@@ -7,7 +7,7 @@
 
 namespace gpuproxy::server::sim {
 
-std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
+std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId, unsigned computeCapability) {
   // Values a CUDA 12/13 driver reports for an H100 SXM5 80GB, except where the sim differs on
   // purpose (noted).
   const std::map<int, int> known = {
@@ -81,8 +81,8 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId) {
     {CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH, 32768},
     {CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH, 32768},
     {CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS, 2046},
-    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, kSimComputeCapability / 10},
-    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, kSimComputeCapability % 10},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, static_cast<int>(computeCapability / 10)},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, static_cast<int>(computeCapability % 10)},
     {CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1},

@@ -7,8 +7,12 @@
 
 namespace gpuproxy::server::sim {
 
-// The compute capability a sim device reports, as major * 10 + minor (9.0: an H100).
+// The compute capability a sim device reports unless told otherwise, as major * 10 + minor (9.0:
+// an H100).
 inline constexpr unsigned kSimComputeCapability = 90;
+// The others a sim device may report (SimOptions::computeCapability): real GPUs' that the PTX
+// interpreter serves, so that libraries pick the builds of their kernels made for them.
+inline constexpr unsigned kSimComputeCapabilities[] = {75, 80, 86, 89, 90, 100, 120};
 // Registers of one multiprocessor, which is also the most one block may use.
 inline constexpr std::uint32_t kSimRegistersPerSm = 65536;
 
@@ -16,7 +20,10 @@ inline constexpr std::uint32_t kSimRegistersPerSm = 65536;
 // on an H100 SXM5 (compute capability 9.0). Features the sim does not provide (textures, IPC,
 // VMM, ...) answer 0 so that programs take their fallback paths instead of calling
 // entry points that would fail. `pciBusId` tells devices apart as real ones are.
-std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId);
+// `computeCapability` (major * 10 + minor) is what the device reports as its compute capability;
+// the rest of the table stays an H100's.
+std::vector<std::pair<int, int>> simDeviceAttributes(
+    int pciBusId, unsigned computeCapability = kSimComputeCapability);
 
 // How many blocks of `threadsPerBlock` threads using `sharedBytesPerBlock` of shared memory (static
 // and dynamic) and `registersPerThread` registers a sim device holds at once, over all its

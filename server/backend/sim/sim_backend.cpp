@@ -1028,10 +1028,11 @@ private:
 
 class SimDevice final : public Device {
 public:
-  SimDevice(int index, std::uint64_t memoryBytes, std::unique_ptr<DeviceArena> arena,
-            std::shared_ptr<ptx::Interpreter> interpreter,
+  SimDevice(int index, std::uint64_t memoryBytes, unsigned computeCapability,
+            std::unique_ptr<DeviceArena> arena, std::shared_ptr<ptx::Interpreter> interpreter,
             std::chrono::milliseconds moduleLoadDelay, std::chrono::milliseconds resetDelay)
       : core_(std::make_shared<DeviceCore>(index, std::move(arena), std::move(interpreter))),
+        computeCapability_(computeCapability),
         moduleLoadDelay_(moduleLoadDelay),
         resetDelay_(resetDelay) {
     properties_.name = "gpuproxy sim device " + std::to_string(index);
@@ -1043,7 +1044,7 @@ public:
       properties_.uuid[12 + i] = static_cast<std::uint8_t>(number >> (8 * (3 - i)));
     }
     properties_.totalMemory = memoryBytes;
-    properties_.attributes = simDeviceAttributes(index + 1);
+    properties_.attributes = simDeviceAttributes(index + 1, computeCapability);
   }
 
   ~SimDevice() override { core_->shutdown(); }
@@ -1079,7 +1080,7 @@ public:
     return MemoryInfo{capacity - core_->arena().allocatedBytes(), capacity};
   }
 
-  // The PTX text of a fatbin's entry best suited to this device (compute capability 9.0).
+  // The PTX text of a fatbin's entry best suited to this device (its compute capability).
   Result<SelectedPtx> selectFatbinPtx(std::span<const std::byte> image) const {
     const int index = core_->index();
     auto contents = fatbin::parseFatbin(image);
@@ -1089,11 +1090,11 @@ public:
       return CUDA_ERROR_INVALID_IMAGE;
     }
     const std::vector<fatbin::FatbinEntry>& entries = contents.value->entries;
-    auto ptx = fatbin::selectPtx(*contents.value, kSimComputeCapability);
+    auto ptx = fatbin::selectPtx(*contents.value, computeCapability_);
     if (ptx.ok()) return SelectedPtx{std::move(*ptx.value), 0};
     const bool hasUsablePtx =
-        std::any_of(entries.begin(), entries.end(), [](const fatbin::FatbinEntry& entry) {
-          return entry.kind == fatbin::EntryKind::kPtx && entry.arch <= kSimComputeCapability;
+        std::any_of(entries.begin(), entries.end(), [this](const fatbin::FatbinEntry& entry) {
+          return entry.kind == fatbin::EntryKind::kPtx && entry.arch <= computeCapability_;
         });
     if (!hasUsablePtx) {
       // Libraries such as cuBLAS ship machine code for every GPU they support and PTX only for
@@ -1101,13 +1102,13 @@ public:
       // sim cannot execute; it runs the closest newer PTX instead, whose instructions the
       // interpreter either executes with a GPU's semantics or refuses by name at load.
       const bool machineCodeForThisGpu =
-          std::any_of(entries.begin(), entries.end(), [](const fatbin::FatbinEntry& entry) {
-            return entry.kind == fatbin::EntryKind::kElf && entry.arch == kSimComputeCapability &&
+          std::any_of(entries.begin(), entries.end(), [this](const fatbin::FatbinEntry& entry) {
+            return entry.kind == fatbin::EntryKind::kElf && entry.arch == computeCapability_ &&
                    entry.variant == fatbin::ArchVariant::kGeneric;
           });
       unsigned closestNewer = 0;
       for (const fatbin::FatbinEntry& entry : entries) {
-        if (entry.kind == fatbin::EntryKind::kPtx && entry.arch > kSimComputeCapability &&
+        if (entry.kind == fatbin::EntryKind::kPtx && entry.arch > computeCapability_ &&
             entry.variant == fatbin::ArchVariant::kGeneric &&
             (closestNewer == 0 || entry.arch < closestNewer)) {
           closestNewer = entry.arch;
@@ -1119,8 +1120,8 @@ public:
           spdlog::info(
               "sim device {}: a fatbin of {} bytes has machine code for sm_{} but no PTX for it; "
               "running its compute_{} PTX",
-              index, contents.value->size, kSimComputeCapability, closestNewer);
-          return SelectedPtx{std::move(*newer.value), kSimComputeCapability};
+              index, contents.value->size, computeCapability_, closestNewer);
+          return SelectedPtx{std::move(*newer.value), computeCapability_};
         }
         ptx.error = newer.error;
       }
@@ -1245,7 +1246,7 @@ public:
       info.ptxVersion =
           static_cast<int>(prepared->standsInForMachineCode != 0 ? prepared->standsInForMachineCode
                                                                  : program.smVersion);
-      info.binaryVersion = static_cast<int>(kSimComputeCapability);
+      info.binaryVersion = static_cast<int>(computeCapability_);
       functions.emplace(kernel.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
     return std::unique_ptr<Module>(std::make_unique<SimModule>(
@@ -1335,6 +1336,7 @@ public:
 private:
   DeviceProperties properties_;
   std::shared_ptr<DeviceCore> core_;
+  const unsigned computeCapability_;  // major * 10 + minor
   const std::chrono::milliseconds moduleLoadDelay_;
   const std::chrono::milliseconds resetDelay_;
 };
@@ -1344,6 +1346,7 @@ public:
   explicit SimBackend(const SimOptions& options)
       : devices_(options.devices),
         memoryBytes_(options.memoryBytes / kAllocationAlignment * kAllocationAlignment),
+        computeCapability_(options.computeCapability),
         interpreter_(std::make_shared<ptx::Interpreter>(workerThreads(options))),
         slowModuleLoad_(options.slowModuleLoad),
         slowReset_(options.slowReset) {}
@@ -1373,8 +1376,8 @@ public:
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return std::unique_ptr<Device>(
-        std::make_unique<SimDevice>(index, memoryBytes_, std::move(arena), interpreter_,
-                                    slowModuleLoad_.on(index), slowReset_.on(index)));
+        std::make_unique<SimDevice>(index, memoryBytes_, computeCapability_, std::move(arena),
+                                    interpreter_, slowModuleLoad_.on(index), slowReset_.on(index)));
   }
 
 private:
@@ -1387,6 +1390,7 @@ private:
 
   const int devices_;
   const std::uint64_t memoryBytes_;
+  const unsigned computeCapability_;
   // Shared by every device: blocks of concurrent launches share the host's cores.
   const std::shared_ptr<ptx::Interpreter> interpreter_;
   const SlowCall slowModuleLoad_;
@@ -1403,6 +1407,13 @@ std::unique_ptr<backend::Backend> newSimBackend(const SimOptions& options) {
   if (options.memoryBytes < kAllocationAlignment || options.memoryBytes > kSimAddressStride) {
     throw std::invalid_argument(
         "sim backend: memory per device must be between 256 bytes and 1 TiB");
+  }
+  if (std::find(std::begin(kSimComputeCapabilities), std::end(kSimComputeCapabilities),
+                options.computeCapability) == std::end(kSimComputeCapabilities)) {
+    throw std::invalid_argument("sim backend: compute capability " +
+                                std::to_string(options.computeCapability / 10) + "." +
+                                std::to_string(options.computeCapability % 10) +
+                                " is none the sim offers (7.5, 8.0, 8.6, 8.9, 9.0, 10.0, 12.0)");
   }
   return std::make_unique<SimBackend>(options);
 }

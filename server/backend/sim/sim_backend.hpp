@@ -36,6 +36,12 @@ struct SimOptions {
   // (recreating it, registering clients' pinned memory in it again).
   SlowCall slowModuleLoad = {};
   SlowCall slowReset = {};
+  // The compute capability the devices report (major * 10 + minor; one of
+  // kSimComputeCapabilities), and so the PTX a fatbin loads from: 9.0, an H100, unless told.
+  // Libraries that ship PTX only for the newest GPUs (cuSPARSE, cuBLAS's level-1 and -2 kernels)
+  // pick the builds of their kernels made for 12.0 when the device says 12.0, whose PTX the sim
+  // then runs as it was built; the rest of the device is still modelled on an H100.
+  unsigned computeCapability = 90;
 };
 
 // Throws std::invalid_argument when the options are out of range.

@@ -188,6 +188,21 @@ TEST(SimBackend, RejectsBadOptions) {
   EXPECT_THROW(newSimBackend({.devices = 1, .memoryBytes = 0}), std::invalid_argument);
   EXPECT_THROW(newSimBackend({.devices = 1, .memoryBytes = 2ull << 40}), std::invalid_argument);
   EXPECT_EQ(newSimBackend({.devices = 0})->deviceCount(), 0);
+  // A compute capability no GPU the sim models has.
+  EXPECT_THROW(newSimBackend({.computeCapability = 91}), std::invalid_argument);
+  EXPECT_THROW(newSimBackend({.computeCapability = 0}), std::invalid_argument);
+}
+
+// Told to, a device reports another compute capability (so that libraries pick the builds of
+// their kernels made for it); everything else is still an H100's.
+TEST(SimBackend, ReportsTheComputeCapabilityItIsToldTo) {
+  auto device = newSimBackend({.computeCapability = 120})->openDevice(0);
+  ASSERT_TRUE(device.ok());
+  std::map<int, int> attributes(device.value()->properties().attributes.begin(),
+                                device.value()->properties().attributes.end());
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR], 12);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR], 0);
+  EXPECT_EQ(attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], 132);
 }
 
 TEST(SimBackend, AnswersEveryAttributeLikeAnH100) {
