@@ -232,6 +232,7 @@ struct DeviceStatus {
   blockingCalls @14 :UInt64;            # ended
   blockingCallNanoseconds @15 :UInt64;  # time the ended ones took, all together
   blockingCallsPending @16 :UInt32;     # given and not ended (queued or running)
+  computeCapability @17 :UInt32;        # major * 10 + minor, as the device reports it (90: 9.0)
 }
 
 # Stream priorities from `greatest` (highest priority, lowest number) to `least`, as CUDA numbers

@@ -77,6 +77,8 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"index", device.getIndex()},
         {"name", device.getName().cStr()},
         {"memory_total", device.getMemoryTotal()},
+        {"compute_capability", std::to_string(device.getComputeCapability() / 10) + "." +
+                                   std::to_string(device.getComputeCapability() % 10)},
         {"memory_used", device.getMemoryUsed()},
         {"clients", device.getClients()},
         {"sticky_error",
@@ -266,10 +268,13 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
                      device.getFaultingClientPid());
     out += format("%-6u %-28s %-24s %-8u %s\n", device.getIndex(), device.getName().cStr(),
                   memory.c_str(), device.getClients(), state.c_str());
-    out += format("       stream priorities: latency-critical %s, best-effort %s (device %s)\n",
-                  bandToText(device.getLatencyCriticalPriorities()).c_str(),
-                  bandToText(device.getBestEffortPriorities()).c_str(),
-                  bandToText(device.getStreamPriorities()).c_str());
+    out += format(
+        "       compute capability %u.%u; stream priorities: latency-critical %s, best-effort %s "
+        "(device %s)\n",
+        device.getComputeCapability() / 10, device.getComputeCapability() % 10,
+        bandToText(device.getLatencyCriticalPriorities()).c_str(),
+        bandToText(device.getBestEffortPriorities()).c_str(),
+        bandToText(device.getStreamPriorities()).c_str());
     if (device.getHasSmPartition()) {
       auto partition = device.getSmPartition();
       out += format("       SM partition: best-effort %u SMs, latency-critical %u SMs (of %u)\n",

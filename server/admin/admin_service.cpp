@@ -84,6 +84,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
     device.setIndex(gpu.index());
     device.setName(gpu.properties().name);
     device.setMemoryTotal(gpu.properties().totalMemory);
+    device.setComputeCapability(gpu.properties().computeCapability());
     device.setMemoryUsed(gpu.memoryUsed());
     device.setClients(static_cast<std::uint32_t>(gpu.clientCount()));
     device.setStickyError(gpu.stickyError());

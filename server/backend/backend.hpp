@@ -54,6 +54,19 @@ struct DeviceProperties {
   std::uint64_t totalMemory = 0;
   // Every attribute the device answers, as (CUdevice_attribute, value).
   std::vector<std::pair<int, int>> attributes;
+
+  // The value of `attribute`, or 0 when the device does not answer it.
+  int attribute(int which) const {
+    for (const auto& [key, value] : attributes) {
+      if (key == which) return value;
+    }
+    return 0;
+  }
+  // Major * 10 + minor (90 for 9.0).
+  unsigned computeCapability() const {
+    return static_cast<unsigned>(attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+                                 attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+  }
 };
 
 // Whose device state something is: the daemon gives each client an address space of its own

@@ -206,14 +206,9 @@ int runDaemon(const DaemonOptions& options) {
                                               std::move(device).value(), io.provider->getTimer(),
                                               dispatchOptions));
     const auto& properties = gpus.back()->properties();
-    int major = 0;
-    int minor = 0;
-    for (const auto& [attribute, value] : properties.attributes) {
-      if (attribute == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) major = value;
-      if (attribute == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) minor = value;
-    }
     spdlog::info("device {}: {}, {} bytes, compute capability {}.{}", i, properties.name,
-                 properties.totalMemory, major, minor);
+                 properties.totalMemory, properties.computeCapability() / 10,
+                 properties.computeCapability() % 10);
   }
 
   TenantConfig config;

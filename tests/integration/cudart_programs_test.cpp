@@ -45,9 +45,11 @@ TEST_P(CudartPrograms, DeviceQueryAgreesWithStatus) {
       std::string::npos)
       << result.output;
   for (const auto& device : status["devices"]) {
-    const std::string line = "device " + std::to_string(device["index"].get<int>()) + " name=\"" +
-                             device["name"].get<std::string>() + "\" compute=9.0 sms=132 memory=" +
-                             std::to_string(device["memory_total"].get<std::uint64_t>());
+    const std::string line =
+        "device " + std::to_string(device["index"].get<int>()) + " name=\"" +
+        device["name"].get<std::string>() +
+        "\" compute=" + device["compute_capability"].get<std::string>() +
+        " sms=132 memory=" + std::to_string(device["memory_total"].get<std::uint64_t>());
     EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
   }
 }
@@ -373,12 +375,11 @@ TEST_P(CudartPrograms, GraphMemoryNodesAllocateAndFreeAsCudaSays) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("graphs"), {"memory"});
   ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
-  for (const char* line : {"captured graph of 6 nodes: 1 alloc, 1 free",
-                           "captured: 3 launches at one address",
-                           "launch while its allocation is live: cudaErrorInvalidValue",
-                           "kept: freed by the program, then by another graph",
-                           "auto free on launch: launched twice", "graph memory given back",
-                           "memory: PASSED"}) {
+  for (const char* line :
+       {"captured graph of 6 nodes: 1 alloc, 1 free", "captured: 3 launches at one address",
+        "launch while its allocation is live: cudaErrorInvalidValue",
+        "kept: freed by the program, then by another graph", "auto free on launch: launched twice",
+        "graph memory given back", "memory: PASSED"}) {
     EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
   }
   EXPECT_TRUE(eventually([&] {

@@ -1,5 +1,6 @@
-// What gpuproxyctl status prints about a device's stream priorities and SM partition, in JSON and
-// as text, for states the sim cannot produce (a partition needs green contexts on a GPU).
+// What gpuproxyctl status prints about a device's compute capability, stream priorities and SM
+// partition, in JSON and as text, for states the sim cannot produce (a partition needs green
+// contexts on a GPU).
 #include "client/ctl/status_report.hpp"
 
 #include <capnp/message.h>
@@ -14,6 +15,7 @@ void fillDevice(protocol::DeviceStatus::Builder device, bool partitioned) {
   device.setIndex(0);
   device.setName("NVIDIA H100 80GB HBM3");
   device.setMemoryTotal(80ull << 30);
+  device.setComputeCapability(90);
   auto range = device.initStreamPriorities();
   range.setLeast(0);
   range.setGreatest(-5);
@@ -74,6 +76,12 @@ TEST_F(StatusReportTest, TextShowsThePartitionLineOnlyWhenOn) {
       << on;
   const std::string off = statusToTable(status(false));
   EXPECT_EQ(off.find("SM partition"), std::string::npos) << off;
+}
+
+TEST_F(StatusReportTest, EachDeviceSaysItsComputeCapability) {
+  EXPECT_EQ(statusToJson(status(false))["devices"][0]["compute_capability"], "9.0");
+  const std::string text = statusToTable(status(false));
+  EXPECT_NE(text.find("compute capability 9.0; stream priorities"), std::string::npos) << text;
 }
 
 }  // namespace
