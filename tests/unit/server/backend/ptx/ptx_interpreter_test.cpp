@@ -606,6 +606,77 @@ TEST(PtxInterpreter, TextureHandlesAreHeadersInTheClientsMemory) {
   EXPECT_NE(outcome.message.find("outside the surface"), std::string::npos) << outcome.message;
 }
 
+// A cube map is a layered 2D array of square faces, six per cube; tex.cube takes the face of the
+// direction's largest component and that face's coordinates (the programming guide's table), and
+// tex.acube names the cube first.
+TEST(PtxInterpreter, CubeMapsTakeTheFaceOfTheLargestComponent) {
+  const std::string text = std::string(kHeader) + R"(
+.visible .entry sample(.param .u64 handle, .param .u64 directions, .param .u64 out)
+{
+  .reg .b32 %r<3>;
+  .reg .f32 %f<9>;
+  .reg .b64 %rd<8>;
+  ld.param.u64 %rd1, [handle];
+  ld.param.u64 %rd2, [directions];
+  ld.param.u64 %rd3, [out];
+  mov.u32 %r1, %tid.x;
+  mul.wide.u32 %rd4, %r1, 16;
+  add.u64 %rd5, %rd2, %rd4;
+  ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd5];
+  cvt.rzi.s32.f32 %r2, %f4;
+  tex.cube.v4.f32.f32 {%f5, %f6, %f7, %f8}, [%rd1, {%f1, %f2, %f3, %f3}];
+  mul.wide.u32 %rd6, %r1, 8;
+  add.u64 %rd7, %rd3, %rd6;
+  st.global.f32 [%rd7], %f5;
+  tex.acube.v4.f32.f32 {%f5, %f6, %f7, %f8}, [%rd1, {%r2, %f1, %f2, %f3}];
+  st.global.f32 [%rd7+4], %f5;
+  ret;
+}
+)";
+  Harness harness(text);
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  // Two cubes of 2 x 2 faces: texel (x, y) of face f of cube c holds 100 c + 10 f + 2 y + x.
+  constexpr int kWidth = 2;
+  std::vector<float> texels(2 * 6 * kWidth * kWidth);
+  for (std::size_t i = 0; i < texels.size(); ++i) {
+    const std::size_t x = i % 2, y = i / 2 % 2, f = i / 4 % 6, c = i / 24;
+    texels[i] = static_cast<float>(100 * c + 10 * f + 2 * y + x);
+  }
+  protocol::TextureHeader cube;
+  cube.base = address(texels.data());
+  cube.pitch = kWidth * sizeof(float);
+  cube.slicePitch = kWidth * kWidth * sizeof(float);
+  cube.width = cube.height = kWidth;
+  cube.depth = 12;
+  cube.dimensions = 2;
+  cube.layered = 1;
+  cube.cubemap = 1;
+  cube.flags = CU_TRSF_NORMALIZED_COORDINATES;
+  // (x, y, z, cube) and what the face's table gives: face, s, t over |major|, (u, v) = ((s/m + 1)
+  // / 2, (t/m + 1) / 2) across the face, at texel floor(2u), floor(2v).
+  std::vector<float> directions = {
+      1.0f,  -0.5f, -0.5f, 0,   // +x: s = -z, t = -y: (0.75, 0.75) -> texel (1, 1) of face 0
+      -4.0f, 1.0f,  -2.0f, 1,   // -x: s = z, t = -y: (0.25, 0.375) -> texel (0, 0) of face 1
+      0.5f,  2.0f,  0.5f,  1,   // +y: s = x, t = z: (0.625, 0.625) -> texel (1, 1) of face 2
+      -0.5f, -1.0f, 0.5f,  0,   // -y: s = x, t = -z: (0.25, 0.25) -> texel (0, 0) of face 3
+      0.5f,  -0.5f, 1.0f,  7,   // +z: s = x, t = -y: (0.75, 0.75) -> texel (1, 1) of face 4
+      0.5f,  0.5f,  -1.0f, -3,  // -z: s = -x, t = -y: (0.25, 0.25) -> texel (0, 0) of face 5
+  };
+  std::vector<float> out(2 * 6, -1.0f);
+  harness.addRange(texels);
+  harness.addRange(directions);
+  harness.addRange(out);
+  std::vector<protocol::TextureHeader> headers = {cube};
+  harness.addRange(headers);
+  const LaunchOutcome outcome =
+      harness.launch("sample", {1, 1, 1}, {6, 1, 1},
+                     {address(headers.data()), address(directions.data()), address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  // tex.cube reads cube 0; tex.acube the cube named, clamped to the two there are.
+  const std::vector<float> expected = {3, 3, 10, 110, 23, 123, 30, 30, 43, 143, 50, 50};
+  EXPECT_EQ(out, expected);
+}
+
 TEST(PtxInterpreter, TexturesTheSimCannotSampleAreNamed) {
   const auto kernel = [](const char* instruction) {
     return std::string(kHeader) +
