@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -355,23 +356,36 @@ TEST_F(SchedulerChoice, WeightsShareTheGpuUnderFairAndNotUnderFifo) {
     auto heavy = makeTenant("heavy", 3);
     backend::Stream& a = stream(owner(light));
     backend::Stream& b = stream(owner(heavy));
+    std::atomic<int> lightRan{0};
+    std::atomic<int> heavyRan{0};
     // Both stay backlogged for the whole run.
     for (int i = 0; i < 400; ++i) {
-      ASSERT_EQ(spin(a, 500'000), CUDA_SUCCESS);
-      ASSERT_EQ(spin(b, 500'000), CUDA_SUCCESS);
+      ASSERT_EQ(spin(a, 500'000,
+                     [&](CUresult result, std::uint64_t) { lightRan += result == CUDA_SUCCESS; }),
+                CUDA_SUCCESS);
+      ASSERT_EQ(spin(b, 500'000,
+                     [&](CUresult result, std::uint64_t) { heavyRan += result == CUDA_SUCCESS; }),
+                CUDA_SUCCESS);
     }
     runFor(250ms);
-    const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now().time_since_epoch())
-                         .count();
-    const double lightTime = static_cast<double>(light->gpuTimeWindow.total(now));
-    const double heavyTime = static_cast<double>(heavy->gpuTimeWindow.total(now));
-    ASSERT_GT(lightTime + heavyTime, 0.0);
-    const double share = lightTime / (lightTime + heavyTime);
     if (name == "fair") {
-      EXPECT_NEAR(share, 0.25, 0.06);
+      // The fair scheduler shares measured GPU time by weight, so that is what converges.
+      const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count();
+      const double lightTime = static_cast<double>(light->gpuTimeWindow.total(now));
+      const double heavyTime = static_cast<double>(heavy->gpuTimeWindow.total(now));
+      ASSERT_GT(lightTime + heavyTime, 0.0);
+      EXPECT_NEAR(lightTime / (lightTime + heavyTime), 0.25, 0.06);
     } else {
-      EXPECT_NEAR(share, 0.5, 0.1);
+      // FIFO runs the kernels in the order they came, alternately, whatever the weights: count
+      // them (their measured times vary with the host's load, which FIFO does not correct). The
+      // two counts are read while kernels still complete, so they may be a few apart; weighted,
+      // they would be hundreds apart.
+      const int ranLight = lightRan.load();
+      const int ranHeavy = heavyRan.load();
+      ASSERT_GT(ranLight + ranHeavy, 40);
+      EXPECT_LE(std::abs(ranLight - ranHeavy), 4) << ranLight << " and " << ranHeavy;
     }
     // Dropping the device with work still held fails that work rather than running it.
     streams_.clear();
