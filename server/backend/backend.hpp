@@ -69,6 +69,11 @@ struct DeviceProperties {
   }
 };
 
+// "9.0" for a compute capability of 90 (major * 10 + minor).
+inline std::string computeCapabilityName(unsigned computeCapability) {
+  return std::to_string(computeCapability / 10) + "." + std::to_string(computeCapability % 10);
+}
+
 // Whose device state something is: the daemon gives each client an address space of its own
 // and passes it when it allocates memory, registers host memory, loads a module or creates a
 // stream for that client. The `sim` backend enforces it: a kernel launched on a stream may touch

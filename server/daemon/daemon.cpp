@@ -206,9 +206,9 @@ int runDaemon(const DaemonOptions& options) {
                                               std::move(device).value(), io.provider->getTimer(),
                                               dispatchOptions));
     const auto& properties = gpus.back()->properties();
-    spdlog::info("device {}: {}, {} bytes, compute capability {}.{}", i, properties.name,
-                 properties.totalMemory, properties.computeCapability() / 10,
-                 properties.computeCapability() % 10);
+    spdlog::info("device {}: {}, {} bytes, compute capability {}", i, properties.name,
+                 properties.totalMemory,
+                 backend::computeCapabilityName(properties.computeCapability()));
   }
 
   TenantConfig config;

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <map>
+
 namespace gpuproxy::server {
 
 bool parseBestEffortSms(const std::string& text, unsigned& sms, unsigned& percent) {
@@ -73,14 +75,17 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sim-memory", simMemory, "Memory of each simulated device, e.g. 16GiB")
       ->capture_default_str();
-  std::string simComputeCapability = "9.0";
-  app.add_option("--sim-compute-capability", simComputeCapability,
+  std::map<std::string, unsigned> computeCapabilities;
+  for (unsigned each : sim::kSimComputeCapabilities) {
+    computeCapabilities.emplace(backend::computeCapabilityName(each), each);
+  }
+  app.add_option("--sim-compute-capability", options.simComputeCapability,
                  "Compute capability the simulated devices report, and so the PTX of a fatbin they "
-                 "run: 9.0 (an H100), or 7.5, 8.0, 8.6, 8.9, 10.0, 12.0. 12.0 makes libraries that "
-                 "ship PTX only for the newest GPUs (cuSPARSE, cuBLAS) pick the kernels built for "
-                 "it; the rest of the device is still an H100's")
-      ->check(CLI::IsMember({"7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"}))
-      ->capture_default_str();
+                 "run (9.0 is an H100's). 12.0 makes libraries that ship PTX only for the newest "
+                 "GPUs (cuSPARSE, cuBLAS) pick the kernels built for it; the rest of the device is "
+                 "still an H100's")
+      ->transform(CLI::CheckedTransformer(computeCapabilities))
+      ->default_str(backend::computeCapabilityName(options.simComputeCapability));
   app.add_option("--sim-slow-module-load", slowModuleLoad,
                  "DEVICE:MS: sim device DEVICE takes MS milliseconds more to prepare each module, "
                  "as a large PTX JIT does on a GPU (for testing)")
@@ -137,12 +142,6 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
     return 2;
   }
   options.simMemoryBytes = *bytes;
-  {
-    const std::size_t dot = simComputeCapability.find('.');
-    options.simComputeCapability =
-        static_cast<unsigned>(std::stoul(simComputeCapability.substr(0, dot)) * 10 +
-                              std::stoul(simComputeCapability.substr(dot + 1)));
-  }
   if (!parseSlowCall("--sim-slow-module-load", slowModuleLoad, options.simDevices,
                      options.simSlowModuleLoad) ||
       !parseSlowCall("--sim-slow-reset", slowReset, options.simDevices, options.simSlowReset)) {

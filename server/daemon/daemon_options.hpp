@@ -20,7 +20,7 @@ struct DaemonOptions {
   std::string adminSocketPath = protocol::kDefaultAdminSocket;
   int simDevices = 1;
   std::uint64_t simMemoryBytes = 16ull << 30;
-  unsigned simComputeCapability = 90;  // major * 10 + minor
+  unsigned simComputeCapability = sim::kSimComputeCapability;  // major * 10 + minor
   // --sim-slow-module-load and --sim-slow-reset DEVICE:MS: that sim device takes MS milliseconds
   // longer to prepare each module, or to reset its context (for testing that they stall no one).
   sim::SlowCall simSlowModuleLoad = {};

@@ -23,13 +23,6 @@ bool sameSpec(const scheduler::TenantSpec& a, const scheduler::TenantSpec& b) {
   return a.weight == b.weight && a.tenantClass == b.tenantClass;
 }
 
-int attribute(const backend::DeviceProperties& properties, CUdevice_attribute which) {
-  for (const auto& [key, value] : properties.attributes) {
-    if (key == which) return value;
-  }
-  return 0;
-}
-
 }  // namespace
 
 std::unique_ptr<scheduler::Scheduler> newScheduler(const DispatchOptions& options) {
@@ -231,14 +224,14 @@ ScheduledDevice::ScheduledDevice(std::unique_ptr<backend::Device> device,
   // The daemon's own streams (no client) share the GPU as one weight-1 best-effort tenant.
   scheduler_->setTenant(0, scheduler::TenantSpec{});
   const backend::DeviceProperties& properties = device_->properties();
-  maxBlock_ = {static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)),
-               static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)),
-               static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z))};
-  maxGrid_ = {static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)),
-              static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)),
-              static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))};
+  maxBlock_ = {static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)),
+               static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)),
+               static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z))};
+  maxGrid_ = {static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)),
+              static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)),
+              static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z))};
   maxThreadsPerBlock_ =
-      static_cast<unsigned>(attribute(properties, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
+      static_cast<unsigned>(properties.attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
 }
 
 ScheduledDevice::~ScheduledDevice() {

@@ -5,14 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include "server/backend/sim/sim_backend.hpp"
+
 namespace gpuproxy::server::sim {
 
-// The compute capability a sim device reports unless told otherwise, as major * 10 + minor (9.0:
-// an H100).
-inline constexpr unsigned kSimComputeCapability = 90;
-// The others a sim device may report (SimOptions::computeCapability): real GPUs' that the PTX
-// interpreter serves, so that libraries pick the builds of their kernels made for them.
-inline constexpr unsigned kSimComputeCapabilities[] = {75, 80, 86, 89, 90, 100, 120};
 // Registers of one multiprocessor, which is also the most one block may use.
 inline constexpr std::uint32_t kSimRegistersPerSm = 65536;
 

@@ -1410,10 +1410,13 @@ std::unique_ptr<backend::Backend> newSimBackend(const SimOptions& options) {
   }
   if (std::find(std::begin(kSimComputeCapabilities), std::end(kSimComputeCapabilities),
                 options.computeCapability) == std::end(kSimComputeCapabilities)) {
+    std::string offered;
+    for (unsigned each : kSimComputeCapabilities) {
+      offered += (offered.empty() ? "" : ", ") + backend::computeCapabilityName(each);
+    }
     throw std::invalid_argument("sim backend: compute capability " +
-                                std::to_string(options.computeCapability / 10) + "." +
-                                std::to_string(options.computeCapability % 10) +
-                                " is none the sim offers (7.5, 8.0, 8.6, 8.9, 9.0, 10.0, 12.0)");
+                                backend::computeCapabilityName(options.computeCapability) +
+                                " is none the sim offers (" + offered + ")");
   }
   return std::make_unique<SimBackend>(options);
 }

@@ -16,6 +16,13 @@
 
 namespace gpuproxy::server::sim {
 
+// The compute capability a sim device reports unless told otherwise, as major * 10 + minor (9.0:
+// an H100).
+inline constexpr unsigned kSimComputeCapability = 90;
+// Those a sim device may report (SimOptions::computeCapability): real GPUs' that the PTX
+// interpreter serves, so that libraries pick the builds of their kernels made for them.
+inline constexpr unsigned kSimComputeCapabilities[] = {75, 80, 86, 89, 90, 100, 120};
+
 // A call that takes `delay` longer on device `device` (-1: on none).
 struct SlowCall {
   int device = -1;
@@ -41,7 +48,7 @@ struct SimOptions {
   // Libraries that ship PTX only for the newest GPUs (cuSPARSE, cuBLAS's level-1 and -2 kernels)
   // pick the builds of their kernels made for 12.0 when the device says 12.0, whose PTX the sim
   // then runs as it was built; the rest of the device is still modelled on an H100.
-  unsigned computeCapability = 90;
+  unsigned computeCapability = kSimComputeCapability;
 };
 
 // Throws std::invalid_argument when the options are out of range.

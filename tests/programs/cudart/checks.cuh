@@ -18,6 +18,17 @@
     }                                                                          \
   } while (0)
 
+// CHECK_STATUS(call, success, nameOf): the same for a library's own status codes (cuBLAS,
+// cuSPARSE), named by the library's nameOf(status).
+#define CHECK_STATUS(call, success, nameOf)                                                 \
+  do {                                                                                      \
+    const auto status_ = (call);                                                            \
+    if (status_ != (success)) {                                                             \
+      std::printf("FAILED: %s at line %d returned %s\n", #call, __LINE__, nameOf(status_)); \
+      return 1;                                                                             \
+    }                                                                                       \
+  } while (0)
+
 #define EXPECT(condition, ...)  \
   do {                          \
     if (!(condition)) {         \

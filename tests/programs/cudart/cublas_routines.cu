@@ -14,15 +14,7 @@
 
 #include "checks.cuh"
 
-#define CHECK_BLAS(call)                                                  \
-  do {                                                                    \
-    const cublasStatus_t status_ = (call);                                \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                               \
-      std::printf("FAILED: %s at line %d returned %s\n", #call, __LINE__, \
-                  cublasGetStatusName(status_));                          \
-      return 1;                                                           \
-    }                                                                     \
-  } while (0)
+#define CHECK_BLAS(call) CHECK_STATUS(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusName)
 
 template <typename T>
 int axpyAndScale(cublasHandle_t handle, const char* precision) {

@@ -17,17 +17,8 @@
 
 #include "checks.cuh"
 
-#define CHECK_LIBRARY(call, success, name)                                         \
-  do {                                                                             \
-    const auto status_ = (call);                                                   \
-    if (status_ != success) {                                                      \
-      std::printf("FAILED: %s at line %d returned %s %d\n", #call, __LINE__, name, \
-                  static_cast<int>(status_));                                      \
-      return 1;                                                                    \
-    }                                                                              \
-  } while (0)
-#define CHECK_SPARSE(call) CHECK_LIBRARY(call, CUSPARSE_STATUS_SUCCESS, "cusparseStatus")
-#define CHECK_BLAS(call) CHECK_LIBRARY(call, CUBLAS_STATUS_SUCCESS, "cublasStatus")
+#define CHECK_SPARSE(call) CHECK_STATUS(call, CUSPARSE_STATUS_SUCCESS, cusparseGetErrorName)
+#define CHECK_BLAS(call) CHECK_STATUS(call, CUBLAS_STATUS_SUCCESS, cublasGetStatusName)
 
 int main() {
   // The 1D Laplacian with 4 on the diagonal: symmetric positive definite, exact in floats.

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "checks.cuh"
@@ -277,6 +278,26 @@ cudaResourceDesc arrayResource(cudaArray_t array) {
   return resource;
 }
 
+// Copies all of an array of width x height x depth elements (height 1 for a 1D array, depth the
+// layers of a layered one) from or to tightly packed host memory.
+template <class T>
+cudaError_t copyWholeArray(cudaArray_t array, T* host, int width, int height, int depth,
+                           cudaMemcpyKind kind) {
+  const cudaPitchedPtr packed = make_cudaPitchedPtr(const_cast<std::remove_const_t<T>*>(host),
+                                                    width * sizeof(T), width, height);
+  cudaMemcpy3DParms copy = {};
+  if (kind == cudaMemcpyHostToDevice) {
+    copy.srcPtr = packed;
+    copy.dstArray = array;
+  } else {
+    copy.srcArray = array;
+    copy.dstPtr = packed;
+  }
+  copy.extent = make_cudaExtent(width, height, depth);  // in elements: one side is an array
+  copy.kind = kind;
+  return cudaMemcpy3D(&copy);
+}
+
 cudaTextureDesc textureDesc(const Sampler& s, cudaTextureReadMode readMode) {
   cudaTextureDesc desc;
   std::memset(&desc, 0, sizeof(desc));
@@ -462,12 +483,7 @@ int arrays() {
   CHECK(cudaArrayGetInfo(&desc, &extent, &flags, array3D));
   EXPECT(sameDesc(desc, floatDesc) && extent.width == X && extent.height == Y && extent.depth == Z,
          "3D array extent %zu x %zu x %zu", extent.width, extent.height, extent.depth);
-  cudaMemcpy3DParms up = {};
-  up.srcPtr = make_cudaPitchedPtr(const_cast<float*>(cube.texels.data()), X * sizeof(float), X, Y);
-  up.dstArray = array3D;
-  up.extent = make_cudaExtent(X, Y, Z);  // in elements, because one side is an array
-  up.kind = cudaMemcpyHostToDevice;
-  CHECK(cudaMemcpy3D(&up));
+  CHECK(copyWholeArray(array3D, cube.texels.data(), X, Y, Z, cudaMemcpyHostToDevice));
   std::vector<float> down(downPitch * Y * Z, -1000.0f);
   cudaMemcpy3DParms downParms = {};
   downParms.srcArray = array3D;
@@ -802,13 +818,8 @@ int volume() {
   cudaArray_t array = nullptr;
   CHECK(cudaMalloc3DArray(&array, &channels,
                           make_cudaExtent(image.width, image.height, image.depth)));
-  cudaMemcpy3DParms copy = {};
-  copy.srcPtr = make_cudaPitchedPtr(const_cast<float*>(image.texels.data()),
-                                    image.width * sizeof(float), image.width, image.height);
-  copy.dstArray = array;
-  copy.extent = make_cudaExtent(image.width, image.height, image.depth);
-  copy.kind = cudaMemcpyHostToDevice;
-  CHECK(cudaMemcpy3D(&copy));
+  CHECK(copyWholeArray(array, image.texels.data(), image.width, image.height, image.depth,
+                       cudaMemcpyHostToDevice));
   const cudaResourceDesc resource = arrayResource(array);
   for (cudaTextureFilterMode filter : {cudaFilterModePoint, cudaFilterModeLinear}) {
     Sampler s;
@@ -1005,12 +1016,7 @@ int surfaces3D() {
   std::vector<int> fromKernel(X * Y * Z), fromArray(X * Y * Z);
   CHECK(cudaMemcpy(fromKernel.data(), tripled, fromKernel.size() * sizeof(int),
                    cudaMemcpyDeviceToHost));
-  cudaMemcpy3DParms copy = {};
-  copy.srcArray = array;
-  copy.dstPtr = make_cudaPitchedPtr(fromArray.data(), X * sizeof(int), X, Y);
-  copy.extent = make_cudaExtent(X, Y, Z);
-  copy.kind = cudaMemcpyDeviceToHost;
-  CHECK(cudaMemcpy3D(&copy));
+  CHECK(copyWholeArray(array, fromArray.data(), X, Y, Z, cudaMemcpyDeviceToHost));
   for (int z = 0; z < Z; ++z) {
     for (int y = 0; y < Y; ++y) {
       for (int x = 0; x < X; ++x) {
@@ -1083,22 +1089,12 @@ int layered() {
                           cudaArrayLayered | cudaArraySurfaceLoadStore));
   cudaArray_t array1D = nullptr;  // L layers of W elements: the first row of each 2D layer
   CHECK(cudaMalloc3DArray(&array1D, &channels, make_cudaExtent(W, 0, L), cudaArrayLayered));
-  cudaMemcpy3DParms up = {};
-  up.srcPtr = make_cudaPitchedPtr(texels.data(), W * sizeof(float), W, H);
-  up.dstArray = array2D;
-  up.extent = make_cudaExtent(W, H, L);
-  up.kind = cudaMemcpyHostToDevice;
-  CHECK(cudaMemcpy3D(&up));
+  CHECK(copyWholeArray(array2D, texels.data(), W, H, L, cudaMemcpyHostToDevice));
   std::vector<float> rows(W * L);
   for (int layer = 0; layer < L; ++layer) {
     std::copy_n(texels.begin() + layer * W * H, W, rows.begin() + layer * W);
   }
-  cudaMemcpy3DParms upRows = {};
-  upRows.srcPtr = make_cudaPitchedPtr(rows.data(), W * sizeof(float), W, 1);
-  upRows.dstArray = array1D;
-  upRows.extent = make_cudaExtent(W, 1, L);
-  upRows.kind = cudaMemcpyHostToDevice;
-  CHECK(cudaMemcpy3D(&upRows));
+  CHECK(copyWholeArray(array1D, rows.data(), W, 1, L, cudaMemcpyHostToDevice));
   cudaExtent extent = {};
   unsigned flags = 0;
   CHECK(cudaArrayGetInfo(nullptr, &extent, &flags, array2D));
@@ -1125,18 +1121,16 @@ int layered() {
       }
     }
     const int n = static_cast<int>(at.size());
-    cudaResourceDesc resource = {};
-    resource.resType = cudaResourceTypeArray;
-    resource.res.array.array = array2D;
+    const cudaResourceDesc resource2D = arrayResource(array2D);
+    const cudaResourceDesc resource1D = arrayResource(array1D);
     cudaTextureDesc description = {};
     description.addressMode[0] = description.addressMode[1] = cudaAddressModeClamp;
     description.filterMode = filter;
     description.readMode = cudaReadModeElementType;
     cudaTextureObject_t texture2D = 0;
-    CHECK(cudaCreateTextureObject(&texture2D, &resource, &description, nullptr));
-    resource.res.array.array = array1D;
+    CHECK(cudaCreateTextureObject(&texture2D, &resource2D, &description, nullptr));
     cudaTextureObject_t texture1D = 0;
-    CHECK(cudaCreateTextureObject(&texture1D, &resource, &description, nullptr));
+    CHECK(cudaCreateTextureObject(&texture1D, &resource1D, &description, nullptr));
     float2* onDevice = nullptr;
     int* layersOnDevice = nullptr;
     float* out2D = nullptr;
@@ -1181,20 +1175,13 @@ int layered() {
   }
 
   // A layered surface: every layer's elements rewritten in place, then read back whole.
-  cudaResourceDesc surfaceResource = {};
-  surfaceResource.resType = cudaResourceTypeArray;
-  surfaceResource.res.array.array = array2D;
+  const cudaResourceDesc surfaceResource = arrayResource(array2D);
   cudaSurfaceObject_t surface = 0;
   CHECK(cudaCreateSurfaceObject(&surface, &surfaceResource));
   scaleLayers<<<H, W>>>(surface, W, H, L);
   CHECK(cudaGetLastError());
   std::vector<float> back(W * H * L, -1.0f);
-  cudaMemcpy3DParms down = {};
-  down.srcArray = array2D;
-  down.dstPtr = make_cudaPitchedPtr(back.data(), W * sizeof(float), W, H);
-  down.extent = make_cudaExtent(W, H, L);
-  down.kind = cudaMemcpyDeviceToHost;
-  CHECK(cudaMemcpy3D(&down));
+  CHECK(copyWholeArray(array2D, back.data(), W, H, L, cudaMemcpyDeviceToHost));
   for (int i = 0; i < W * H * L; ++i) {
     const float want = 10.0f * texels[i] + static_cast<float>(i / (W * H));
     EXPECT(back[i] == want, "layered surface element %d is %g, expected %g", i, back[i], want);
@@ -1233,14 +1220,8 @@ int cubemaps() {
   EXPECT(refused == cudaErrorInvalidValue, "a cube map of %dx%d faces: %s", W, W + 1,
          cudaGetErrorName(refused));
   cudaGetLastError();
-  for (cudaArray_t array : {cube, cubes}) {
-    cudaMemcpy3DParms up = {};
-    up.srcPtr = make_cudaPitchedPtr(texels.data(), W * sizeof(float), W, W);
-    up.dstArray = array;
-    up.extent = make_cudaExtent(W, W, array == cube ? 6 : 6 * Cubes);
-    up.kind = cudaMemcpyHostToDevice;
-    CHECK(cudaMemcpy3D(&up));
-  }
+  CHECK(copyWholeArray(cube, texels.data(), W, W, 6, cudaMemcpyHostToDevice));
+  CHECK(copyWholeArray(cubes, texels.data(), W, W, 6 * Cubes, cudaMemcpyHostToDevice));
   // The host's cube-map unit: the face of the direction's largest component and its (s, t), as
   // the programming guide's table gives them, then (u, v) = ((s / m + 1) / 2, (t / m + 1) / 2)
   // across the face, clamped to its edges.
@@ -1302,18 +1283,16 @@ int cubemaps() {
   CHECK(cudaMalloc(&layered, n * sizeof(float)));
   CHECK(cudaMemcpy(onDevice, at.data(), n * sizeof(Direction), cudaMemcpyHostToDevice));
   for (cudaTextureFilterMode filter : {cudaFilterModePoint, cudaFilterModeLinear}) {
-    cudaResourceDesc resource = {};
-    resource.resType = cudaResourceTypeArray;
+    const cudaResourceDesc cubeResource = arrayResource(cube);
+    const cudaResourceDesc cubesResource = arrayResource(cubes);
     cudaTextureDesc description = {};
     description.filterMode = filter;
     description.readMode = cudaReadModeElementType;
     description.normalizedCoords = 1;
-    resource.res.array.array = cube;
     cudaTextureObject_t cubeTexture = 0;
-    CHECK(cudaCreateTextureObject(&cubeTexture, &resource, &description, nullptr));
-    resource.res.array.array = cubes;
+    CHECK(cudaCreateTextureObject(&cubeTexture, &cubeResource, &description, nullptr));
     cudaTextureObject_t cubesTexture = 0;
-    CHECK(cudaCreateTextureObject(&cubesTexture, &resource, &description, nullptr));
+    CHECK(cudaCreateTextureObject(&cubesTexture, &cubesResource, &description, nullptr));
     fetchCubemap<<<(n + 127) / 128, 128>>>(cubeTexture, cubesTexture, onDevice, single, layered, n);
     CHECK(cudaGetLastError());
     std::vector<float> gotSingle(n), gotLayered(n);
@@ -1336,20 +1315,13 @@ int cubemaps() {
     CHECK(cudaDestroyTextureObject(cubesTexture));
   }
   // A surface over the cube map: face 3 rewritten, the others as they were.
-  cudaResourceDesc surfaceResource = {};
-  surfaceResource.resType = cudaResourceTypeArray;
-  surfaceResource.res.array.array = cube;
+  const cudaResourceDesc surfaceResource = arrayResource(cube);
   cudaSurfaceObject_t surface = 0;
   CHECK(cudaCreateSurfaceObject(&surface, &surfaceResource));
   markFace<<<W, W>>>(surface, W, 3);
   CHECK(cudaGetLastError());
   std::vector<float> back(W * W * 6, 0.0f);
-  cudaMemcpy3DParms down = {};
-  down.srcArray = cube;
-  down.dstPtr = make_cudaPitchedPtr(back.data(), W * sizeof(float), W, W);
-  down.extent = make_cudaExtent(W, W, 6);
-  down.kind = cudaMemcpyDeviceToHost;
-  CHECK(cudaMemcpy3D(&down));
+  CHECK(copyWholeArray(cube, back.data(), W, W, 6, cudaMemcpyDeviceToHost));
   for (int f = 0; f < 6; ++f) {
     for (int y = 0; y < W; ++y) {
       for (int x = 0; x < W; ++x) {
