@@ -263,7 +263,7 @@ CUresult CapturingSink::enqueue(ring::Command& command) {
     node.kind = GraphNode::Kind::kKernel;
     if (launch->parameterReference) {
       // Only the transport itself moves parameters out of line.
-      if (captures_.statusOf(launch->stream).status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      if (captures_.capturing(launch->stream)) {
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
       }
       return transport_->enqueue(command);
@@ -282,7 +282,7 @@ CUresult CapturingSink::enqueue(ring::Command& command) {
     return transport_->enqueue(command);
   }
   const std::uint64_t stream = streamOf(command);
-  if (captures_.statusOf(stream).status == CU_STREAM_CAPTURE_STATUS_NONE) {
+  if (!captures_.capturing(stream)) {
     return transport_->enqueue(command);
   }
   node.command = command;
@@ -323,7 +323,7 @@ CUresult CapturingSink::synchronize(std::uint64_t context, ring::SynchronizeKind
 CUresult CapturingSink::copyWithHost(const StreamTarget& target, bool hostToDevice,
                                      CUdeviceptr device, void* host, std::size_t bytes,
                                      bool blocking) {
-  if (captures_.statusOf(target.stream).status == CU_STREAM_CAPTURE_STATUS_NONE) {
+  if (!captures_.capturing(target.stream)) {
     return hostToDevice ? transport_->copyHostToDevice(target, device, host, bytes, blocking)
                         : transport_->copyDeviceToHost(target, host, device, bytes, blocking);
   }
@@ -424,8 +424,7 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
       // Pageable memory is read when the copy is sent, so what the graph did before it (a host
       // node, a copy into the same buffer) must have finished; a copy to pageable memory waits
       // for its data anyway. A launch into a capturing stream is captured, not run.
-      if (node.pageable && node.hostToDevice &&
-          captures_.statusOf(target.stream).status == CU_STREAM_CAPTURE_STATUS_NONE) {
+      if (node.pageable && node.hostToDevice && !captures_.capturing(target.stream)) {
         sent = transport_->synchronize(target.context, ring::SynchronizeKind::kStream,
                                        target.stream, /*query=*/false);
       }

@@ -105,6 +105,10 @@ public:
   // CUDA_ERROR_ILLEGAL_STATE (the stream does not capture, or did not begin the capture).
   CUresult end(std::uint64_t stream, std::unique_ptr<Graph>& graph);
   Status statusOf(std::uint64_t stream) const;
+  // Whether `stream` is in a capture (active or invalidated): its operations go to the capture.
+  bool capturing(std::uint64_t stream) const {
+    return statusOf(stream).status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
 
   // What a stream operation on `stream` becomes: nullopt when the stream does not capture (the
   // caller sends it), else the answer to the call (the node kept, or the capture's refusal).

@@ -270,8 +270,7 @@ CUresult launchGraph(const char* entryPoint, CUgraphExec hGraphExec, CUstream hS
     // Uploading prepares nothing here: a launch sends the operations as they are.
     if (upload) return CUDA_SUCCESS;
     if (gpuproxy::stub::hasMemoryNodes(exec->graph)) {
-      if (runtime.capturing().captures().statusOf(target.stream).status !=
-          CU_STREAM_CAPTURE_STATUS_NONE) {
+      if (runtime.capturing().captures().capturing(target.stream)) {
         GPUPROXY_STUB_LOG(kWarn,
                           "%s: a graph with memory nodes launched into a capture is not "
                           "supported",

@@ -640,8 +640,7 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
     std::optional<gpuproxy::stub::ContextRecord> context = runtime.context(target.context);
     if (!context) return CUDA_ERROR_INVALID_CONTEXT;
     gpuproxy::stub::StreamCaptures& captures = runtime.capturing().captures();
-    if (!captures.idle() &&
-        captures.statusOf(target.stream).status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    if (captures.capturing(target.stream)) {
       // On a capturing stream: the graph's allocation (a memory node), from the graph's own pool.
       if (pool != nullptr)
         return captures.unsupported(target.stream).value_or(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
@@ -700,8 +699,7 @@ CUresult freeOnStream(const char* entryPoint, CUdeviceptr dptr, CUstream stream,
     if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
     gpuproxy::stub::GraphMemory& graphMemory = gpuproxy::stub::GraphMemory::instance();
     gpuproxy::stub::StreamCaptures& captures = runtime.capturing().captures();
-    if (!captures.idle() &&
-        captures.statusOf(target.stream).status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    if (captures.capturing(target.stream)) {
       // On a capturing stream: a free node, of an allocation a graph made (CUDA captures no
       // other free).
       std::shared_ptr<gpuproxy::stub::GraphAllocation> allocation = graphMemory.find(dptr);
