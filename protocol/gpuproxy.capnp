@@ -206,6 +206,31 @@ interface Session {
   # whose kernels call malloc or free has been loaded, as the CUDA programming guide says);
   # CUDA_ERROR_UNSUPPORTED_LIMIT: any other limit.
   setLimit @29 (context :UInt64, limit :UInt32, value :UInt64) -> (result :Int32, value :UInt64);
+
+  # Interprocess sharing (cuIpc*), between processes of one tenant on one device. A handle is
+  # `device` (the daemon's index) and `token`: 16 unguessable bytes the daemon made for one
+  # allocation or event, meaningful only to this daemon and only to the tenant that made it; a
+  # handle of another tenant's is refused exactly as a made-up one is (CUDA_ERROR_INVALID_VALUE).
+  #
+  # The allocation holding `pointer` (cuMemAlloc memory of the caller's), exported: the same
+  # token for it every time, until it is freed. CUDA_ERROR_INVALID_VALUE for any other pointer.
+  ipcExportMemory @31 (pointer :UInt64) -> (result :Int32, device :UInt32, token :Data);
+  # The exported allocation mapped for the caller in `context`, at its exporter's address (one
+  # address space per GPU): `pointer` is its start, `bytes` its size. Opened again by the same
+  # client, the same mapping with one more reference. CUDA_ERROR_INVALID_CONTEXT in the exporting
+  # client itself (as the driver refuses a process its own handle), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+  # from a context on another device (through gpuproxy no two devices are peers).
+  ipcOpenMemory @32 (context :UInt64, device :UInt32, token :Data)
+      -> (result :Int32, pointer :UInt64, bytes :UInt64);
+  # One reference of a mapping ipcOpenMemory gave, given back; the last one unmaps it.
+  # CUDA_ERROR_INVALID_VALUE for a pointer that is not such a mapping's start.
+  ipcCloseMemory @33 (pointer :UInt64) -> (result :Int32);
+  # An event made with CU_EVENT_INTERPROCESS, exported. CUDA_ERROR_INVALID_HANDLE for any other.
+  ipcExportEvent @34 (event :UInt64) -> (result :Int32, device :UInt32, token :Data);
+  # The exported event, as an event of the caller's in `context` (destroyed with destroyEvent):
+  # records and waits on either side are on the one event. Errors as ipcOpenMemory's.
+  ipcOpenEvent @35 (context :UInt64, device :UInt32, token :Data)
+      -> (result :Int32, event :UInt64);
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -269,6 +269,13 @@ public:
   virtual Result<CUdeviceptr> allocate(std::size_t bytes, AddressSpace owner) = 0;
   Result<CUdeviceptr> allocate(std::size_t bytes) { return allocate(bytes, kDaemonAddressSpace); }
   virtual CUresult free(CUdeviceptr pointer) = 0;
+  // Lets kernels of `with` use allocation `base` too (an interprocess mapping, cuIpcOpenMemHandle),
+  // until unshareAllocation or the allocation is freed. `cuda`: every allocation is already
+  // reachable from the one context, so nothing to do. Owner thread.
+  virtual CUresult shareAllocation(CUdeviceptr /*base*/, AddressSpace /*with*/) {
+    return CUDA_SUCCESS;
+  }
+  virtual void unshareAllocation(CUdeviceptr /*base*/, AddressSpace /*with*/) {}
   virtual MemoryInfo memoryInfo() = 0;
   // What an allocation of `bytes` takes from the device once its allocator has rounded it: what
   // the daemon charges the owner's tenant. `sim`: whole 256-byte granules of its arena. `cuda`: the

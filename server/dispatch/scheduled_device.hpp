@@ -101,6 +101,12 @@ public:
     return device_->allocate(bytes, owner);
   }
   CUresult free(CUdeviceptr pointer) override { return device_->free(pointer); }
+  CUresult shareAllocation(CUdeviceptr base, backend::AddressSpace with) override {
+    return backend().shareAllocation(base, with);
+  }
+  void unshareAllocation(CUdeviceptr base, backend::AddressSpace with) override {
+    backend().unshareAllocation(base, with);
+  }
   backend::MemoryInfo memoryInfo() override;
   std::uint64_t occupiedBytes(std::size_t bytes) const override {
     return device_->occupiedBytes(bytes);

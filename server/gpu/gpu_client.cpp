@@ -183,15 +183,15 @@ void GpuClient::destroyContextNow(Handle context) {
       ++it;
     }
   }
-  std::erase_if(events_, [&](const auto& entry) { return entry.second.context == context; });
+  for (auto it = events_.begin(); it != events_.end();) {
+    it = it->second.context == context ? eraseEvent(it) : std::next(it);
+  }
   std::erase_if(streams_, [&](const auto& entry) { return entry.second.context == context; });
+  for (auto it = imports_.begin(); it != imports_.end();) {
+    it = it->second.context == context ? closeImportNow(it) : std::next(it);
+  }
   for (auto it = allocations_.begin(); it != allocations_.end();) {
-    if (it->second.context != context) {
-      ++it;
-      continue;
-    }
-    releaseDeviceMemory(it->first);
-    it = allocations_.erase(it);
+    it = it->second.context == context ? dropAllocation(it) : std::next(it);
   }
   contexts_.erase(context);
   if (primaryContext_ == context) {
@@ -448,12 +448,7 @@ std::uint64_t GpuClient::abandon() {
 
   const std::uint64_t before = *memoryUsed_;
   for (auto it = allocations_.begin(); it != allocations_.end();) {
-    if (touched.count(it->first) != 0) {
-      ++it;
-      continue;
-    }
-    releaseDeviceMemory(it->first);
-    it = allocations_.erase(it);
+    it = touched.count(it->first) != 0 ? std::next(it) : dropAllocation(it);
   }
   // No kernel of this client is left to run, so its modules can go too.
   functions_.clear();
@@ -483,19 +478,23 @@ backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
   constexpr unsigned kKnownFlags =
       CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if ((flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
-  // Interprocess events need an exported handle; both ends would live in this daemon.
-  if ((flags & CU_EVENT_INTERPROCESS) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  // As in CUDA: an interprocess event records no timing.
+  if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   auto hold = holdObject(TenantObject::kEvent);
   if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
   auto created = shard_.device().createEvent(flags);
   if (!created.ok()) return created.code();
   Handle handle = newHandle(HandleKind::kEvent);
-  events_[handle] = Event{context, std::move(created).value(), std::move(*hold)};
+  events_[handle] = Event{context, std::move(created).value(), std::move(*hold), flags};
   return handle;
 }
 
 CUresult GpuClient::destroyEvent(Handle event) {
-  if (events_.erase(event) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  auto found = events_.find(event);
+  if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  eraseEvent(found);
   return CUDA_SUCCESS;
 }
 
@@ -535,6 +534,105 @@ backend::Result<float> GpuClient::eventElapsedTime(Handle start, Handle end) {
 // ---------------------------------------------------------------------------------------------
 // Memory
 
+std::map<CUdeviceptr, GpuClient::Allocation>::iterator GpuClient::dropAllocation(
+    std::map<CUdeviceptr, Allocation>::iterator allocation) {
+  if (!shard_.ipcExports().keepForImporters(allocation->first, allocation->second.charge)) {
+    releaseDeviceMemory(allocation->first);
+  }
+  return allocations_.erase(allocation);
+}
+
+std::map<Handle, GpuClient::Event>::iterator GpuClient::eraseEvent(
+    std::map<Handle, Event>::iterator event) {
+  if (event->second.exported) shard_.ipcExports().forgetEvent(*event->second.event);
+  return events_.erase(event);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interprocess handles (cuIpc*): the table is the shard's (server/gpu/ipc_exports.hpp)
+
+IpcExports::Party GpuClient::ipcParty() const {
+  return IpcExports::Party{schedulingId_, stats_->tenant->id()};
+}
+
+backend::Result<IpcToken> GpuClient::exportMemory(CUdeviceptr pointer) {
+  shard_.owner().check();
+  const CUdeviceptr base = allocationOf(pointer);
+  if (base == 0) return CUDA_ERROR_INVALID_VALUE;
+  return shard_.ipcExports().exportMemory(ipcParty(), base, allocations_.at(base).bytes);
+}
+
+backend::Result<IpcExports::Range> GpuClient::openMemory(Handle context, const IpcToken& token) {
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  for (auto& [base, import] : imports_) {
+    if (import.token == token) {  // opened before: one more reference
+      ++import.references;
+      return IpcExports::Range{base, import.bytes};
+    }
+  }
+  auto range = shard_.ipcExports().openMemory(token, ipcParty());
+  if (!range.ok()) return range;
+  const IpcExports::Range opened = range.value();
+  if (CUresult shared = shard_.device().shareAllocation(opened.base, stats_->addressSpace);
+      shared != CUDA_SUCCESS) {
+    if (auto charge = shard_.ipcExports().closeMemory(opened.base))
+      releaseDeviceMemory(opened.base);
+    return shared;
+  }
+  imports_.emplace(opened.base, Import{opened.bytes, context, token, 1});
+  return opened;
+}
+
+kj::Promise<CUresult> GpuClient::closeMemory(CUdeviceptr pointer) {
+  shard_.owner().check();
+  auto found = imports_.find(pointer);
+  if (found == imports_.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (--found->second.references > 0) return CUDA_SUCCESS;
+  imports_.erase(found);
+  shard_.device().unshareAllocation(pointer, stats_->addressSpace);
+  std::optional<MemoryCharge> charge = shard_.ipcExports().closeMemory(pointer);
+  if (!charge) return CUDA_SUCCESS;
+  // The last mapping of memory its exporter has let go of: freed as cuMemFree frees, once this
+  // client's work queued before has drained; its charge goes back once the device has freed it.
+  auto held = std::make_shared<MemoryCharge>(std::move(*charge));
+  return drainStreams(0).then([this, pointer, held](CUresult) {
+    return shard_.free(pointer).then([held](CUresult freed) { return freed; });
+  });
+}
+
+std::map<CUdeviceptr, GpuClient::Import>::iterator GpuClient::closeImportNow(
+    std::map<CUdeviceptr, Import>::iterator import) {
+  const CUdeviceptr base = import->first;
+  shard_.device().unshareAllocation(base, stats_->addressSpace);
+  if (std::optional<MemoryCharge> charge = shard_.ipcExports().closeMemory(base)) {
+    releaseDeviceMemory(base);
+  }
+  return imports_.erase(import);
+}
+
+backend::Result<IpcToken> GpuClient::exportEvent(Handle event) {
+  shard_.owner().check();
+  auto found = events_.find(event);
+  if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if ((found->second.flags & CU_EVENT_INTERPROCESS) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  found->second.exported = true;
+  return shard_.ipcExports().exportEvent(ipcParty(), found->second.event);
+}
+
+backend::Result<Handle> GpuClient::openEvent(Handle context, const IpcToken& token) {
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  auto event = shard_.ipcExports().openEvent(token, ipcParty());
+  if (!event.ok()) return event.code();
+  auto hold = holdObject(TenantObject::kEvent);
+  if (!hold) return CUDA_ERROR_OUT_OF_MEMORY;
+  Handle handle = newHandle(HandleKind::kEvent);
+  events_[handle] = Event{context, std::move(event).value(), std::move(*hold),
+                          CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING};
+  return handle;
+}
+
 bool GpuClient::ownsAllocation(CUdeviceptr pointer) const {
   return allocations_.count(pointer) != 0;
 }
@@ -549,6 +647,7 @@ bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
     return offset < size && bytes <= size - offset;
   };
   return within(allocations_, [](const Allocation& allocation) { return allocation.bytes; }) ||
+         within(imports_, [](const Import& import) { return import.bytes; }) ||
          within(moduleVariables_, [](std::uint64_t size) { return size; }) ||
          shard_.hostRangeIsMapped(stats_->addressSpace, pointer, bytes);
 }
@@ -590,6 +689,10 @@ kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
   return drainStreams(0).then([this, pointer](CUresult) -> kj::Promise<CUresult> {
     auto found = allocations_.find(pointer);
     if (found == allocations_.end()) return CUDA_ERROR_INVALID_VALUE;  // freed meanwhile
+    if (shard_.ipcExports().keepForImporters(pointer, found->second.charge)) {
+      allocations_.erase(found);  // another client maps it: freed once it has unmapped it
+      return CUDA_SUCCESS;
+    }
     // Gone from the client's tables now; its charge is given back once the device has freed it,
     // so the tenant cannot pass its limit meanwhile.
     auto allocation = std::make_shared<Allocation>(std::move(found->second));

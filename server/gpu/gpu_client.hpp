@@ -14,6 +14,7 @@
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/handles.hpp"
+#include "server/gpu/ipc_exports.hpp"
 #include "server/gpu/memory_charge.hpp"
 
 #include <kj/async.h>
@@ -143,6 +144,22 @@ public:
   backend::Result<float> eventElapsedTime(Handle start, Handle end);
   bool ownsEvent(Handle event) const { return events_.count(event) != 0; }
 
+  // Interprocess handles (cuIpc*, server/gpu/ipc_exports.hpp). The allocation holding `pointer`,
+  // exported; CUDA_ERROR_INVALID_VALUE for a pointer in none of this client's allocations.
+  backend::Result<IpcToken> exportMemory(CUdeviceptr pointer);
+  // Another client's exported allocation, mapped for this one in `context`: copies, memsets and
+  // kernels of this client may use it until it is closed as often as it was opened. Errors as
+  // IpcExports::openMemory's.
+  backend::Result<IpcExports::Range> openMemory(Handle context, const IpcToken& token);
+  // One reference of a mapping given back; the last unmaps it. CUDA_ERROR_INVALID_VALUE for a
+  // pointer that starts no mapping of this client's.
+  kj::Promise<CUresult> closeMemory(CUdeviceptr pointer);
+  bool holdsMapping(CUdeviceptr pointer) const { return imports_.count(pointer) != 0; }
+  // An event created with CU_EVENT_INTERPROCESS, exported; CUDA_ERROR_INVALID_HANDLE otherwise.
+  backend::Result<IpcToken> exportEvent(Handle event);
+  // Another client's exported event, as an event of this client's in `context`.
+  backend::Result<Handle> openEvent(Handle context, const IpcToken& token);
+
   // Resolves when every piece of work this client queued on this GPU has completed.
   kj::Promise<void> drain();
 
@@ -190,8 +207,11 @@ private:
   };
   struct Event {
     Handle context = 0;
-    std::unique_ptr<backend::Event> event;
+    // Shared with the clients that opened it by an interprocess handle.
+    std::shared_ptr<backend::Event> event;
     TenantObjectHold hold;
+    unsigned flags = 0;
+    bool exported = false;  // this client exported it (exportEvent)
   };
   struct Module {
     Handle context = 0;
@@ -211,6 +231,13 @@ private:
     Handle context = 0;
     MemoryCharge charge;  // what it takes from the device (Device::occupiedBytes)
   };
+  // Another client's allocation this one has opened (openMemory). Its memory is the exporter's.
+  struct Import {
+    std::uint64_t bytes = 0;
+    Handle context = 0;
+    IpcToken token{};
+    unsigned references = 0;
+  };
   // Where an operation goes: a backend stream plus the legacy-stream bookkeeping to apply.
   struct Target {
     Handle context = 0;
@@ -219,6 +246,16 @@ private:
   };
 
   Handle newHandle(HandleKind kind);
+  // Forgets an allocation and frees its memory, unless other clients still map it (then the
+  // shard keeps it for them: IpcExports::keepForImporters).
+  std::map<CUdeviceptr, Allocation>::iterator dropAllocation(
+      std::map<CUdeviceptr, Allocation>::iterator allocation);
+  std::map<Handle, Event>::iterator eraseEvent(std::map<Handle, Event>::iterator event);
+  // Unmaps an opened allocation at once (its context is going: no work of it is left), freeing it
+  // if it was the last mapping of memory its exporter let go of.
+  std::map<CUdeviceptr, Import>::iterator closeImportNow(
+      std::map<CUdeviceptr, Import>::iterator import);
+  IpcExports::Party ipcParty() const;
   backend::Result<Handle> createContextAs(Handle handle, unsigned flags);
   // One more object of `kind` for the client's tenant, or nullopt (logged) at the tenant's cap.
   std::optional<TenantObjectHold> holdObject(TenantObject kind);
@@ -288,6 +325,7 @@ private:
   std::map<Handle, Module> modules_;
   std::map<Handle, Function> functions_;
   std::map<CUdeviceptr, Allocation> allocations_;
+  std::map<CUdeviceptr, Import> imports_;  // by start
   // Module variables looked up (getGlobal), by address: their sizes. Their memory is the module's.
   std::map<CUdeviceptr, std::uint64_t> moduleVariables_;
   // The device heap of this client's kernels on this GPU, where the backend wants it from the

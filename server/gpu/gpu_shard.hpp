@@ -9,6 +9,7 @@
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/blocking_call_thread.hpp"
 #include "server/gpu/client_stats.hpp"
+#include "server/gpu/ipc_exports.hpp"
 #include "server/gpu/owner_thread.hpp"
 
 #include <kj/async.h>
@@ -92,6 +93,12 @@ public:
 
   std::size_t clientCount() const { return clients_.size(); }
 
+  // The interprocess handles made on this GPU (cuIpc*), and the memory kept for their importers.
+  IpcExports& ipcExports() {
+    owner_.check();
+    return ipcExports_;
+  }
+
   // Resolves at once, or, while the GPU's context is being reset, when the reset has ended: a new
   // context is made only then (the reset would destroy it, or find it in its way).
   kj::Promise<void> whenServing();
@@ -149,6 +156,8 @@ private:
   };
   std::unique_ptr<Reset> resetEnded_;
   std::uint64_t memoryUsed_ = 0;
+  // After memoryUsed_: the charges it keeps are recorded there.
+  IpcExports ipcExports_;
   // Host ranges registered with the device, by start (hostRangeIsMapped).
   struct MappedHostRange {
     std::uint64_t bytes = 0;

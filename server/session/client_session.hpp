@@ -78,6 +78,11 @@ protected:
   kj::Promise<void> getGlobal(GetGlobalContext context) override;
   kj::Promise<void> setLimit(SetLimitContext context) override;
   kj::Promise<void> placeManagedVariable(PlaceManagedVariableContext context) override;
+  kj::Promise<void> ipcExportMemory(IpcExportMemoryContext context) override;
+  kj::Promise<void> ipcOpenMemory(IpcOpenMemoryContext context) override;
+  kj::Promise<void> ipcCloseMemory(IpcCloseMemoryContext context) override;
+  kj::Promise<void> ipcExportEvent(IpcExportEventContext context) override;
+  kj::Promise<void> ipcOpenEvent(IpcOpenEventContext context) override;
 
 private:
   class MessagePort;
@@ -177,6 +182,10 @@ private:
   GpuClient* clientFor(std::uint64_t handle, HandleKind kind);
   // The GpuClient owning device pointer `pointer`, or null.
   GpuClient* clientOwning(CUdeviceptr pointer);
+  // The GpuClient of the caller's context `context` when it is on daemon device `device` and
+  // `token` is a token's size; else null, and `refused` says why (ipcOpenMemory, ipcOpenEvent).
+  GpuClient* clientForIpcOpen(std::uint64_t context, std::uint32_t device,
+                              capnp::Data::Reader token, CUresult& refused);
 
   SessionServices services_;
   std::shared_ptr<ClientStats> stats_;

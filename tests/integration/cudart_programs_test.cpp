@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -397,6 +398,98 @@ TEST_P(CudartPrograms, WhatCaptureCannotHoldIsRefusedAsCudaRefusesIt) {
                            "end with an unjoined stream: cudaErrorStreamCaptureUnjoined"}) {
     EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
   }
+}
+
+// Interprocess handles (cudaIpc*): a process and its child share an allocation and an event, with
+// the refusals CUDA gives on the way (ipc_sharing.cu); everything comes back when both have gone.
+TEST_P(CudartPrograms, ProcessesShareMemoryAndEventsByInterprocessHandles) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("ipc_sharing"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("child: PASSED"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("share: PASSED"), std::string::npos) << result.output;
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
+namespace {
+
+// The handle `ipc_sharing export` printed, once it has.
+std::string exportedHandle(const Child& exporter) {
+  std::string handle;
+  eventually([&] {
+    const std::string output = exporter.output();
+    const std::size_t at = output.find("handle ");
+    const std::size_t end = output.find('\n', at);
+    if (at == std::string::npos || end == std::string::npos) return false;
+    handle = output.substr(at + 7, end - at - 7);
+    return true;
+  });
+  return handle;
+}
+
+}  // namespace
+
+// An exporter killed while another process has its memory open: the memory stays the importer's,
+// with the exporter's data, until it is closed; then it is freed, and the handle opens no more.
+TEST_P(CudartPrograms, InterprocessMemoryOutlivesAKilledExporterUntilClosed) {
+  Daemon daemon;
+  TempDir directory;
+  const std::string go = directory.file("go");
+  auto exporter = daemon.startClient(program("ipc_sharing"), {"export", directory.file("never")});
+  const std::string handle = exportedHandle(*exporter);
+  ASSERT_FALSE(handle.empty()) << exporter->output() << exporter->errors() << daemon.log();
+  auto importer = daemon.startClient(program("ipc_sharing"), {"import", handle, go});
+  ASSERT_TRUE(eventually([&] { return importer->output().find("opened") != std::string::npos; }))
+      << importer->output() << importer->errors() << daemon.log();
+
+  exporter->signal(SIGKILL);
+  exporter->wait();
+  ASSERT_TRUE(eventually([&] { return daemon.status()["clients"].size() == 1; }))
+      << daemon.status().dump(2);
+  EXPECT_GT(daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>(), 0u)
+      << "the memory went with its exporter while another process had it open";
+
+  std::ofstream(go).close();
+  const ExitStatus imported = importer->wait();
+  EXPECT_TRUE(imported.exitedWith(0)) << importer->output() << importer->errors() << daemon.log();
+  EXPECT_NE(importer->output().find("import: PASSED"), std::string::npos) << importer->output();
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+  RunResult late = daemon.runClient(program("ipc_sharing"), {"import", handle});
+  EXPECT_TRUE(late.status.exitedWith(2)) << describe(late, daemon);
+  EXPECT_NE(late.output.find("open: cudaErrorInvalidValue"), std::string::npos) << late.output;
+}
+
+// A handle is only good within its tenant: another tenant's process opening it gets what a made-up
+// handle gets, and the exporter's memory is untouched.
+TEST_P(CudartPrograms, AnotherTenantCannotOpenAnInterprocessHandle) {
+  TempDir directory;
+  const std::string config = directory.file("tenants.yaml");
+  const std::string otherSocket = directory.file("other/gpuproxy.sock");
+  std::ofstream(config) << "tenants:\n  - name: other\n    socket: " << otherSocket << "\n";
+  Daemon::Options options;
+  options.extraArguments = {"--config", config};
+  Daemon daemon(options);
+  const std::string go = directory.file("go");
+  auto exporter = daemon.startClient(program("ipc_sharing"), {"export", go});
+  const std::string handle = exportedHandle(*exporter);
+  ASSERT_FALSE(handle.empty()) << exporter->output() << exporter->errors() << daemon.log();
+
+  RunResult other = daemon.runClientOn(otherSocket, program("ipc_sharing"), {"import", handle});
+  EXPECT_TRUE(other.status.exitedWith(2)) << describe(other, daemon);
+  EXPECT_NE(other.output.find("open: cudaErrorInvalidValue"), std::string::npos) << other.output;
+  // A process of the exporter's own tenant opens it, and finds the exporter's data.
+  RunResult same = daemon.runClient(program("ipc_sharing"), {"import", handle});
+  EXPECT_TRUE(same.status.exitedWith(0)) << describe(same, daemon);
+  EXPECT_NE(same.output.find("import: PASSED"), std::string::npos) << same.output;
+
+  std::ofstream(go).close();
+  EXPECT_TRUE(exporter->wait().exitedWith(0)) << exporter->output() << exporter->errors();
 }
 
 INSTANTIATE_TEST_SUITE_P(StaticAndSharedCudart, CudartPrograms,

@@ -250,18 +250,22 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData(supported)",
            cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   } else if (scenario == "unsupported") {
-    CUipcEventHandle handle;
-    CUevent event = nullptr;
-    cuEventCreate(&event, CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS);
-    report("cuIpcGetEventHandle", cuIpcGetEventHandle(&handle, event));
+    // Exporting a virtual-memory allocation as a file descriptor: gpuproxy has no cuMemCreate.
+    int shareable = -1;
+    report(
+        "cuMemExportToShareableHandle",
+        cuMemExportToShareableHandle(&shareable, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     void* function = nullptr;
     CUdriverProcAddressQueryResult status;
-    report("cuGetProcAddress", cuGetProcAddress("cuIpcGetEventHandle", &function, CUDA_VERSION,
-                                                CU_GET_PROC_ADDRESS_DEFAULT, &status));
-    using IpcGetEventHandle = CUresult (*)(CUipcEventHandle*, CUevent);
+    report("cuGetProcAddress",
+           cuGetProcAddress("cuMemExportToShareableHandle", &function, CUDA_VERSION,
+                            CU_GET_PROC_ADDRESS_DEFAULT, &status));
+    using ExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle,
+                                                 CUmemAllocationHandleType, unsigned long long);
     if (function != nullptr) {
-      report("cuIpcGetEventHandle(proc address)",
-             reinterpret_cast<IpcGetEventHandle>(function)(&handle, event));
+      report("cuMemExportToShareableHandle(proc address)",
+             reinterpret_cast<ExportToShareableHandle>(function)(
+                 &shareable, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     }
   } else if (scenario == "null-pointers") {
     report("cuMemAlloc(null)", cuMemAlloc(nullptr, 16));

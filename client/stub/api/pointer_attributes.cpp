@@ -120,8 +120,8 @@ CUresult answer(const PointerFacts& facts, int attribute, CUdeviceptr pointer, v
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       put(data, facts.device);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:  // cuIpcGetMemHandle is not supported
-      put(data, 0u);
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:  // cuMemAlloc's memory: cuIpcGetMemHandle
+      put(data, facts.type == CU_MEMORYTYPE_DEVICE && !facts.managed ? 1u : 0u);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       put(data, static_cast<CUdeviceptr>(facts.start));

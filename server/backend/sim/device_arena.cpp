@@ -101,7 +101,7 @@ backend::Result<CUdeviceptr> DeviceArena::allocate(std::size_t bytes, backend::A
   const auto [size, offset] = *fit;
   eraseFreeLocked(freeByOffset_.find(offset));
   if (size > reserved) insertFreeLocked(offset + reserved, size - reserved);
-  live_.emplace(offset, Allocation{bytes, reserved, owner, readOnlyFrom});
+  live_.emplace(offset, Allocation{bytes, reserved, owner, readOnlyFrom, {}});
   holdings_[owner].allocations.insert(offset);
   changedLocked(owner);
   allocated_ += reserved;
@@ -116,6 +116,10 @@ CUresult DeviceArena::free(CUdeviceptr pointer) {
   if (found == live_.end()) return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t reserved = found->second.reserved;
   const backend::AddressSpace owner = found->second.owner;
+  for (const backend::AddressSpace with : found->second.sharedWith) {
+    holdings_[with].allocations.erase(offset);
+    changedLocked(with);
+  }
   live_.erase(found);
   holdings_[owner].allocations.erase(offset);
   changedLocked(owner);
@@ -180,6 +184,30 @@ DeviceArena::Access::~Access() {
     arena.quarantined_.clear();
   }
   arena.idle_.notify_all();
+}
+
+CUresult DeviceArena::share(CUdeviceptr pointer, backend::AddressSpace with) {
+  if (pointer < base_ || pointer - base_ >= capacity_) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t offset = pointer - base_;
+  std::lock_guard lock(mutex_);
+  const auto found = live_.find(offset);
+  if (found == live_.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (with == found->second.owner || !found->second.sharedWith.insert(with).second) {
+    return CUDA_SUCCESS;
+  }
+  holdings_[with].allocations.insert(offset);
+  changedLocked(with);
+  return CUDA_SUCCESS;
+}
+
+void DeviceArena::unshare(CUdeviceptr pointer, backend::AddressSpace with) {
+  if (pointer < base_ || pointer - base_ >= capacity_) return;
+  const std::uint64_t offset = pointer - base_;
+  std::lock_guard lock(mutex_);
+  const auto found = live_.find(offset);
+  if (found == live_.end() || found->second.sharedWith.erase(with) == 0) return;
+  holdings_[with].allocations.erase(offset);
+  changedLocked(with);
 }
 
 std::uint64_t DeviceArena::allocatedBytes() const {

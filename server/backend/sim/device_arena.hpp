@@ -54,6 +54,10 @@ public:
                                         std::uint64_t readOnlyFrom = ~0ull);
   // CUDA_ERROR_INVALID_VALUE unless `pointer` is the start of a live allocation.
   CUresult free(CUdeviceptr pointer);
+  // Kernels of `with` may touch allocation `pointer` too, until unshare() or its free
+  // (interprocess memory). CUDA_ERROR_INVALID_VALUE unless `pointer` starts a live allocation.
+  CUresult share(CUdeviceptr pointer, backend::AddressSpace with);
+  void unshare(CUdeviceptr pointer, backend::AddressSpace with);
   std::uint64_t allocatedBytes() const;
   std::uint64_t capacity() const { return capacity_; }
   // Frees every allocation and returns all pages to the system (registered host memory stays).
@@ -115,6 +119,7 @@ private:
     std::uint64_t reserved = 0;   // rounded up to kAllocationAlignment: what it costs
     backend::AddressSpace owner = backend::kDaemonAddressSpace;
     std::uint64_t readOnlyFrom = ~0ull;
+    std::set<backend::AddressSpace> sharedWith;  // share()
   };
   struct HostRange {
     std::size_t bytes = 0;

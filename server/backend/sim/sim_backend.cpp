@@ -1065,6 +1065,15 @@ public:
     return core_->arena().free(pointer);
   }
 
+  CUresult shareAllocation(CUdeviceptr base, backend::AddressSpace with) override {
+    if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
+    return core_->arena().share(base, with);
+  }
+
+  void unshareAllocation(CUdeviceptr base, backend::AddressSpace with) override {
+    core_->arena().unshare(base, with);
+  }
+
   std::uint64_t occupiedBytes(std::size_t bytes) const override {
     return DeviceArena::reservedBytes(bytes);
   }

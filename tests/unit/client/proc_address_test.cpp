@@ -23,7 +23,8 @@ using GetProcAddressV2 = CUresult (*)(const char*, void**, int, cuuint64_t,
                                       CUdriverProcAddressQueryResult*);
 using GetProcAddressV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
 using GetErrorText = CUresult (*)(CUresult, const char**);
-using IpcGetMemHandle = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
+using ExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle,
+                                             CUmemAllocationHandleType, unsigned long long);
 
 constexpr cuuint64_t kDefault = CU_GET_PROC_ADDRESS_DEFAULT;
 constexpr cuuint64_t kLegacy = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
@@ -181,12 +182,13 @@ TEST_F(ProcAddressTest, EveryExportedBaseNameResolvesToAnExport) {
 }
 
 TEST_F(ProcAddressTest, UnsupportedFunctionAnswersNotSupported) {
-  auto ipcGetMemHandle = reinterpret_cast<IpcGetMemHandle>(symbol("cuIpcGetMemHandle"));
-  ASSERT_NE(ipcGetMemHandle, nullptr);
-  CUipcMemHandle handle{};
-  handle.reserved[0] = 42;
-  EXPECT_EQ(ipcGetMemHandle(&handle, 0), CUDA_ERROR_NOT_SUPPORTED);
-  EXPECT_EQ(handle.reserved[0], 42);  // left alone
+  auto exportToShareableHandle =
+      reinterpret_cast<ExportToShareableHandle>(symbol("cuMemExportToShareableHandle"));
+  ASSERT_NE(exportToShareableHandle, nullptr);
+  int shareable = 42;
+  EXPECT_EQ(exportToShareableHandle(&shareable, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(shareable, 42);  // left alone
 }
 
 // The "not supported" line is written once per function, however often it is called.
@@ -194,17 +196,17 @@ TEST_F(ProcAddressTest, UnsupportedFunctionIsLoggedOnce) {
   if (const char* level = std::getenv("GPUPROXY_LOG_LEVEL"); level != nullptr) {
     GTEST_SKIP() << "GPUPROXY_LOG_LEVEL is set";
   }
-  auto ipcCloseMemHandle =
-      reinterpret_cast<CUresult (*)(CUdeviceptr)>(symbol("cuIpcCloseMemHandle"));
-  ASSERT_NE(ipcCloseMemHandle, nullptr);
+  auto memRelease =
+      reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle)>(symbol("cuMemRelease"));
+  ASSERT_NE(memRelease, nullptr);
   std::FILE* capture = std::tmpfile();
   ASSERT_NE(capture, nullptr);
   std::fflush(stderr);
   int savedStderr = dup(STDERR_FILENO);
   ASSERT_GE(savedStderr, 0);
   ASSERT_GE(dup2(fileno(capture), STDERR_FILENO), 0);
-  CUresult first = ipcCloseMemHandle(0);
-  CUresult second = ipcCloseMemHandle(0);
+  CUresult first = memRelease(0);
+  CUresult second = memRelease(0);
   dup2(savedStderr, STDERR_FILENO);
   close(savedStderr);
   EXPECT_EQ(first, CUDA_ERROR_NOT_SUPPORTED);
@@ -214,7 +216,7 @@ TEST_F(ProcAddressTest, UnsupportedFunctionIsLoggedOnce) {
   std::ostringstream text;
   for (int c = std::fgetc(capture); c != EOF; c = std::fgetc(capture)) text << static_cast<char>(c);
   std::fclose(capture);
-  const std::string kLine = "gpuproxy: cuIpcCloseMemHandle is not supported\n";
+  const std::string kLine = "gpuproxy: cuMemRelease is not supported\n";
   std::string log = text.str();
   EXPECT_NE(log.find(kLine), std::string::npos) << log;
   EXPECT_EQ(log.find(kLine), log.rfind(kLine)) << "logged more than once:\n" << log;
@@ -224,10 +226,10 @@ TEST_F(ProcAddressTest, UnsupportedFunctionIsLoggedOnce) {
 // binary re-executed with the variable set and a filter selecting only the child's half.
 TEST_F(ProcAddressTest, LogLevelOffSilencesTheUnsupportedLine) {
   if (std::getenv("GPUPROXY_TEST_LOG_OFF_CHILD") != nullptr) {
-    auto ipcCloseMemHandle =
-        reinterpret_cast<CUresult (*)(CUdeviceptr)>(symbol("cuIpcCloseMemHandle"));
-    ASSERT_NE(ipcCloseMemHandle, nullptr);
-    EXPECT_EQ(ipcCloseMemHandle(0), CUDA_ERROR_NOT_SUPPORTED);
+    auto memRelease =
+        reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle)>(symbol("cuMemRelease"));
+    ASSERT_NE(memRelease, nullptr);
+    EXPECT_EQ(memRelease(0), CUDA_ERROR_NOT_SUPPORTED);
     return;
   }
   std::string self = std::filesystem::read_symlink("/proc/self/exe");

@@ -18,6 +18,35 @@ namespace {
 constexpr CUdeviceptr kBase = 0x7f0000000000ull;
 constexpr std::uint64_t kMiB = 1ull << 20;
 
+// An allocation shared with another owner (interprocess memory) is among that owner's ranges
+// until it is unshared or freed; nobody else's ranges ever hold it.
+TEST(DeviceArena, ASharedAllocationIsTheOtherOwnersUntilUnsharedOrFreed) {
+  auto arena = DeviceArena::create(kBase, 16 * kMiB);
+  ASSERT_NE(arena, nullptr);
+  auto first = arena->allocate(4096, 1);
+  auto second = arena->allocate(4096, 1);
+  ASSERT_TRUE(first.ok() && second.ok());
+  auto rangesOf = [&](backend::AddressSpace owner) {
+    std::uint64_t version = 0;
+    std::vector<CUdeviceptr> starts;
+    for (const ptx::MemoryRange& range : arena->access().rangesOf(owner, version)) {
+      starts.push_back(range.begin);
+    }
+    return starts;
+  };
+  EXPECT_TRUE(rangesOf(2).empty());
+  EXPECT_EQ(arena->share(first.value() + 256, 2), CUDA_ERROR_INVALID_VALUE);  // not a start
+  ASSERT_EQ(arena->share(first.value(), 2), CUDA_SUCCESS);
+  ASSERT_EQ(arena->share(second.value(), 2), CUDA_SUCCESS);
+  EXPECT_EQ(rangesOf(2), (std::vector<CUdeviceptr>{first.value(), second.value()}));
+  EXPECT_TRUE(rangesOf(3).empty());
+  arena->unshare(first.value(), 2);
+  EXPECT_EQ(rangesOf(2), std::vector<CUdeviceptr>{second.value()});
+  EXPECT_EQ(arena->free(second.value()), CUDA_SUCCESS);
+  EXPECT_TRUE(rangesOf(2).empty());
+  EXPECT_EQ(rangesOf(1), std::vector<CUdeviceptr>{first.value()});
+}
+
 TEST(DeviceArena, MemoryFreedDuringAnAccessIsKeptUntilTheAccessEnds) {
   auto arena = DeviceArena::create(kBase, 4 * kMiB);
   ASSERT_TRUE(arena);

@@ -219,6 +219,124 @@ TEST_F(GpuClientTest, RegisteredHostMemoryIsDeviceMemoryToItsOwnerOnly) {
   EXPECT_EQ(wait(kj::mv(unregistered)), CUDA_SUCCESS);
 }
 
+// Interprocess handles (cuIpc*): another client of the same tenant opens an exported allocation
+// and its kernels and copies reach it; the exporter itself and another tenant's client cannot;
+// and memory the exporter frees while it is open elsewhere stays until the last mapping closes.
+TEST_F(GpuClientTest, AnExportedAllocationOpensForTheTenantsOtherClientsOnly) {
+  auto exporter = newClient();
+  auto importer = newClient(4321);
+  auto exporterContext = exporter->createContext(0);
+  auto importerContext = importer->createContext(0);
+  constexpr std::uint64_t kWords = 256;
+  auto memory = wait(exporter->allocate(exporterContext.value(), kWords * 4));
+  ASSERT_TRUE(memory.ok());
+  EXPECT_EQ(exporter->exportMemory(memory.value() - 1).code(), CUDA_ERROR_INVALID_VALUE);
+  auto token = exporter->exportMemory(memory.value() + 100);  // inside: the whole allocation
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(exporter->exportMemory(memory.value()).value(), token.value());
+  IpcToken madeUp = token.value();
+  madeUp[0] ^= std::byte{1};
+
+  EXPECT_EQ(exporter->openMemory(exporterContext.value(), token.value()).code(),
+            CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(importer->openMemory(importerContext.value(), madeUp).code(), CUDA_ERROR_INVALID_VALUE);
+  // Not even a memset reaches it before the open.
+  const backend::Memset memset{memory.value(), 0, 4, kWords};
+  EXPECT_EQ(importer->enqueue(importerContext.value(), 0, memset), CUDA_ERROR_INVALID_VALUE);
+  auto stranger = std::make_shared<ClientStats>();
+  stranger->tenant = std::make_shared<Tenant>(2, TenantDefinition{"other", "/unused", {}});
+  stranger->addressSpace = 99;
+  auto outsider = shard_.openClient(stranger);
+  auto outsiderContext = outsider->createContext(0);
+  EXPECT_EQ(outsider->openMemory(outsiderContext.value(), token.value()).code(),
+            CUDA_ERROR_INVALID_VALUE);
+
+  auto opened = importer->openMemory(importerContext.value(), token.value());
+  ASSERT_TRUE(opened.ok());
+  EXPECT_EQ(opened.value().base, memory.value());
+  EXPECT_EQ(opened.value().bytes, kWords * 4);
+  EXPECT_EQ(importer->openMemory(importerContext.value(), token.value()).value().base,
+            memory.value());  // a second reference
+  // The importer's kernel writes the exporter's memory (the sim checks every access of a kernel
+  // against its client's memory), and the exporter reads what it wrote.
+  auto module =
+      wait(importer->loadModule(importerContext.value(), bytes(testing::kTestKernelsPtx)));
+  ASSERT_TRUE(module.ok());
+  auto fill = importer->function(module.value(), "fill_u32");
+  struct {
+    CUdeviceptr p;
+    unsigned value;
+    unsigned long long n;
+  } args{memory.value(), 0x5eedu, kWords};
+  ASSERT_EQ(
+      importer->launchKernel(importerContext.value(), fill.value().handle,
+                             {{1, 1, 1}, {kWords, 1, 1}, 0}, 0, std::as_bytes(std::span(&args, 1))),
+      CUDA_SUCCESS);
+  EXPECT_EQ(wait(importer->synchronizeContext(importerContext.value())), CUDA_SUCCESS);
+  auto seen = wait(exporter->copyDeviceToHost(exporterContext.value(), 0, memory.value(), 4));
+  ASSERT_TRUE(seen.ok());
+  std::uint32_t first = 0;
+  std::memcpy(&first, seen.value().data(), 4);
+  EXPECT_EQ(first, 0x5eedu);
+
+  // The exporter frees it while it is open: the memory, and its charge, stay for the importer.
+  const std::uint64_t used = shard_.memoryUsed();
+  EXPECT_EQ(wait(exporter->free(memory.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), used);
+  EXPECT_EQ(shard_.ipcExports().memoryKeptForImporters(), 1u);
+  EXPECT_EQ(importer->enqueue(importerContext.value(), 0, memset), CUDA_SUCCESS);
+  auto third = newClient(5555);
+  auto thirdContext = third->createContext(0);
+  EXPECT_EQ(third->openMemory(thirdContext.value(), token.value()).code(), CUDA_ERROR_INVALID_VALUE)
+      << "a handle of memory its exporter let go of opened again";
+  EXPECT_EQ(wait(importer->closeMemory(memory.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), used);  // one reference is left
+  EXPECT_EQ(wait(importer->closeMemory(memory.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), used - 1024);
+  EXPECT_EQ(shard_.ipcExports().memoryKeptForImporters(), 0u);
+  EXPECT_EQ(wait(importer->closeMemory(memory.value())), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(importer->enqueue(importerContext.value(), 0, memset), CUDA_ERROR_INVALID_VALUE);
+}
+
+// An exported interprocess event is one event for both clients: what the importer records, the
+// exporter's queries and waits see.
+TEST_F(GpuClientTest, AnExportedEventIsOneEventForBothClients) {
+  auto exporter = newClient();
+  auto importer = newClient(4321);
+  auto exporterContext = exporter->createContext(0);
+  auto importerContext = importer->createContext(0);
+  EXPECT_EQ(exporter->createEvent(exporterContext.value(), CU_EVENT_INTERPROCESS).code(),
+            CUDA_ERROR_INVALID_VALUE);  // it must not record timing
+  auto timed = exporter->createEvent(exporterContext.value(), 0);
+  EXPECT_EQ(exporter->exportEvent(timed.value()).code(), CUDA_ERROR_INVALID_HANDLE);
+  auto event = exporter->createEvent(exporterContext.value(),
+                                     CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+  ASSERT_TRUE(event.ok());
+  auto token = exporter->exportEvent(event.value());
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(exporter->openEvent(exporterContext.value(), token.value()).code(),
+            CUDA_ERROR_INVALID_CONTEXT);
+  auto opened = importer->openEvent(importerContext.value(), token.value());
+  ASSERT_TRUE(opened.ok());
+
+  auto stream = importer->createStream(importerContext.value(), CU_STREAM_NON_BLOCKING, 0);
+  launchSpin(*importer, importerContext.value(), stream.value(), 50'000'000);
+  ASSERT_EQ(importer->recordEvent(importerContext.value(), opened.value(), stream.value()),
+            CUDA_SUCCESS);
+  EXPECT_EQ(exporter->queryEvent(event.value()), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(wait(exporter->synchronizeEvent(event.value())), CUDA_SUCCESS);
+  EXPECT_EQ(importer->queryStream(importerContext.value(), stream.value()), CUDA_SUCCESS);
+
+  // The exporter destroys its event: the importer's is still an event, but the handle opens no
+  // more.
+  EXPECT_EQ(exporter->destroyEvent(event.value()), CUDA_SUCCESS);
+  EXPECT_EQ(importer->queryEvent(opened.value()), CUDA_SUCCESS);
+  auto third = newClient(5555);
+  auto thirdContext = third->createContext(0);
+  EXPECT_EQ(third->openEvent(thirdContext.value(), token.value()).code(), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(importer->destroyEvent(opened.value()), CUDA_SUCCESS);
+}
+
 TEST_F(GpuClientTest, FreeWaitsForWorkQueuedBeforeIt) {
   auto client = newClient();
   auto context = client->createContext(0);

@@ -1,0 +1,113 @@
+// Interprocess handles (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle,
+// cuIpcGetEventHandle, cuIpcOpenEventHandle): the session's routing. What a token names, and who
+// may open it, is the GPU's table (server/gpu/ipc_exports.hpp); the mappings and events each
+// client holds are its GpuClient's.
+
+#include "server/session/client_session.hpp"
+
+#include "server/session/call_answers.hpp"
+
+#include <cstring>
+
+namespace gpuproxy::server {
+
+namespace {
+
+capnp::Data::Reader dataOf(const IpcToken& token) {
+  return {reinterpret_cast<const capnp::byte*>(token.data()), token.size()};
+}
+
+IpcToken tokenOf(capnp::Data::Reader data) {
+  IpcToken token{};
+  std::memcpy(token.data(), data.begin(), token.size());  // sized by clientForIpcOpen
+  return token;
+}
+
+}  // namespace
+
+GpuClient* ClientSession::clientForIpcOpen(std::uint64_t context, std::uint32_t device,
+                                           capnp::Data::Reader token, CUresult& refused) {
+  GpuClient* client = clientFor(context, HandleKind::kContext);
+  if (client == nullptr) {
+    refused = CUDA_ERROR_INVALID_CONTEXT;
+    return nullptr;
+  }
+  if (token.size() != sizeof(IpcToken) || device >= services_.gpus.size()) {
+    refused = CUDA_ERROR_INVALID_VALUE;
+    return nullptr;
+  }
+  if (device != client->deviceIndex()) {
+    // The memory or event lives on another GPU, which would have to be a peer of this one.
+    refused = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    return nullptr;
+  }
+  return client;
+}
+
+kj::Promise<void> ClientSession::ipcExportMemory(IpcExportMemoryContext context) {
+  const CUdeviceptr pointer = context.getParams().getPointer();
+  auto results = context.getResults();
+  results.setResult(CUDA_ERROR_INVALID_VALUE);
+  for (auto& [device, client] : clients_) {
+    auto token = client->exportMemory(pointer);
+    if (!token.ok()) continue;
+    results.setResult(CUDA_SUCCESS);
+    results.setDevice(device);
+    results.setToken(dataOf(token.value()));
+    break;
+  }
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> ClientSession::ipcOpenMemory(IpcOpenMemoryContext context) {
+  auto params = context.getParams();
+  CUresult refused = CUDA_SUCCESS;
+  GpuClient* client =
+      clientForIpcOpen(params.getContext(), params.getDevice(), params.getToken(), refused);
+  return answerCreated(
+      context, client, refused,
+      [&](GpuClient& opener) {
+        return opener.openMemory(params.getContext(), tokenOf(params.getToken()));
+      },
+      [](auto& results, const IpcExports::Range& range) {
+        results.setPointer(range.base);
+        results.setBytes(range.bytes);
+      });
+}
+
+kj::Promise<void> ClientSession::ipcCloseMemory(IpcCloseMemoryContext context) {
+  const CUdeviceptr pointer = context.getParams().getPointer();
+  GpuClient* holder = nullptr;
+  for (auto& [device, client] : clients_) {
+    if (client->holdsMapping(pointer)) holder = client.get();
+  }
+  return answerWhenDone(context, holder, CUDA_ERROR_INVALID_VALUE,
+                        [&](GpuClient& client) { return client.closeMemory(pointer); });
+}
+
+kj::Promise<void> ClientSession::ipcExportEvent(IpcExportEventContext context) {
+  const std::uint64_t event = context.getParams().getEvent();
+  GpuClient* client = clientFor(event, HandleKind::kEvent);
+  return answerCreated(
+      context, client, CUDA_ERROR_INVALID_HANDLE,
+      [&](GpuClient& exporter) { return exporter.exportEvent(event); },
+      [client](auto& results, const IpcToken& token) {
+        results.setDevice(client->deviceIndex());
+        results.setToken(dataOf(token));
+      });
+}
+
+kj::Promise<void> ClientSession::ipcOpenEvent(IpcOpenEventContext context) {
+  auto params = context.getParams();
+  CUresult refused = CUDA_SUCCESS;
+  GpuClient* client =
+      clientForIpcOpen(params.getContext(), params.getDevice(), params.getToken(), refused);
+  return answerCreated(
+      context, client, refused,
+      [&](GpuClient& opener) {
+        return opener.openEvent(params.getContext(), tokenOf(params.getToken()));
+      },
+      [](auto& results, Handle event) { results.setEvent(event); });
+}
+
+}  // namespace gpuproxy::server
