@@ -235,7 +235,7 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
     session_ = &session;
     executor_ = kj::getCurrentThreadExecutor().addRef();
     openDataPlane(io.waitScope, session);
-    fitHostAccessAttributes();
+    fitDeviceAttributes();
 
     kj::Promise<void> watch =
         client.onDisconnect()
@@ -254,7 +254,7 @@ void Runtime::loopMain(std::promise<StartOutcome>& ready) {
   }
 }
 
-void Runtime::fitHostAccessAttributes() {
+void Runtime::fitDeviceAttributes() {
   for (DeviceRecord& device : devices_) {
     for (CUdevice_attribute unreachable :
          {CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
@@ -263,6 +263,9 @@ void Runtime::fitHostAccessAttributes() {
       if (found != device.attributes.end()) found->second = 0;
     }
     if (pinnedHeap() == nullptr) device.attributes[CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY] = 0;
+    device.attributes[CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES] =
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    device.attributes[CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED] = 1;
   }
 }
 

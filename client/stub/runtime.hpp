@@ -272,8 +272,9 @@ private:
   // Corrects the daemon's device attributes for what the devices reach of this process: only the
   // memory it shares with gpuproxyd, so never pageable memory, even where the GPU itself could
   // (a GPU with HMM reports pageable memory access), and mapped pinned memory
-  // (cuMemHostAlloc's DEVICEMAP) only with a pinned heap.
-  void fitHostAccessAttributes();
+  // (cuMemHostAlloc's DEVICEMAP) only with a pinned heap; and for what the stub offers whatever
+  // the GPU: memory pools shared by file descriptor only (memory_pools.cpp), interprocess events.
+  void fitDeviceAttributes();
 
   const std::string socketPath_;
   std::thread loopThread_;

@@ -587,17 +587,16 @@ backend::Result<IpcExports::Range> GpuClient::openMemory(Handle context, const I
 kj::Promise<CUresult> GpuClient::closeMemory(CUdeviceptr pointer) {
   shard_.owner().check();
   auto found = imports_.find(pointer);
-  if (found == imports_.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (found == imports_.end() || found->second.references == 0) return CUDA_ERROR_INVALID_VALUE;
   if (--found->second.references > 0) return CUDA_SUCCESS;
-  imports_.erase(found);
-  shard_.device().unshareAllocation(pointer, stats_->addressSpace);
-  std::optional<MemoryCharge> charge = shard_.ipcExports().closeMemory(pointer);
-  if (!charge) return CUDA_SUCCESS;
-  // The last mapping of memory its exporter has let go of: freed as cuMemFree frees, once this
-  // client's work queued before has drained; its charge goes back once the device has freed it.
-  auto held = std::make_shared<MemoryCharge>(std::move(*charge));
-  return drainStreams(0).then([this, pointer, held](CUresult) {
-    return shard_.free(pointer).then([held](CUresult freed) { return freed; });
+  // Unmapped once the work this client queued before has drained, as cuMemFree frees: that work
+  // may use the memory (a stream-ordered free of an imported pool pointer is ordered after it).
+  return drainStreams(0).then([this, pointer](CUresult) {
+    auto closing = imports_.find(pointer);
+    // Opened again meanwhile, or gone with its context.
+    if (closing == imports_.end() || closing->second.references > 0) return CUDA_SUCCESS;
+    closeImportNow(closing);
+    return CUDA_SUCCESS;
   });
 }
 

@@ -151,8 +151,9 @@ public:
   // kernels of this client may use it until it is closed as often as it was opened. Errors as
   // IpcExports::openMemory's.
   backend::Result<IpcExports::Range> openMemory(Handle context, const IpcToken& token);
-  // One reference of a mapping given back; the last unmaps it. CUDA_ERROR_INVALID_VALUE for a
-  // pointer that starts no mapping of this client's.
+  // One reference of a mapping given back; the last unmaps it once the work this client queued
+  // before has drained. CUDA_ERROR_INVALID_VALUE for a pointer that starts no mapping of this
+  // client's.
   kj::Promise<CUresult> closeMemory(CUdeviceptr pointer);
   bool holdsMapping(CUdeviceptr pointer) const { return imports_.count(pointer) != 0; }
   // An event created with CU_EVENT_INTERPROCESS, exported; CUDA_ERROR_INVALID_HANDLE otherwise.

@@ -414,6 +414,21 @@ TEST_P(CudartPrograms, ProcessesShareMemoryAndEventsByInterprocessHandles) {
   })) << daemon.status().dump(2);
 }
 
+// A memory pool shared by file descriptor (cudaMemPoolExportToShareableHandle) and one of its
+// allocations by exported pointer: the child imports both, works on the memory, and gives the
+// import back with cudaFreeAsync.
+TEST_P(CudartPrograms, ProcessesShareAMemoryPoolByFileDescriptor) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("ipc_sharing"), {"pool"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("pool child: PASSED"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("pool: PASSED"), std::string::npos) << result.output;
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
 namespace {
 
 // The handle `ipc_sharing export` printed, once it has.

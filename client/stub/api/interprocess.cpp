@@ -1,8 +1,7 @@
 // Interprocess handles: cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle,
-// cuIpcGetEventHandle, cuIpcOpenEventHandle. The daemon makes every handle and decides who may
-// open it (processes of the same tenant, on the same device); a handle's bytes here are only a
-// tag, the daemon's device index and its unguessable token (protocol/gpuproxy.capnp,
-// Session.ipcExportMemory).
+// cuIpcGetEventHandle, cuIpcOpenEventHandle (interprocess.hpp). The daemon makes every handle and
+// decides who may open it (processes of the same tenant, on the same device; protocol/
+// gpuproxy.capnp, Session.ipcExportMemory).
 
 #include <cuda.h>
 
@@ -12,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "client/stub/api/interprocess.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 
@@ -23,42 +23,31 @@ using gpuproxy::stub::Runtime;
 using gpuproxy::stub::toHandle;
 using gpuproxy::stub::toResult;
 
+namespace gpuproxy::stub {
+
 namespace {
 
-// A handle's bytes (CUipcMemHandle and CUipcEventHandle are both 64 opaque bytes): a tag naming
-// the kind, the daemon's device index, the token; zeros after.
-constexpr std::size_t kTokenBytes = 16;
-constexpr std::array<char, 8> kMemoryTag = {'g', 'p', 'x', 'i', 'p', 'c', 'm', '1'};
-constexpr std::array<char, 8> kEventTag = {'g', 'p', 'x', 'i', 'p', 'c', 'e', '1'};
+// A handle: the tag "gpxipc" and its kind and format version, the device index, the token; zeros
+// after.
+constexpr std::array<char, 6> kTag = {'g', 'p', 'x', 'i', 'p', 'c'};
+constexpr char kFormat = '1';
 constexpr std::size_t kDeviceOffset = 8;
 constexpr std::size_t kTokenOffset = 16;
-static_assert(sizeof(CUipcMemHandle) == sizeof(CUipcEventHandle));
-static_assert(kTokenOffset + kTokenBytes <= sizeof(CUipcMemHandle));
+static_assert(sizeof(CUipcMemHandle) == kIpcHandleBytes);
+static_assert(sizeof(CUipcEventHandle) == kIpcHandleBytes);
+static_assert(sizeof(CUmemPoolPtrExportData) == kIpcHandleBytes);
+static_assert(kTokenOffset + sizeof(IpcHandle::token) <= kIpcHandleBytes);
 
-struct HandleContents {
-  std::uint32_t device = 0;
-  std::array<std::byte, kTokenBytes> token{};
-};
-
-void writeHandle(char* out, const std::array<char, 8>& tag, std::uint32_t device,
-                 capnp::Data::Reader token) {
-  std::memset(out, 0, sizeof(CUipcMemHandle));
-  std::memcpy(out, tag.data(), tag.size());
-  std::memcpy(out + kDeviceOffset, &device, sizeof(device));
-  std::memcpy(out + kTokenOffset, token.begin(), std::min(token.size(), kTokenBytes));
-}
-
-// Whether `in` is a handle of the kind `tag` names; a handle is the application's bytes, so
-// anything else is CUDA_ERROR_INVALID_VALUE.
-bool readHandle(const char* in, const std::array<char, 8>& tag, HandleContents& contents) {
-  if (std::memcmp(in, tag.data(), tag.size()) != 0) return false;
-  std::memcpy(&contents.device, in + kDeviceOffset, sizeof(contents.device));
-  std::memcpy(contents.token.data(), in + kTokenOffset, kTokenBytes);
-  return true;
-}
-
-capnp::Data::Reader tokenData(const HandleContents& contents) {
-  return {reinterpret_cast<const capnp::byte*>(contents.token.data()), contents.token.size()};
+// The daemon's answer to an export (ipcExportMemory, ipcExportEvent), into `handle`.
+template <typename Response>
+CUresult exportedHandle(const Response& response, IpcHandle& handle) {
+  const CUresult result = toResult(response.getResult());
+  capnp::Data::Reader token = response.getToken();
+  if (result != CUDA_SUCCESS) return result;
+  if (token.size() != handle.token.size()) return CUDA_ERROR_UNKNOWN;
+  handle.device = response.getDevice();
+  std::memcpy(handle.token.data(), token.begin(), token.size());
+  return CUDA_SUCCESS;
 }
 
 // How often each opened mapping has been opened: the stub knows the range as this process's
@@ -66,33 +55,107 @@ capnp::Data::Reader tokenData(const HandleContents& contents) {
 std::mutex mappingsMutex;
 std::map<CUdeviceptr, unsigned> mappings;
 
-struct ExportReply {
-  CUresult result = CUDA_ERROR_UNKNOWN;
-  std::uint32_t device = 0;
-  std::array<std::byte, kTokenBytes> token{};
-};
+}  // namespace
 
-template <typename Response>
-ExportReply exportReplyOf(const Response& response) {
-  ExportReply reply{toResult(response.getResult()), response.getDevice()};
-  capnp::Data::Reader token = response.getToken();
-  std::memcpy(reply.token.data(), token.begin(), std::min(token.size(), kTokenBytes));
-  return reply;
+capnp::Data::Reader ipcTokenData(const IpcHandle& handle) {
+  return {reinterpret_cast<const capnp::byte*>(handle.token.data()), handle.token.size()};
 }
 
-}  // namespace
+void writeIpcHandle(char* out, IpcHandle::Kind kind, const IpcHandle& handle) {
+  std::memset(out, 0, kIpcHandleBytes);
+  std::memcpy(out, kTag.data(), kTag.size());
+  out[kTag.size()] = static_cast<char>(kind);
+  out[kTag.size() + 1] = kFormat;
+  std::memcpy(out + kDeviceOffset, &handle.device, sizeof(handle.device));
+  std::memcpy(out + kTokenOffset, handle.token.data(), handle.token.size());
+}
+
+bool readIpcHandle(const char* in, IpcHandle::Kind kind, IpcHandle& handle) {
+  if (std::memcmp(in, kTag.data(), kTag.size()) != 0 ||
+      in[kTag.size()] != static_cast<char>(kind) || in[kTag.size() + 1] != kFormat) {
+    return false;
+  }
+  std::memcpy(&handle.device, in + kDeviceOffset, sizeof(handle.device));
+  std::memcpy(handle.token.data(), in + kTokenOffset, handle.token.size());
+  return true;
+}
+
+CUresult exportIpcMemory(Runtime& runtime, CUdeviceptr pointer, IpcHandle& handle) {
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.ipcExportMemoryRequest();
+    request.setPointer(pointer);
+    return request.send().then(
+        [&handle](auto response) { return exportedHandle(response, handle); });
+  });
+}
+
+CUresult openIpcMemory(Runtime& runtime, std::uint64_t context, const IpcHandle& handle,
+                       CUdeviceptr& pointer) {
+  struct Reply {
+    CUresult result;
+    std::uint64_t pointer;
+    std::uint64_t bytes;
+  };
+  Reply reply = runtime.call([&](Session::Client& session) {
+    auto request = session.ipcOpenMemoryRequest();
+    request.setContext(context);
+    request.setDevice(handle.device);
+    request.setToken(ipcTokenData(handle));
+    return request.send().then([](auto response) {
+      return Reply{toResult(response.getResult()), response.getPointer(), response.getBytes()};
+    });
+  });
+  if (reply.result != CUDA_SUCCESS) return reply.result;
+  std::lock_guard lock(mappingsMutex);
+  unsigned& references = mappings[reply.pointer];
+  // A mapping whose context was destroyed went with it, in the daemon as here.
+  if (!runtime.allocationContaining(reply.pointer)) {
+    references = 0;
+    runtime.addAllocation(reply.pointer, reply.bytes, context);
+  }
+  ++references;
+  pointer = static_cast<CUdeviceptr>(reply.pointer);
+  return CUDA_SUCCESS;
+}
+
+CUresult closeIpcMemory(Runtime& runtime, CUdeviceptr pointer) {
+  CUresult result = runtime.call([&](Session::Client& session) {
+    auto request = session.ipcCloseMemoryRequest();
+    request.setPointer(pointer);
+    return request.send().then([](auto response) { return toResult(response.getResult()); });
+  });
+  if (result != CUDA_SUCCESS) return result;
+  std::lock_guard lock(mappingsMutex);
+  auto found = mappings.find(pointer);
+  if (found != mappings.end() && --found->second == 0) {
+    mappings.erase(found);
+    runtime.forgetAllocation(pointer);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult exportIpcEvent(Runtime& runtime, std::uint64_t event, IpcHandle& handle) {
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.ipcExportEventRequest();
+    request.setEvent(event);
+    return request.send().then(
+        [&handle](auto response) { return exportedHandle(response, handle); });
+  });
+}
+
+}  // namespace gpuproxy::stub
+
+using gpuproxy::stub::IpcHandle;
 
 GPUPROXY_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    ExportReply reply = runtime.call([&](Session::Client& session) {
-      auto request = session.ipcExportMemoryRequest();
-      request.setPointer(dptr);
-      return request.send().then([](auto response) { return exportReplyOf(response); });
-    });
-    if (reply.result != CUDA_SUCCESS) return reply.result;
-    writeHandle(pHandle->reserved, kMemoryTag, reply.device,
-                {reinterpret_cast<const capnp::byte*>(reply.token.data()), kTokenBytes});
+    IpcHandle handle;
+    if (CUresult exported = gpuproxy::stub::exportIpcMemory(runtime, dptr, handle);
+        exported != CUDA_SUCCESS) {
+      return exported;
+    }
+    gpuproxy::stub::writeIpcHandle(pHandle->reserved, IpcHandle::Kind::kMemory, handle);
     return CUDA_SUCCESS;
   });
 }
@@ -106,37 +169,13 @@ CUresult openMemHandle(const char* entryPoint, CUdeviceptr* pdptr, const CUipcMe
     if ((flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    HandleContents contents;
-    if (!readHandle(handle.reserved, kMemoryTag, contents)) return CUDA_ERROR_INVALID_VALUE;
+    IpcHandle contents;
+    if (!gpuproxy::stub::readIpcHandle(handle.reserved, IpcHandle::Kind::kMemory, contents)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    struct Reply {
-      CUresult result;
-      std::uint64_t pointer;
-      std::uint64_t bytes;
-    };
-    Reply reply = runtime.call([&](Session::Client& session) {
-      auto request = session.ipcOpenMemoryRequest();
-      request.setContext(context);
-      request.setDevice(contents.device);
-      request.setToken(tokenData(contents));
-      return request.send().then([](auto response) {
-        return Reply{toResult(response.getResult()), response.getPointer(), response.getBytes()};
-      });
-    });
-    if (reply.result != CUDA_SUCCESS) return reply.result;
-    {
-      std::lock_guard lock(mappingsMutex);
-      unsigned& references = mappings[reply.pointer];
-      // A mapping whose context was destroyed went with it, in the daemon as here.
-      if (!runtime.allocationContaining(reply.pointer)) {
-        references = 0;
-        runtime.addAllocation(reply.pointer, reply.bytes, context);
-      }
-      ++references;
-    }
-    *pdptr = static_cast<CUdeviceptr>(reply.pointer);
-    return CUDA_SUCCESS;
+    return gpuproxy::stub::openIpcMemory(runtime, context, contents, *pdptr);
   });
 }
 
@@ -153,35 +192,18 @@ GPUPROXY_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandl
 }
 
 GPUPROXY_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
-  return guarded(__func__, [&](Runtime& runtime) {
-    CUresult result = runtime.call([&](Session::Client& session) {
-      auto request = session.ipcCloseMemoryRequest();
-      request.setPointer(dptr);
-      return request.send().then([](auto response) { return toResult(response.getResult()); });
-    });
-    if (result != CUDA_SUCCESS) return result;
-    std::lock_guard lock(mappingsMutex);
-    auto found = mappings.find(dptr);
-    if (found != mappings.end() && --found->second == 0) {
-      mappings.erase(found);
-      runtime.forgetAllocation(dptr);
-    }
-    return CUDA_SUCCESS;
-  });
+  return guarded(__func__,
+                 [&](Runtime& runtime) { return gpuproxy::stub::closeIpcMemory(runtime, dptr); });
 }
 
 GPUPROXY_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle* pHandle, CUevent event) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (!runtime.eventContext(handleValue(event))) return CUDA_ERROR_INVALID_HANDLE;
-    ExportReply reply = runtime.call([&](Session::Client& session) {
-      auto request = session.ipcExportEventRequest();
-      request.setEvent(handleValue(event));
-      return request.send().then([](auto response) { return exportReplyOf(response); });
-    });
-    if (reply.result != CUDA_SUCCESS) return reply.result;
-    writeHandle(pHandle->reserved, kEventTag, reply.device,
-                {reinterpret_cast<const capnp::byte*>(reply.token.data()), kTokenBytes});
+    IpcHandle handle;
+    CUresult result = gpuproxy::stub::exportIpcEvent(runtime, handleValue(event), handle);
+    if (result != CUDA_SUCCESS) return result;
+    gpuproxy::stub::writeIpcHandle(pHandle->reserved, IpcHandle::Kind::kEvent, handle);
     return CUDA_SUCCESS;
   });
 }
@@ -189,8 +211,10 @@ GPUPROXY_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle* pHandle, CUevent 
 GPUPROXY_EXPORT CUresult cuIpcOpenEventHandle(CUevent* phEvent, CUipcEventHandle handle) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (phEvent == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    HandleContents contents;
-    if (!readHandle(handle.reserved, kEventTag, contents)) return CUDA_ERROR_INVALID_VALUE;
+    IpcHandle contents;
+    if (!gpuproxy::stub::readIpcHandle(handle.reserved, IpcHandle::Kind::kEvent, contents)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     const std::uint64_t context = currentContext();
     if (context == 0) return CUDA_ERROR_INVALID_CONTEXT;
     struct Reply {
@@ -201,7 +225,7 @@ GPUPROXY_EXPORT CUresult cuIpcOpenEventHandle(CUevent* phEvent, CUipcEventHandle
       auto request = session.ipcOpenEventRequest();
       request.setContext(context);
       request.setDevice(contents.device);
-      request.setToken(tokenData(contents));
+      request.setToken(gpuproxy::stub::ipcTokenData(contents));
       return request.send().then([](auto response) {
         return Reply{toResult(response.getResult()), response.getEvent()};
       });

@@ -609,6 +609,9 @@ CUresult allocateIn(Runtime& runtime, std::uint64_t context, size_t bytesize, CU
 
 // The daemon frees once the work this process queued before has drained, and answers then.
 CUresult freeAllocation(Runtime& runtime, CUdeviceptr dptr) {
+  if (std::optional<CUresult> closed = gpuproxy::stub::freeImportedPoolPointer(runtime, dptr)) {
+    return *closed;
+  }
   CUresult result = runtime.call([&](Session::Client& session) {
     auto request = session.memFreeRequest();
     request.setPointer(dptr);
@@ -663,18 +666,10 @@ CUresult allocateOnStream(const char* entryPoint, CUdeviceptr* dptr, size_t byte
         pool != nullptr ? gpuproxy::stub::poolDevice(pool) : std::nullopt;
     if (!poolDevice) return CUDA_ERROR_INVALID_VALUE;
     std::uint64_t owner = target.context;
-    if (*poolDevice != context->device) {
-      std::optional<std::uint64_t> primary = runtime.primaryContext(*poolDevice);
-      if (!primary) {
-        CUcontext retained = nullptr;
-        if (CUresult result =
-                cuDevicePrimaryCtxRetain(&retained, static_cast<CUdevice>(*poolDevice));
-            result != CUDA_SUCCESS) {
-          return result;
-        }
-        primary = gpuproxy::stub::handleValue(retained);
-      }
-      owner = *primary;
+    if (CUresult found =
+            gpuproxy::stub::contextForPool(runtime, *poolDevice, target.context, owner);
+        found != CUDA_SUCCESS) {
+      return found;
     }
     if (CUresult room = gpuproxy::stub::poolRoomFor(pool, bytesize); room != CUDA_SUCCESS) {
       return room;

@@ -2,10 +2,16 @@
 // allocators ask for it to set its release threshold and read its usage), and pools the
 // application creates (cuMemPoolCreate, as RMM's cuda_async_memory_resource does). Pools live in
 // the stub: an allocation from any of them is an ordinary allocation of the tenant's, which the
-// pool counts. IPC-capable pools (handle types other than none) and pools of host memory are not
-// offered.
+// pool counts. A pool created shareable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) exports as a
+// file descriptor another process of the tenant imports, and its allocations as interprocess
+// handles of the daemon's (interprocess.hpp), which that process imports from the imported pool.
+// Pools of host memory and other handle types are not offered.
 
 #include "client/stub/api/memory_pools.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -15,6 +21,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "client/stub/api/interprocess.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
@@ -41,6 +48,8 @@ struct Pool {
   std::uint64_t usedBytes = 0;
   std::uint64_t usedHigh = 0;
   std::uint64_t liveAllocations = 0;
+  bool shareable = false;  // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  bool imported = false;   // cuMemPoolImportFromShareableHandle: holds other processes' memory
 };
 
 // Every pool, by handle (the handle is the record's address). Callers hold mutex() around
@@ -83,6 +92,12 @@ public:
     if (current_[pool.device] == &pool) current_[pool.device] = &defaults_[pool.device];
     pool.destroyed = true;
     if (pool.liveAllocations == 0) created_.erase(&pool);
+  }
+
+  // The pool an allocation (or imported pointer) at `pointer` came from; null for any other.
+  Pool* poolOf(std::uint64_t pointer) {
+    auto found = live_.find(pointer);
+    return found == live_.end() ? nullptr : found->second.pool;
   }
 
   void allocated(Pool& pool, std::uint64_t pointer, std::uint64_t bytes) {
@@ -197,6 +212,7 @@ CUresult poolRoomFor(CUmemoryPool handle, std::uint64_t bytes) {
   std::lock_guard lock(pools.mutex());
   const Pool* pool = pools.find(handle);
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (pool->imported) return CUDA_ERROR_INVALID_VALUE;  // CUDA allocates from no imported pool
   if (pool->maxBytes != 0 && (bytes > pool->maxBytes || pool->usedBytes > pool->maxBytes - bytes)) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -213,6 +229,38 @@ void notePoolFree(std::uint64_t pointer) {
   Pools& pools = Pools::instance();
   std::lock_guard lock(pools.mutex());
   pools.freed(pointer);
+}
+
+std::optional<CUresult> freeImportedPoolPointer(Runtime& runtime, std::uint64_t pointer) {
+  {
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    const Pool* pool = pools.poolOf(pointer);
+    if (pool == nullptr || !pool->imported) return std::nullopt;
+  }
+  const CUresult closed = closeIpcMemory(runtime, pointer);
+  if (closed == CUDA_SUCCESS) notePoolFree(pointer);
+  return closed;
+}
+
+CUresult contextForPool(Runtime& runtime, std::uint32_t poolDevice, std::uint64_t preferred,
+                        std::uint64_t& context) {
+  std::optional<ContextRecord> record = runtime.context(preferred);
+  if (record && record->device == poolDevice) {
+    context = preferred;
+    return CUDA_SUCCESS;
+  }
+  std::optional<std::uint64_t> primary = runtime.primaryContext(poolDevice);
+  if (!primary) {
+    CUcontext retained = nullptr;
+    if (CUresult result = cuDevicePrimaryCtxRetain(&retained, static_cast<CUdevice>(poolDevice));
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    primary = handleValue(retained);
+  }
+  context = *primary;
+  return CUDA_SUCCESS;
 }
 
 }  // namespace gpuproxy::stub
@@ -267,15 +315,21 @@ GPUPROXY_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProp
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (!poolsFor(runtime, poolProps->location.id)) return CUDA_ERROR_INVALID_DEVICE;
-    // Memory another process could import (IPC handles) is not offered; neither are the usage
-    // hints CUDA has added since (none but 0 is defined for pinned device pools).
-    if (poolProps->handleTypes != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;
+    // Of the handle types another process could import the memory by, a file descriptor
+    // (interprocess.hpp); nor are the usage hints CUDA has added since offered (none but 0 is
+    // defined for pinned device pools).
+    if (poolProps->handleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+        poolProps->handleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
     if (poolProps->usage != 0) return CUDA_ERROR_NOT_SUPPORTED;
     if (poolProps->win32SecurityAttributes != nullptr) return CUDA_ERROR_INVALID_VALUE;
     Pools& pools = Pools::instance();
     std::lock_guard lock(pools.mutex());
-    *pool = Pools::handleOf(
-        pools.create(static_cast<std::uint32_t>(poolProps->location.id), poolProps->maxSize));
+    Pool& made =
+        pools.create(static_cast<std::uint32_t>(poolProps->location.id), poolProps->maxSize);
+    made.shareable = poolProps->handleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    *pool = Pools::handleOf(made);
     return CUDA_SUCCESS;
   });
 }
@@ -408,5 +462,134 @@ GPUPROXY_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attr
 GPUPROXY_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t /*minBytesToKeep*/) {
   return guarded(__func__, [&](Runtime&) {
     return gpuproxy::stub::poolDevice(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+// ---- sharing a pool with other processes ------------------------------------------------------
+// The file descriptor a shareable pool exports is a sealed memfd naming the pool's device; what
+// the importing process gets from it is a pool of its own on that device, from which it imports
+// the exporter's allocations by their exported pointers (an interprocess handle of the daemon's
+// each). The descriptor itself carries no access: the daemon checks every import.
+
+namespace {
+
+constexpr std::array<char, 8> kPoolFileTag = {'g', 'p', 'x', 'p', 'o', 'o', 'l', '1'};
+struct PoolFile {
+  std::array<char, 8> tag = kPoolFileTag;
+  std::uint32_t device = 0;
+};
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuMemPoolExportToShareableHandle(void* handle_out, CUmemoryPool pool,
+                                                          CUmemAllocationHandleType handleType,
+                                                          unsigned long long flags) {
+  return guarded(__func__, [&](Runtime&) {
+    if (handle_out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    PoolFile contents;
+    {
+      Pools& pools = Pools::instance();
+      std::lock_guard lock(pools.mutex());
+      const Pool* found = pools.find(pool);
+      if (found == nullptr || found->imported) return CUDA_ERROR_INVALID_VALUE;
+      // Only the handle type the pool was made for.
+      if (!found->shareable || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      contents.device = found->device;
+    }
+    const int fd = ::memfd_create("gpuproxy-memory-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (::write(fd, &contents, sizeof(contents)) != static_cast<ssize_t>(sizeof(contents)) ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+      ::close(fd);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    std::memcpy(handle_out, &fd, sizeof(fd));
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_out, void* handle,
+                                                            CUmemAllocationHandleType handleType,
+                                                            unsigned long long flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pool_out == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    // CUDA passes the descriptor itself as the pointer's value.
+    const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(handle));
+    PoolFile contents;
+    if (::pread(fd, &contents, sizeof(contents), 0) != static_cast<ssize_t>(sizeof(contents)) ||
+        contents.tag != kPoolFileTag) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!poolsFor(runtime, static_cast<CUdevice>(contents.device)))
+      return CUDA_ERROR_INVALID_DEVICE;
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    Pool& imported = pools.create(contents.device, 0);
+    imported.imported = true;
+    *pool_out = Pools::handleOf(imported);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData* shareData_out,
+                                                CUdeviceptr ptr) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (shareData_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    {
+      Pools& pools = Pools::instance();
+      std::lock_guard lock(pools.mutex());
+      const Pool* pool = pools.poolOf(ptr);
+      if (pool == nullptr || !pool->shareable) return CUDA_ERROR_INVALID_VALUE;
+    }
+    gpuproxy::stub::IpcHandle handle;
+    if (CUresult exported = gpuproxy::stub::exportIpcMemory(runtime, ptr, handle);
+        exported != CUDA_SUCCESS) {
+      return exported;
+    }
+    gpuproxy::stub::writeIpcHandle(reinterpret_cast<char*>(shareData_out->reserved),
+                                   gpuproxy::stub::IpcHandle::Kind::kPoolPointer, handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr* ptr_out, CUmemoryPool pool,
+                                                CUmemPoolPtrExportData* shareData) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (ptr_out == nullptr || shareData == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::optional<std::uint32_t> device = gpuproxy::stub::poolDevice(pool);
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    {
+      Pools& pools = Pools::instance();
+      std::lock_guard lock(pools.mutex());
+      if (!pools.find(pool)->imported) return CUDA_ERROR_INVALID_VALUE;
+    }
+    gpuproxy::stub::IpcHandle handle;
+    if (!gpuproxy::stub::readIpcHandle(reinterpret_cast<const char*>(shareData->reserved),
+                                       gpuproxy::stub::IpcHandle::Kind::kPoolPointer, handle)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::uint64_t context = 0;
+    if (CUresult found = gpuproxy::stub::contextForPool(runtime, *device,
+                                                        gpuproxy::stub::currentContext(), context);
+        found != CUDA_SUCCESS) {
+      return found;
+    }
+    CUdeviceptr pointer = 0;
+    if (CUresult opened = gpuproxy::stub::openIpcMemory(runtime, context, handle, pointer);
+        opened != CUDA_SUCCESS) {
+      return opened;
+    }
+    std::optional<gpuproxy::stub::AllocationRange> range = runtime.allocationContaining(pointer);
+    Pools& pools = Pools::instance();
+    std::lock_guard lock(pools.mutex());
+    Pool* imported = pools.find(pool);
+    if (imported != nullptr && pools.poolOf(pointer) == nullptr) {
+      pools.allocated(*imported, pointer, range ? range->bytes : 0);
+    }
+    *ptr_out = pointer;
+    return CUDA_SUCCESS;
   });
 }

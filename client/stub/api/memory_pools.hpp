@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "client/stub/runtime.hpp"
+
 namespace gpuproxy::stub {
 
 // The device whose memory `pool` holds, for a pool that exists (not destroyed); else nullopt.
@@ -25,5 +27,13 @@ void notePoolAllocation(CUmemoryPool pool, std::uint64_t pointer, std::uint64_t 
 // Any device memory freed (cuMemFree or cuMemFreeAsync): forgotten if it came from a pool; a
 // destroyed pool goes with its last allocation.
 void notePoolFree(std::uint64_t pointer);
+// cuMemFree or cuMemFreeAsync of a pointer imported from another process's pool
+// (cuMemPoolImportPointer): its import given back. nullopt for any other pointer.
+std::optional<CUresult> freeImportedPoolPointer(Runtime& runtime, std::uint64_t pointer);
+// The context a pool of `poolDevice` gets its memory through: `preferred` when it is on that
+// device, else the device's primary context, which the stub retains for the rest of the process if
+// the program has not.
+CUresult contextForPool(Runtime& runtime, std::uint32_t poolDevice, std::uint64_t preferred,
+                        std::uint64_t& context);
 
 }  // namespace gpuproxy::stub

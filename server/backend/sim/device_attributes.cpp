@@ -99,7 +99,8 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId, unsigned comp
     {CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1},
     {CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1},
     // cudaMallocAsync and the device's default pool are served (client/stub/api/memory_pools.cpp),
-    // and programs check this before they use them; no pool can be shared between processes.
+    // and programs check this before they use them. Which handle types a pool may be shared by is
+    // the stub's to say (Runtime::fitDeviceAttributes).
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
     // cuMemHostRegister is served (README: shared memory is mapped for kernels, other memory is
     // page-locked in the stub's sense only).

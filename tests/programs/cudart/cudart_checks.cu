@@ -654,10 +654,11 @@ int memoryPool() {
   EXPECT(last == 1, "memory of a destroyed pool read %u", last);
   CHECK(cudaFreeAsync(fromOwn, stream));
   CHECK(cudaStreamSynchronize(stream));
-  // Pools whose memory other processes could import (IPC) are not offered.
-  properties.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+  // Pools other processes import by a file descriptor are offered (ipc_sharing.cu); by a fabric
+  // handle, which needs the driver's IMEX channels across nodes, not.
+  properties.handleTypes = cudaMemHandleTypeFabric;
   const cudaError_t shareable = cudaMemPoolCreate(&own, &properties);
-  EXPECT(shareable == cudaErrorNotSupported, "an IPC-capable pool gave %s",
+  EXPECT(shareable == cudaErrorNotSupported, "a fabric-shareable pool gave %s",
          cudaGetErrorName(shareable));
   std::printf(
       "explicit pool: maxSize enforced, current for the device, destroyed with memory out\n");

@@ -8,6 +8,9 @@
 //                                    the parent waits for the event and checks the data, and the
 //                                    refusals CUDA gives (its own handle, a timing event, host
 //                                    memory) on the way
+//   ipc_sharing pool                 the same with a stream-ordered allocation of a shareable
+//                                    memory pool, whose file descriptor and exported pointer the
+//                                    child imports and frees with cudaFreeAsync
 //   ipc_sharing export FILE          allocates and fills, prints "handle HEX", and waits until FILE
 //                                    exists, then exits without freeing anything
 //   ipc_sharing import HEX [FILE]    opens HEX (after printing "opened", waits until FILE exists
@@ -64,6 +67,22 @@ bool parseHex(const char* hex, Handle& handle) {
     handle.reserved[i] = static_cast<char>(value);
   }
   return true;
+}
+
+// Runs this program again with `arguments`, as a child inheriting this process's environment;
+// 0 once it has exited with 0.
+int runChild(const char* self, std::vector<std::string> arguments) {
+  std::vector<char*> argv = {const_cast<char*>(self)};
+  for (std::string& argument : arguments) argv.push_back(argument.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  pid_t pid = 0;
+  EXPECT(posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) == 0,
+         "could not start the child");
+  int status = 0;
+  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+         "the child failed (status %d)", status);
+  return 0;
 }
 
 void waitForFile(const char* path) {
@@ -157,18 +176,7 @@ int share(const char* self) {
          cudaGetErrorName(exportHost));
   cudaGetLastError();
 
-  const std::string memHex = hexOf(memHandle);
-  const std::string eventHex = hexOf(eventHandle);
-  std::vector<char*> argv = {const_cast<char*>(self), const_cast<char*>("child"),
-                             const_cast<char*>(memHex.c_str()), const_cast<char*>(eventHex.c_str()),
-                             nullptr};
-  std::fflush(stdout);
-  pid_t pid = 0;
-  EXPECT(posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) == 0,
-         "could not start the child");
-  int status = 0;
-  EXPECT(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-         "the child failed (status %d)", status);
+  if (runChild(self, {"child", hexOf(memHandle), hexOf(eventHandle)}) != 0) return 1;
 
   // The child recorded the event after its kernel: waiting for it is waiting for that kernel.
   CHECK(cudaEventSynchronize(ready));
@@ -178,6 +186,92 @@ int share(const char* self) {
   CHECK(cudaEventDestroy(ready));
   CHECK(cudaFree(data));
   std::printf("share: PASSED\n");
+  return 0;
+}
+
+int poolChild(const char* fdText, const char* pointerHex) {
+  cudaMemPoolPtrExportData exported;
+  EXPECT(parseHex(pointerHex, exported), "bad pointer argument");
+  CHECK(cudaSetDevice(0));
+  cudaMemPool_t pool;
+  const int fd = std::atoi(fdText);
+  CHECK(cudaMemPoolImportFromShareableHandle(&pool,
+                                             reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                             cudaMemHandleTypePosixFileDescriptor, 0));
+  // An imported pool holds the exporter's memory: it allocates nothing itself.
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* own = nullptr;
+  EXPECT(cudaMallocFromPoolAsync(&own, 64, pool, stream) != cudaSuccess,
+         "an imported pool allocated memory");
+  cudaGetLastError();
+  void* data = nullptr;
+  CHECK(cudaMemPoolImportPointer(&data, pool, &exported));
+  transform<<<64, 128, 0, stream>>>(static_cast<int*>(data), kCount);
+  CHECK(cudaGetLastError());
+  std::vector<int> host(kCount);
+  CHECK(cudaMemcpyAsync(host.data(), data, kCount * sizeof(int), cudaMemcpyDeviceToHost, stream));
+  // Freed in stream order, after the copy: the import is given back then.
+  CHECK(cudaFreeAsync(data, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  if (expectValues(host, 15, 1, "the child's view of the pool's memory") != 0) return 1;
+  CHECK(cudaMemPoolDestroy(pool));
+  CHECK(cudaStreamDestroy(stream));
+  std::printf("pool child: PASSED\n");
+  return 0;
+}
+
+int sharePool(const char* self) {
+  int handleTypes = 0;
+  CHECK(cudaDeviceGetAttribute(&handleTypes, cudaDevAttrMemoryPoolSupportedHandleTypes, 0));
+  EXPECT((handleTypes & cudaMemHandleTypePosixFileDescriptor) != 0,
+         "pools cannot be shared by file descriptor (%d)", handleTypes);
+  cudaMemPoolProps properties = {};
+  properties.allocType = cudaMemAllocationTypePinned;
+  properties.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+  properties.location.type = cudaMemLocationTypeDevice;
+  properties.location.id = 0;
+  cudaMemPool_t pool;
+  CHECK(cudaMemPoolCreate(&pool, &properties));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int* data = nullptr;
+  CHECK(
+      cudaMallocFromPoolAsync(reinterpret_cast<void**>(&data), kCount * sizeof(int), pool, stream));
+  fill<<<64, 128, 0, stream>>>(data, kCount, 5);
+  CHECK(cudaGetLastError());
+  CHECK(cudaStreamSynchronize(stream));
+
+  int fd = -1;
+  CHECK(cudaMemPoolExportToShareableHandle(&fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
+  cudaMemPoolPtrExportData exported;
+  CHECK(cudaMemPoolExportPointer(&exported, data));
+  // Memory of a pool made without a handle type is not for other processes.
+  int* plain = nullptr;
+  CHECK(cudaMallocAsync(reinterpret_cast<void**>(&plain), 256, stream));
+  cudaMemPoolPtrExportData refused;
+  const cudaError_t exportPlain = cudaMemPoolExportPointer(&refused, plain);
+  EXPECT(exportPlain == cudaErrorInvalidValue, "exporting default-pool memory gave %s",
+         cudaGetErrorName(exportPlain));
+  cudaGetLastError();
+  CHECK(cudaFreeAsync(plain, stream));
+
+  // The child inherits a copy of the descriptor (dup clears close-on-exec).
+  const int inherited = dup(fd);
+  EXPECT(inherited >= 0, "dup failed");
+  const int child = runChild(self, {"pool-child", std::to_string(inherited), hexOf(exported)});
+  close(inherited);
+  if (child != 0) return 1;
+  close(fd);
+
+  std::vector<int> host(kCount);
+  CHECK(cudaMemcpy(host.data(), data, kCount * sizeof(int), cudaMemcpyDeviceToHost));
+  if (expectValues(host, 15, 1, "the parent's view after the child") != 0) return 1;
+  CHECK(cudaFreeAsync(data, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  CHECK(cudaMemPoolDestroy(pool));
+  CHECK(cudaStreamDestroy(stream));
+  std::printf("pool: PASSED\n");
   return 0;
 }
 
@@ -225,9 +319,11 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "share";
   if (mode == "share") return share(argv[0]);
   if (mode == "child" && argc == 4) return child(argv[2], argv[3]);
+  if (mode == "pool") return sharePool(argv[0]);
+  if (mode == "pool-child" && argc == 4) return poolChild(argv[2], argv[3]);
   if (mode == "export" && argc == 3) return exportAndWait(argv[2]);
   if (mode == "import" && (argc == 3 || argc == 4))
     return import(argv[2], argc == 4 ? argv[3] : nullptr);
-  std::printf("usage: %s [share | export FILE | import HEX [FILE]]\n", argv[0]);
+  std::printf("usage: %s [share | pool | export FILE | import HEX [FILE]]\n", argv[0]);
   return 2;
 }
