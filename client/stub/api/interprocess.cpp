@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "client/stub/api/interprocess.hpp"
+#include "client/stub/api/memory_pools.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 
@@ -150,6 +151,8 @@ using gpuproxy::stub::IpcHandle;
 GPUPROXY_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (pHandle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // As the driver: a pool's memory is shared through its pool (cuMemPoolExportPointer).
+    if (gpuproxy::stub::fromPool(dptr)) return CUDA_ERROR_INVALID_VALUE;
     IpcHandle handle;
     if (CUresult exported = gpuproxy::stub::exportIpcMemory(runtime, dptr, handle);
         exported != CUDA_SUCCESS) {

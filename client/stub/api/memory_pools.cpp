@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -100,6 +101,14 @@ public:
     return found == live_.end() ? nullptr : found->second.pool;
   }
 
+  // The pool whose allocation holds `pointer` (anywhere inside it); null for any other.
+  Pool* poolHolding(std::uint64_t pointer) {
+    auto after = live_.upper_bound(pointer);
+    if (after == live_.begin()) return nullptr;
+    auto holding = std::prev(after);
+    return pointer - holding->first < holding->second.bytes ? holding->second.pool : nullptr;
+  }
+
   void allocated(Pool& pool, std::uint64_t pointer, std::uint64_t bytes) {
     pool.usedBytes += bytes;
     pool.usedHigh = std::max(pool.usedHigh, pool.usedBytes);
@@ -133,7 +142,7 @@ private:
   std::array<Pool, kMaxDevices> defaults_{};
   std::array<Pool*, kMaxDevices> current_{};
   std::unordered_map<Pool*, std::unique_ptr<Pool>> created_;
-  std::unordered_map<std::uint64_t, Live> live_;  // pool allocations by address
+  std::map<std::uint64_t, Live> live_;  // pool allocations by address
 };
 
 // A device ordinal that has pools: a device of this client's, below kMaxDevices.
@@ -229,6 +238,12 @@ void notePoolFree(std::uint64_t pointer) {
   Pools& pools = Pools::instance();
   std::lock_guard lock(pools.mutex());
   pools.freed(pointer);
+}
+
+bool fromPool(std::uint64_t pointer) {
+  Pools& pools = Pools::instance();
+  std::lock_guard lock(pools.mutex());
+  return pools.poolHolding(pointer) != nullptr;
 }
 
 std::optional<CUresult> freeImportedPoolPointer(Runtime& runtime, std::uint64_t pointer) {

@@ -27,6 +27,9 @@ void notePoolAllocation(CUmemoryPool pool, std::uint64_t pointer, std::uint64_t 
 // Any device memory freed (cuMemFree or cuMemFreeAsync): forgotten if it came from a pool; a
 // destroyed pool goes with its last allocation.
 void notePoolFree(std::uint64_t pointer);
+// Whether [pointer] lies in memory a pool handed out (or imported): CUDA's legacy interprocess
+// handles (cuIpcGetMemHandle) are not for it.
+bool fromPool(std::uint64_t pointer);
 // cuMemFree or cuMemFreeAsync of a pointer imported from another process's pool
 // (cuMemPoolImportPointer): its import given back. nullopt for any other pointer.
 std::optional<CUresult> freeImportedPoolPointer(Runtime& runtime, std::uint64_t pointer);

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "client/stub/api/host_memory.hpp"
+#include "client/stub/api/memory_pools.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
@@ -121,7 +122,10 @@ CUresult answer(const PointerFacts& facts, int attribute, CUdeviceptr pointer, v
       put(data, facts.device);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:  // cuMemAlloc's memory: cuIpcGetMemHandle
-      put(data, facts.type == CU_MEMORYTYPE_DEVICE && !facts.managed ? 1u : 0u);
+      put(data,
+          facts.type == CU_MEMORYTYPE_DEVICE && !facts.managed && !gpuproxy::stub::fromPool(pointer)
+              ? 1u
+              : 0u);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       put(data, static_cast<CUdeviceptr>(facts.start));

@@ -254,6 +254,12 @@ int sharePool(const char* self) {
   EXPECT(exportPlain == cudaErrorInvalidValue, "exporting default-pool memory gave %s",
          cudaGetErrorName(exportPlain));
   cudaGetLastError();
+  // A pool's memory goes through its pool, not through legacy interprocess handles.
+  cudaIpcMemHandle_t legacy;
+  const cudaError_t legacyExport = cudaIpcGetMemHandle(&legacy, data);
+  EXPECT(legacyExport == cudaErrorInvalidValue, "a legacy handle of pool memory gave %s",
+         cudaGetErrorName(legacyExport));
+  cudaGetLastError();
   CHECK(cudaFreeAsync(plain, stream));
 
   // The child inherits a copy of the descriptor (dup clears close-on-exec).
