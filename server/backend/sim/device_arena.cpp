@@ -16,10 +16,11 @@ std::uint64_t pageSize() {
 
 }  // namespace
 
-std::unique_ptr<DeviceArena> DeviceArena::create(CUdeviceptr base, std::uint64_t capacity) {
+std::unique_ptr<DeviceArena> DeviceArena::create(CUdeviceptr base, std::uint64_t capacity,
+                                                 void* hostHint) {
   if (capacity == 0 || capacity % kAllocationAlignment != 0) return nullptr;
   // MAP_NORESERVE: a 16 GiB device costs address space only; pages are backed when first written.
-  void* host = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+  void* host = mmap(hostHint, capacity, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (host == MAP_FAILED) return nullptr;
   return std::unique_ptr<DeviceArena>(

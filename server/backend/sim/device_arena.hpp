@@ -34,8 +34,10 @@ inline constexpr std::uint64_t kAllocationAlignment = 256;
 class DeviceArena final {
 public:
   // Reserves `capacity` bytes (a multiple of kAllocationAlignment) whose device addresses start at
-  // `base`. Returns nullptr when the address space cannot be reserved.
-  static std::unique_ptr<DeviceArena> create(CUdeviceptr base, std::uint64_t capacity);
+  // `base`, in the daemon's address space at `hostHint` if that is free (else wherever the kernel
+  // puts it). Returns nullptr when the address space cannot be reserved.
+  static std::unique_ptr<DeviceArena> create(CUdeviceptr base, std::uint64_t capacity,
+                                             void* hostHint = nullptr);
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;

@@ -1378,7 +1378,15 @@ public:
     }
     const CUdeviceptr base =
         kSimAddressBase + static_cast<std::uint64_t>(index) * kSimAddressStride;
-    std::unique_ptr<DeviceArena> arena = DeviceArena::create(base, memoryBytes_);
+    // The arena's host mapping stays out of the range where processes' own mappings go (the
+    // kernel places mmap()s top-down from below the stack): a client's memory registered with
+    // CU_MEMHOSTREGISTER_DEVICEMAP is mapped in the daemon at the client's address, which a
+    // 16 GiB arena there would now and then be in the way of.
+    const std::uint64_t slot =
+        (memoryBytes_ + kSimHostSlotAlignment - 1) / kSimHostSlotAlignment * kSimHostSlotAlignment;
+    void* hostHint =
+        reinterpret_cast<void*>(static_cast<std::uintptr_t>(kSimHostBase + index * slot));
+    std::unique_ptr<DeviceArena> arena = DeviceArena::create(base, memoryBytes_, hostHint);
     if (!arena) {
       spdlog::error("sim device {}: cannot reserve {} bytes of address space for device memory",
                     index, memoryBytes_);

@@ -60,5 +60,10 @@ std::unique_ptr<backend::Backend> newSimBackend(const SimOptions& options);
 // while still fitting the 49-bit virtual addresses real GPUs use.
 inline constexpr std::uint64_t kSimAddressBase = 1ull << 48;
 inline constexpr std::uint64_t kSimAddressStride = 1ull << 40;
+// Where the daemon maps each device's memory in its own address space, device after device in
+// 1 GiB-aligned slots: 16 TiB up, below the data planes' segments (ipc::AddressReservation's hints
+// from 32 TiB) and far below where the kernel puts processes' mappings.
+inline constexpr std::uint64_t kSimHostBase = 1ull << 44;
+inline constexpr std::uint64_t kSimHostSlotAlignment = 1ull << 30;
 
 }  // namespace gpuproxy::server::sim

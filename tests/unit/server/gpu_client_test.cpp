@@ -325,7 +325,7 @@ TEST_F(GpuClientTest, AnExportedEventIsOneEventForBothClients) {
             CUDA_SUCCESS);
   EXPECT_EQ(exporter->queryEvent(event.value()), CUDA_ERROR_NOT_READY);
   EXPECT_EQ(wait(exporter->synchronizeEvent(event.value())), CUDA_SUCCESS);
-  EXPECT_EQ(importer->queryStream(importerContext.value(), stream.value()), CUDA_SUCCESS);
+  EXPECT_EQ(importer->queryEvent(opened.value()), CUDA_SUCCESS);
 
   // The exporter destroys its event: the importer's is still an event, but the handle opens no
   // more.
