@@ -153,7 +153,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
                                .count();
   std::uint64_t windowTotal = 0;
   for (const auto& [name, tenant] : view.tenants.byName()) {
-    windowTotal += tenant->gpuTimeWindow.total(now);
+    windowTotal += tenant->recentGpuTime(now);
   }
 
   auto tenants = status.initTenants(static_cast<unsigned>(view.tenants.size()));
@@ -205,7 +205,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
     out.setKernelsLaunched(tenant->kernelsLaunched.load());
     out.setGpuTimeNs(tenant->gpuTimeNs.load());
     out.setOomCount(tenant->oomCount.load());
-    const std::uint64_t recent = tenant->gpuTimeWindow.total(now);
+    const std::uint64_t recent = tenant->recentGpuTime(now);
     out.setGpuTimeNs10s(recent);
     out.setGpuShare10s(
         windowTotal == 0 ? 0.0 : static_cast<double>(recent) / static_cast<double>(windowTotal));

@@ -655,7 +655,7 @@ void ScheduledDevice::kernelDone(scheduler::ItemId item, KernelDone done) {
   }
   const scheduler::Nanos time = now();
   scheduler_->complete(item, static_cast<scheduler::Nanos>(done.nanoseconds), time);
-  if (tenant) tenant->gpuTimeWindow.add(time, done.nanoseconds);
+  if (tenant) tenant->addGpuTime(time, done.nanoseconds);
   pump();
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // GPU time a tenant received over the last ten seconds, in 1-second buckets, for the share that
-// `gpuproxyctl status` shows next to the tenant's weight. Fed with measured kernel times on the
-// daemon's event-loop thread and read there; not thread-safe.
+// `gpuproxyctl status` shows next to the tenant's weight. Fed with measured kernel times as
+// kernels complete. Not thread-safe: Tenant guards its own.
 
 #include <array>
 #include <cstdint>

@@ -4,8 +4,11 @@
 // tenant's memory limit applies per device and is summed over all of its clients; the daemon
 // charges every allocation and module before anything reaches the device.
 //
-// Threading: limits and memory accounting are used on the control-plane thread only; the kernel
-// counters are updated from backend threads (atomics). Shared (std::shared_ptr) between the
+// Threading: what the GPUs use (its limits, the memory and object ledger, the recent GPU time) is
+// safe from any thread, so that each GPU's owner may charge and credit a tenant that has clients
+// on other GPUs too: one lock, held only for the arithmetic. The kernel counters are atomics
+// updated from backend threads. The rest (its pod, its socket, the counts of clients and
+// connections) belongs to the daemon's event-loop thread. Shared (std::shared_ptr) between the
 // registry and every client session of the tenant, because a tenant removed by a config reload
 // lives on until its last client has gone.
 //
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -103,8 +107,9 @@ public:
   const AllocationIdentity& allocation() const { return definition_.allocation; }
   const std::string& name() const { return definition_.name; }
   const std::string& socketPath() const { return definition_.socketPath; }
-  const TenantLimits& limits() const { return definition_.limits; }
-  void setLimits(TenantLimits limits) { definition_.limits = std::move(limits); }
+  // A copy: a reload may change the limits while another thread reads them.
+  TenantLimits limits() const;
+  void setLimits(TenantLimits limits);
   void setSocketPath(std::string path) { definition_.socketPath = std::move(path); }
 
   bool mayUseDevice(std::uint32_t device) const;
@@ -124,16 +129,19 @@ public:
   // the pinned limit, otherwise counts an OOM and charges nothing.
   bool tryChargePinned(std::uint64_t bytes);
   void creditPinned(std::uint64_t bytes);
-  std::uint64_t pinnedMemoryUsed() const { return pinnedMemoryUsed_; }
+  std::uint64_t pinnedMemoryUsed() const;
 
   // One more driver object of `kind` if that stays within the tenant's cap; otherwise false
   // (logged once per burst by the caller's refusal). Held through TenantObjectHold.
   bool tryTakeObject(TenantObject kind);
   void giveBackObject(TenantObject kind);
-  std::uint32_t objectsHeld(TenantObject kind) const {
-    return objectsHeld_[static_cast<std::size_t>(kind)];
-  }
+  std::uint32_t objectsHeld(TenantObject kind) const;
   std::uint32_t objectLimit(TenantObject kind) const;
+
+  // Measured GPU time of its kernels, recent seconds only (GpuTimeWindow): the dispatchers add to
+  // it when a kernel completes, status reads it.
+  void addGpuTime(std::int64_t now, std::uint64_t nanoseconds);
+  std::uint64_t recentGpuTime(std::int64_t now) const;
 
   // The pod holding the tenant's allocation, as the device plugin last reported it.
   const PodReference& pod() const { return pod_; }
@@ -148,18 +156,20 @@ public:
   std::atomic<std::uint64_t> kernelsLaunched{0};
   std::atomic<std::uint64_t> gpuTimeNs{0};
   std::atomic<std::uint64_t> oomCount{0};
-  // Measured GPU time of its kernels, recent seconds only; the dispatchers add to it on the
-  // event-loop thread when a kernel completes.
-  GpuTimeWindow gpuTimeWindow;
 
 private:
+  std::uint32_t objectLimitLocked(TenantObject kind) const;
+
   TenantId id_;
+  // Guards the limits (definition_.limits), the ledger below and the GPU time window.
+  mutable std::mutex mutex_;
   TenantDefinition definition_;
   PodReference pod_;
   std::optional<std::string> boundPodUid_;
   std::map<std::uint32_t, std::uint64_t> memoryUsed_;
   std::uint64_t pinnedMemoryUsed_ = 0;
   std::array<std::uint32_t, kTenantObjectKinds> objectsHeld_{};
+  GpuTimeWindow gpuTimeWindow_;
 };
 
 // Bytes charged to a tenant's memory limit on one device for as long as this lives (what the

@@ -373,8 +373,8 @@ TEST_F(SchedulerChoice, WeightsShareTheGpuUnderFairAndNotUnderFifo) {
       const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now().time_since_epoch())
                            .count();
-      const double lightTime = static_cast<double>(light->gpuTimeWindow.total(now));
-      const double heavyTime = static_cast<double>(heavy->gpuTimeWindow.total(now));
+      const double lightTime = static_cast<double>(light->recentGpuTime(now));
+      const double heavyTime = static_cast<double>(heavy->recentGpuTime(now));
       ASSERT_GT(lightTime + heavyTime, 0.0);
       EXPECT_NEAR(lightTime / (lightTime + heavyTime), 0.25, 0.06);
     } else {
@@ -413,11 +413,11 @@ TEST_F(ScheduledDeviceTest, WeightChangesApplyToWorkAlreadyQueued) {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
   };
-  const std::uint64_t lightBefore = light->gpuTimeWindow.total(at());
-  const std::uint64_t heavyBefore = heavy->gpuTimeWindow.total(at());
+  const std::uint64_t lightBefore = light->recentGpuTime(at());
+  const std::uint64_t heavyBefore = heavy->recentGpuTime(at());
   runFor(200ms);
-  const double lightGot = static_cast<double>(light->gpuTimeWindow.total(at()) - lightBefore);
-  const double heavyGot = static_cast<double>(heavy->gpuTimeWindow.total(at()) - heavyBefore);
+  const double lightGot = static_cast<double>(light->recentGpuTime(at()) - lightBefore);
+  const double heavyGot = static_cast<double>(heavy->recentGpuTime(at()) - heavyBefore);
   EXPECT_NEAR(lightGot / (lightGot + heavyGot), 0.2, 0.07);
 }
 
