@@ -79,41 +79,37 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
 
   auto devices = status.initDevices(static_cast<unsigned>(view.gpus.size()));
   for (unsigned i = 0; i < view.gpus.size(); ++i) {
-    GpuShard& gpu = *view.gpus[i];
+    const GpuStatus gpu = view.gpus[i]->status();
     auto device = devices[i];
-    device.setIndex(gpu.index());
-    device.setName(gpu.properties().name);
-    device.setMemoryTotal(gpu.properties().totalMemory);
-    device.setComputeCapability(gpu.properties().computeCapability());
-    device.setMemoryUsed(gpu.memoryUsed());
-    device.setClients(static_cast<std::uint32_t>(gpu.clientCount()));
-    device.setStickyError(gpu.stickyError());
-    device.setFaultingClientPid(static_cast<std::uint32_t>(gpu.faultingPid()));
-    const dispatch::DispatchStats dispatched = gpu.dispatcher().stats();
-    device.setKernelsQueued(dispatched.kernelsQueued);
-    device.setKernelsInFlight(dispatched.kernelsInFlight);
-    const BlockingCallThread::Stats blocking = gpu.blockingCalls();
-    device.setBlockingCalls(blocking.completed);
-    device.setBlockingCallNanoseconds(blocking.nanoseconds);
-    device.setBlockingCallsPending(blocking.pending);
-    const backend::StreamPriorityRange range = gpu.streamPriorityRange();
+    device.setIndex(gpu.index);
+    device.setName(gpu.name);
+    device.setMemoryTotal(gpu.memoryTotal);
+    device.setComputeCapability(gpu.computeCapability);
+    device.setMemoryUsed(gpu.memoryUsed);
+    device.setClients(gpu.clients);
+    device.setStickyError(gpu.stickyError);
+    device.setFaultingClientPid(static_cast<std::uint32_t>(gpu.faultingPid));
+    device.setKernelsQueued(gpu.dispatched.kernelsQueued);
+    device.setKernelsInFlight(gpu.dispatched.kernelsInFlight);
+    device.setBlockingCalls(gpu.blockingCalls.completed);
+    device.setBlockingCallNanoseconds(gpu.blockingCalls.nanoseconds);
+    device.setBlockingCallsPending(gpu.blockingCalls.pending);
     const auto setBand = [](protocol::PriorityBand::Builder out,
                             const backend::StreamPriorityRange& band) {
       out.setLeast(band.least);
       out.setGreatest(band.greatest);
     };
-    setBand(device.initStreamPriorities(), range);
+    setBand(device.initStreamPriorities(), gpu.streamPriorities);
     setBand(device.initLatencyCriticalPriorities(),
-            dispatch::priorityBand(range, backend::TenantClass::kLatencyCritical));
+            dispatch::priorityBand(gpu.streamPriorities, backend::TenantClass::kLatencyCritical));
     setBand(device.initBestEffortPriorities(),
-            dispatch::priorityBand(range, backend::TenantClass::kBestEffort));
-    const backend::SmPartition partition = gpu.smPartition();
-    device.setHasSmPartition(partition.enabled);
-    if (partition.enabled) {
+            dispatch::priorityBand(gpu.streamPriorities, backend::TenantClass::kBestEffort));
+    device.setHasSmPartition(gpu.smPartition.enabled);
+    if (gpu.smPartition.enabled) {
       auto out = device.initSmPartition();
-      out.setTotalSms(partition.totalSms);
-      out.setBestEffortSms(partition.bestEffortSms);
-      out.setLatencyCriticalSms(partition.latencyCriticalSms);
+      out.setTotalSms(gpu.smPartition.totalSms);
+      out.setBestEffortSms(gpu.smPartition.bestEffortSms);
+      out.setLatencyCriticalSms(gpu.smPartition.latencyCriticalSms);
     }
   }
 
@@ -321,7 +317,7 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
   }
   tenant->setLimits(limits);
   tenants_.tenantChanged(*tenant);
-  for (auto& gpu : view_.gpus) gpu->dispatcher().refreshTenants();
+  for (auto& gpu : view_.gpus) gpu->refreshTenants();
   spdlog::info(
       "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
       "operator)",
@@ -361,7 +357,7 @@ kj::Promise<void> AdminService::createTenant(CreateTenantContext context) {
         tenants_.createTenant(std::move(std::get<TenantDefinition>(parsed)));
     results.setId(tenant->id());
     results.setSocket(tenant->socketPath());
-    for (auto& gpu : view_.gpus) gpu->dispatcher().refreshTenants();
+    for (auto& gpu : view_.gpus) gpu->refreshTenants();
   } catch (const TenantError& error) {
     spdlog::warn("refused to create a tenant: {}", error.what());
     results.setError(error.what());

@@ -110,7 +110,7 @@ kj::Promise<void> reloadOnHangup(kj::AsyncIoContext& io, const DaemonOptions& op
     } else {
       try {
         sockets.applyConfig(readConfig(options, static_cast<std::uint32_t>(gpus.size())));
-        for (const auto& gpu : gpus) gpu->dispatcher().refreshTenants();
+        for (const auto& gpu : gpus) gpu->refreshTenants();
         spdlog::info("SIGHUP: reloaded {}", options.configPath);
       } catch (const std::exception& error) {
         spdlog::error("SIGHUP: keeping the running configuration: {}", error.what());

@@ -246,6 +246,28 @@ kj::Promise<void> GpuShard::whenServing() {
   return kj::READY_NOW;
 }
 
+GpuStatus GpuShard::status() {
+  owner_.check();
+  const backend::DeviceProperties& device = properties();
+  return GpuStatus{index_,
+                   device.name,
+                   device.totalMemory,
+                   device.computeCapability(),
+                   memoryUsed_,
+                   static_cast<std::uint32_t>(clients_.size()),
+                   stickyError(),
+                   faultingPid(),
+                   device_->stats(),
+                   blockingCalls(),
+                   streamPriorityRange(),
+                   smPartition()};
+}
+
+void GpuShard::refreshTenants() {
+  owner_.check();
+  device_->refreshTenants();
+}
+
 CUresult GpuShard::stickyError() {
   owner_.check();
   return resetEnded_ ? resetEnded_->sticky : device_->stickyError();

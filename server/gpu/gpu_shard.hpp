@@ -30,6 +30,23 @@ namespace gpuproxy::server {
 
 class GpuClient;
 
+// What status and metrics show of one GPU, taken at one moment on the shard's owner thread: a
+// value, so that whoever shows it never reads the GPU's live state.
+struct GpuStatus {
+  std::uint32_t index = 0;
+  std::string name;
+  std::uint64_t memoryTotal = 0;
+  unsigned computeCapability = 0;  // major * 10 + minor
+  std::uint64_t memoryUsed = 0;    // every client's allocations and modules (the ledger's total)
+  std::uint32_t clients = 0;
+  CUresult stickyError = CUDA_SUCCESS;  // during a reset, the one it clears
+  pid_t faultingPid = 0;
+  dispatch::DispatchStats dispatched;
+  BlockingCallThread::Stats blockingCalls;
+  backend::StreamPriorityRange streamPriorities;  // during a reset, from before it
+  backend::SmPartition smPartition;
+};
+
 // Threading: a shard is owned by the thread that made it (the daemon's event loop), which alone
 // touches its state and that of its clients (OwnerThread checks it). Backend calls that may block
 // for long run on the shard's BlockingCallThread instead, so that a slow module load on one GPU
@@ -92,6 +109,10 @@ public:
   backend::MemoryInfo memoryInfo() { return device_->memoryInfo(); }
 
   std::size_t clientCount() const { return clients_.size(); }
+  // This GPU as status shows it now.
+  GpuStatus status();
+  // A tenant's weight or class changed: the scheduler learns it (ScheduledDevice::refreshTenants).
+  void refreshTenants();
 
   // The interprocess handles made on this GPU (cuIpc*), and the memory kept for their importers.
   IpcExports& ipcExports() {
