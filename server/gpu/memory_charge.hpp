@@ -5,7 +5,8 @@
 // GPU (what reclamation reports) and the GPU's own (status, per device). A charge is given back
 // by destruction, so whichever way an allocation or module goes (cuMemFree, its context
 // destroyed, its client gone, reclaimed early) no path can forget a credit or give one twice.
-// Event-loop thread only, like the counts it writes.
+// Taken and given back on the GPU's owner thread, whose counts (the GPU's, the client's on it) it
+// writes; the tenant's and the client's are safe from any thread (a lock, atomics).
 
 #include "server/gpu/client_stats.hpp"
 
