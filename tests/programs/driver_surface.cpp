@@ -97,6 +97,10 @@ void functionAttributes(CUmodule module) {
   const char* name = nullptr;
   MUST(cuFuncGetName(&name, fillU32));
   std::printf("func-name %s\n", name);
+  CUmodule owner = nullptr;
+  report("func-module", cuFuncGetModule(&owner, fillU32));
+  reportYes("func-module-is-its-module", owner == module);
+  report("func-module-null-function", cuFuncGetModule(&owner, nullptr));
   size_t offset = 0;
   size_t size = 0;
   for (size_t i = 0; i < 3; ++i) {
@@ -722,6 +726,24 @@ void streamQueries() {
   MUST(cuStreamGetId(first, &firstId));
   MUST(cuStreamGetId(second, &secondId));
   reportYes("stream-ids-differ", firstId != secondId);
+  CUdevice streamDevice = -1;
+  report("stream-device", cuStreamGetDevice(first, &streamDevice));
+  reportYes("stream-device-is-the-context-device", streamDevice == gDevice);
+  streamDevice = -1;
+  report("stream-device-null-stream", cuStreamGetDevice(nullptr, &streamDevice));
+  reportYes("stream-device-null-stream-is-the-context-device", streamDevice == gDevice);
+  report("stream-device-bad-stream",
+         cuStreamGetDevice(reinterpret_cast<CUstream>(std::uintptr_t{0x5eed}), &streamDevice));
+
+  // Records with flags: the external flag only changes what a capture makes of the record.
+  CUevent marker = nullptr;
+  MUST(cuEventCreate(&marker, CU_EVENT_DISABLE_TIMING));
+  report("record-flags-default", cuEventRecordWithFlags(marker, first, CU_EVENT_RECORD_DEFAULT));
+  report("record-flags-external", cuEventRecordWithFlags(marker, first, CU_EVENT_RECORD_EXTERNAL));
+  report("record-flags-unknown", cuEventRecordWithFlags(marker, first, 0x40));
+  report("record-flags-synchronize", cuEventSynchronize(marker));
+  MUST(cuEventDestroy(marker));
+
   unsigned long long contextId = 0;
   report("context-id", cuCtxGetId(nullptr, &contextId));
   unsigned long long sameContextId = 1;
@@ -793,6 +815,28 @@ void hintsAndPeers() {
   MUST(cuCtxPopCurrent(&popped));
   report("profiler-start-without-context", cuProfilerStart());
   MUST(cuCtxPushCurrent(popped));
+
+  // The device's PCI location, and the device found again by it in each form CUDA takes.
+  char busId[64] = {};
+  report("pci-bus-id", cuDeviceGetPCIBusId(busId, sizeof(busId), gDevice));
+  unsigned domain = 0, bus = 0, slot = 0, function = 9;
+  reportYes(
+      "pci-bus-id-form",
+      std::sscanf(busId, "%x:%x:%x.%x", &domain, &bus, &slot, &function) == 4 && function == 0 &&
+          domain == static_cast<unsigned>(deviceAttribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)) &&
+          bus == static_cast<unsigned>(deviceAttribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)) &&
+          slot == static_cast<unsigned>(deviceAttribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)));
+  CUdevice found = -1;
+  report("by-pci-bus-id", cuDeviceGetByPCIBusId(&found, busId));
+  reportYes("by-pci-bus-id-same-device", found == gDevice);
+  char shortForm[32];
+  std::snprintf(shortForm, sizeof(shortForm), "%X:%X.0", bus, slot);
+  found = -1;
+  report("by-pci-bus-id-short", cuDeviceGetByPCIBusId(&found, shortForm));
+  reportYes("by-pci-bus-id-short-same-device", found == gDevice);
+  report("by-pci-bus-id-garbage", cuDeviceGetByPCIBusId(&found, "not-a-bus"));
+  report("by-pci-bus-id-null", cuDeviceGetByPCIBusId(&found, nullptr));
+  report("pci-bus-id-bad-device", cuDeviceGetPCIBusId(busId, sizeof(busId), 77));
 
   int canAccess = -1;
   report("can-access-peer", cuDeviceCanAccessPeer(&canAccess, gDevice, gDevice));
@@ -974,6 +1018,9 @@ void graphs(CUfunction fillU32) {
   MUST(cuEventRecord(marker, stream));
   report("captured-event-query", cuEventQuery(marker));
   report("captured-event-synchronize", cuEventSynchronize(marker));
+  // An external record would be an event record node of the graph (gpuproxy's graphs have none).
+  report("captured-external-record",
+         cuEventRecordWithFlags(marker, stream, CU_EVENT_RECORD_EXTERNAL));
   MUST(cuStreamEndCapture(stream, &none));
   MUST(cuGraphDestroy(none));
   report("captured-event-query-after", cuEventQuery(marker));

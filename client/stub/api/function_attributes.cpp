@@ -540,6 +540,19 @@ GPUPROXY_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int v
   });
 }
 
+GPUPROXY_EXPORT CUresult cuFuncGetModule(CUmodule* hmod, CUfunction hfunc) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (hmod == nullptr || hfunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    ResolvedFunction function;
+    if (CUresult result = resolveFunction(runtime, handleValue(hfunc), 0, function);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    *hmod = gpuproxy::stub::toHandle<CUmodule>(function.kernel->module);
+    return CUDA_SUCCESS;
+  });
+}
+
 GPUPROXY_EXPORT CUresult cuFuncGetName(const char** name, CUfunction hfunc) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (name == nullptr || hfunc == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -4,9 +4,14 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
@@ -26,6 +31,44 @@ CUresult deviceUuid(const char* entryPoint, CUuuid* uuid, CUdevice dev) noexcept
     std::memcpy(uuid->bytes, device->uuid.data(), sizeof(uuid->bytes));
     return CUDA_SUCCESS;
   });
+}
+
+// A device's PCI location as CUDA writes it: domain, bus and device in hexadecimal, function 0.
+std::string pciBusIdOf(const DeviceRecord& device) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%04x:%02x:%02x.0",
+                device.attribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID).value_or(0),
+                device.attribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID).value_or(0),
+                device.attribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID).value_or(0));
+  return text;
+}
+
+// A PCI location in any of the forms cuDeviceGetByPCIBusId takes: domain:bus:device.function,
+// domain:bus:device or bus:device.function, all in hexadecimal. nullopt for anything else.
+struct PciLocation {
+  unsigned domain = 0;
+  unsigned bus = 0;
+  unsigned device = 0;
+};
+std::optional<PciLocation> parsePciBusId(const char* text) {
+  std::vector<unsigned> fields;
+  std::vector<char> separators;
+  const char* at = text;
+  while (true) {
+    char* end = nullptr;
+    if (!std::isxdigit(static_cast<unsigned char>(*at))) return std::nullopt;
+    const unsigned long value = std::strtoul(at, &end, 16);
+    if (value > 0xffff) return std::nullopt;
+    fields.push_back(static_cast<unsigned>(value));
+    at = end;
+    if (*at == '\0') break;
+    if (*at != ':' && *at != '.') return std::nullopt;
+    separators.push_back(*at++);
+  }
+  const std::string form(separators.begin(), separators.end());
+  if (form == "::." || form == "::") return PciLocation{fields[0], fields[1], fields[2]};
+  if (form == ":.") return PciLocation{0, fields[0], fields[1]};
+  return std::nullopt;
 }
 
 }  // namespace
@@ -86,6 +129,42 @@ GPUPROXY_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
 
 GPUPROXY_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   return deviceUuid(__func__, uuid, dev);
+}
+
+GPUPROXY_EXPORT CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    const DeviceRecord* device = runtime.device(dev);
+    if (device == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+    const std::string text = pciBusIdOf(*device);
+    const std::size_t copied = std::min(text.size(), static_cast<std::size_t>(len) - 1);
+    std::memcpy(pciBusId, text.data(), copied);
+    pciBusId[copied] = '\0';
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice* dev, const char* pciBusId) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (dev == nullptr || pciBusId == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::optional<PciLocation> wanted = parsePciBusId(pciBusId);
+    if (!wanted) return CUDA_ERROR_INVALID_VALUE;
+    for (std::size_t ordinal = 0; ordinal < runtime.devices().size(); ++ordinal) {
+      const DeviceRecord* device = runtime.device(static_cast<CUdevice>(ordinal));
+      if (device != nullptr &&
+          device->attribute(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID).value_or(0) ==
+              static_cast<int>(wanted->domain) &&
+          device->attribute(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID).value_or(0) ==
+              static_cast<int>(wanted->bus) &&
+          device->attribute(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID).value_or(0) ==
+              static_cast<int>(wanted->device)) {
+        *dev = static_cast<CUdevice>(ordinal);
+        return CUDA_SUCCESS;
+      }
+    }
+    // Not one of the devices this process sees.
+    return CUDA_ERROR_INVALID_DEVICE;
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {

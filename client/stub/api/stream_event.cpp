@@ -120,6 +120,20 @@ CUresult streamContext(const char* entryPoint, CUstream hStream, CUcontext* cont
   });
 }
 
+CUresult streamDevice(const char* entryPoint, CUstream hStream, CUdevice* device) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    StreamRecord record;
+    if (CUresult described = describeStream(runtime, hStream, record); described != CUDA_SUCCESS) {
+      return described;
+    }
+    std::optional<ContextRecord> context = runtime.context(record.context);
+    if (!context) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = static_cast<CUdevice>(context->device);
+    return CUDA_SUCCESS;
+  });
+}
+
 CUresult destroyStream(const char* entryPoint, CUstream hStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     const std::uint64_t stream = handleValue(hStream);
@@ -459,6 +473,14 @@ GPUPROXY_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext* pctx) 
   return streamContext(__func__, hStream, pctx);
 }
 
+GPUPROXY_EXPORT CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
+  return streamDevice(__func__, hStream, device);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice* device) {
+  return streamDevice(__func__, hStream, device);
+}
+
 GPUPROXY_EXPORT CUresult cuStreamDestroy(CUstream hStream) {
   return destroyStream(__func__, hStream);
 }
@@ -527,6 +549,38 @@ GPUPROXY_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
 
 GPUPROXY_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   return recordEvent(__func__, hEvent, hStream, NullStream::kPerThread);
+}
+
+// CU_EVENT_RECORD_EXTERNAL only matters in a stream capture, where the record becomes an event
+// record node of the graph: gpuproxy's graphs have no such node.
+CUresult recordEventWithFlags(const char* entryPoint, CUevent hEvent, CUstream hStream,
+                              unsigned flags, NullStream nullStream) {
+  if (flags != CU_EVENT_RECORD_DEFAULT && flags != CU_EVENT_RECORD_EXTERNAL) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (flags == CU_EVENT_RECORD_EXTERNAL) {
+    const CUresult refused = guarded(entryPoint, [&](Runtime& runtime) {
+      StreamTarget target;
+      if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+          resolved != CUDA_SUCCESS) {
+        return resolved;
+      }
+      return runtime.capturing().captures().capturing(target.stream) ? CUDA_ERROR_NOT_SUPPORTED
+                                                                     : CUDA_SUCCESS;
+    });
+    if (refused != CUDA_SUCCESS) return refused;
+  }
+  return recordEvent(entryPoint, hEvent, hStream, nullStream);
+}
+
+GPUPROXY_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
+                                                unsigned int flags) {
+  return recordEventWithFlags(__func__, hEvent, hStream, flags, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
+                                                     unsigned int flags) {
+  return recordEventWithFlags(__func__, hEvent, hStream, flags, NullStream::kPerThread);
 }
 
 GPUPROXY_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
