@@ -351,6 +351,33 @@ TEST_F(DriverSurface, ArraysAndTextureObjectsCheckTheirArguments) {
                  {"tex-past-the-allocation", "CUDA_ERROR_INVALID_VALUE"}});
 }
 
+// One piece of code linked is an image that loads and runs; what gpuproxy cannot link is refused
+// with the reason in the error log.
+TEST_F(DriverSurface, TheLinkerGivesOnePieceOfCodeBackAsALoadableImage) {
+  expectAnswers({{"link-create", "CUDA_SUCCESS"},
+                 {"link-add-ptx", "CUDA_SUCCESS"},
+                 {"link-complete", "CUDA_SUCCESS"},
+                 {"link-wall-time", "yes"},
+                 {"link-logs-terminated", "yes"},
+                 {"link-image", "yes"},
+                 {"link-load", "CUDA_SUCCESS"},
+                 {"link-module-runs", "yes"},
+                 {"link-add-file", "CUDA_SUCCESS"},
+                 {"link-add-missing-file", "CUDA_ERROR_FILE_NOT_FOUND"},
+                 {"link-complete-file", "CUDA_SUCCESS"},
+                 {"link-file-module-runs", "yes"},
+                 {"link-create-null", "CUDA_ERROR_INVALID_VALUE"},
+                 {"link-complete-null-state", "CUDA_ERROR_INVALID_HANDLE"},
+                 {"link-destroy-null-state", "CUDA_ERROR_INVALID_HANDLE"},
+                 {"link-complete-empty", "CUDA_ERROR_INVALID_VALUE"},
+                 {"link-add-unknown-kind", "CUDA_ERROR_INVALID_VALUE"},
+                 {"link-add-null-data", "CUDA_ERROR_INVALID_VALUE"},
+                 {"link-add-cubin-that-is-ptx", "CUDA_ERROR_INVALID_IMAGE"},
+                 {"link-add-library", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"link-two-pieces", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"link-two-pieces-says-why", "yes"}});
+}
+
 // Streams not capturing say so, have ids, and keep the attributes set on them.
 TEST_F(DriverSurface, StreamsNotCapturingSaySoAndHaveIds) {
   expectAnswers({{"is-capturing", "CUDA_SUCCESS"},

@@ -12,6 +12,7 @@
 
 #include "test_kernels_ptx.hpp"
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1227,6 +1228,105 @@ void arraysAndTextures() {
 
 }  // namespace
 
+// Fills a fresh allocation with `fillU32` and says whether every word arrived.
+bool fillsMemory(CUfunction fillU32, unsigned value) {
+  constexpr unsigned long long kCount = 1000;
+  CUdeviceptr memory = 0;
+  MUST(cuMemAlloc(&memory, kCount * sizeof(unsigned)));
+  fill(fillU32, nullptr, memory, value, kCount);
+  std::vector<unsigned> back(kCount);
+  MUST(cuMemcpyDtoH(back.data(), memory, kCount * sizeof(unsigned)));
+  MUST(cuMemFree(memory));
+  return std::all_of(back.begin(), back.end(), [&](unsigned word) { return word == value; });
+}
+
+// The JIT linker: one piece of code linked is an image cuModuleLoadData takes, with the output
+// options answered; what cannot be linked is refused with its reason in the error log.
+void linker() {
+  const char* ptx = gpuproxy::testing::kTestKernelsPtx;
+  CUjit_option options[] = {CU_JIT_WALL_TIME, CU_JIT_INFO_LOG_BUFFER,
+                            CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  char info[512];
+  char error[512];
+  std::memset(info, 'x', sizeof(info));
+  std::memset(error, 'x', sizeof(error));
+  void* values[] = {nullptr, info, reinterpret_cast<void*>(sizeof(info)), error,
+                    reinterpret_cast<void*>(sizeof(error))};
+  CUlinkState link = nullptr;
+  report("link-create", cuLinkCreate(5, options, values, &link));
+  report("link-add-ptx", cuLinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char*>(ptx),
+                                       std::strlen(ptx) + 1, "kernels", 0, nullptr, nullptr));
+  void* image = nullptr;
+  size_t imageBytes = 0;
+  report("link-complete", cuLinkComplete(link, &image, &imageBytes));
+  float wallMs = -1.0f;
+  std::memcpy(&wallMs, &values[0], sizeof(wallMs));
+  reportYes("link-wall-time", wallMs >= 0.0f);
+  reportYes("link-logs-terminated", std::memchr(info, '\0', sizeof(info)) != nullptr &&
+                                        std::memchr(error, '\0', sizeof(error)) != nullptr);
+  reportYes("link-image", image != nullptr && imageBytes > 0);
+  CUmodule linked = nullptr;
+  report("link-load", cuModuleLoadData(&linked, image));
+  MUST(cuLinkDestroy(link));
+  CUfunction fillU32 = nullptr;
+  MUST(cuModuleGetFunction(&fillU32, linked, "fill_u32"));
+  reportYes("link-module-runs", fillsMemory(fillU32, 0x5a5a));
+  MUST(cuModuleUnload(linked));
+
+  // The same PTX from a file.
+  char path[] = "/tmp/gpuproxy-link-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0 || write(fd, ptx, std::strlen(ptx)) != static_cast<ssize_t>(std::strlen(ptx))) {
+    std::printf("failed writing %s\n", path);
+    std::exit(1);
+  }
+  close(fd);
+  MUST(cuLinkCreate(0, nullptr, nullptr, &link));
+  report("link-add-file", cuLinkAddFile(link, CU_JIT_INPUT_PTX, path, 0, nullptr, nullptr));
+  report("link-add-missing-file",
+         cuLinkAddFile(link, CU_JIT_INPUT_PTX, "/nonexistent/kernels.ptx", 0, nullptr, nullptr));
+  report("link-complete-file", cuLinkComplete(link, &image, &imageBytes));
+  MUST(cuModuleLoadData(&linked, image));
+  MUST(cuModuleGetFunction(&fillU32, linked, "fill_u32"));
+  reportYes("link-file-module-runs", fillsMemory(fillU32, 77));
+  MUST(cuModuleUnload(linked));
+  MUST(cuLinkDestroy(link));
+  unlink(path);
+
+  // Refusals.
+  report("link-create-null", cuLinkCreate(0, nullptr, nullptr, nullptr));
+  report("link-complete-null-state", cuLinkComplete(nullptr, &image, &imageBytes));
+  report("link-destroy-null-state", cuLinkDestroy(nullptr));
+  MUST(cuLinkCreate(5, options, values, &link));
+  report("link-complete-empty", cuLinkComplete(link, &image, &imageBytes));
+  report("link-add-unknown-kind",
+         cuLinkAddData(link, static_cast<CUjitInputType>(42), const_cast<char*>(ptx),
+                       std::strlen(ptx) + 1, nullptr, 0, nullptr, nullptr));
+  report("link-add-null-data",
+         cuLinkAddData(link, CU_JIT_INPUT_PTX, nullptr, 10, nullptr, 0, nullptr, nullptr));
+  report("link-add-cubin-that-is-ptx",
+         cuLinkAddData(link, CU_JIT_INPUT_CUBIN, const_cast<char*>(ptx), std::strlen(ptx) + 1,
+                       nullptr, 0, nullptr, nullptr));
+  std::memset(error, 'x', sizeof(error));
+  values[4] = reinterpret_cast<void*>(sizeof(error));
+  report("link-add-library", cuLinkAddData(link, CU_JIT_INPUT_LIBRARY, const_cast<char*>(ptx),
+                                           std::strlen(ptx) + 1, nullptr, 0, nullptr, nullptr));
+  MUST(cuLinkDestroy(link));
+  std::memset(error, 'x', sizeof(error));
+  values[4] = reinterpret_cast<void*>(sizeof(error));
+  MUST(cuLinkCreate(5, options, values, &link));
+  for (int piece = 0; piece < 2; ++piece) {
+    MUST(cuLinkAddData(link, CU_JIT_INPUT_PTX, const_cast<char*>(ptx), std::strlen(ptx) + 1,
+                       nullptr, 0, nullptr, nullptr));
+  }
+  report("link-two-pieces", cuLinkComplete(link, &image, &imageBytes));
+  reportYes("link-two-pieces-says-why",
+            std::memchr(error, '\0', sizeof(error)) != nullptr && std::strlen(error) > 0 &&
+                reinterpret_cast<std::uintptr_t>(values[4]) == std::strlen(error) + 1);
+  MUST(cuLinkDestroy(link));
+}
+
 int main() {
   MUST(cuInit(0));
   MUST(cuDeviceGet(&gDevice, 0));
@@ -1250,6 +1350,7 @@ int main() {
   managedMemory(fillU32);
   graphs(fillU32);
   arraysAndTextures();
+  linker();
 
   MUST(cuModuleUnload(module));
   MUST(cuDevicePrimaryCtxRelease(gDevice));

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "client/stub/api/jit_options.hpp"
 #include "client/stub/api/managed_memory.hpp"
 #include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
@@ -273,42 +274,6 @@ CUresult loadModuleData(Runtime& runtime, CUmodule* module, const void* image) {
   return loadModule(runtime, module, described->data, described->size);
 }
 
-// The daemon does the JIT, so there is no log to give back; output options still get defined
-// values rather than whatever the application left in its buffers.
-void answerJitOutputOptions(unsigned numOptions, const CUjit_option* options, void** optionValues) {
-  for (unsigned i = 0; i < numOptions; ++i) {
-    switch (options[i]) {
-      case CU_JIT_WALL_TIME: {
-        const float zero = 0.0f;
-        std::memcpy(&optionValues[i], &zero, sizeof(zero));
-        break;
-      }
-      case CU_JIT_INFO_LOG_BUFFER:
-      case CU_JIT_ERROR_LOG_BUFFER:
-        // Its size comes in a separate option; any non-empty buffer has room for the NUL.
-        for (unsigned j = 0; j < numOptions; ++j) {
-          const CUjit_option sizeOption = options[i] == CU_JIT_INFO_LOG_BUFFER
-                                              ? CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES
-                                              : CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
-          if (options[j] == sizeOption && reinterpret_cast<std::uintptr_t>(optionValues[j]) > 0 &&
-              optionValues[i] != nullptr) {
-            static_cast<char*>(optionValues[i])[0] = '\0';
-          }
-        }
-        break;
-      default:
-        break;
-    }
-  }
-  // Sizes last: the loop above reads them as the buffers' capacities.
-  for (unsigned i = 0; i < numOptions; ++i) {
-    if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
-        options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
-      optionValues[i] = nullptr;  // bytes of log written: none
-    }
-  }
-}
-
 // CUDA_SUCCESS when the configuration fits the device and the kernel.
 CUresult checkLaunchConfiguration(const DeviceRecord* device, const KernelRecord& kernel,
                                   const unsigned grid[3], const unsigned block[3],
@@ -521,7 +486,9 @@ GPUPROXY_EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image,
     if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    if (numOptions > 0) answerJitOutputOptions(numOptions, options, optionValues);
+    if (numOptions > 0) {
+      gpuproxy::stub::answerJitOutputOptions(numOptions, options, optionValues);
+    }
     return loadModuleData(runtime, module, image);
   });
 }
