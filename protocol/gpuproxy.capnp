@@ -258,6 +258,9 @@ struct DeviceStatus {
   blockingCallNanoseconds @15 :UInt64;  # time the ended ones took, all together
   blockingCallsPending @16 :UInt32;     # given and not ended (queued or running)
   computeCapability @17 :UInt32;        # major * 10 + minor, as the device reports it (90: 9.0)
+  # Of memoryUsed: allocations whose exporting process let go of them (freed them, or ended)
+  # while another process still has them open by interprocess handle; freed at the last close.
+  memoryKeptForImporters @18 :UInt64;
 }
 
 # Stream priorities from `greatest` (highest priority, lowest number) to `least`, as CUDA numbers

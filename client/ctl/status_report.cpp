@@ -80,6 +80,7 @@ nlohmann::json statusToJson(protocol::DaemonStatus::Reader status) {
         {"compute_capability", std::to_string(device.getComputeCapability() / 10) + "." +
                                    std::to_string(device.getComputeCapability() % 10)},
         {"memory_used", device.getMemoryUsed()},
+        {"memory_kept_for_importers", device.getMemoryKeptForImporters()},
         {"clients", device.getClients()},
         {"sticky_error",
          sticky == CUDA_SUCCESS
@@ -275,6 +276,12 @@ std::string statusToTable(protocol::DaemonStatus::Reader status) {
         bandToText(device.getLatencyCriticalPriorities()).c_str(),
         bandToText(device.getBestEffortPriorities()).c_str(),
         bandToText(device.getStreamPriorities()).c_str());
+    if (device.getMemoryKeptForImporters() != 0) {
+      out += format(
+          "       %s of it kept for processes that opened it by interprocess handle "
+          "after its exporter let go\n",
+          protocol::formatByteSize(device.getMemoryKeptForImporters()).c_str());
+    }
     if (device.getHasSmPartition()) {
       auto partition = device.getSmPartition();
       out += format("       SM partition: best-effort %u SMs, latency-critical %u SMs (of %u)\n",

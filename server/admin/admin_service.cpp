@@ -86,6 +86,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
     device.setMemoryTotal(gpu.memoryTotal);
     device.setComputeCapability(gpu.computeCapability);
     device.setMemoryUsed(gpu.memoryUsed);
+    device.setMemoryKeptForImporters(gpu.memoryKeptForImporters);
     device.setClients(gpu.clients);
     device.setStickyError(gpu.stickyError);
     device.setFaultingClientPid(static_cast<std::uint32_t>(gpu.faultingPid));

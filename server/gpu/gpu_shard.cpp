@@ -254,6 +254,7 @@ GpuStatus GpuShard::status() {
                    device.totalMemory,
                    device.computeCapability(),
                    memoryUsed_,
+                   ipcExports_.bytesKeptForImporters(),
                    static_cast<std::uint32_t>(clients_.size()),
                    stickyError(),
                    faultingPid(),

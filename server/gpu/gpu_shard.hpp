@@ -38,6 +38,8 @@ struct GpuStatus {
   std::uint64_t memoryTotal = 0;
   unsigned computeCapability = 0;  // major * 10 + minor
   std::uint64_t memoryUsed = 0;    // every client's allocations and modules (the ledger's total)
+  // Of memoryUsed: allocations whose exporter let go while another process has them open.
+  std::uint64_t memoryKeptForImporters = 0;
   std::uint32_t clients = 0;
   CUresult stickyError = CUDA_SUCCESS;  // during a reset, the one it clears
   pid_t faultingPid = 0;

@@ -88,6 +88,14 @@ std::size_t IpcExports::memoryKeptForImporters() const {
   return kept;
 }
 
+std::uint64_t IpcExports::bytesKeptForImporters() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [base, entry] : memory_) {
+    if (entry.keptCharge) bytes += entry.keptCharge->bytes();
+  }
+  return bytes;
+}
+
 IpcToken IpcExports::exportEvent(Party exporter, const std::shared_ptr<backend::Event>& event) {
   // Exports whose event no client holds any more are dropped first: a new event may have the
   // address of one of them.

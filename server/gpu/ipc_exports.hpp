@@ -58,8 +58,9 @@ public:
   // While it is mapped elsewhere, its charge is kept here and true returned: the caller must not
   // free it. Otherwise false (the caller frees it as usual); either way it opens no more.
   bool keepForImporters(CUdeviceptr base, MemoryCharge& charge);
-  // Allocations held here for importers only, and their bytes (status, tests).
+  // Allocations held here for importers only (tests), and what they cost (status).
   std::size_t memoryKeptForImporters() const;
+  std::uint64_t bytesKeptForImporters() const;
 
   // ---- events
   IpcToken exportEvent(Party exporter, const std::shared_ptr<backend::Event>& event);

@@ -67,7 +67,8 @@ TEST_P(CudartPrograms, EverydayRuntimeCallsGiveTheGpusResults) {
   // Everything each program held came back when it exited.
   EXPECT_TRUE(eventually([&] {
     auto status = daemon.status();
-    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+    return status["devices"][0]["memory_used"] == 0 &&
+           status["devices"][0]["memory_kept_for_importers"] == 0 && status["clients"].empty();
   }));
 }
 
@@ -464,8 +465,13 @@ TEST_P(CudartPrograms, InterprocessMemoryOutlivesAKilledExporterUntilClosed) {
   exporter->wait();
   ASSERT_TRUE(eventually([&] { return daemon.status()["clients"].size() == 1; }))
       << daemon.status().dump(2);
-  EXPECT_GT(daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>(), 0u)
+  const nlohmann::json device = daemon.status()["devices"][0];
+  EXPECT_GT(device["memory_used"].get<std::uint64_t>(), 0u)
       << "the memory went with its exporter while another process had it open";
+  // Status says whose it is now: nobody's but the importers'.
+  EXPECT_EQ(device["memory_kept_for_importers"], device["memory_used"]) << device.dump(2);
+  EXPECT_NE(daemon.ctl({"status"}).output.find("kept for processes that opened it"),
+            std::string::npos);
 
   std::ofstream(go).close();
   const ExitStatus imported = importer->wait();
