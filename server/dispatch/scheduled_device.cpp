@@ -15,8 +15,8 @@ namespace gpuproxy::server::dispatch {
 namespace {
 
 scheduler::TenantSpec specOf(const Tenant& tenant) {
-  const TenantLimits& limits = tenant.limits();
-  return scheduler::TenantSpec{std::max<std::uint32_t>(limits.weight, 1), limits.tenantClass};
+  const Tenant::SchedulingTerms terms = tenant.schedulingTerms();
+  return scheduler::TenantSpec{std::max<std::uint32_t>(terms.weight, 1), terms.tenantClass};
 }
 
 bool sameSpec(const scheduler::TenantSpec& a, const scheduler::TenantSpec& b) {
@@ -285,9 +285,9 @@ backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStream(
   // The class is read now: a stream keeps the band and partition it was made in, so a tenant
   // whose class changes gets the new one for the streams its clients make afterwards.
   // The client's kernels run in its own address space (the sim lets them touch only its memory).
-  return makeStream(owner,
-                    owner.tenant ? owner.tenant->limits().tenantClass : TenantClass::kBestEffort,
-                    flags, priority, owner.addressSpace);
+  return makeStream(
+      owner, owner.tenant ? owner.tenant->schedulingTerms().tenantClass : TenantClass::kBestEffort,
+      flags, priority, owner.addressSpace);
 }
 
 backend::Result<std::unique_ptr<backend::Stream>> ScheduledDevice::createStreamFor(

@@ -9,6 +9,11 @@ TenantLimits Tenant::limits() const {
   return definition_.limits;
 }
 
+Tenant::SchedulingTerms Tenant::schedulingTerms() const {
+  std::lock_guard lock(mutex_);
+  return SchedulingTerms{definition_.limits.weight, definition_.limits.tenantClass};
+}
+
 void Tenant::setLimits(TenantLimits limits) {
   std::lock_guard lock(mutex_);
   definition_.limits = std::move(limits);

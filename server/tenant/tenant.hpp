@@ -110,6 +110,12 @@ public:
   // A copy: a reload may change the limits while another thread reads them.
   TenantLimits limits() const;
   void setLimits(TenantLimits limits);
+  // What the schedulers read of the limits at every launch, without copying them all.
+  struct SchedulingTerms {
+    std::uint32_t weight = 1;
+    TenantClass tenantClass = TenantClass::kBestEffort;
+  };
+  SchedulingTerms schedulingTerms() const;
   void setSocketPath(std::string path) { definition_.socketPath = std::move(path); }
 
   bool mayUseDevice(std::uint32_t device) const;

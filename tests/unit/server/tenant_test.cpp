@@ -94,6 +94,17 @@ TEST(Tenant, ALimitChangedWhileAnotherThreadChargesAppliesToWhatComesAfter) {
   EXPECT_EQ(tenant.memoryUsed(0), 0u);
 }
 
+TEST(Tenant, SchedulingTermsFollowTheLimits) {
+  Tenant tenant = limitedTenant(0);
+  EXPECT_EQ(tenant.schedulingTerms().weight, 1u);
+  TenantLimits limits = tenant.limits();
+  limits.weight = 7;
+  limits.tenantClass = TenantClass::kLatencyCritical;
+  tenant.setLimits(limits);
+  EXPECT_EQ(tenant.schedulingTerms().weight, 7u);
+  EXPECT_EQ(tenant.schedulingTerms().tenantClass, TenantClass::kLatencyCritical);
+}
+
 TEST(Tenant, RecentGpuTimeIsTheSumOfWhatThreadsAdded) {
   Tenant tenant = limitedTenant(0);
   const std::int64_t now = 5'000'000'000;
