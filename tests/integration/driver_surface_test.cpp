@@ -136,6 +136,10 @@ TEST_F(DriverSurface, PointerAttributesOfDeviceAndPinnedMemory) {
                  {"attributes-device-values", "yes"},
                  {"host-memory-type", "1"},
                  {"host-host-pointer", "yes"},
+                 {"host-flags", "CUDA_SUCCESS"},
+                 {"host-flags-value", "1"},  // CU_MEMHOSTALLOC_PORTABLE
+                 {"host-flags-pageable", "CUDA_ERROR_INVALID_VALUE"},
+                 {"host-flags-freed", "CUDA_ERROR_INVALID_VALUE"},
                  {"host-range-start", "yes"},
                  {"host-context", "yes"},
                  {"host-ordinal", "0"},

@@ -71,6 +71,8 @@ TEST_F(Pinned, RegisteredHostMemoryIsReachableWhereItCanBeShared) {
   const std::map<std::string, std::string> expected = {
       {"register-shared", "CUDA_SUCCESS"},
       {"register-shared-again", "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"},
+      // cuMemHostGetFlags reports cuMemHostAlloc's flags only.
+      {"registered-flags", "CUDA_ERROR_INVALID_VALUE"},
       {"shared-device-pointer", "CUDA_SUCCESS"},
       {"shared-device-pointer-is-host", "yes"},
       {"shared-kernel", "CUDA_SUCCESS"},

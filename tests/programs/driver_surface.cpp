@@ -396,7 +396,13 @@ void pointers() {
   reportYes("host-context", context == gContext);
   MUST(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pinnedAddress));
   reportNumber("host-ordinal", ordinal);
+  unsigned hostFlags = 99;
+  report("host-flags", cuMemHostGetFlags(&hostFlags, pinnedInside));
+  reportNumber("host-flags-value", hostFlags);
+  std::vector<char> notPinned(64);
+  report("host-flags-pageable", cuMemHostGetFlags(&hostFlags, notPinned.data()));
   MUST(cuMemFreeHost(pinned));
+  report("host-flags-freed", cuMemHostGetFlags(&hostFlags, pinnedInside));
   report("freed-host-memory-type",
          cuPointerGetAttribute(&memoryType, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pinnedAddress));
 

@@ -285,6 +285,8 @@ int registered() {
       "register-shared",
       cuMemHostRegister(start, bytes, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
   report("register-shared-again", cuMemHostRegister(start + 8, 8, 0));
+  unsigned registeredFlags = 0;
+  report("registered-flags", cuMemHostGetFlags(&registeredFlags, start));
   CUdeviceptr onDevice = 0;
   report("shared-device-pointer", cuMemHostGetDevicePointer(&onDevice, start, 0));
   std::printf("shared-device-pointer-is-host %s\n",

@@ -22,6 +22,9 @@ struct HostAllocationRange {
   // Devices reach it at the same address: the shared pinned heap's, or a cuMemHostRegister range
   // that gpuproxyd maps too.
   bool deviceMapped = false;
+  // The flags cuMemAllocHost (0) or cuMemHostAlloc was given; nullopt for a cuMemHostRegister
+  // range, whose flags cuMemHostGetFlags does not report.
+  std::optional<unsigned> allocationFlags;
 };
 
 // The cuMemAllocHost / cuMemHostAlloc allocation or cuMemHostRegister range `pointer` points

@@ -400,12 +400,13 @@ HostAllocations& hostAllocations() {
   return *allocations;
 }
 
-void rememberHostAllocation(Runtime& runtime, void* start, std::uint64_t bytes, bool deviceMapped) {
+void rememberHostAllocation(Runtime& runtime, void* start, std::uint64_t bytes, bool deviceMapped,
+                            std::optional<unsigned> allocationFlags) {
   const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(start));
   HostAllocations& allocations = hostAllocations();
   std::lock_guard lock(allocations.mutex);
   allocations.ranges[address] = gpuproxy::stub::HostAllocationRange{
-      address, bytes, currentContext(), runtime.newBufferId(), deviceMapped};
+      address, bytes, currentContext(), runtime.newBufferId(), deviceMapped, allocationFlags};
 }
 
 void forgetHostAllocation(void* start) {
@@ -417,8 +418,8 @@ void forgetHostAllocation(void* start) {
 // Pinned memory from the shared heap: allocated here, then registered with (and charged by) the
 // daemon. PORTABLE, DEVICEMAP and WRITECOMBINED need nothing more: every allocation is mapped for
 // every device, and write-combining is a CPU caching hint the daemon's mapping does not change.
-CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** pp,
-                     size_t bytesize) {
+CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** pp, size_t bytesize,
+                     unsigned flags) {
   gpuproxy::stub::PinnedHeap::Allocation allocation;
   if (CUresult allocated = gpuproxy::stub::allocateSharedPinned(runtime, heap, "cuMemHostAlloc",
                                                                 bytesize, allocation);
@@ -426,7 +427,7 @@ CUresult pinnedAlloc(Runtime& runtime, gpuproxy::stub::PinnedHeap& heap, void** 
     return allocated;
   }
   *pp = heap.region().data() + allocation.offset;
-  rememberHostAllocation(runtime, *pp, allocation.bytes, /*deviceMapped=*/true);
+  rememberHostAllocation(runtime, *pp, allocation.bytes, /*deviceMapped=*/true, flags);
   return CUDA_SUCCESS;
 }
 
@@ -439,7 +440,7 @@ CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned 
     }
     if (currentContext() == 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (gpuproxy::stub::PinnedHeap* heap = runtime.pinnedHeap()) {
-      return pinnedAlloc(runtime, *heap, pp, bytesize);
+      return pinnedAlloc(runtime, *heap, pp, bytesize, flags);
     }
     if ((flags & CU_MEMHOSTALLOC_DEVICEMAP) != 0) {
       GPUPROXY_STUB_LOG(kWarn,
@@ -461,7 +462,7 @@ CUresult hostAlloc(const char* entryPoint, void** pp, size_t bytesize, unsigned 
       std::lock_guard lock(allocations.mutex);
       allocations.sizes[memory] = length;
     }
-    rememberHostAllocation(runtime, memory, length, /*deviceMapped=*/false);
+    rememberHostAllocation(runtime, memory, length, /*deviceMapped=*/false, flags);
     *pp = memory;
     return CUDA_SUCCESS;
   });
@@ -548,7 +549,7 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
       allocations.registrations[address] =
           HostAllocations::Registration{pageStart, pageBytes, deviceMapped};
     }
-    rememberHostAllocation(runtime, p, bytesize, deviceMapped);
+    rememberHostAllocation(runtime, p, bytesize, deviceMapped, std::nullopt);
     return CUDA_SUCCESS;
   });
 }
@@ -886,6 +887,19 @@ GPUPROXY_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned
 
 GPUPROXY_EXPORT CUresult cuMemHostUnregister(void* p) {
   return hostUnregister(__func__, p);
+}
+
+// The flags of the cuMemAllocHost or cuMemHostAlloc allocation `p` points into, as they were given.
+GPUPROXY_EXPORT CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
+  return guarded(__func__, [&](Runtime&) {
+    if (pFlags == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const std::optional<gpuproxy::stub::HostAllocationRange> range =
+        gpuproxy::stub::hostAllocationContaining(
+            static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)));
+    if (!range || !range->allocationFlags) return CUDA_ERROR_INVALID_VALUE;
+    *pFlags = *range->allocationFlags;
+    return CUDA_SUCCESS;
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p,
