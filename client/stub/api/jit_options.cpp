@@ -39,7 +39,7 @@ void answerJitOutputOptions(unsigned numOptions, const CUjit_option* options, vo
         if (buffer == nullptr || capacity == 0) break;
         const std::string_view text = info ? logs.info : logs.error;
         const std::size_t copied = std::min<std::size_t>(text.size(), capacity - 1);
-        std::memcpy(buffer, text.data(), copied);
+        if (copied != 0) std::memcpy(buffer, text.data(), copied);  // an empty log may be null
         buffer[copied] = '\0';
         (info ? infoWritten : errorWritten) = text.empty() ? 0 : copied + 1;
         break;
