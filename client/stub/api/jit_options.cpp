@@ -1,5 +1,7 @@
 #include "client/stub/api/jit_options.hpp"
 
+#include "client/stub/enum_value.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -8,11 +10,14 @@ namespace gpuproxy::stub {
 
 namespace {
 
-// The capacity the application gave a log buffer: the value of `sizeOption`, 0 without one.
+// The capacity the application gave a log buffer: the value of `sizeOption`, 0 without one. The
+// options are read as integers: the application may put any value in them (enum_value.hpp).
 std::uintptr_t bufferCapacity(unsigned numOptions, const CUjit_option* options,
-                              void* const* optionValues, CUjit_option sizeOption) {
+                              void* const* optionValues, int sizeOption) {
   for (unsigned i = 0; i < numOptions; ++i) {
-    if (options[i] == sizeOption) return reinterpret_cast<std::uintptr_t>(optionValues[i]);
+    if (enumValue(options[i]) == sizeOption) {
+      return reinterpret_cast<std::uintptr_t>(optionValues[i]);
+    }
   }
   return 0;
 }
@@ -25,13 +30,14 @@ void answerJitOutputOptions(unsigned numOptions, const CUjit_option* options, vo
   std::uintptr_t infoWritten = 0;
   std::uintptr_t errorWritten = 0;
   for (unsigned i = 0; i < numOptions; ++i) {
-    switch (options[i]) {
+    const int option = enumValue(options[i]);
+    switch (option) {
       case CU_JIT_WALL_TIME:
         std::memcpy(&optionValues[i], &logs.wallMilliseconds, sizeof(logs.wallMilliseconds));
         break;
       case CU_JIT_INFO_LOG_BUFFER:
       case CU_JIT_ERROR_LOG_BUFFER: {
-        const bool info = options[i] == CU_JIT_INFO_LOG_BUFFER;
+        const bool info = option == CU_JIT_INFO_LOG_BUFFER;
         const std::uintptr_t capacity = bufferCapacity(
             numOptions, options, optionValues,
             info ? CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES : CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
@@ -50,9 +56,10 @@ void answerJitOutputOptions(unsigned numOptions, const CUjit_option* options, vo
   }
   // Sizes last: the loop above reads them as the buffers' capacities.
   for (unsigned i = 0; i < numOptions; ++i) {
-    if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES) {
+    const int option = enumValue(options[i]);
+    if (option == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES) {
       optionValues[i] = reinterpret_cast<void*>(infoWritten);
-    } else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
+    } else if (option == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
       optionValues[i] = reinterpret_cast<void*>(errorWritten);
     }
   }

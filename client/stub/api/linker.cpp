@@ -24,10 +24,12 @@
 
 #include "client/stub/api/jit_options.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 #include "protocol/module_image.hpp"
 
 using gpuproxy::stub::currentContext;
+using gpuproxy::stub::enumValue;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::JitLogs;
 using gpuproxy::stub::Runtime;
@@ -49,8 +51,9 @@ struct LinkState {
 
   void answer(std::string_view error = {}) {
     for (unsigned i = 0; i < numOptions; ++i) {
-      if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
-          options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
+      const int option = enumValue(options[i]);
+      if (option == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
+          option == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
         optionValues[i] = givenValues[i];
       }
     }
@@ -82,8 +85,9 @@ LinkState* linkOf(CUlinkState handle) {
   return table.live.count(state) != 0 ? state : nullptr;
 }
 
-// The refusal of an input kind that only a real device linker could use.
-const char* inputNobodyLinks(CUjitInputType type) {
+// The refusal of an input kind that only a real device linker could use. Kinds are the integers
+// the application passed (enum_value.hpp).
+const char* inputNobodyLinks(int type) {
   switch (type) {
     case CU_JIT_INPUT_OBJECT:
       return "gpuproxy links no relocatable objects: load a fatbin or PTX of the whole program";
@@ -96,7 +100,7 @@ const char* inputNobodyLinks(CUjitInputType type) {
   }
 }
 
-CUresult addCode(LinkState& state, CUjitInputType type, const char* data, std::size_t size,
+CUresult addCode(LinkState& state, int type, const char* data, std::size_t size,
                  unsigned numOptions, CUjit_option* options, void** optionValues) {
   if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -162,8 +166,8 @@ CUresult linkCreate(const char* entryPoint, unsigned numOptions, CUjit_option* o
   });
 }
 
-CUresult linkAddData(const char* entryPoint, CUlinkState handle, CUjitInputType type, void* data,
-                     size_t size, unsigned numOptions, CUjit_option* options, void** optionValues) {
+CUresult linkAddData(const char* entryPoint, CUlinkState handle, int type, void* data, size_t size,
+                     unsigned numOptions, CUjit_option* options, void** optionValues) {
   return guarded(entryPoint, [&](Runtime&) {
     LinkState* state = linkOf(handle);
     if (state == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -173,9 +177,8 @@ CUresult linkAddData(const char* entryPoint, CUlinkState handle, CUjitInputType 
   });
 }
 
-CUresult linkAddFile(const char* entryPoint, CUlinkState handle, CUjitInputType type,
-                     const char* path, unsigned numOptions, CUjit_option* options,
-                     void** optionValues) {
+CUresult linkAddFile(const char* entryPoint, CUlinkState handle, int type, const char* path,
+                     unsigned numOptions, CUjit_option* options, void** optionValues) {
   return guarded(entryPoint, [&](Runtime&) {
     LinkState* state = linkOf(handle);
     if (state == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -205,26 +208,28 @@ GPUPROXY_EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* 
 GPUPROXY_EXPORT CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data,
                                        size_t size, const char* /*name*/, unsigned int numOptions,
                                        CUjit_option* options, void** optionValues) {
-  return linkAddData(__func__, state, type, data, size, numOptions, options, optionValues);
+  return linkAddData(__func__, state, enumValue(type), data, size, numOptions, options,
+                     optionValues);
 }
 
 GPUPROXY_EXPORT CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data,
                                           size_t size, const char* /*name*/,
                                           unsigned int numOptions, CUjit_option* options,
                                           void** optionValues) {
-  return linkAddData(__func__, state, type, data, size, numOptions, options, optionValues);
+  return linkAddData(__func__, state, enumValue(type), data, size, numOptions, options,
+                     optionValues);
 }
 
 GPUPROXY_EXPORT CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path,
                                        unsigned int numOptions, CUjit_option* options,
                                        void** optionValues) {
-  return linkAddFile(__func__, state, type, path, numOptions, options, optionValues);
+  return linkAddFile(__func__, state, enumValue(type), path, numOptions, options, optionValues);
 }
 
 GPUPROXY_EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char* path,
                                           unsigned int numOptions, CUjit_option* options,
                                           void** optionValues) {
-  return linkAddFile(__func__, state, type, path, numOptions, options, optionValues);
+  return linkAddFile(__func__, state, enumValue(type), path, numOptions, options, optionValues);
 }
 
 GPUPROXY_EXPORT CUresult cuLinkComplete(CUlinkState handle, void** imageOut, size_t* sizeOut) {
