@@ -47,7 +47,6 @@ struct LinkState {
   std::vector<void*> givenValues;  // optionValues as cuLinkCreate found them
   std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   std::vector<std::vector<char>> code;  // each input, as it came (PTX with its NUL)
-  std::vector<char> image;              // what cuLinkComplete handed out
 
   void answer(std::string_view error = {}) {
     for (unsigned i = 0; i < numOptions; ++i) {
@@ -248,9 +247,8 @@ GPUPROXY_EXPORT CUresult cuLinkComplete(CUlinkState handle, void** imageOut, siz
       return CUDA_ERROR_NOT_SUPPORTED;
     }
     // The one piece is the image; the state owns it until cuLinkDestroy, as the driver's does.
-    state->image = state->code.front();
-    *imageOut = state->image.data();
-    *sizeOut = state->image.size();
+    *imageOut = state->code.front().data();
+    *sizeOut = state->code.front().size();
     state->answer();
     return CUDA_SUCCESS;
   });

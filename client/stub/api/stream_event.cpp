@@ -198,8 +198,14 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
   });
 }
 
+// cuEventRecord, and cuEventRecordWithFlags with `flags`. CU_EVENT_RECORD_EXTERNAL only matters
+// in a stream capture, where the record becomes an event record node of the graph: gpuproxy's
+// graphs have no such node.
 CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
-                     NullStream nullStream) {
+                     NullStream nullStream, unsigned flags = CU_EVENT_RECORD_DEFAULT) {
+  if (flags != CU_EVENT_RECORD_DEFAULT && flags != CU_EVENT_RECORD_EXTERNAL) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   return guarded(entryPoint, [&](Runtime& runtime) {
     const std::uint64_t event = handleValue(hEvent);
     std::optional<std::uint64_t> eventContext =
@@ -209,6 +215,10 @@ CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
+    }
+    if (flags == CU_EVENT_RECORD_EXTERNAL &&
+        runtime.capturing().captures().capturing(target.stream)) {
+      return CUDA_ERROR_NOT_SUPPORTED;
     }
     ring::Command command{ring::EventRecord{}};
     auto& record = std::get<ring::EventRecord>(command);
@@ -551,36 +561,14 @@ GPUPROXY_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   return recordEvent(__func__, hEvent, hStream, NullStream::kPerThread);
 }
 
-// CU_EVENT_RECORD_EXTERNAL only matters in a stream capture, where the record becomes an event
-// record node of the graph: gpuproxy's graphs have no such node.
-CUresult recordEventWithFlags(const char* entryPoint, CUevent hEvent, CUstream hStream,
-                              unsigned flags, NullStream nullStream) {
-  if (flags != CU_EVENT_RECORD_DEFAULT && flags != CU_EVENT_RECORD_EXTERNAL) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  if (flags == CU_EVENT_RECORD_EXTERNAL) {
-    const CUresult refused = guarded(entryPoint, [&](Runtime& runtime) {
-      StreamTarget target;
-      if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
-          resolved != CUDA_SUCCESS) {
-        return resolved;
-      }
-      return runtime.capturing().captures().capturing(target.stream) ? CUDA_ERROR_NOT_SUPPORTED
-                                                                     : CUDA_SUCCESS;
-    });
-    if (refused != CUDA_SUCCESS) return refused;
-  }
-  return recordEvent(entryPoint, hEvent, hStream, nullStream);
-}
-
 GPUPROXY_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
                                                 unsigned int flags) {
-  return recordEventWithFlags(__func__, hEvent, hStream, flags, NullStream::kLegacy);
+  return recordEvent(__func__, hEvent, hStream, NullStream::kLegacy, flags);
 }
 
 GPUPROXY_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
                                                      unsigned int flags) {
-  return recordEventWithFlags(__func__, hEvent, hStream, flags, NullStream::kPerThread);
+  return recordEvent(__func__, hEvent, hStream, NullStream::kPerThread, flags);
 }
 
 GPUPROXY_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
