@@ -85,6 +85,13 @@ enum class NullStream { kLegacy, kPerThread };
 CUresult resolveStream(Runtime& runtime, CUstream stream, NullStream nullStream,
                        StreamTarget& target);
 
+// An event record on `target` (cuEventRecordWithFlags's checks, `flags` included), filled into
+// `record` without sending it, and its sending; apart, so that a launch that records events
+// (cuLaunchKernelEx's event attributes) refuses a bad event before the kernel is queued.
+CUresult prepareEventRecord(Runtime& runtime, CUevent event, const StreamTarget& target,
+                            unsigned flags, protocol::ring::EventRecord& record);
+CUresult submitEventRecord(Runtime& runtime, const protocol::ring::EventRecord& record);
+
 // The context of the device allocation holding `pointer`, when it is one device's memory; nullopt
 // for memory every device reaches (pinned, managed) or that is not an allocation.
 std::optional<std::uint64_t> allocationContext(Runtime& runtime, CUdeviceptr pointer);

@@ -202,6 +202,13 @@ TEST_P(CudartPrograms, CuRandGeneratesOnTheDevice) {
   EXPECT_NE(result.output.find("curand_uniform: PASSED"), std::string::npos) << result.output;
 }
 
+TEST_P(CudartPrograms, DependentLaunchesSeeTheirProducersResults) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("dependent_launch"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("dependent_launch: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, AnImpossibleLaunchIsReportedAndCleared) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("cudart_checks"), {"bad-launch"});

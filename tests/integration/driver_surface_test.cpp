@@ -287,7 +287,7 @@ TEST_F(DriverSurface, AHostFunctionMayWaitForTheApplicationThatQueuedIt) {
                  {"host-wait-event-after", "CUDA_SUCCESS"}});
 }
 
-TEST_F(DriverSurface, LaunchKernelExRunsPlainAndCooperativeLaunchesAndRefusesTheRest) {
+TEST_F(DriverSurface, LaunchKernelExRunsPlainCooperativeAndDependentLaunchesAndRefusesTheRest) {
   expectAnswers({{"launch-ex", "CUDA_SUCCESS"},
                  {"launch-ex-result", "yes"},
                  {"launch-ex-cooperative", "CUDA_SUCCESS"},
@@ -295,6 +295,11 @@ TEST_F(DriverSurface, LaunchKernelExRunsPlainAndCooperativeLaunchesAndRefusesThe
                  {"launch-ex-cooperative-too-large", "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"},
                  {"launch-cooperative", "CUDA_SUCCESS"},
                  {"launch-cooperative-extra-free", "CUDA_ERROR_INVALID_VALUE"},
+                 {"launch-ex-dependent", "CUDA_SUCCESS"},
+                 {"launch-ex-dependent-event", "CUDA_SUCCESS"},
+                 {"launch-ex-dependent-result", "yes"},
+                 {"launch-ex-event-external", "CUDA_ERROR_INVALID_VALUE"},
+                 {"launch-ex-event-bad", "CUDA_ERROR_INVALID_HANDLE"},
                  {"launch-ex-cluster", "CUDA_ERROR_NOT_SUPPORTED"},
                  {"launch-ex-too-many-threads", "CUDA_ERROR_INVALID_VALUE"},
                  {"launch-ex-null", "CUDA_ERROR_INVALID_VALUE"}});

@@ -704,6 +704,33 @@ void launchEx(CUfunction fillU32) {
          cuLaunchCooperativeKernel(fillU32, grid, 1, 1, 128, 1, 1, 0, stream, nullptr));
   MUST(cuStreamSynchronize(stream));
   attributes[2].value.cooperative = 0;
+  // Programmatic dependent launch, and an event the launch records: the kernel ahead has ended
+  // when the event has.
+  CUevent completion = nullptr;
+  MUST(cuEventCreate(&completion, CU_EVENT_DISABLE_TIMING));
+  attributes[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attributes[0].value.programmaticStreamSerializationAllowed = 1;
+  attributes[2].id = CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT;
+  attributes[2].value.launchCompletionEvent.event = completion;
+  attributes[2].value.launchCompletionEvent.flags = 0;
+  value = 9;
+  report("launch-ex-dependent", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  report("launch-ex-dependent-event", cuEventSynchronize(completion));
+  MUST(cuMemcpyDtoH(result.data(), device, kCount * sizeof(unsigned)));
+  filled = true;
+  for (unsigned got : result) filled = filled && got == 9;
+  reportYes("launch-ex-dependent-result", filled);
+  attributes[2].value.launchCompletionEvent.flags = CU_EVENT_RECORD_EXTERNAL;
+  report("launch-ex-event-external", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  attributes[2].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT;
+  attributes[2].value.programmaticEvent.event = reinterpret_cast<CUevent>(std::uintptr_t{0x5eed});
+  attributes[2].value.programmaticEvent.flags = 0;
+  report("launch-ex-event-bad", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
+  MUST(cuEventDestroy(completion));
+  attributes[0].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  attributes[0].value.priority = 0;
+  attributes[2].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  attributes[2].value.cooperative = 0;
   attributes[1].value.clusterDim.x = 2;
   report("launch-ex-cluster", cuLaunchKernelEx(&config, fillU32, parameters, nullptr));
   config.numAttrs = 0;

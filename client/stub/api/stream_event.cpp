@@ -198,38 +198,60 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
   });
 }
 
-// cuEventRecord, and cuEventRecordWithFlags with `flags`. CU_EVENT_RECORD_EXTERNAL only matters
-// in a stream capture, where the record becomes an event record node of the graph: gpuproxy's
-// graphs have no such node.
-CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
-                     NullStream nullStream, unsigned flags = CU_EVENT_RECORD_DEFAULT) {
+}  // namespace
+
+namespace gpuproxy::stub {
+
+CUresult prepareEventRecord(Runtime& runtime, CUevent hEvent, const StreamTarget& target,
+                            unsigned flags, protocol::ring::EventRecord& record) {
   if (flags != CU_EVENT_RECORD_DEFAULT && flags != CU_EVENT_RECORD_EXTERNAL) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  const std::uint64_t event = handleValue(hEvent);
+  std::optional<std::uint64_t> eventContext =
+      event != 0 ? runtime.eventContext(event) : std::nullopt;
+  if (!eventContext) return CUDA_ERROR_INVALID_HANDLE;
+  // CU_EVENT_RECORD_EXTERNAL only matters in a stream capture, where the record becomes an event
+  // record node of the graph: gpuproxy's graphs have no such node.
+  if (flags == CU_EVENT_RECORD_EXTERNAL &&
+      runtime.capturing().captures().capturing(target.stream)) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // The NULL stream of the event's own context, as the daemon reads stream 0 on this call.
+  record.context = target.stream == 0 ? *eventContext : target.context;
+  if (record.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
+  record.event = event;
+  record.stream = target.stream;
+  return CUDA_SUCCESS;
+}
+
+CUresult submitEventRecord(Runtime& runtime, const protocol::ring::EventRecord& record) {
+  ring::Command command{record};
+  const CUresult submitted = runtime.commands().enqueue(command);
+  if (submitted == CUDA_SUCCESS) runtime.commands().eventRecorded(record.event, record.stream);
+  return submitted;
+}
+
+}  // namespace gpuproxy::stub
+
+namespace {
+
+// cuEventRecord, and cuEventRecordWithFlags with `flags`.
+CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
+                     NullStream nullStream, unsigned flags = CU_EVENT_RECORD_DEFAULT) {
   return guarded(entryPoint, [&](Runtime& runtime) {
-    const std::uint64_t event = handleValue(hEvent);
-    std::optional<std::uint64_t> eventContext =
-        event != 0 ? runtime.eventContext(event) : std::nullopt;
-    if (!eventContext) return CUDA_ERROR_INVALID_HANDLE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    if (flags == CU_EVENT_RECORD_EXTERNAL &&
-        runtime.capturing().captures().capturing(target.stream)) {
-      return CUDA_ERROR_NOT_SUPPORTED;
+    ring::EventRecord record;
+    if (CUresult prepared =
+            gpuproxy::stub::prepareEventRecord(runtime, hEvent, target, flags, record);
+        prepared != CUDA_SUCCESS) {
+      return prepared;
     }
-    ring::Command command{ring::EventRecord{}};
-    auto& record = std::get<ring::EventRecord>(command);
-    // The NULL stream of the event's own context, as the daemon reads stream 0 on this call.
-    record.context = target.stream == 0 ? *eventContext : target.context;
-    if (record.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
-    record.event = event;
-    record.stream = target.stream;
-    const CUresult submitted = runtime.commands().enqueue(command);
-    if (submitted == CUDA_SUCCESS) runtime.commands().eventRecorded(event, target.stream);
-    return submitted;
+    return gpuproxy::stub::submitEventRecord(runtime, record);
   });
 }
 

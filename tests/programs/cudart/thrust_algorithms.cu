@@ -1,7 +1,8 @@
 // Thrust (and through it CUB) as applications use it: fill, transform, reduce, scan, sort and
 // copy back, each checked against the same computation on the host, and CUB's device-wide radix
-// sort called directly (its one-sweep kernels, bounded to 384 threads). Ends "thrust_algorithms:
-// PASSED". CUB's kernels use warp shuffles with inline assembly, dynamic tuning by the kernels'
+// sort called directly (its one-sweep kernels, bounded to 384 threads), and a sort by a comparator
+// of the program's own, which Thrust does with CUB's merge sort (its kernels launched with
+// programmatic dependent launch). Ends "thrust_algorithms: PASSED". CUB's kernels use warp shuffles with inline assembly, dynamic tuning by the kernels'
 // PTX version, occupancy queries and temporary allocations: everything a real library leans on.
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>
@@ -22,6 +23,13 @@
 struct Square {
   __host__ __device__ long long operator()(int value) const {
     return static_cast<long long>(value) * value;
+  }
+};
+
+// Orders by last decimal digit, then by value: not a plain "<", so Thrust cannot radix-sort.
+struct ByLastDigit {
+  __host__ __device__ bool operator()(int a, int b) const {
+    return a % 10 != b % 10 ? a % 10 < b % 10 : a < b;
   }
 };
 
@@ -51,6 +59,15 @@ int main() {
   std::sort(host.begin(), host.end());
   thrust::host_vector<float> sorted = keys;
   const bool sortedRight = std::equal(host.begin(), host.end(), sorted.begin());
+
+  // The same keys' integer parts by a comparator: a merge sort.
+  std::vector<int> byDigit(n);
+  for (int i = 0; i < n; ++i) byDigit[i] = static_cast<int>(host[(i * 7919) % n] * 1000.0f);
+  thrust::device_vector<int> digitKeys(byDigit.begin(), byDigit.end());
+  thrust::sort(digitKeys.begin(), digitKeys.end(), ByLastDigit());
+  std::sort(byDigit.begin(), byDigit.end(), ByLastDigit());
+  thrust::host_vector<int> digitSorted = digitKeys;
+  const bool mergedRight = std::equal(byDigit.begin(), byDigit.end(), digitSorted.begin());
 
   // Key-value pairs through cub::DeviceRadixSort, temporary storage sized by a first call.
   std::vector<unsigned> pairKeys(n);
@@ -84,10 +101,13 @@ int main() {
   }
 
   std::printf(
-      "sum %lld (expected %lld), prefix %lld (expected %lld), sort %s, radix pairs %s (%s)\n", sum,
-      expectedSum, lastPrefix, expectedPrefix, sortedRight ? "matches" : "DIFFERS",
-      pairsRight ? "match" : "DIFFER", cudaGetErrorName(sortStatus));
-  if (sum != expectedSum || lastPrefix != expectedPrefix || !sortedRight || !pairsRight) {
+      "sum %lld (expected %lld), prefix %lld (expected %lld), sort %s, comparator sort %s, radix "
+      "pairs %s (%s)\n",
+      sum, expectedSum, lastPrefix, expectedPrefix, sortedRight ? "matches" : "DIFFERS",
+      mergedRight ? "matches" : "DIFFERS", pairsRight ? "match" : "DIFFER",
+      cudaGetErrorName(sortStatus));
+  if (sum != expectedSum || lastPrefix != expectedPrefix || !sortedRight || !mergedRight ||
+      !pairsRight) {
     std::printf("FAILED\n");
     return 1;
   }
