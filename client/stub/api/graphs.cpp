@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <utility>
@@ -24,6 +23,7 @@
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/graph_memory.hpp"
+#include "client/stub/live_handles.hpp"
 #include "client/stub/log.hpp"
 #include "client/stub/stream_capture.hpp"
 
@@ -33,6 +33,7 @@ using gpuproxy::stub::GraphAllocation;
 using gpuproxy::stub::GraphMemory;
 using gpuproxy::stub::GraphNode;
 using gpuproxy::stub::guarded;
+using gpuproxy::stub::LiveHandles;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
@@ -83,40 +84,28 @@ struct GraphExec {
   ExecutableClaim claim;
 };
 
-// Every graph and executable graph handed out, so that a handle that is not one (or no longer
-// one) is refused instead of followed. Leaked on purpose, as the stub's other tables. The graphs
-// themselves are the application's to serialise, as CUDA's are.
-struct GraphTables {
-  std::mutex mutex;
-  std::set<Graph*> graphs;
-  std::set<GraphExec*> execs;
-};
+// Every graph and executable graph handed out (live_handles.hpp).
+LiveHandles<Graph>& graphs() {
+  static auto* graphs = new LiveHandles<Graph>;
+  return *graphs;
+}
 
-GraphTables& tables() {
-  static auto* tables = new GraphTables;
-  return *tables;
+LiveHandles<GraphExec>& execs() {
+  static auto* execs = new LiveHandles<GraphExec>;
+  return *execs;
 }
 
 CUgraph adopt(std::unique_ptr<Graph> graph) {
-  GraphTables& all = tables();
-  std::lock_guard lock(all.mutex);
-  all.graphs.insert(graph.get());
-  return reinterpret_cast<CUgraph>(graph.release());
+  return reinterpret_cast<CUgraph>(graphs().adopt(std::move(graph)));
 }
 
 // Null unless `handle` is a live graph.
 Graph* graphOf(CUgraph handle) {
-  auto* graph = reinterpret_cast<Graph*>(handle);
-  GraphTables& all = tables();
-  std::lock_guard lock(all.mutex);
-  return all.graphs.count(graph) != 0 ? graph : nullptr;
+  return graphs().find(handle);
 }
 
 GraphExec* execOf(CUgraphExec handle) {
-  auto* exec = reinterpret_cast<GraphExec*>(handle);
-  GraphTables& all = tables();
-  std::lock_guard lock(all.mutex);
-  return all.execs.count(exec) != 0 ? exec : nullptr;
+  return execs().find(handle);
 }
 
 CUgraphNode handleOf(const GraphNode& node) {
@@ -134,14 +123,15 @@ std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
 // The graph `node` belongs to, and its index there.
 std::optional<std::pair<Graph*, std::size_t>> locate(CUgraphNode node) {
   if (node == nullptr) return std::nullopt;
-  GraphTables& all = tables();
-  std::lock_guard lock(all.mutex);
-  for (Graph* graph : all.graphs) {
-    if (std::optional<std::size_t> index = indexIn(*graph, node)) {
-      return std::make_pair(graph, *index);
-    }
-  }
-  return std::nullopt;
+  return graphs().locked(
+      [&](const std::set<Graph*>& live) -> std::optional<std::pair<Graph*, std::size_t>> {
+        for (Graph* graph : live) {
+          if (std::optional<std::size_t> index = indexIn(*graph, node)) {
+            return std::make_pair(graph, *index);
+          }
+        }
+        return std::nullopt;
+      });
 }
 
 void rememberOrigins(GraphExec& exec, const Graph& graph) {
@@ -246,10 +236,7 @@ CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph h
       return CUDA_ERROR_INVALID_VALUE;
     }
     rememberOrigins(*exec, *graph);
-    GraphTables& all = tables();
-    std::lock_guard lock(all.mutex);
-    all.execs.insert(exec.get());
-    *phGraphExec = reinterpret_cast<CUgraphExec>(exec.release());
+    *phGraphExec = reinterpret_cast<CUgraphExec>(execs().adopt(std::move(exec)));
     return CUDA_SUCCESS;
   });
 }
@@ -431,14 +418,7 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
 
 GPUPROXY_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
   return guarded(__func__, [&](Runtime&) {
-    auto* graph = reinterpret_cast<Graph*>(hGraph);
-    GraphTables& all = tables();
-    {
-      std::lock_guard lock(all.mutex);
-      if (all.graphs.erase(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
-    }
-    delete graph;
-    return CUDA_SUCCESS;
+    return graphs().destroy(hGraph) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
 
@@ -524,14 +504,7 @@ GPUPROXY_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphE
 
 GPUPROXY_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   return guarded(__func__, [&](Runtime&) {
-    auto* exec = reinterpret_cast<GraphExec*>(hGraphExec);
-    GraphTables& all = tables();
-    {
-      std::lock_guard lock(all.mutex);
-      if (all.execs.erase(exec) == 0) return CUDA_ERROR_INVALID_VALUE;
-    }
-    delete exec;
-    return CUDA_SUCCESS;
+    return execs().destroy(hGraphExec) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
 
@@ -562,30 +535,30 @@ CUresult addNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* de
   if (phGraphNode == nullptr || (numDependencies > 0 && dependencies == nullptr)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  // Under the tables' lock: locate() walks every graph's nodes, so no graph grows meanwhile.
-  GraphTables& all = tables();
-  std::lock_guard lock(all.mutex);
-  auto* graph = reinterpret_cast<Graph*>(hGraph);
-  if (all.graphs.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < numDependencies; ++i) {
-    std::optional<std::size_t> index = indexIn(*graph, dependencies[i]);
-    if (!index) return CUDA_ERROR_INVALID_VALUE;
-    if (std::find(node.dependencies.begin(), node.dependencies.end(), *index) !=
-        node.dependencies.end()) {
-      return CUDA_ERROR_INVALID_VALUE;  // the same dependency twice
+  // Under the graphs' lock: locate() walks every graph's nodes, so no graph grows meanwhile.
+  return graphs().locked([&](const std::set<Graph*>& live) {
+    auto* graph = reinterpret_cast<Graph*>(hGraph);
+    if (live.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < numDependencies; ++i) {
+      std::optional<std::size_t> index = indexIn(*graph, dependencies[i]);
+      if (!index) return CUDA_ERROR_INVALID_VALUE;
+      if (std::find(node.dependencies.begin(), node.dependencies.end(), *index) !=
+          node.dependencies.end()) {
+        return CUDA_ERROR_INVALID_VALUE;  // the same dependency twice
+      }
+      node.dependencies.push_back(*index);
     }
-    node.dependencies.push_back(*index);
-  }
-  if (context != 0) {
-    if (graph->context != 0 && graph->context != context) {
-      GPUPROXY_STUB_LOG(kWarn, "a graph whose nodes run in several contexts is not supported");
-      return CUDA_ERROR_NOT_SUPPORTED;
+    if (context != 0) {
+      if (graph->context != 0 && graph->context != context) {
+        GPUPROXY_STUB_LOG(kWarn, "a graph whose nodes run in several contexts is not supported");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      graph->context = context;
     }
-    graph->context = context;
-  }
-  graph->nodes.push_back(std::move(node));
-  *phGraphNode = handleOf(graph->nodes.back());
-  return CUDA_SUCCESS;
+    graph->nodes.push_back(std::move(node));
+    *phGraphNode = handleOf(graph->nodes.back());
+    return CUDA_SUCCESS;
+  });
 }
 
 // The context a node's work runs in: the one named, else the calling thread's current one.

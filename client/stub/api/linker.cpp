@@ -16,8 +16,6 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,12 +24,14 @@
 #include "client/stub/api_support.hpp"
 #include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
+#include "client/stub/live_handles.hpp"
 #include "protocol/module_image.hpp"
 
 using gpuproxy::stub::currentContext;
 using gpuproxy::stub::enumValue;
 using gpuproxy::stub::guarded;
 using gpuproxy::stub::JitLogs;
+using gpuproxy::stub::LiveHandles;
 using gpuproxy::stub::Runtime;
 
 namespace {
@@ -63,25 +63,15 @@ struct LinkState {
   }
 };
 
-// Every link state handed out, so that a handle that is not one (or no longer one) is refused
-// instead of followed. Leaked on purpose, as the stub's other tables.
-struct LinkTable {
-  std::mutex mutex;
-  std::set<LinkState*> live;
-};
-
-LinkTable& links() {
-  static auto* table = new LinkTable;
+// Every link state handed out (live_handles.hpp).
+LiveHandles<LinkState>& links() {
+  static auto* table = new LiveHandles<LinkState>;
   return *table;
 }
 
-// Null unless `handle` is a live link state. A state is the application's to serialise, as
-// CUDA's is; the table only guards its own set.
+// Null unless `handle` is a live link state.
 LinkState* linkOf(CUlinkState handle) {
-  auto* state = reinterpret_cast<LinkState*>(handle);
-  LinkTable& table = links();
-  std::lock_guard lock(table.mutex);
-  return table.live.count(state) != 0 ? state : nullptr;
+  return links().find(handle);
 }
 
 // The refusal of an input kind that only a real device linker could use. Kinds are the integers
@@ -157,10 +147,7 @@ CUresult linkCreate(const char* entryPoint, unsigned numOptions, CUjit_option* o
     state->optionValues = optionValues;
     state->givenValues.assign(optionValues, optionValues + numOptions);
     state->answer();
-    LinkTable& table = links();
-    std::lock_guard lock(table.mutex);
-    table.live.insert(state.get());
-    *stateOut = reinterpret_cast<CUlinkState>(state.release());
+    *stateOut = reinterpret_cast<CUlinkState>(links().adopt(std::move(state)));
     return CUDA_SUCCESS;
   });
 }
@@ -256,13 +243,6 @@ GPUPROXY_EXPORT CUresult cuLinkComplete(CUlinkState handle, void** imageOut, siz
 
 GPUPROXY_EXPORT CUresult cuLinkDestroy(CUlinkState handle) {
   return guarded(__func__, [&](Runtime&) {
-    auto* state = reinterpret_cast<LinkState*>(handle);
-    {
-      LinkTable& table = links();
-      std::lock_guard lock(table.mutex);
-      if (table.live.erase(state) == 0) return CUDA_ERROR_INVALID_HANDLE;
-    }
-    delete state;
-    return CUDA_SUCCESS;
+    return links().destroy(handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
   });
 }

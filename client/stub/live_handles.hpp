@@ -1,0 +1,52 @@
+#pragma once
+// Objects the stub makes itself and hands to the application as opaque handles (graphs, executable
+// graphs, link states): a handle is followed only while it names one that is still alive, so that
+// a made-up, freed or wrong-kind handle is refused instead of dereferenced. The objects themselves
+// are the application's to serialise, as CUDA's are; the table only guards its own set. Tables are
+// leaked on purpose, as the stub's other tables (applications call CUDA from static destructors).
+
+#include <memory>
+#include <mutex>
+#include <set>
+
+namespace gpuproxy::stub {
+
+template <typename Object>
+class LiveHandles {
+public:
+  // Takes `object` over; the pointer is its handle.
+  Object* adopt(std::unique_ptr<Object> object) {
+    std::lock_guard lock(mutex_);
+    live_.insert(object.get());
+    return object.release();
+  }
+  // Null unless `handle` names a live object.
+  Object* find(const void* handle) const {
+    auto* object = static_cast<Object*>(const_cast<void*>(handle));
+    std::lock_guard lock(mutex_);
+    return live_.count(object) != 0 ? object : nullptr;
+  }
+  // Destroys the object `handle` names; false if it names none.
+  bool destroy(const void* handle) {
+    auto* object = static_cast<Object*>(const_cast<void*>(handle));
+    {
+      std::lock_guard lock(mutex_);
+      if (live_.erase(object) == 0) return false;
+    }
+    delete object;
+    return true;
+  }
+  // Runs `visit(set of live objects)` with the table locked, so that none is added or destroyed
+  // meanwhile (a walk over every object).
+  template <typename Visit>
+  decltype(auto) locked(Visit&& visit) const {
+    std::lock_guard lock(mutex_);
+    return visit(live_);
+  }
+
+private:
+  mutable std::mutex mutex_;
+  std::set<Object*> live_;
+};
+
+}  // namespace gpuproxy::stub
