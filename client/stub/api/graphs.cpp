@@ -21,6 +21,7 @@
 
 #include "client/stub/api/modules.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/graph_memory.hpp"
 #include "client/stub/live_handles.hpp"
@@ -671,6 +672,19 @@ CUresult setExecKernelParams(const char* entryPoint, CUgraphExec hGraphExec, CUg
   });
 }
 
+// Whether every edge of `edgeData` (null: all default) is the default one, the only kind gpuproxy's
+// graphs have: the node before has completed.
+bool onlyDefaultEdges(const CUgraphEdgeData* edgeData, size_t count) {
+  if (edgeData == nullptr) return true;
+  for (size_t i = 0; i < count; ++i) {
+    const CUgraphEdgeData& edge = edgeData[i];
+    if (edge.from_port != 0 || edge.to_port != 0 || edge.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT) {
+      return false;
+    }
+  }
+  return true;
+}
+
 CUresult addDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
                          const CUgraphNode* to, const CUgraphEdgeData* edgeData,
                          size_t numDependencies) {
@@ -678,16 +692,7 @@ CUresult addDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNo
     if (numDependencies > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
     Graph* graph = graphOf(hGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    // Only the default edge (full completion of the node before) is supported.
-    if (edgeData != nullptr) {
-      for (size_t i = 0; i < numDependencies; ++i) {
-        const CUgraphEdgeData& edge = edgeData[i];
-        if (edge.from_port != 0 || edge.to_port != 0 ||
-            edge.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT) {
-          return CUDA_ERROR_NOT_SUPPORTED;
-        }
-      }
-    }
+    if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_NOT_SUPPORTED;
     std::vector<std::pair<std::size_t, std::size_t>> edges;
     for (size_t i = 0; i < numDependencies; ++i) {
       std::optional<std::size_t> source = indexIn(*graph, from[i]);
@@ -1065,4 +1070,149 @@ GPUPROXY_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
   return guarded(__func__, [&](Runtime& runtime) {
     return runtime.device(device) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
   });
+}
+
+// ---- nodes by their generic parameters (cuGraphAddNode, cuGraphNodeSetParams) -----------------
+
+namespace {
+
+// The reserved words of a CUgraphNodeParams must be zero.
+bool reservedAreZero(const CUgraphNodeParams& params) {
+  return params.reserved0[0] == 0 && params.reserved0[1] == 0 && params.reserved0[2] == 0 &&
+         params.reserved2 == 0;
+}
+
+// A kernel node's parameters as cuGraphAddKernelNode takes them (the same fields).
+CUDA_KERNEL_NODE_PARAMS kernelParamsOf(const CUDA_KERNEL_NODE_PARAMS_v3& v3) {
+  CUDA_KERNEL_NODE_PARAMS params{};
+  params.func = v3.func;
+  params.gridDimX = v3.gridDimX;
+  params.gridDimY = v3.gridDimY;
+  params.gridDimZ = v3.gridDimZ;
+  params.blockDimX = v3.blockDimX;
+  params.blockDimY = v3.blockDimY;
+  params.blockDimZ = v3.blockDimZ;
+  params.sharedMemBytes = v3.sharedMemBytes;
+  params.kernelParams = v3.kernelParams;
+  params.extra = v3.extra;
+  params.kern = v3.kern;
+  params.ctx = v3.ctx;
+  return params;
+}
+
+// cuGraphAddNode: the node types gpuproxy's graphs have, through their own entry points. Child
+// graphs, event and external semaphore nodes, batched memory operations and conditional nodes
+// are CUDA_ERROR_NOT_SUPPORTED, as their own entry points are.
+CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgraph hGraph,
+                         const CUgraphNode* dependencies, const CUgraphEdgeData* edgeData,
+                         size_t numDependencies, CUgraphNodeParams* nodeParams) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (nodeParams == nullptr || !reservedAreZero(*nodeParams)) return CUDA_ERROR_INVALID_VALUE;
+    if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_NOT_SUPPORTED;
+    const int type = gpuproxy::stub::enumValue(nodeParams->type);
+    switch (type) {
+      case CU_GRAPH_NODE_TYPE_KERNEL: {
+        const CUDA_KERNEL_NODE_PARAMS params = kernelParamsOf(nodeParams->kernel);
+        return addKernelNode(entryPoint, phGraphNode, hGraph, dependencies, numDependencies,
+                             &params);
+      }
+      case CU_GRAPH_NODE_TYPE_MEMCPY: {
+        const CUDA_MEMCPY_NODE_PARAMS& copy = nodeParams->memcpy;
+        if (copy.flags != 0 || copy.reserved != 0) return CUDA_ERROR_INVALID_VALUE;
+        return cuGraphAddMemcpyNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                    &copy.copyParams, copy.copyCtx);
+      }
+      case CU_GRAPH_NODE_TYPE_MEMSET: {
+        const CUDA_MEMSET_NODE_PARAMS_v2& set = nodeParams->memset;
+        CUDA_MEMSET_NODE_PARAMS params{};
+        params.dst = set.dst;
+        params.pitch = set.pitch;
+        params.value = set.value;
+        params.elementSize = set.elementSize;
+        params.width = set.width;
+        params.height = set.height;
+        return cuGraphAddMemsetNode(phGraphNode, hGraph, dependencies, numDependencies, &params,
+                                    set.ctx);
+      }
+      case CU_GRAPH_NODE_TYPE_HOST: {
+        const CUDA_HOST_NODE_PARAMS params{nodeParams->host.fn, nodeParams->host.userData};
+        return cuGraphAddHostNode(phGraphNode, hGraph, dependencies, numDependencies, &params);
+      }
+      case CU_GRAPH_NODE_TYPE_EMPTY:
+        return cuGraphAddEmptyNode(phGraphNode, hGraph, dependencies, numDependencies);
+      case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+        // The same fields; the address the node allocates goes back into the caller's.
+        const CUDA_MEM_ALLOC_NODE_PARAMS_v2& alloc = nodeParams->alloc;
+        CUDA_MEM_ALLOC_NODE_PARAMS params{};
+        params.poolProps = alloc.poolProps;
+        params.accessDescs = alloc.accessDescs;
+        params.accessDescCount = alloc.accessDescCount;
+        params.bytesize = alloc.bytesize;
+        const CUresult added =
+            cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies, numDependencies, &params);
+        if (added == CUDA_SUCCESS) nodeParams->alloc.dptr = params.dptr;
+        return added;
+      }
+      case CU_GRAPH_NODE_TYPE_MEM_FREE:
+        return cuGraphAddMemFreeNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                     nodeParams->free.dptr);
+      default:
+        GPUPROXY_STUB_LOG(kWarn, "%s: graph nodes of type %d are not supported", entryPoint, type);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  });
+}
+
+// cuGraphNodeSetParams and cuGraphExecNodeSetParams (`exec` non-null): a kernel node's new
+// parameters; the parameters of the other node types cannot be changed in gpuproxy's graphs
+// (CUDA_ERROR_NOT_SUPPORTED). Parameters of another type than the node's are
+// CUDA_ERROR_INVALID_VALUE.
+CUresult setNodeParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+                       const CUgraphNodeParams* nodeParams) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (nodeParams == nullptr || !reservedAreZero(*nodeParams)) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    const int type = gpuproxy::stub::enumValue(nodeParams->type);
+    if (type != static_cast<int>(typeOf(found->first->nodes[found->second]))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (type != CU_GRAPH_NODE_TYPE_KERNEL) {
+      GPUPROXY_STUB_LOG(kWarn, "%s: new parameters for a graph node of type %d are not supported",
+                        entryPoint, type);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    const CUDA_KERNEL_NODE_PARAMS params = kernelParamsOf(nodeParams->kernel);
+    return exec != nullptr ? setExecKernelParams(entryPoint, exec, hNode, &params)
+                           : setKernelParams(entryPoint, hNode, &params);
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuGraphAddNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                        const CUgraphNode* dependencies, size_t numDependencies,
+                                        CUgraphNodeParams* nodeParams) {
+  return addNodeByParams(__func__, phGraphNode, hGraph, dependencies, nullptr, numDependencies,
+                         nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                           const CUgraphNode* dependencies,
+                                           const CUgraphEdgeData* dependencyData,
+                                           size_t numDependencies, CUgraphNodeParams* nodeParams) {
+  return addNodeByParams(__func__, phGraphNode, hGraph, dependencies, dependencyData,
+                         numDependencies, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams* nodeParams) {
+  return setNodeParams(__func__, nullptr, hNode, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                  CUgraphNodeParams* nodeParams) {
+  if (hGraphExec == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  return setNodeParams(__func__, hGraphExec, hNode, nodeParams);
 }

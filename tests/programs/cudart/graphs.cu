@@ -11,7 +11,8 @@
 //   nodes            a graph built node by node (memset, kernels, a copy, a host function, an empty
 //                    node, a dependency added afterwards), launched; a kernel's arguments changed
 //                    in the executable graph; cudaGraphExecUpdate from a graph of the same shape
-//                    and from one of another; a cycle refused at instantiation
+//                    and from one of another; a cycle refused at instantiation; the same graph
+//                    through cudaGraphAddNode and cudaGraph(Exec)NodeSetParams
 //   memory           memory nodes: cudaMallocAsync and cudaFreeAsync captured (the same address at
 //                    every launch); an allocation a graph leaves live, used after the launch and
 //                    freed by the program, by cudaFreeAsync or by another graph's free node; a
@@ -108,6 +109,73 @@ cudaError_t buildGraph(float* x, float* out, int n, float* factor, int* calls, B
   }
   cudaGraphNode_t end;
   return cudaGraphAddEmptyNode(&end, built.graph, &counted, 1);
+}
+
+// The same graph through cudaGraphAddNode, every node described by cudaGraphNodeParams (the
+// generic form CUDA 12.2 added), the scale kernel's dependency given as it is added.
+cudaError_t buildGraphGeneric(float* x, float* out, int n, float* factor, int* calls,
+                              BuiltGraph& built) {
+  cudaError_t status = cudaGraphCreate(&built.graph, 0);
+  if (status != cudaSuccess) return status;
+  cudaGraphNodeParams clear{};
+  clear.type = cudaGraphNodeTypeMemset;
+  clear.memset.dst = x;
+  clear.memset.value = 0;
+  clear.memset.elementSize = 4;
+  clear.memset.width = n;
+  clear.memset.height = 1;
+  cudaGraphNode_t cleared;
+  if ((status = cudaGraphAddNode(&cleared, built.graph, nullptr, nullptr, 0, &clear)) !=
+      cudaSuccess) {
+    return status;
+  }
+  void* iotaArgs[] = {&x, &n};
+  cudaGraphNodeParams fill{};
+  fill.type = cudaGraphNodeTypeKernel;
+  fill.kernel.func = reinterpret_cast<void*>(iota);
+  fill.kernel.gridDim = dim3(n / 256);
+  fill.kernel.blockDim = dim3(256);
+  fill.kernel.kernelParams = iotaArgs;
+  cudaGraphNode_t filled;
+  if ((status = cudaGraphAddNode(&filled, built.graph, &cleared, nullptr, 1, &fill)) !=
+      cudaSuccess) {
+    return status;
+  }
+  void* scaleArgs[] = {&x, factor, &n};
+  cudaGraphNodeParams scaling{};
+  scaling.type = cudaGraphNodeTypeKernel;
+  scaling.kernel.func = reinterpret_cast<void*>(scale);
+  scaling.kernel.gridDim = dim3(n / 256);
+  scaling.kernel.blockDim = dim3(256);
+  scaling.kernel.kernelParams = scaleArgs;
+  if ((status = cudaGraphAddNode(&built.scaleNode, built.graph, &filled, nullptr, 1, &scaling)) !=
+      cudaSuccess) {
+    return status;
+  }
+  cudaGraphNodeParams copy{};
+  copy.type = cudaGraphNodeTypeMemcpy;
+  copy.memcpy.copyParams.srcPtr = make_cudaPitchedPtr(x, n * sizeof(float), n, 1);
+  copy.memcpy.copyParams.dstPtr = make_cudaPitchedPtr(out, n * sizeof(float), n, 1);
+  copy.memcpy.copyParams.extent = make_cudaExtent(n * sizeof(float), 1, 1);
+  copy.memcpy.copyParams.kind = cudaMemcpyDeviceToHost;
+  cudaGraphNode_t copied;
+  if ((status = cudaGraphAddNode(&copied, built.graph, &built.scaleNode, nullptr, 1, &copy)) !=
+      cudaSuccess) {
+    return status;
+  }
+  cudaGraphNodeParams count{};
+  count.type = cudaGraphNodeTypeHost;
+  count.host.fn = countCall;
+  count.host.userData = calls;
+  cudaGraphNode_t counted;
+  if ((status = cudaGraphAddNode(&counted, built.graph, &copied, nullptr, 1, &count)) !=
+      cudaSuccess) {
+    return status;
+  }
+  cudaGraphNodeParams empty{};
+  empty.type = cudaGraphNodeTypeEmpty;
+  cudaGraphNode_t end;
+  return cudaGraphAddNode(&end, built.graph, &counted, nullptr, 1, &empty);
 }
 
 // out[i] == factor * i for every i.
@@ -330,6 +398,51 @@ int nodesMode() {
   CHECK(cudaStreamSynchronize(stream));
   EXPECT(scaledBy(out, n, 5.0f) && calls == 4, "after a refused update: out[5] = %f", out[5]);
   std::printf("4 launches, scaled by 2, 3, 5 and 5\n");
+
+  // The same graph through the generic entry points: it runs, its kernel takes new arguments in
+  // the graph and in an executable graph (cudaGraphNodeSetParams, cudaGraphExecNodeSetParams),
+  // and an executable graph of the first kind takes it as an update of the same shape.
+  float seven = 7.0f;
+  BuiltGraph generic;
+  CHECK(buildGraphGeneric(x, out, n, &seven, &calls, generic));
+  cudaGraphExec_t genericExec;
+  CHECK(cudaGraphInstantiate(&genericExec, generic.graph, 0));
+  CHECK(cudaGraphLaunch(genericExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 7.0f) && calls == 5, "generic graph: out[5] = %f, %d calls", out[5],
+         calls);
+  float eleven = 11.0f;
+  void* elevenArgs[] = {&x, &eleven, const_cast<int*>(&n)};
+  cudaGraphNodeParams newScale{};
+  newScale.type = cudaGraphNodeTypeKernel;
+  newScale.kernel.func = reinterpret_cast<void*>(scale);
+  newScale.kernel.gridDim = dim3(n / 256);
+  newScale.kernel.blockDim = dim3(256);
+  newScale.kernel.kernelParams = elevenArgs;
+  CHECK(cudaGraphExecNodeSetParams(genericExec, generic.scaleNode, &newScale));
+  CHECK(cudaGraphLaunch(genericExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 11.0f) && calls == 6, "generic graph, new arguments: out[5] = %f",
+         out[5]);
+  // Parameters of another type than the node's are refused.
+  cudaGraphNodeParams wrongType{};
+  wrongType.type = cudaGraphNodeTypeEmpty;
+  const cudaError_t mismatch = cudaGraphNodeSetParams(generic.scaleNode, &wrongType);
+  std::printf("empty-node parameters for a kernel node: %s\n", cudaGetErrorName(mismatch));
+  EXPECT(mismatch == cudaErrorInvalidValue, "expected cudaErrorInvalidValue");
+  cudaGetLastError();
+  float thirteen = 13.0f;
+  void* thirteenArgs[] = {&x, &thirteen, const_cast<int*>(&n)};
+  newScale.kernel.kernelParams = thirteenArgs;
+  CHECK(cudaGraphNodeSetParams(generic.scaleNode, &newScale));
+  CHECK(cudaGraphExecUpdate(exec, generic.graph, &info));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(scaledBy(out, n, 13.0f) && calls == 7, "update from the generic graph: out[5] = %f",
+         out[5]);
+  std::printf("generic nodes: scaled by 7, 11 and 13\n");
+  CHECK(cudaGraphExecDestroy(genericExec));
+  CHECK(cudaGraphDestroy(generic.graph));
 
   // A cycle cannot be instantiated.
   cudaGraphNode_t second;
