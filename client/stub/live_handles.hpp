@@ -36,6 +36,16 @@ public:
     delete object;
     return true;
   }
+  // An object owned elsewhere (a conditional node's body graph) that handles may name until
+  // forget(); the table never destroys it.
+  void lend(Object* object) {
+    std::lock_guard lock(mutex_);
+    live_.insert(object);
+  }
+  void forget(const Object* object) {
+    std::lock_guard lock(mutex_);
+    live_.erase(const_cast<Object*>(object));
+  }
   // Runs `visit(set of live objects)` with the table locked, so that none is added or destroyed
   // meanwhile (a walk over every object).
   template <typename Visit>

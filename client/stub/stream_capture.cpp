@@ -385,15 +385,43 @@ std::optional<std::vector<std::size_t>> launchOrder(const Graph& graph) {
   return order;
 }
 
+ConditionalHandle::~ConditionalHandle() {
+  // The graphs holding it are gone; so may be its context, whose memory is then gone with it.
+  if (value != 0) cuMemFree_v2(value);
+}
+
+bool hasConditionalNodes(const Graph& graph) {
+  for (const GraphNode& node : graph.nodes) {
+    if (node.kind == GraphNode::Kind::kConditional) return true;
+  }
+  return false;
+}
+
 CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t>& order,
                                const StreamTarget& target) {
   if (graph.context != 0 && graph.context != target.context) return CUDA_ERROR_INVALID_VALUE;
   const CUstream stream = reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(target.stream));
+  // A conditional node reads its value when the work before it is done, which a capture cannot.
+  if (hasConditionalNodes(graph) && captures_.capturing(target.stream)) {
+    GPUPROXY_STUB_LOG(kWarn,
+                      "a graph with conditional nodes launched into a capture is not "
+                      "supported");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  for (const std::shared_ptr<ConditionalHandle>& condition : graph.conditions) {
+    if (!condition->assignDefault) continue;
+    if (CUresult reset = cuMemsetD32Async(condition->value, condition->defaultValue, 1, stream);
+        reset != CUDA_SUCCESS) {
+      return reset;
+    }
+  }
   for (std::size_t index : order) {
     const GraphNode& node = graph.nodes[index];
     CUresult sent = CUDA_SUCCESS;
-    if (node.kind == GraphNode::Kind::kEmpty || node.kind == GraphNode::Kind::kMemAlloc ||
-        node.kind == GraphNode::Kind::kMemFree) {
+    if (node.kind == GraphNode::Kind::kConditional) {
+      sent = runConditional(node, target);
+    } else if (node.kind == GraphNode::Kind::kEmpty || node.kind == GraphNode::Kind::kMemAlloc ||
+               node.kind == GraphNode::Kind::kMemFree) {
       continue;  // a memory node's memory is there already (graph_memory.hpp)
     } else if (node.kind == GraphNode::Kind::kHost) {
       // Captured again if the launch stream captures.
@@ -454,6 +482,45 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
     if (sent != CUDA_SUCCESS) return sent;
   }
   return CUDA_SUCCESS;
+}
+
+CUresult CapturingSink::runConditional(const GraphNode& node, const StreamTarget& target) {
+  // The value is read once the work ahead of the node is done, and the chosen body sent after
+  // it: so a launch waits at each conditional node, as a GPU's does not.
+  for (;;) {
+    if (CUresult drained =
+            transport_->synchronize(target.context, ring::SynchronizeKind::kStream, target.stream,
+                                    /*query=*/false);
+        drained != CUDA_SUCCESS) {
+      return drained;
+    }
+    std::uint32_t value = 0;
+    if (CUresult read = transport_->copyDeviceToHost(target, &value, node.condition->value,
+                                                     sizeof value, /*blocking=*/true);
+        read != CUDA_SUCCESS) {
+      return read;
+    }
+    const Graph* body = nullptr;
+    switch (enumValue(node.conditionType)) {
+      case CU_GRAPH_COND_TYPE_IF:  // the second body, when there is one, is the else branch
+        body = value != 0 ? node.bodies[0].get()
+                          : (node.bodies.size() > 1 ? node.bodies[1].get() : nullptr);
+        break;
+      case CU_GRAPH_COND_TYPE_WHILE:
+        body = value != 0 ? node.bodies[0].get() : nullptr;
+        break;
+      case CU_GRAPH_COND_TYPE_SWITCH:
+        body = value < node.bodies.size() ? node.bodies[value].get() : nullptr;
+        break;
+      default:
+        break;
+    }
+    if (body == nullptr) return CUDA_SUCCESS;
+    std::optional<std::vector<std::size_t>> order = launchOrder(*body);
+    if (!order) return CUDA_ERROR_INVALID_VALUE;  // checked at instantiation already
+    if (CUresult ran = launch(*body, *order, target); ran != CUDA_SUCCESS) return ran;
+    if (enumValue(node.conditionType) != CU_GRAPH_COND_TYPE_WHILE) return CUDA_SUCCESS;
+  }
 }
 
 }  // namespace gpuproxy::stub

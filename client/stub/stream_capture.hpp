@@ -36,10 +36,31 @@
 namespace gpuproxy::stub {
 
 class GraphAllocation;
+struct Graph;
+
+// The value of a conditional graph node (cuGraphConditionalHandleCreate): 32 bits of device memory
+// in the graph's context, whose address is the handle kernels pass to cudaGraphSetConditional.
+// Freed when the last graph or executable graph holding it is gone.
+struct ConditionalHandle {
+  CUdeviceptr value = 0;
+  CUcontext context = nullptr;
+  unsigned defaultValue = 0;
+  bool assignDefault = false;  // CU_GRAPH_COND_ASSIGN_DEFAULT: reset at each run of its graph
+  ~ConditionalHandle();
+};
 
 // One operation of a graph: captured, or added with cuGraphAdd*Node.
 struct GraphNode {
-  enum class Kind : std::uint8_t { kKernel, kMemcpy, kMemset, kHost, kEmpty, kMemAlloc, kMemFree };
+  enum class Kind : std::uint8_t {
+    kKernel,
+    kMemcpy,
+    kMemset,
+    kHost,
+    kEmpty,
+    kMemAlloc,
+    kMemFree,
+    kConditional
+  };
   Kind kind = Kind::kKernel;
   // A launch, memset or device-to-device copy, as the entry point built it (its context and stream
   // are replaced at each launch of the graph).
@@ -65,6 +86,13 @@ struct GraphNode {
   // The nodes it waits for, by index in its graph (added nodes; captured ones wait for the one
   // captured before them, which their order already says).
   std::vector<std::size_t> dependencies;
+  // A conditional node: its handle, its type (if, while, switch) and its body graphs, owned by
+  // the node (an executable graph holds copies of its own); `bodyHandles` is the array
+  // cuGraphAddNode hands out as phGraph_out.
+  std::shared_ptr<ConditionalHandle> condition;
+  CUgraphConditionalNodeType conditionType = CU_GRAPH_COND_TYPE_IF;
+  std::vector<std::shared_ptr<Graph>> bodies;
+  std::vector<CUgraph> bodyHandles;
 };
 
 // What cuStreamEndCapture or cuGraphCreate hands out as a CUgraph. Nodes never move once added
@@ -72,7 +100,13 @@ struct GraphNode {
 struct Graph {
   std::uint64_t context = 0;  // where its operations run; 0 while it has none
   std::deque<GraphNode> nodes;
+  // Conditional handles made for this graph, reset at each of its runs when they ask for it.
+  std::vector<std::shared_ptr<ConditionalHandle>> conditions;
+  bool isBody = false;  // a conditional node's body: the node owns it
 };
+
+// Whether `graph` or any body graph in it has a conditional node.
+bool hasConditionalNodes(const Graph& graph);
 
 // The order a launch sends a graph's nodes in: each after every node it depends on, otherwise in
 // the order they were added. nullopt when the dependencies form a cycle.
@@ -187,6 +221,12 @@ public:
   CUresult launch(const Graph& graph, const std::vector<std::size_t>& order,
                   const StreamTarget& target);
 
+private:
+  // A conditional node of a graph being launched: its body run (again, while it asks) as its
+  // value says.
+  CUresult runConditional(const GraphNode& node, const StreamTarget& target);
+
+public:
   // cuLaunchHostFunc on `stream`: nullopt when it does not capture (the caller launches it), else
   // the answer, the function kept as a node.
   std::optional<CUresult> captureHostFunction(std::uint64_t stream, CUhostFn function,

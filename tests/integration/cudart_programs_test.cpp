@@ -397,6 +397,32 @@ TEST_P(CudartPrograms, GraphMemoryNodesAllocateAndFreeAsCudaSays) {
   })) << daemon.status().dump(2);
 }
 
+// Conditional nodes: if (with and without else), while and switch, decided by the graph's own
+// kernels. The cuda backend's driver keeps conditional values itself, so there the handle is
+// refused (the program says so and exits 3).
+TEST_P(CudartPrograms, ConditionalNodesRunTheBodyTheirKernelsChoose) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"conditional"});
+  if (chainedCudaBackend()) {
+    ASSERT_TRUE(result.status.exitedWith(3)) << describe(result, daemon);
+    EXPECT_NE(result.output.find("conditional handles: cudaErrorNotSupported"), std::string::npos)
+        << result.output;
+    return;
+  }
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"if/else: then, else, then", "while: 5 runs, then none", "switch: case 2, case 0, no case",
+        "refusals: cudaErrorInvalidValue, cudaErrorInvalidValue, cudaErrorInvalidValue",
+        "conditional: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+  // Each handle's value was device memory of the client's, given back with its graphs.
+  EXPECT_TRUE(eventually([&] {
+    auto status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
+  })) << daemon.status().dump(2);
+}
+
 TEST_P(CudartPrograms, WhatCaptureCannotHoldIsRefusedAsCudaRefusesIt) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("graphs"), {"capture-errors"});

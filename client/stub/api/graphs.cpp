@@ -34,6 +34,8 @@ using gpuproxy::stub::GraphAllocation;
 using gpuproxy::stub::GraphMemory;
 using gpuproxy::stub::GraphNode;
 using gpuproxy::stub::guarded;
+using gpuproxy::stub::hasConditionalNodes;
+using gpuproxy::stub::launchOrder;
 using gpuproxy::stub::LiveHandles;
 using gpuproxy::stub::NullStream;
 using gpuproxy::stub::resolveStream;
@@ -107,6 +109,30 @@ Graph* graphOf(CUgraph handle) {
 
 GraphExec* execOf(CUgraphExec handle) {
   return execs().find(handle);
+}
+
+// The body graphs of `graph`'s conditional nodes (and theirs) stop being graphs handles may name.
+void forgetBodies(const Graph& graph) {
+  for (const GraphNode& node : graph.nodes) {
+    for (const std::shared_ptr<Graph>& body : node.bodies) {
+      forgetBodies(*body);
+      graphs().forget(body.get());
+    }
+  }
+}
+
+// An executable graph's own copies of the body graphs that `graph` (its copy of the application's
+// graph) still shares with the application's; false when a body's dependencies form a cycle.
+bool copyBodies(Graph& graph) {
+  for (GraphNode& node : graph.nodes) {
+    for (std::size_t i = 0; i < node.bodies.size(); ++i) {
+      if (!launchOrder(*node.bodies[i])) return false;
+      node.bodies[i] = std::make_shared<Graph>(*node.bodies[i]);
+      node.bodyHandles[i] = reinterpret_cast<CUgraph>(node.bodies[i].get());
+      if (!copyBodies(*node.bodies[i])) return false;
+    }
+  }
+  return true;
 }
 
 CUgraphNode handleOf(const GraphNode& node) {
@@ -227,6 +253,10 @@ CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph h
     }
     auto exec = std::make_unique<GraphExec>();
     exec->graph = *graph;
+    if (!copyBodies(exec->graph)) {
+      GPUPROXY_STUB_LOG(kWarn, "%s: a conditional body's dependencies form a cycle", entryPoint);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     exec->order = std::move(*order);
     exec->autoFreeOnLaunch = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
     if (!exec->claim.claim(*graph)) {
@@ -291,6 +321,8 @@ CUgraphNodeType typeOf(const GraphNode& node) {
       return CU_GRAPH_NODE_TYPE_MEM_ALLOC;
     case GraphNode::Kind::kMemFree:
       return CU_GRAPH_NODE_TYPE_MEM_FREE;
+    case GraphNode::Kind::kConditional:
+      return CU_GRAPH_NODE_TYPE_CONDITIONAL;
   }
   return CU_GRAPH_NODE_TYPE_EMPTY;
 }
@@ -412,13 +444,21 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
     const Graph* graph = graphOf(originalGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     if (gpuproxy::stub::hasMemoryNodes(*graph)) return CUDA_ERROR_NOT_SUPPORTED;  // as CUDA says
+    if (gpuproxy::stub::hasConditionalNodes(*graph)) {
+      GPUPROXY_STUB_LOG(kWarn, "cuGraphClone: a graph with conditional nodes is not cloned");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
     *phGraphClone = adopt(std::make_unique<Graph>(*graph));
     return CUDA_SUCCESS;
   });
 }
 
+// A conditional node's body graphs are its own: destroyed with the graph that holds the node.
 GPUPROXY_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
   return guarded(__func__, [&](Runtime&) {
+    const Graph* graph = graphOf(hGraph);
+    if (graph == nullptr || graph->isBody) return CUDA_ERROR_INVALID_VALUE;
+    forgetBodies(*graph);
     return graphs().destroy(hGraph) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
@@ -540,6 +580,12 @@ CUresult addNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* de
   return graphs().locked([&](const std::set<Graph*>& live) {
     auto* graph = reinterpret_cast<Graph*>(hGraph);
     if (live.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
+    // A conditional body takes kernels, copies, memsets, empty and conditional nodes only.
+    if (graph->isBody &&
+        (node.kind == GraphNode::Kind::kMemAlloc || node.kind == GraphNode::Kind::kMemFree ||
+         node.kind == GraphNode::Kind::kHost)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     for (size_t i = 0; i < numDependencies; ++i) {
       std::optional<std::size_t> index = indexIn(*graph, dependencies[i]);
       if (!index) return CUDA_ERROR_INVALID_VALUE;
@@ -725,6 +771,9 @@ CUresult execUpdate(const char* entryPoint, CUgraphExec hGraphExec, CUgraph hGra
       return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
     };
     const Graph& current = exec->graph;
+    if (hasConditionalNodes(*graph) || hasConditionalNodes(current)) {
+      return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED, nullptr);
+    }
     if (graph->nodes.size() != current.nodes.size()) {
       return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, nullptr);
     }
@@ -1100,9 +1149,48 @@ CUDA_KERNEL_NODE_PARAMS kernelParamsOf(const CUDA_KERNEL_NODE_PARAMS_v3& v3) {
   return params;
 }
 
-// cuGraphAddNode: the node types gpuproxy's graphs have, through their own entry points. Child
-// graphs, event and external semaphore nodes, batched memory operations and conditional nodes
-// are CUDA_ERROR_NOT_SUPPORTED, as their own entry points are.
+// A conditional node (cuGraphAddNode): its bodies are made empty here for the application to
+// fill (CUDA's own array of them goes back in params.phGraph_out). The handle must be one made
+// for this graph.
+CUresult addConditionalNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                            const CUgraphNode* dependencies, size_t numDependencies,
+                            CUDA_CONDITIONAL_NODE_PARAMS& params) {
+  Graph* graph = graphOf(hGraph);
+  if (graph == nullptr || phGraphNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<gpuproxy::stub::ConditionalHandle> condition;
+  for (const auto& made : graph->conditions) {
+    if (made->value == params.handle) condition = made;
+  }
+  if (!condition) return CUDA_ERROR_INVALID_VALUE;
+  const int type = gpuproxy::stub::enumValue(params.type);
+  const bool sized = (type == CU_GRAPH_COND_TYPE_IF && (params.size == 1 || params.size == 2)) ||
+                     (type == CU_GRAPH_COND_TYPE_WHILE && params.size == 1) ||
+                     (type == CU_GRAPH_COND_TYPE_SWITCH && params.size >= 1);
+  if (!sized) return CUDA_ERROR_INVALID_VALUE;
+  GraphNode node;
+  node.kind = GraphNode::Kind::kConditional;
+  node.condition = condition;
+  node.conditionType = params.type;
+  for (unsigned i = 0; i < params.size; ++i) {
+    auto body = std::make_shared<Graph>();
+    body->isBody = true;
+    node.bodyHandles.push_back(reinterpret_cast<CUgraph>(body.get()));
+    node.bodies.push_back(std::move(body));
+  }
+  // The node's vector does not move with the node: its array stays where it was handed out.
+  CUgraph* bodies = node.bodyHandles.data();
+  std::vector<std::shared_ptr<Graph>> made = node.bodies;
+  const CUresult added = addNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                 std::move(node), contextOr(params.ctx));
+  if (added != CUDA_SUCCESS) return added;
+  for (const std::shared_ptr<Graph>& body : made) graphs().lend(body.get());
+  params.phGraph_out = bodies;
+  return CUDA_SUCCESS;
+}
+
+// cuGraphAddNode: the node types gpuproxy's graphs have, through their own entry points, and
+// conditional nodes. Child graphs, event and external semaphore nodes and batched memory
+// operations are CUDA_ERROR_NOT_SUPPORTED, as their own entry points are.
 CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgraph hGraph,
                          const CUgraphNode* dependencies, const CUgraphEdgeData* edgeData,
                          size_t numDependencies, CUgraphNodeParams* nodeParams) {
@@ -1156,6 +1244,9 @@ CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgra
       case CU_GRAPH_NODE_TYPE_MEM_FREE:
         return cuGraphAddMemFreeNode(phGraphNode, hGraph, dependencies, numDependencies,
                                      nodeParams->free.dptr);
+      case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+        return addConditionalNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                  nodeParams->conditional);
       default:
         GPUPROXY_STUB_LOG(kWarn, "%s: graph nodes of type %d are not supported", entryPoint, type);
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -1215,4 +1306,49 @@ GPUPROXY_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec hGraphExec, CUgrap
     return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
   return setNodeParams(__func__, hGraphExec, hNode, nodeParams);
+}
+
+// A conditional node's value: 32 bits of device memory in `ctx` (or the current context), set to
+// `defaultLaunchValue` now and, with CU_GRAPH_COND_ASSIGN_DEFAULT, at each run of `hGraph`.
+// Kernels set it with cudaGraphSetConditional, which the sim runs as a store to this address.
+// A GPU's driver keeps these values itself and links its own cudaGraphSetConditional into the
+// kernels it loads, so on the cuda backend the call is refused.
+GPUPROXY_EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* pHandle_out,
+                                                        CUgraph hGraph, CUcontext ctx,
+                                                        unsigned int defaultLaunchValue,
+                                                        unsigned int flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    Graph* graph = graphOf(hGraph);
+    if (pHandle_out == nullptr || graph == nullptr ||
+        (flags & ~CU_GRAPH_COND_ASSIGN_DEFAULT) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (runtime.backend() != "sim") {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "cuGraphConditionalHandleCreate: conditional graph nodes are supported on "
+                        "the sim backend only");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    CUcontext context = ctx;
+    if (context == nullptr) {
+      const std::uint64_t current = gpuproxy::stub::currentContext();
+      if (current == 0) return CUDA_ERROR_INVALID_CONTEXT;
+      context = gpuproxy::stub::toHandle<CUcontext>(current);
+    }
+    auto condition = std::make_shared<gpuproxy::stub::ConditionalHandle>();
+    condition->context = context;
+    condition->defaultValue = defaultLaunchValue;
+    condition->assignDefault = (flags & CU_GRAPH_COND_ASSIGN_DEFAULT) != 0;
+    if (CUresult pushed = cuCtxPushCurrent_v2(context); pushed != CUDA_SUCCESS) return pushed;
+    CUresult made = cuMemAlloc_v2(&condition->value, sizeof(std::uint32_t));
+    if (made == CUDA_SUCCESS) made = cuMemsetD32_v2(condition->value, defaultLaunchValue, 1);
+    // Set before any stream of the context reads it, a non-blocking one included.
+    if (made == CUDA_SUCCESS) made = cuCtxSynchronize();
+    CUcontext popped = nullptr;
+    cuCtxPopCurrent_v2(&popped);
+    if (made != CUDA_SUCCESS) return made;
+    *pHandle_out = condition->value;
+    graph->conditions.push_back(std::move(condition));
+    return CUDA_SUCCESS;
+  });
 }

@@ -1949,6 +1949,7 @@ Builtin builtinFor(std::string_view name) {
   if (name == "malloc") return Builtin::kMalloc;
   if (name == "free") return Builtin::kFree;
   if (name == "__cuda_syscall_aligned_malloc") return Builtin::kAlignedMalloc;
+  if (name == "cudaGraphSetConditional") return Builtin::kGraphSetConditional;
   return Builtin::kNone;
 }
 

@@ -865,6 +865,26 @@ bool BlockRunner::callBuiltin(Warp& warp, const Function& callee, const CallSite
         if (launch_->request->heap != nullptr) launch_->request->heap->release(argument(lane, 0));
       });
       return true;
+    case Builtin::kGraphSetConditional: {
+      // A handle that is no value of this client's faults as a bad store would.
+      bool ok = true;
+      forLanes(lanes, [&](std::uint32_t lane) {
+        if (!ok) return;
+        std::byte* value =
+            translate(context_, Space::kGlobal, argument(lane, 0), 4, 4, lane, /*write=*/true);
+        if (value == nullptr) {
+          ok = false;
+          return;
+        }
+        const auto set = static_cast<std::uint32_t>(argument(lane, 1));
+        std::memcpy(value, &set, sizeof set);
+      });
+      if (!ok) {
+        step = faultAt(call, warp, lanes);
+        return false;
+      }
+      return true;
+    }
     default:
       step = stop(CUDA_ERROR_NOT_SUPPORTED, "call to external function '" + callee.name + "'", warp,
                   static_cast<std::uint32_t>(std::countr_zero(lanes)));

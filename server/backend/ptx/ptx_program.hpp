@@ -285,6 +285,9 @@ enum class Builtin : std::uint32_t {
   kMalloc,
   kFree,
   kAlignedMalloc,  // __nv_aligned_device_malloc
+  // cudaGraphSetConditional(handle, value): the handle of a conditional graph node is the device
+  // address of its 32-bit value (client/stub/api/graphs.cpp), which the call stores.
+  kGraphSetConditional,
 };
 
 }  // namespace gpuproxy::server::ptx

@@ -19,6 +19,10 @@
 //                    launch while it is live refused, unless AUTO_FREE_ON_LAUNCH; one executable
 //                    graph at a time, no clone; cudaDeviceGetGraphMemAttribute; the memory given
 //                    back when the graphs are destroyed
+//   conditional      conditional nodes (CUDA 12.4): an if node with and without its else body, a
+//                    while loop counted down by its own body's kernel, a switch; the value reset
+//                    at each launch (cudaGraphCondAssignDefault) or kept; the refusals. Where the
+//                    driver refuses conditional handles altogether it says so and exits 3
 
 #include <cuda_runtime.h>
 
@@ -41,6 +45,22 @@ __global__ void accumulate(float* sum, const float* x, int n) {
 __global__ void iota(float* x, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] += static_cast<float>(i);
+}
+
+// The value of a conditional node: nonzero when *flag is.
+__global__ void decide(cudaGraphConditionalHandle handle, const int* flag) {
+  cudaGraphSetConditional(handle, *flag);
+}
+
+// A while loop's body: one more run counted, one fewer to go.
+__global__ void countDown(cudaGraphConditionalHandle handle, int* remaining, int* runs) {
+  ++*runs;
+  --*remaining;
+  cudaGraphSetConditional(handle, *remaining > 0 ? 1u : 0u);
+}
+
+__global__ void store(int* where, int value) {
+  *where = value;
 }
 
 namespace {
@@ -680,6 +700,192 @@ int memoryMode() {
 
 }  // namespace
 
+// Adds to `graph` a kernel node running `kernel` with `args`, one thread, after `dependency`.
+template <typename... Args>
+cudaError_t addKernel(cudaGraphNode_t* node, cudaGraph_t graph, const cudaGraphNode_t* dependency,
+                      void (*kernel)(Args...), void** args) {
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeKernel;
+  params.kernel.func = reinterpret_cast<void*>(kernel);
+  params.kernel.gridDim = dim3(1);
+  params.kernel.blockDim = dim3(1);
+  params.kernel.kernelParams = args;
+  return cudaGraphAddNode(node, graph, dependency, nullptr, dependency != nullptr ? 1 : 0, &params);
+}
+
+// Adds a conditional node of `type` with `size` bodies after `dependency`; its bodies in `bodies`.
+cudaError_t addConditional(cudaGraphNode_t* node, cudaGraph_t graph,
+                           const cudaGraphNode_t* dependency, cudaGraphConditionalHandle handle,
+                           cudaGraphConditionalNodeType type, unsigned size, cudaGraph_t** bodies) {
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = type;
+  params.conditional.size = size;
+  const cudaError_t status =
+      cudaGraphAddNode(node, graph, dependency, nullptr, dependency != nullptr ? 1 : 0, &params);
+  *bodies = params.conditional.phGraph_out;
+  return status;
+}
+
+int readInt(const int* device, int& value) {
+  CHECK(cudaMemcpy(&value, device, sizeof value, cudaMemcpyDeviceToHost));
+  return 0;
+}
+
+int conditionalMode() {
+  int* values = nullptr;  // flag, marker, remaining, runs, choice
+  CHECK(cudaMalloc(&values, 5 * sizeof(int)));
+  int* flag = values;
+  int* marker = values + 1;
+  int* remaining = values + 2;
+  int* runs = values + 3;
+  int* choice = values + 4;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // if (*flag) *marker = 1; else *marker = 2; the value reset to 0 at each launch.
+  cudaGraph_t ifGraph;
+  CHECK(cudaGraphCreate(&ifGraph, 0));
+  cudaGraphConditionalHandle ifHandle = 0;
+  const cudaError_t made =
+      cudaGraphConditionalHandleCreate(&ifHandle, ifGraph, 0, cudaGraphCondAssignDefault);
+  if (made == cudaErrorNotSupported) {
+    std::printf("conditional handles: %s\n", cudaGetErrorName(made));
+    return 3;
+  }
+  CHECK(made);
+  void* decideArgs[] = {&ifHandle, &flag};
+  cudaGraphNode_t decided;
+  CHECK(addKernel(&decided, ifGraph, nullptr, decide, decideArgs));
+  cudaGraphNode_t ifNode;
+  cudaGraph_t* ifBodies = nullptr;
+  CHECK(addConditional(&ifNode, ifGraph, &decided, ifHandle, cudaGraphCondTypeIf, 2, &ifBodies));
+  int one = 1;
+  int two = 2;
+  void* thenArgs[] = {&marker, &one};
+  void* elseArgs[] = {&marker, &two};
+  cudaGraphNode_t thenNode;
+  cudaGraphNode_t elseNode;
+  CHECK(addKernel(&thenNode, ifBodies[0], nullptr, store, thenArgs));
+  CHECK(addKernel(&elseNode, ifBodies[1], nullptr, store, elseArgs));
+  cudaGraphExec_t ifExec;
+  CHECK(cudaGraphInstantiate(&ifExec, ifGraph, 0));
+  for (int set : {1, 0, 1}) {
+    CHECK(cudaMemset(marker, 0, sizeof(int)));
+    CHECK(cudaMemcpy(flag, &set, sizeof set, cudaMemcpyHostToDevice));
+    CHECK(cudaGraphLaunch(ifExec, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    int got = 0;
+    if (readInt(marker, got) != 0) return 1;
+    EXPECT(got == (set != 0 ? 1 : 2), "if node with flag %d: marker %d", set, got);
+  }
+  std::printf("if/else: then, else, then\n");
+
+  // while (value) { ++*runs; --*remaining; value = *remaining > 0; }, the value starting at 1
+  // and kept between launches (no cudaGraphCondAssignDefault).
+  cudaGraph_t loopGraph;
+  CHECK(cudaGraphCreate(&loopGraph, 0));
+  cudaGraphConditionalHandle loopHandle = 0;
+  CHECK(cudaGraphConditionalHandleCreate(&loopHandle, loopGraph, 1, 0));
+  cudaGraphNode_t loopNode;
+  cudaGraph_t* loopBodies = nullptr;
+  CHECK(addConditional(&loopNode, loopGraph, nullptr, loopHandle, cudaGraphCondTypeWhile, 1,
+                       &loopBodies));
+  void* countArgs[] = {&loopHandle, &remaining, &runs};
+  cudaGraphNode_t counted;
+  CHECK(addKernel(&counted, loopBodies[0], nullptr, countDown, countArgs));
+  cudaGraphExec_t loopExec;
+  CHECK(cudaGraphInstantiate(&loopExec, loopGraph, 0));
+  const int five = 5;
+  CHECK(cudaMemcpy(remaining, &five, sizeof five, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(runs, 0, sizeof(int)));
+  CHECK(cudaGraphLaunch(loopExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  int loops = 0;
+  if (readInt(runs, loops) != 0) return 1;
+  EXPECT(loops == 5, "a while loop over 5 ran its body %d times", loops);
+  // The loop left its value at 0, and nothing resets it: launched again, the body never runs.
+  CHECK(cudaGraphLaunch(loopExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  if (readInt(runs, loops) != 0) return 1;
+  EXPECT(loops == 5, "a while loop whose value stayed 0 ran its body (%d runs)", loops);
+  std::printf("while: 5 runs, then none\n");
+
+  // switch (*choice) { case 0: 10; case 1: 11; case 2: 12; } and no case for 3.
+  cudaGraph_t switchGraph;
+  CHECK(cudaGraphCreate(&switchGraph, 0));
+  cudaGraphConditionalHandle switchHandle = 0;
+  CHECK(
+      cudaGraphConditionalHandleCreate(&switchHandle, switchGraph, 0, cudaGraphCondAssignDefault));
+  void* chooseArgs[] = {&switchHandle, &choice};
+  cudaGraphNode_t chosen;
+  CHECK(addKernel(&chosen, switchGraph, nullptr, decide, chooseArgs));
+  cudaGraphNode_t switchNode;
+  cudaGraph_t* cases = nullptr;
+  CHECK(addConditional(&switchNode, switchGraph, &chosen, switchHandle, cudaGraphCondTypeSwitch, 3,
+                       &cases));
+  int caseValues[3] = {10, 11, 12};
+  void* caseArgs[3][2] = {
+      {&marker, &caseValues[0]}, {&marker, &caseValues[1]}, {&marker, &caseValues[2]}};
+  for (int i = 0; i < 3; ++i) {
+    cudaGraphNode_t caseNode;
+    CHECK(addKernel(&caseNode, cases[i], nullptr, store, caseArgs[i]));
+  }
+  cudaGraphExec_t switchExec;
+  CHECK(cudaGraphInstantiate(&switchExec, switchGraph, 0));
+  for (int pick : {2, 0, 3}) {
+    CHECK(cudaMemset(marker, 0, sizeof(int)));
+    CHECK(cudaMemcpy(choice, &pick, sizeof pick, cudaMemcpyHostToDevice));
+    CHECK(cudaGraphLaunch(switchExec, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    int got = 0;
+    if (readInt(marker, got) != 0) return 1;
+    EXPECT(got == (pick < 3 ? 10 + pick : 0), "switch on %d: marker %d", pick, got);
+  }
+  std::printf("switch: case 2, case 0, no case\n");
+
+  // Refused: a handle made for another graph, a body destroyed on its own, a while with two
+  // bodies.
+  cudaGraphNode_t refused;
+  cudaGraph_t* unused = nullptr;
+  const cudaError_t foreign =
+      addConditional(&refused, loopGraph, nullptr, ifHandle, cudaGraphCondTypeIf, 1, &unused);
+  EXPECT(foreign == cudaErrorInvalidValue, "another graph's handle gave %s",
+         cudaGetErrorName(foreign));
+  cudaGetLastError();
+  const cudaError_t bodyDestroyed = cudaGraphDestroy(loopBodies[0]);
+  EXPECT(bodyDestroyed == cudaErrorInvalidValue, "destroying a body gave %s",
+         cudaGetErrorName(bodyDestroyed));
+  cudaGetLastError();
+  const cudaError_t twoBodies =
+      addConditional(&refused, loopGraph, nullptr, loopHandle, cudaGraphCondTypeWhile, 2, &unused);
+  EXPECT(twoBodies == cudaErrorInvalidValue, "a while with two bodies gave %s",
+         cudaGetErrorName(twoBodies));
+  cudaGetLastError();
+  std::printf("refusals: %s, %s, %s\n", cudaGetErrorName(foreign), cudaGetErrorName(bodyDestroyed),
+              cudaGetErrorName(twoBodies));
+
+  // The executable graphs keep their own copies: they still run once the graphs are gone.
+  CHECK(cudaGraphDestroy(ifGraph));
+  CHECK(cudaGraphDestroy(loopGraph));
+  CHECK(cudaGraphDestroy(switchGraph));
+  const int set = 1;
+  CHECK(cudaMemset(marker, 0, sizeof(int)));
+  CHECK(cudaMemcpy(flag, &set, sizeof set, cudaMemcpyHostToDevice));
+  CHECK(cudaGraphLaunch(ifExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  int after = 0;
+  if (readInt(marker, after) != 0) return 1;
+  EXPECT(after == 1, "the if graph after its graph was destroyed: marker %d", after);
+  CHECK(cudaGraphExecDestroy(ifExec));
+  CHECK(cudaGraphExecDestroy(loopExec));
+  CHECK(cudaGraphExecDestroy(switchExec));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(values));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::printf("usage: %s <mode>\n", argv[0]);
@@ -691,6 +897,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "capture-errors") == 0) result = captureErrors();
   if (std::strcmp(mode, "nodes") == 0) result = nodesMode();
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
+  if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
   if (result == 0) std::printf("%s: PASSED\n", mode);
   return result;
