@@ -650,19 +650,26 @@ CUresult kernelNode(Runtime& runtime, const CUDA_KERNEL_NODE_PARAMS& params, Gra
   return CUDA_SUCCESS;
 }
 
-CUDA_KERNEL_NODE_PARAMS fromV1(const CUDA_KERNEL_NODE_PARAMS_v1& v1) {
+// A kernel node's parameters as cuGraphAddKernelNode takes them, from another version of the
+// struct: the launch's fields, which every version has.
+template <typename Given>
+CUDA_KERNEL_NODE_PARAMS launchFieldsOf(const Given& given) {
   CUDA_KERNEL_NODE_PARAMS params{};
-  params.func = v1.func;
-  params.gridDimX = v1.gridDimX;
-  params.gridDimY = v1.gridDimY;
-  params.gridDimZ = v1.gridDimZ;
-  params.blockDimX = v1.blockDimX;
-  params.blockDimY = v1.blockDimY;
-  params.blockDimZ = v1.blockDimZ;
-  params.sharedMemBytes = v1.sharedMemBytes;
-  params.kernelParams = v1.kernelParams;
-  params.extra = v1.extra;
+  params.func = given.func;
+  params.gridDimX = given.gridDimX;
+  params.gridDimY = given.gridDimY;
+  params.gridDimZ = given.gridDimZ;
+  params.blockDimX = given.blockDimX;
+  params.blockDimY = given.blockDimY;
+  params.blockDimZ = given.blockDimZ;
+  params.sharedMemBytes = given.sharedMemBytes;
+  params.kernelParams = given.kernelParams;
+  params.extra = given.extra;
   return params;
+}
+
+CUDA_KERNEL_NODE_PARAMS fromV1(const CUDA_KERNEL_NODE_PARAMS_v1& v1) {
+  return launchFieldsOf(v1);
 }
 
 CUresult addKernelNode(const char* entryPoint, CUgraphNode* phGraphNode, CUgraph hGraph,
@@ -1131,19 +1138,9 @@ bool reservedAreZero(const CUgraphNodeParams& params) {
          params.reserved2 == 0;
 }
 
-// A kernel node's parameters as cuGraphAddKernelNode takes them (the same fields).
+// The generic form's kernel parameters (CUDA_KERNEL_NODE_PARAMS_v3: the same fields as v2).
 CUDA_KERNEL_NODE_PARAMS kernelParamsOf(const CUDA_KERNEL_NODE_PARAMS_v3& v3) {
-  CUDA_KERNEL_NODE_PARAMS params{};
-  params.func = v3.func;
-  params.gridDimX = v3.gridDimX;
-  params.gridDimY = v3.gridDimY;
-  params.gridDimZ = v3.gridDimZ;
-  params.blockDimX = v3.blockDimX;
-  params.blockDimY = v3.blockDimY;
-  params.blockDimZ = v3.blockDimZ;
-  params.sharedMemBytes = v3.sharedMemBytes;
-  params.kernelParams = v3.kernelParams;
-  params.extra = v3.extra;
+  CUDA_KERNEL_NODE_PARAMS params = launchFieldsOf(v3);
   params.kern = v3.kern;
   params.ctx = v3.ctx;
   return params;
