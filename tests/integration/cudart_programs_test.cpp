@@ -411,7 +411,8 @@ TEST_P(CudartPrograms, ConditionalNodesRunTheBodyTheirKernelsChoose) {
   }
   ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
   for (const char* line :
-       {"if/else: then, else, then", "while: 5 runs, then none", "switch: case 2, case 0, no case",
+       {"if/else: then, else, then", "while: 5 runs, then none",
+        "while with a captured body: 3 runs at each launch", "switch: case 2, case 0, no case",
         "refusals: cudaErrorInvalidValue, cudaErrorInvalidValue, cudaErrorInvalidValue",
         "conditional: PASSED"}) {
     EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;

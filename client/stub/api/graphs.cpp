@@ -147,6 +147,19 @@ std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
   return std::nullopt;
 }
 
+// Whether every edge of `edgeData` (null: all default) is the default one, the only kind gpuproxy's
+// graphs have: the node before has completed.
+bool onlyDefaultEdges(const CUgraphEdgeData* edgeData, size_t count) {
+  if (edgeData == nullptr) return true;
+  for (size_t i = 0; i < count; ++i) {
+    const CUgraphEdgeData& edge = edgeData[i];
+    if (edge.from_port != 0 || edge.to_port != 0 || edge.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The graph `node` belongs to, and its index there.
 std::optional<std::pair<Graph*, std::size_t>> locate(CUgraphNode node) {
   if (node == nullptr) return std::nullopt;
@@ -166,32 +179,131 @@ void rememberOrigins(GraphExec& exec, const Graph& graph) {
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) exec.fromGraph[&graph.nodes[i]] = i;
 }
 
+// Captures into a graph of the application's (cuStreamBeginCaptureToGraph), by capturing stream:
+// the graph, and the nodes of it the first captured operation waits for.
+struct CaptureInto {
+  Graph* graph = nullptr;
+  std::vector<std::size_t> dependencies;
+};
+
+struct CapturesInto {
+  std::mutex mutex;
+  std::map<std::uint64_t, CaptureInto> byStream;
+};
+
+CapturesInto& capturesInto() {
+  static auto* table = new CapturesInto;
+  return *table;
+}
+
+// `into`: cuStreamBeginCaptureToGraph's graph and dependencies (null: a capture of its own).
 CUresult beginCapture(const char* entryPoint, CUstream hStream, CUstreamCaptureMode mode,
-                      NullStream nullStream) {
+                      NullStream nullStream, const CaptureInto* into = nullptr) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    return runtime.capturing().captures().begin(target, mode);
+    const CUresult begun = runtime.capturing().captures().begin(target, mode);
+    if (begun == CUDA_SUCCESS && into != nullptr) {
+      std::lock_guard lock(capturesInto().mutex);
+      capturesInto().byStream[target.stream] = *into;
+    }
+    return begun;
   });
+}
+
+// What a capture into `into` made joins its graph: the captured operations one after the other
+// (the order they were captured in), the first after `into.dependencies`.
+CUresult appendCaptured(const CaptureInto& into, Graph& captured) {
+  Graph& graph = *into.graph;
+  for (const GraphNode& node : captured.nodes) {
+    const bool allowed = node.kind != GraphNode::Kind::kMemAlloc &&
+                         node.kind != GraphNode::Kind::kMemFree &&
+                         (!graph.isBody || node.kind != GraphNode::Kind::kHost);
+    if (!allowed) return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (captured.nodes.empty()) return CUDA_SUCCESS;
+  if (graph.context != 0 && captured.context != 0 && graph.context != captured.context) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (graph.context == 0) graph.context = captured.context;
+  for (std::size_t i = 0; i < captured.nodes.size(); ++i) {
+    GraphNode node = std::move(captured.nodes[i]);
+    if (i == 0) {
+      node.dependencies = into.dependencies;
+    } else {
+      node.dependencies = {graph.nodes.size() - 1};
+    }
+    graph.nodes.push_back(std::move(node));
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult endCapture(const char* entryPoint, CUstream hStream, CUgraph* phGraph,
                     NullStream nullStream) {
   return guarded(entryPoint, [&](Runtime& runtime) {
-    if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
+    std::optional<CaptureInto> into;
+    {
+      std::lock_guard lock(capturesInto().mutex);
+      if (auto found = capturesInto().byStream.find(target.stream);
+          found != capturesInto().byStream.end()) {
+        into = found->second;
+      }
+    }
+    // A capture into a graph of the application's may leave phGraph out: it knows the graph.
+    if (phGraph == nullptr && !into) return CUDA_ERROR_INVALID_VALUE;
     std::unique_ptr<Graph> graph;
-    const CUresult ended = runtime.capturing().captures().end(target.stream, graph);
+    CUresult ended = runtime.capturing().captures().end(target.stream, graph);
+    if (into && ended != CUDA_ERROR_ILLEGAL_STATE &&
+        ended != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+      std::lock_guard lock(capturesInto().mutex);
+      capturesInto().byStream.erase(target.stream);
+    }
+    if (ended == CUDA_SUCCESS && into) {
+      // The graph may have gone meanwhile; then there is nothing to add to.
+      if (graphOf(reinterpret_cast<CUgraph>(into->graph)) == nullptr) {
+        ended = CUDA_ERROR_INVALID_VALUE;
+      } else {
+        ended = appendCaptured(*into, *graph);
+      }
+      if (phGraph != nullptr) {
+        *phGraph = ended == CUDA_SUCCESS ? reinterpret_cast<CUgraph>(into->graph) : nullptr;
+      }
+      return ended;
+    }
     *phGraph = ended == CUDA_SUCCESS ? adopt(std::move(graph)) : nullptr;
     return ended;
   });
+}
+
+// cuStreamBeginCaptureToGraph: a capture whose operations join `hGraph` when it ends, after
+// `dependencies` (default edges only).
+CUresult beginCaptureToGraph(const char* entryPoint, CUstream hStream, CUgraph hGraph,
+                             const CUgraphNode* dependencies, const CUgraphEdgeData* edgeData,
+                             size_t numDependencies, CUstreamCaptureMode mode,
+                             NullStream nullStream) {
+  auto refuse = [&](CUresult result) {
+    return guarded(entryPoint, [result](Runtime&) { return result; });
+  };
+  CaptureInto into;
+  into.graph = graphOf(hGraph);
+  if (into.graph == nullptr || (numDependencies > 0 && dependencies == nullptr)) {
+    return refuse(CUDA_ERROR_INVALID_VALUE);
+  }
+  for (size_t i = 0; i < numDependencies; ++i) {
+    std::optional<std::size_t> index = indexIn(*into.graph, dependencies[i]);
+    if (!index) return refuse(CUDA_ERROR_INVALID_VALUE);
+    into.dependencies.push_back(*index);
+  }
+  if (!onlyDefaultEdges(edgeData, numDependencies)) return refuse(CUDA_ERROR_NOT_SUPPORTED);
+  return beginCapture(entryPoint, hStream, mode, nullStream, &into);
 }
 
 // cuStreamIsCapturing and every cuStreamGetCaptureInfo. For a stream that is not capturing the
@@ -723,19 +835,6 @@ CUresult setExecKernelParams(const char* entryPoint, CUgraphExec hGraphExec, CUg
     if (found == exec->fromGraph.end()) return CUDA_ERROR_INVALID_VALUE;
     return replaceKernel(runtime, exec->graph.nodes[found->second], *params, exec->graph.context);
   });
-}
-
-// Whether every edge of `edgeData` (null: all default) is the default one, the only kind gpuproxy's
-// graphs have: the node before has completed.
-bool onlyDefaultEdges(const CUgraphEdgeData* edgeData, size_t count) {
-  if (edgeData == nullptr) return true;
-  for (size_t i = 0; i < count; ++i) {
-    const CUgraphEdgeData& edge = edgeData[i];
-    if (edge.from_port != 0 || edge.to_port != 0 || edge.type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT) {
-      return false;
-    }
-  }
-  return true;
 }
 
 CUresult addDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
@@ -1348,4 +1447,22 @@ GPUPROXY_EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle
     graph->conditions.push_back(std::move(condition));
     return CUDA_SUCCESS;
   });
+}
+
+GPUPROXY_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                     const CUgraphNode* dependencies,
+                                                     const CUgraphEdgeData* dependencyData,
+                                                     size_t numDependencies,
+                                                     CUstreamCaptureMode mode) {
+  return beginCaptureToGraph(__func__, hStream, hGraph, dependencies, dependencyData,
+                             numDependencies, mode, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                          const CUgraphNode* dependencies,
+                                                          const CUgraphEdgeData* dependencyData,
+                                                          size_t numDependencies,
+                                                          CUstreamCaptureMode mode) {
+  return beginCaptureToGraph(__func__, hStream, hGraph, dependencies, dependencyData,
+                             numDependencies, mode, NullStream::kPerThread);
 }

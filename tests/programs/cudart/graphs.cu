@@ -20,7 +20,8 @@
 //                    graph at a time, no clone; cudaDeviceGetGraphMemAttribute; the memory given
 //                    back when the graphs are destroyed
 //   conditional      conditional nodes (CUDA 12.4): an if node with and without its else body, a
-//                    while loop counted down by its own body's kernel, a switch; the value reset
+//                    while loop counted down by its own body's kernel (a body built node by node,
+//                    and one filled by cudaStreamBeginCaptureToGraph), a switch; the value reset
 //                    at each launch (cudaGraphCondAssignDefault) or kept; the refusals. Where the
 //                    driver refuses conditional handles altogether it says so and exits 3
 
@@ -811,6 +812,39 @@ int conditionalMode() {
   if (readInt(runs, loops) != 0) return 1;
   EXPECT(loops == 5, "a while loop whose value stayed 0 ran its body (%d runs)", loops);
   std::printf("while: 5 runs, then none\n");
+
+  // The same loop with its body filled by capturing into it (cudaStreamBeginCaptureToGraph).
+  cudaGraph_t capturedLoop;
+  CHECK(cudaGraphCreate(&capturedLoop, 0));
+  cudaGraphConditionalHandle capturedHandle = 0;
+  CHECK(cudaGraphConditionalHandleCreate(&capturedHandle, capturedLoop, 1,
+                                         cudaGraphCondAssignDefault));
+  cudaGraphNode_t capturedNode;
+  cudaGraph_t* capturedBodies = nullptr;
+  CHECK(addConditional(&capturedNode, capturedLoop, nullptr, capturedHandle, cudaGraphCondTypeWhile,
+                       1, &capturedBodies));
+  cudaStream_t capturing;
+  CHECK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK(cudaStreamBeginCaptureToGraph(capturing, capturedBodies[0], nullptr, nullptr, 0,
+                                      cudaStreamCaptureModeGlobal));
+  countDown<<<1, 1, 0, capturing>>>(capturedHandle, remaining, runs);
+  CHECK(cudaGetLastError());
+  CHECK(cudaStreamEndCapture(capturing, nullptr));
+  CHECK(cudaStreamDestroy(capturing));
+  cudaGraphExec_t capturedExec;
+  CHECK(cudaGraphInstantiate(&capturedExec, capturedLoop, 0));
+  for (int round = 0; round < 2; ++round) {
+    const int three = 3;
+    CHECK(cudaMemcpy(remaining, &three, sizeof three, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(runs, 0, sizeof(int)));
+    CHECK(cudaGraphLaunch(capturedExec, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    if (readInt(runs, loops) != 0) return 1;
+    EXPECT(loops == 3, "a captured while body over 3 ran %d times (launch %d)", loops, round);
+  }
+  CHECK(cudaGraphExecDestroy(capturedExec));
+  CHECK(cudaGraphDestroy(capturedLoop));
+  std::printf("while with a captured body: 3 runs at each launch\n");
 
   // switch (*choice) { case 0: 10; case 1: 11; case 2: 12; } and no case for 3.
   cudaGraph_t switchGraph;
