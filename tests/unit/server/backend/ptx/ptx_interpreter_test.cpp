@@ -275,6 +275,47 @@ TEST(PtxInterpreter, ConstantMemoryIsReadOnly) {
   EXPECT_EQ(out[0], 3u);
 }
 
+// cudaGraphSetConditional, as nvcc emits it (an extern function the driver provides): the handle
+// is the address of the conditional node's value, which the call stores; a handle that is not
+// the client's memory faults as a bad store does.
+TEST(PtxInterpreter, GraphSetConditionalStoresTheValueAtItsHandle) {
+  Harness harness(std::string(kHeader) + R"(
+.extern .func cudaGraphSetConditional
+(
+  .param .b64 cudaGraphSetConditional_param_0,
+  .param .b32 cudaGraphSetConditional_param_1
+)
+;
+.visible .entry k(.param .u64 handle, .param .u32 value)
+{
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [handle];
+  ld.param.u32 %r1, [value];
+  {
+  .param .b64 param0;
+  st.param.b64 [param0+0], %rd1;
+  .param .b32 param1;
+  st.param.b32 [param1+0], %r1;
+  call.uni cudaGraphSetConditional, (param0, param1);
+  }
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  std::vector<std::uint32_t> value(1, 7);
+  harness.addRange(value);
+  LaunchOutcome outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {address(value.data()), 0});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(value[0], 0u);
+  outcome = harness.launch("k", {1, 1, 1}, {32, 1, 1}, {address(value.data()), 5});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(value[0], 5u);
+  outcome = harness.launch("k", {1, 1, 1}, {1, 1, 1}, {0x1000, 1});
+  EXPECT_EQ(outcome.status, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(outcome.faultAddress, 0x1000u);
+}
+
 // Unbounded recursion overflows the thread's stack and stops the launch instead of the daemon.
 TEST(PtxInterpreter, RunawayRecursionOverflowsTheStack) {
   Harness harness(std::string(kHeader) + R"(
