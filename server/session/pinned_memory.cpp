@@ -145,6 +145,10 @@ kj::Promise<void> ClientSession::unpinFromEveryGpu(void* host, std::uint64_t byt
                                   fulfiller = kj::mv(released.fulfiller)]() mutable {
                              stats->tenant->creditPinned(bytes);
                              stats->pinnedMemoryUsed -= bytes;
+                             // Unmapped here, before the client hears that it may unmap the range
+                             // too: its next mapping may land at the same address, which the
+                             // daemon must then have free to map it again.
+                             keepAlive.reset();
                              fulfiller->fulfill();
                            }));
   return kj::mv(released.promise);
