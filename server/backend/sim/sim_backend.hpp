@@ -61,9 +61,12 @@ std::unique_ptr<backend::Backend> newSimBackend(const SimOptions& options);
 inline constexpr std::uint64_t kSimAddressBase = 1ull << 48;
 inline constexpr std::uint64_t kSimAddressStride = 1ull << 40;
 // Where the daemon maps each device's memory in its own address space, device after device in
-// 1 GiB-aligned slots: 16 TiB up, below the data planes' segments (ipc::AddressReservation's hints
-// from 32 TiB) and far below where the kernel puts processes' mappings.
-inline constexpr std::uint64_t kSimHostBase = 1ull << 44;
+// 1 GiB-aligned slots: 17 TiB up, below the data planes' segments (ipc::AddressReservation's hints
+// from 32 TiB) and far below where the kernel puts processes' mappings. Not 16 TiB: under
+// AddressSanitizer that is the end of its shadow memory, and the kernel then placed the arena
+// among the mappings where clients' own memory lies (which DEVICEMAP registration maps at the
+// same address in the daemon).
+inline constexpr std::uint64_t kSimHostBase = (1ull << 44) + (1ull << 40);
 inline constexpr std::uint64_t kSimHostSlotAlignment = 1ull << 30;
 
 }  // namespace gpuproxy::server::sim
