@@ -417,7 +417,7 @@ TEST_P(CudartPrograms, ConditionalNodesRunTheBodyTheirKernelsChoose) {
         "conditional: PASSED"}) {
     EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
   }
-  // Each handle's value was device memory of the client's, given back with its graphs.
+  // Each handle's value was device memory of the client's: none stays charged once it is gone.
   EXPECT_TRUE(eventually([&] {
     auto status = daemon.status();
     return status["devices"][0]["memory_used"] == 0 && status["clients"].empty();
