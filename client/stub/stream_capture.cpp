@@ -402,7 +402,7 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
   if (graph.context != 0 && graph.context != target.context) return CUDA_ERROR_INVALID_VALUE;
   const CUstream stream = reinterpret_cast<CUstream>(static_cast<std::uintptr_t>(target.stream));
   // A conditional node reads its value when the work before it is done, which a capture cannot.
-  if (hasConditionalNodes(graph) && captures_.capturing(target.stream)) {
+  if (captures_.capturing(target.stream) && hasConditionalNodes(graph)) {
     GPUPROXY_STUB_LOG(kWarn,
                       "a graph with conditional nodes launched into a capture is not "
                       "supported");

@@ -43,7 +43,6 @@ struct Graph;
 // Freed when the last graph or executable graph holding it is gone.
 struct ConditionalHandle {
   CUdeviceptr value = 0;
-  CUcontext context = nullptr;
   unsigned defaultValue = 0;
   bool assignDefault = false;  // CU_GRAPH_COND_ASSIGN_DEFAULT: reset at each run of its graph
   ~ConditionalHandle();
@@ -105,7 +104,7 @@ struct Graph {
   bool isBody = false;  // a conditional node's body: the node owns it
 };
 
-// Whether `graph` or any body graph in it has a conditional node.
+// Whether `graph` has a conditional node (a body graph can hold one only if its graph does).
 bool hasConditionalNodes(const Graph& graph);
 
 // The order a launch sends a graph's nodes in: each after every node it depends on, otherwise in
@@ -221,12 +220,6 @@ public:
   CUresult launch(const Graph& graph, const std::vector<std::size_t>& order,
                   const StreamTarget& target);
 
-private:
-  // A conditional node of a graph being launched: its body run (again, while it asks) as its
-  // value says.
-  CUresult runConditional(const GraphNode& node, const StreamTarget& target);
-
-public:
   // cuLaunchHostFunc on `stream`: nullopt when it does not capture (the caller launches it), else
   // the answer, the function kept as a node.
   std::optional<CUresult> captureHostFunction(std::uint64_t stream, CUhostFn function,
@@ -246,6 +239,9 @@ public:
   void contextGone(std::uint64_t context) override { transport_->contextGone(context); }
 
 private:
+  // A conditional node of a graph being launched: its body run (again, while it asks) as its
+  // value says.
+  CUresult runConditional(const GraphNode& node, const StreamTarget& target);
   CUresult copyWithHost(const StreamTarget& target, bool hostToDevice, CUdeviceptr device,
                         void* host, std::size_t bytes, bool blocking);
 

@@ -1432,7 +1432,6 @@ GPUPROXY_EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle
       context = gpuproxy::stub::toHandle<CUcontext>(current);
     }
     auto condition = std::make_shared<gpuproxy::stub::ConditionalHandle>();
-    condition->context = context;
     condition->defaultValue = defaultLaunchValue;
     condition->assignDefault = (flags & CU_GRAPH_COND_ASSIGN_DEFAULT) != 0;
     if (CUresult pushed = cuCtxPushCurrent_v2(context); pushed != CUDA_SUCCESS) return pushed;
