@@ -409,6 +409,17 @@ std::string validateProgram(const Program& program) {
     if (function.carryRow != kNoRegister && function.carryRow >= function.registerRows) {
       return "carry row outside the frame";
     }
+    bool outside = false;
+    const auto bound = [&](const std::uint32_t& row) {
+      outside = outside || (row != kNoRegister && row >= rows);
+    };
+    for (const MatrixOperation& operation : function.matrixOperations) {
+      forEachOperationRow(operation, bound);
+    }
+    for (const TextureOperation& operation : function.textureOperations) {
+      forEachOperationRow(operation, bound);
+    }
+    if (outside) return "matrix or texture operand outside the frame of " + function.name;
     for (const Instruction& instruction : function.code) {
       if (instruction.guard != kNoPredicate && instruction.guard >= function.predicates) {
         return "guard outside the frame of " + function.name;

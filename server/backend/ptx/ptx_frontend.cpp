@@ -1365,10 +1365,17 @@ public:
     }
     // Constant rows follow the registers.
     function_.registerRows = nextRow_;
+    const auto place = [this](std::uint32_t& row) {
+      if (row != kNoRegister && (row & kConstantTag) != 0) row = nextRow_ + (row & ~kConstantTag);
+    };
     for (Instruction& instruction : function_.code) {
-      for (std::uint32_t& op : instruction.op) {
-        if (op != kNoRegister && (op & kConstantTag) != 0) op = nextRow_ + (op & ~kConstantTag);
-      }
+      for (std::uint32_t& op : instruction.op) place(op);
+    }
+    for (MatrixOperation& operation : function_.matrixOperations) {
+      forEachOperationRow(operation, place);
+    }
+    for (TextureOperation& operation : function_.textureOperations) {
+      forEachOperationRow(operation, place);
     }
     function_.predicates = nextPredicate_;
     if (function_.rows() > kMaxRegistersPerFunction * 2) {

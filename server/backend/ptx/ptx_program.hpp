@@ -204,6 +204,24 @@ struct TextureOperation {
   std::vector<std::uint32_t> values;
 };
 
+// Every row an operation names besides its instruction's op[] (kNoRegister where unused), for
+// the front end to place its constant rows and for validateProgram to bound them. `Operation` is
+// MatrixOperation or TextureOperation, const or not; `visit` takes the row by reference.
+template <class Operation, class Visit>
+void forEachOperationRow(Operation& operation, Visit&& visit) {
+  if constexpr (requires { operation.fragments; }) {
+    visit(operation.stride);
+    for (auto& fragment : operation.fragments) {
+      for (auto& row : fragment) visit(row);
+    }
+  } else {
+    visit(operation.handle);
+    visit(operation.layer);
+    for (auto& row : operation.coordinates) visit(row);
+    for (auto& row : operation.values) visit(row);
+  }
+}
+
 struct KernelParameter {
   std::string name;
   std::uint32_t offset = 0;

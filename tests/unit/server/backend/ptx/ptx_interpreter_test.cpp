@@ -1022,6 +1022,68 @@ TEST(PtxInterpreter, TensorCoreTilesMultiplyAsTheHostDoes) {
   EXPECT_NE(foreign.message.find("wmma.load.a"), std::string::npos) << foreign.message;
 }
 
+// Immediates written inside a vector operand (a fragment, a texture's coordinates, a surface
+// store's value) are values like any other operand's, never rows of the frame.
+TEST(PtxInterpreter, ImmediatesInVectorOperandsAreValues) {
+  Harness harness(R"(.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry ones(.param .u64 out)
+{
+  .reg .f32 %f<5>;
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [out];
+  mov.b32 %r1, 0x3C003C00;
+  mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, {%r1, 0x3C003C00}, {%r1}, {0f3F800000, 0f3F800000, 0f3F800000, 0f3F800000};
+  mov.u32 %r1, %laneid;
+  mul.wide.u32 %rd2, %r1, 16;
+  add.u64 %rd3, %rd1, %rd2;
+  st.global.v4.f32 [%rd3], {%f1, %f2, %f3, %f4};
+  ret;
+}
+.visible .entry surface(.param .u64 surface, .param .u64 texture, .param .u64 out)
+{
+  .reg .f32 %f<5>;
+  .reg .b64 %rd<4>;
+  ld.param.u64 %rd1, [surface];
+  ld.param.u64 %rd2, [out];
+  ld.param.u64 %rd3, [texture];
+  sust.b.2d.b32.trap [%rd1, {4, 1}], {0x40A00000};
+  tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd3, {0f3FC00000, 0f3FC00000}];
+  st.global.f32 [%rd2], %f1;
+  ret;
+}
+)");
+  ASSERT_EQ(harness.status(), CUDA_SUCCESS) << harness.message();
+  // A and B all ones, C ones: every element of D is 8 products of 1 plus 1.
+  std::vector<float> out(32 * 4, 0.0f);
+  harness.addRange(out);
+  LaunchOutcome outcome = harness.launch("ones", {1, 1, 1}, {32, 1, 1}, {address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(out, std::vector<float>(32 * 4, 9.0f));
+
+  // sust writes 5.0f at byte 4 of row 1 (texel (1, 1)); tex point-samples (1.5, 1.5), that texel.
+  std::vector<float> texels(8, 0.0f);  // 4 x 2
+  std::vector<protocol::TextureHeader> headers(2);
+  protocol::TextureHeader& texture = headers[0];
+  texture.base = address(texels.data());
+  texture.pitch = 4 * sizeof(float);
+  texture.slicePitch = texels.size() * sizeof(float);
+  texture.width = 4;
+  texture.height = 2;
+  texture.dimensions = 2;
+  protocol::TextureHeader& surface = headers[1] = texture;
+  surface.kind = protocol::TextureHeaderKind::kSurface;
+  harness.addRange(texels);
+  harness.addRange(headers);
+  outcome = harness.launch("surface", {1, 1, 1}, {1, 1, 1},
+                           {address(&surface), address(&texture), address(out.data())});
+  ASSERT_EQ(outcome.status, CUDA_SUCCESS) << outcome.message;
+  EXPECT_EQ(texels[5], 5.0f);
+  EXPECT_EQ(out[0], 5.0f);
+}
+
 // mbarrier objects: every thread of two warps arrives and waits for the phase (warps take turns
 // while they spin); the parity forms see phase 0 complete; the arrival state carries the pending
 // count; then warp 1 leaves with arrive_drop and warp 0 completes two phases on its own. Waits are
