@@ -5,6 +5,7 @@
 // are the application's to serialise, as CUDA's are; the table only guards its own set. Tables are
 // leaked on purpose, as the stub's other tables (applications call CUDA from static destructors).
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -14,9 +15,10 @@ namespace gpuproxy::stub {
 template <typename Object>
 class LiveHandles {
 public:
-  // Takes `object` over; the pointer is its handle.
+  // Takes `object` over; the pointer is its handle (the same as before for one it held lent).
   Object* adopt(std::unique_ptr<Object> object) {
     std::lock_guard lock(mutex_);
+    pinned_.erase(object.get());
     live_.insert(object.get());
     return object.release();
   }
@@ -26,25 +28,41 @@ public:
     std::lock_guard lock(mutex_);
     return live_.count(object) != 0 ? object : nullptr;
   }
-  // Destroys the object `handle` names; false if it names none.
+  // Destroys the object `handle` names; false if it names none, or one that is pinned (lent, or
+  // held while something else writes into it).
   bool destroy(const void* handle) {
     auto* object = static_cast<Object*>(const_cast<void*>(handle));
     {
       std::lock_guard lock(mutex_);
-      if (live_.erase(object) == 0) return false;
+      if (pinned_.count(object) != 0 || live_.erase(object) == 0) return false;
     }
     delete object;
     return true;
   }
-  // An object owned elsewhere (a conditional node's body graph) that handles may name until
-  // forget(); the table never destroys it.
+  // An object owned elsewhere (a conditional node's body graph, a capture's graph) that handles
+  // may name until forget(); the table never destroys it.
   void lend(Object* object) {
     std::lock_guard lock(mutex_);
     live_.insert(object);
+    ++pinned_[object];
   }
   void forget(const Object* object) {
     std::lock_guard lock(mutex_);
     live_.erase(const_cast<Object*>(object));
+    pinned_.erase(const_cast<Object*>(object));
+  }
+  // Keeps a live object from being destroyed until release(); false if it is not live.
+  bool hold(const Object* object) {
+    std::lock_guard lock(mutex_);
+    auto* held = const_cast<Object*>(object);
+    if (live_.count(held) == 0) return false;
+    ++pinned_[held];
+    return true;
+  }
+  void release(const Object* object) {
+    std::lock_guard lock(mutex_);
+    auto found = pinned_.find(const_cast<Object*>(object));
+    if (found != pinned_.end() && --found->second == 0) pinned_.erase(found);
   }
   // Runs `visit(set of live objects)` with the table locked, so that none is added or destroyed
   // meanwhile (a walk over every object).
@@ -57,6 +75,7 @@ public:
 private:
   mutable std::mutex mutex_;
   std::set<Object*> live_;
+  std::map<Object*, int> pinned_;  // objects destroy() refuses, with how many pins each has
 };
 
 }  // namespace gpuproxy::stub

@@ -1,5 +1,6 @@
 #include "client/stub/stream_capture.hpp"
 
+#include <algorithm>
 #include <set>
 #include <type_traits>
 #include <utility>
@@ -36,7 +37,29 @@ CUstreamCaptureMode exchangeThreadCaptureMode(CUstreamCaptureMode mode) {
   return std::exchange(tThreadCaptureMode, mode);
 }
 
+LiveHandles<Graph>& liveGraphs() {
+  static auto* graphs = new LiveHandles<Graph>;
+  return *graphs;
+}
+
+std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (handleOf(graph.nodes[i]) == node) return i;
+  }
+  return std::nullopt;
+}
+
 // ---- StreamCaptures ---------------------------------------------------------------------------
+
+StreamCaptures::Capture::~Capture() {
+  // A graph of its own that cuStreamEndCapture did not hand out goes with the capture; the
+  // application's graph is the application's again.
+  if (own != nullptr) {
+    liveGraphs().forget(own.get());
+  } else if (graph != nullptr) {
+    liveGraphs().release(graph);
+  }
+}
 
 std::shared_ptr<StreamCaptures::Capture> StreamCaptures::captureOfLocked(
     std::uint64_t stream) const {
@@ -61,7 +84,8 @@ void StreamCaptures::releaseLocked(const std::shared_ptr<Capture>& capture) {
   std::erase_if(events_, [&](const auto& entry) { return entry.second.capture == capture; });
 }
 
-CUresult StreamCaptures::begin(const StreamTarget& target, CUstreamCaptureMode mode) {
+CUresult StreamCaptures::begin(const StreamTarget& target, CUstreamCaptureMode mode,
+                               CaptureDestination destination) {
   if (!isCaptureMode(mode)) return CUDA_ERROR_INVALID_VALUE;
   // The legacy NULL stream synchronises with every other: it cannot be captured.
   if (target.stream == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -70,32 +94,45 @@ CUresult StreamCaptures::begin(const StreamTarget& target, CUstreamCaptureMode m
   auto capture = std::make_shared<Capture>();
   capture->id = nextId_++;
   capture->origin = target.stream;
+  capture->context = target.context;
   capture->mode = mode;
   capture->thread = std::this_thread::get_id();
-  capture->graph = std::make_unique<Graph>();
-  capture->graph->context = target.context;
+  if (destination.graph == nullptr) {
+    capture->own = std::make_unique<Graph>();
+    capture->own->context = target.context;
+    capture->graph = capture->own.get();
+    liveGraphs().lend(capture->graph);
+  } else {
+    const std::uint64_t context = destination.graph->context;
+    if ((context != 0 && context != target.context) || !liveGraphs().hold(destination.graph)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    capture->graph = destination.graph;
+  }
+  capture->dependencies[target.stream] = std::move(destination.dependencies);
   streams_[target.stream] = std::move(capture);
   countLocked();
   lastNode_.erase(target.stream);
   return CUDA_SUCCESS;
 }
 
-CUresult StreamCaptures::end(std::uint64_t stream, std::unique_ptr<Graph>& graph) {
+StreamCaptures::Ended StreamCaptures::end(std::uint64_t stream) {
   std::lock_guard lock(mutex_);
   std::shared_ptr<Capture> capture = captureOfLocked(stream);
-  if (!capture || capture->origin != stream) return CUDA_ERROR_ILLEGAL_STATE;
+  if (!capture || capture->origin != stream) return {CUDA_ERROR_ILLEGAL_STATE, nullptr};
   if (capture->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
       capture->thread != std::this_thread::get_id()) {
-    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    return {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, nullptr};
   }
   bool unjoined = false;
   for (const auto& [joined, back] : capture->joined) unjoined = unjoined || !back;
   // Either way the capture is over: every stream it held goes back to normal.
   releaseLocked(capture);
-  if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  if (unjoined) return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
-  graph = std::move(capture->graph);
-  return CUDA_SUCCESS;
+  if (capture->invalidated) return {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, nullptr};
+  if (unjoined) return {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, nullptr};
+  Ended ended{CUDA_SUCCESS, std::move(capture->own)};
+  capture->graph = nullptr;  // the caller's now
+  return ended;
 }
 
 StreamCaptures::Status StreamCaptures::statusOf(std::uint64_t stream) const {
@@ -105,7 +142,42 @@ StreamCaptures::Status StreamCaptures::statusOf(std::uint64_t stream) const {
   if (!capture) return Status{};
   return Status{
       capture->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE,
-      capture->id, capture->graph->nodes.size()};
+      capture->id, capture->graph, capture->own == nullptr};
+}
+
+const std::vector<CUgraphNode>& StreamCaptures::dependencies(std::uint64_t stream) {
+  static const std::vector<CUgraphNode> kNone;
+  if (idle()) return kNone;
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture) return kNone;
+  std::vector<CUgraphNode>& handles = capture->handedOut[stream];
+  handles.clear();
+  for (const std::size_t index : capture->dependencies[stream]) {
+    handles.push_back(handleOf(capture->graph->nodes[index]));
+  }
+  return handles;
+}
+
+CUresult StreamCaptures::updateDependencies(std::uint64_t stream,
+                                            const std::vector<CUgraphNode>& nodes, bool replace) {
+  if (idle()) return CUDA_ERROR_ILLEGAL_STATE;
+  std::lock_guard lock(mutex_);
+  std::shared_ptr<Capture> capture = captureOfLocked(stream);
+  if (!capture) return CUDA_ERROR_ILLEGAL_STATE;
+  if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  std::vector<std::size_t> indices;
+  for (const CUgraphNode node : nodes) {
+    const std::optional<std::size_t> index = indexIn(*capture->graph, node);
+    if (!index) return CUDA_ERROR_INVALID_VALUE;
+    indices.push_back(*index);
+  }
+  std::vector<std::size_t>& set = capture->dependencies[stream];
+  if (replace) set.clear();
+  for (const std::size_t index : indices) {
+    if (std::find(set.begin(), set.end(), index) == set.end()) set.push_back(index);
+  }
+  return CUDA_SUCCESS;
 }
 
 std::optional<CUresult> StreamCaptures::capture(std::uint64_t stream, GraphNode node) {
@@ -114,8 +186,27 @@ std::optional<CUresult> StreamCaptures::capture(std::uint64_t stream, GraphNode 
   std::shared_ptr<Capture> capture = captureOfLocked(stream);
   if (!capture) return std::nullopt;
   if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  capture->graph->nodes.push_back(std::move(node));
-  lastNode_[stream] = capture->graph->nodes.size();
+  Graph& graph = *capture->graph;
+  // What a graph of the application's may not hold: memory nodes made by capture (the graph
+  // would have to own an allocation it did not make), host functions in a conditional body.
+  const bool allowed =
+      capture->own != nullptr ||
+      (node.kind != GraphNode::Kind::kMemAlloc && node.kind != GraphNode::Kind::kMemFree &&
+       (!graph.isBody || node.kind != GraphNode::Kind::kHost));
+  if (!allowed) {
+    GPUPROXY_STUB_LOG(kWarn,
+                      "stream capture %llu: this operation cannot be captured into the graph "
+                      "given to cuStreamBeginCaptureToGraph",
+                      static_cast<unsigned long long>(capture->id));
+    invalidateLocked(*capture);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (graph.context == 0) graph.context = capture->context;
+  std::vector<std::size_t>& dependencies = capture->dependencies[stream];
+  node.dependencies = std::move(dependencies);
+  graph.nodes.push_back(std::move(node));
+  dependencies = {graph.nodes.size() - 1};
+  lastNode_[stream] = graph.nodes.size();
   if (auto joined = capture->joined.find(stream); joined != capture->joined.end()) {
     joined->second = false;  // has work the origin has not waited for
   }
@@ -130,7 +221,8 @@ bool StreamCaptures::eventRecorded(std::uint64_t event, std::uint64_t stream) {
     events_.erase(event);
     return false;
   }
-  events_[event] = CapturedEvent{capture, stream, capture->graph->nodes.size()};
+  events_[event] =
+      CapturedEvent{capture, stream, capture->graph->nodes.size(), capture->dependencies[stream]};
   return true;
 }
 
@@ -163,12 +255,20 @@ std::optional<CUresult> StreamCaptures::streamWaits(std::uint64_t stream, std::u
     streams_[stream] = source;
     countLocked();
     source->joined[stream] = true;
+    source->dependencies[stream] = found->second.dependencies;
     lastNode_.erase(stream);
     return CUDA_SUCCESS;
   }
-  // Within one capture: a join when the waiter is the origin (or another stream of the capture)
-  // and the event covers everything the recording stream captured.
+  // Within one capture: the stream's next operation waits for the event's point too; a join
+  // when the waiter is the origin (or another stream of the capture) and the event covers
+  // everything the recording stream captured.
   const CapturedEvent& recorded = found->second;
+  std::vector<std::size_t>& dependencies = waiter->dependencies[stream];
+  for (const std::size_t index : recorded.dependencies) {
+    if (std::find(dependencies.begin(), dependencies.end(), index) == dependencies.end()) {
+      dependencies.push_back(index);
+    }
+  }
   if (auto joined = waiter->joined.find(recorded.stream);
       joined != waiter->joined.end() && recorded.stream != stream) {
     auto last = lastNode_.find(recorded.stream);
@@ -194,7 +294,7 @@ std::optional<CUresult> StreamCaptures::synchronizingContext(std::uint64_t conte
   for (const auto& [stream, capture] : streams_) {
     // The calling thread's own capture (unless relaxed), or, for a caller in global mode, any
     // thread's global one.
-    const bool interferes = capture->graph->context == context &&
+    const bool interferes = capture->context == context &&
                             capture->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
                             (capture->thread == std::this_thread::get_id() ||
                              (callerMode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
@@ -221,6 +321,8 @@ void StreamCaptures::streamGone(std::uint64_t stream) {
     } else {
       streams_.erase(stream);
       capture->joined.erase(stream);
+      capture->dependencies.erase(stream);
+      capture->handedOut.erase(stream);
     }
     countLocked();
   }

@@ -7,15 +7,17 @@
 // CommandSink every entry point uses) keeps a copy of each in the capture's graph, kernel
 // parameters included. A stream waiting on an event recorded in a capturing stream joins that
 // capture (a fork); the origin waiting on an event recorded in a joined stream takes it back (a
-// join). A captured graph is its operations in the order they were captured, which respects every
-// dependency between them; one built node by node (api/graphs.cpp) says its dependencies, and
-// launchOrder sorts its nodes by them. A launch sends the nodes in that order to the launch
-// stream: a legal schedule of the graph, though one without the concurrency a GPU could find in
-// it. What CUDA does not allow during capture is refused as the driver refuses it, and
-// invalidates the capture: synchronising with a capturing stream or (outside relaxed mode) with
-// the context, waiting on another capture's event, copies with pageable host memory
-// (whose bytes a later launch would have to read). A stream-ordered allocation on a capturing
-// stream becomes a memory node (graph_memory.hpp). Thread-safe.
+// join). Each stream of a capture has a dependency set, the nodes its next operation will wait
+// for (the last one captured on it, a fork's or join's point, or what the application set), which
+// each captured node records; the graph, its own or one of the application's, is a live graph
+// handle while the capture lasts, so nodes may be added to it by hand. launchOrder sorts a graph's
+// nodes by their dependencies, keeping the order they were added in where none says otherwise. A
+// launch sends the nodes in that order to the launch stream: a legal schedule of the graph, though
+// one without the concurrency a GPU could find in it. What CUDA does not allow during capture is
+// refused as the driver refuses it, and invalidates the capture: synchronising with a capturing
+// stream or (outside relaxed mode) with the context, waiting on another capture's event, copies
+// with pageable host memory (whose bytes a later launch would have to read). A stream-ordered
+// allocation on a capturing stream becomes a memory node (graph_memory.hpp). Thread-safe.
 
 #include <cuda.h>
 
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "client/stub/command_sink.hpp"
+#include "client/stub/live_handles.hpp"
 #include "protocol/ring_format.hpp"
 
 namespace gpuproxy::stub {
@@ -82,8 +85,9 @@ struct GraphNode {
   void* userData = nullptr;
   // A memory node's allocation (graph_memory.hpp): the one it makes, or the one it frees.
   std::shared_ptr<GraphAllocation> allocation;
-  // The nodes it waits for, by index in its graph (added nodes; captured ones wait for the one
-  // captured before them, which their order already says).
+  // The nodes it waits for, by index in its graph: those named when it was added, or, captured,
+  // its stream's dependency set then (the node captured before it on that stream, the point of a
+  // fork or join, or what cuStreamUpdateCaptureDependencies set).
   std::vector<std::size_t> dependencies;
   // A conditional node: its handle, its type (if, while, switch) and its body graphs, owned by
   // the node (an executable graph holds copies of its own); `bodyHandles` is the array
@@ -104,6 +108,17 @@ struct Graph {
   bool isBody = false;  // a conditional node's body: the node owns it
 };
 
+// Every graph handed out as a CUgraph: those the application owns, and those lent to the table
+// (conditional bodies, a capture's graph while the capture lasts; live_handles.hpp).
+LiveHandles<Graph>& liveGraphs();
+
+// A node's CUgraphNode handle (its address), and its index in `graph` (nullopt when it is not one
+// of its nodes).
+inline CUgraphNode handleOf(const GraphNode& node) {
+  return reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(&node));
+}
+std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node);
+
 // Whether `graph` has a conditional node (a body graph can hold one only if its graph does).
 bool hasConditionalNodes(const Graph& graph);
 
@@ -121,23 +136,52 @@ CUstreamCaptureMode threadCaptureMode();
 bool isCaptureMode(const CUstreamCaptureMode& mode);
 CUstreamCaptureMode exchangeThreadCaptureMode(CUstreamCaptureMode mode);
 
+// Where a capture puts what it captures: a graph of its own, or (cuStreamBeginCaptureToGraph) a
+// graph of the application's, after some of that graph's nodes.
+struct CaptureDestination {
+  Graph* graph = nullptr;  // null: a graph of its own
+  std::vector<std::size_t> dependencies;
+};
+
 class StreamCaptures {
 public:
   struct Status {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     std::uint64_t id = 0;
-    std::size_t nodes = 0;  // captured so far
+    // The graph it builds (a live graph handle while the capture lasts), and whether that is a
+    // graph of the application's (cuStreamBeginCaptureToGraph) rather than one of its own.
+    Graph* graph = nullptr;
+    bool intoApplicationGraph = false;
+  };
+  // What cuStreamEndCapture gets: the capture's own graph (null when it captured into the
+  // application's), or why there is none.
+  struct Ended {
+    CUresult status = CUDA_SUCCESS;
+    std::unique_ptr<Graph> graph;
   };
 
   // cuStreamBeginCapture. CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for the legacy NULL stream
-  // (stream 0), CUDA_ERROR_ILLEGAL_STATE for one that is capturing already.
-  CUresult begin(const StreamTarget& target, CUstreamCaptureMode mode);
+  // (stream 0), CUDA_ERROR_ILLEGAL_STATE for one that is capturing already;
+  // CUDA_ERROR_INVALID_VALUE when the destination graph is not a live graph, or not one that
+  // may gain this context's operations.
+  CUresult begin(const StreamTarget& target, CUstreamCaptureMode mode,
+                 CaptureDestination destination = {});
   // cuStreamEndCapture: the graph, or CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (capture ended, no
   // graph), CUDA_ERROR_STREAM_CAPTURE_UNJOINED (a stream that joined has not been joined back),
   // CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD (global or thread-local mode, another thread),
   // CUDA_ERROR_ILLEGAL_STATE (the stream does not capture, or did not begin the capture).
-  CUresult end(std::uint64_t stream, std::unique_ptr<Graph>& graph);
+  Ended end(std::uint64_t stream);
   Status statusOf(std::uint64_t stream) const;
+  // cuStreamGetCaptureInfo's dependencies: the nodes the stream's next captured operation will
+  // depend on, as handles in an array that stays valid until the next call for this stream or the
+  // end of the capture (empty when the stream does not capture).
+  const std::vector<CUgraphNode>& dependencies(std::uint64_t stream);
+  // cuStreamUpdateCaptureDependencies: `nodes` (handles) replace the stream's dependency set, or
+  // join it. CUDA_ERROR_ILLEGAL_STATE when the stream does not capture,
+  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when its capture was invalidated,
+  // CUDA_ERROR_INVALID_VALUE for a node not of the capture's graph.
+  CUresult updateDependencies(std::uint64_t stream, const std::vector<CUgraphNode>& nodes,
+                              bool replace);
   // Whether `stream` is in a capture (active or invalidated): its operations go to the capture.
   bool capturing(std::uint64_t stream) const {
     return statusOf(stream).status != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -175,20 +219,32 @@ public:
   bool idle() const { return capturing_.load(std::memory_order_acquire) == 0; }
 
 private:
+  // Lent to (or held in) liveGraphs() from its beginning to its end, whichever way it ends.
   struct Capture {
+    Capture() = default;
+    Capture(const Capture&) = delete;
+    Capture& operator=(const Capture&) = delete;
+    ~Capture();
     std::uint64_t id = 0;
     std::uint64_t origin = 0;
+    std::uint64_t context = 0;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
     bool invalidated = false;
-    std::thread::id thread;  // that began it
-    std::unique_ptr<Graph> graph;
+    std::thread::id thread;      // that began it
+    Graph* graph = nullptr;      // where its operations go: `own`, or the application's graph
+    std::unique_ptr<Graph> own;  // null when it captures into the application's graph
     // Streams that joined, with whether they have been joined back since their last operation.
     std::map<std::uint64_t, bool> joined;
+    // Each stream's dependency set: the nodes (indices in `graph`) its next operation waits for.
+    std::map<std::uint64_t, std::vector<std::size_t>> dependencies;
+    // The handles cuStreamGetCaptureInfo last gave out for each stream.
+    std::map<std::uint64_t, std::vector<CUgraphNode>> handedOut;
   };
   struct CapturedEvent {
     std::shared_ptr<Capture> capture;
     std::uint64_t stream = 0;
     std::size_t nodes = 0;  // how many operations had been captured when it was recorded
+    std::vector<std::size_t> dependencies;  // the recording stream's dependency set then
   };
   std::shared_ptr<Capture> captureOfLocked(std::uint64_t stream) const;
   void invalidateLocked(Capture& capture);
@@ -214,6 +270,8 @@ public:
   explicit CapturingSink(CommandSink* const& transport) : transport_(transport) {}
 
   StreamCaptures& captures() { return captures_; }
+  // The transport itself, for work the stub does for itself (no capture sees it, none refuses it).
+  CommandSink& uncaptured() { return *transport_; }
   // Sends a launch of `graph` to `target`, its nodes in `order` (launchOrder's). The target may
   // itself be capturing: the operations are then captured there. CUDA_ERROR_INVALID_VALUE when
   // the graph's operations belong to another context.

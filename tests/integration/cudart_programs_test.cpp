@@ -364,6 +364,21 @@ TEST_P(CudartPrograms, ACapturedGraphRunsEachTimeItIsLaunched) {
       << result.output;
 }
 
+// The graph a capture builds is the application's to add to while the capture lasts: a node added
+// by hand, made the stream's dependency, runs between the captured kernels around it.
+TEST_P(CudartPrograms, NodesAddedToACaptureInProgressRunWhereTheyWereAdded) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"capture-graph"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"captured graph of 6 nodes, one added by hand",
+        "2 launches: the added node ran between the captured kernels",
+        "refusals: cudaErrorInvalidValue, cudaErrorInvalidValue, cudaErrorIllegalState",
+        "capture-graph: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // A graph built node by node runs its nodes in dependency order; an executable graph takes new
 // kernel arguments, and an update from a graph of the same shape.
 TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {
@@ -412,7 +427,9 @@ TEST_P(CudartPrograms, ConditionalNodesRunTheBodyTheirKernelsChoose) {
   ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
   for (const char* line :
        {"if/else: then, else, then", "while: 5 runs, then none",
-        "while with a captured body: 3 runs at each launch", "switch: case 2, case 0, no case",
+        "while with a captured body: 3 runs at each launch",
+        "while added to a capture in progress: 4 runs, then the captured kernel",
+        "switch: case 2, case 0, no case",
         "refusals: cudaErrorInvalidValue, cudaErrorInvalidValue, cudaErrorInvalidValue",
         "conditional: PASSED"}) {
     EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;

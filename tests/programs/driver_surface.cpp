@@ -996,8 +996,21 @@ void graphs(CUfunction fillU32) {
          cuLaunchKernel(fillU32, count / 128, 1, 1, 128, 1, 1, 0, stream, params, nullptr));
   report("capture-copy", cuMemcpyDtoDAsync(copy, words, count * sizeof(unsigned), stream));
   report("capture-memset", cuMemsetD32Async(words, 1, 16, stream));
+  // The graph being built, the node the next operation depends on (the memset), and its edge.
+  CUgraph building = nullptr;
+  const CUgraphNode* next = nullptr;
+  const CUgraphEdgeData* edges = nullptr;
+  size_t nextCount = 0;
+  report("capture-info-v3",
+         cuStreamGetCaptureInfo(stream, &status, nullptr, &building, &next, &edges, &nextCount));
+  CUgraphNodeType nextType = CU_GRAPH_NODE_TYPE_EMPTY;
+  if (nextCount == 1) MUST(cuGraphNodeGetType(next[0], &nextType));
+  reportYes("capture-info-next", building != nullptr && nextCount == 1 &&
+                                     nextType == CU_GRAPH_NODE_TYPE_MEMSET && edges != nullptr &&
+                                     edges[0].type == CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
   CUgraph graph = nullptr;
   report("capture-end", cuStreamEndCapture(stream, &graph));
+  reportYes("capture-same-graph", graph == building);
   MUST(cuCtxSynchronize());
   unsigned first = 99;
   MUST(cuMemcpyDtoH(&first, words, sizeof(first)));

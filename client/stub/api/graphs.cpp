@@ -1,11 +1,12 @@
-// CUDA graphs: made by stream capture (cuStreamBeginCapture/EndCapture, and the capture queries)
-// or node by node (cuGraphAdd{Kernel,Memcpy,Memset,Host,Empty}Node, cuGraphAddDependencies);
-// instantiated, launched, updated (cuGraphExecUpdate, cuGraph[Exec]KernelNodeSetParams) and
-// destroyed; memory nodes (cuGraphAddMem{Alloc,Free}Node, and stream-ordered allocation captured)
-// as graph_memory.hpp keeps them. How capture works, and what a launch does, is
-// stream_capture.hpp's: everything is kept in the stub, and gpuproxyd sees only the operations a
-// launch sends. Child graphs, conditional, event and external-semaphore nodes, edge data other
-// than the default, and device-side launches are not supported: their entry points stay
+// CUDA graphs: made by stream capture (cuStreamBeginCapture/EndCapture, the capture queries and
+// cuStreamUpdateCaptureDependencies) or node by node
+// (cuGraphAdd{Kernel,Memcpy,Memset,Host,Empty}Node, cuGraphAddDependencies); instantiated,
+// launched, updated (cuGraphExecUpdate, cuGraph[Exec]KernelNodeSetParams) and destroyed; memory
+// nodes (cuGraphAddMem{Alloc,Free}Node, and stream-ordered allocation captured) as graph_memory.hpp
+// keeps them. How capture works, and what a launch does, is stream_capture.hpp's: everything is
+// kept in the stub, and gpuproxyd sees only the operations a launch sends. Conditional nodes run on
+// the sim backend (stream_capture.hpp). Child graphs, event and external-semaphore nodes, edge data
+// other than the default, and device-side launches are not supported: their entry points stay
 // CUDA_ERROR_NOT_SUPPORTED.
 
 #include <cuda.h>
@@ -34,7 +35,9 @@ using gpuproxy::stub::GraphAllocation;
 using gpuproxy::stub::GraphMemory;
 using gpuproxy::stub::GraphNode;
 using gpuproxy::stub::guarded;
+using gpuproxy::stub::handleOf;
 using gpuproxy::stub::hasConditionalNodes;
+using gpuproxy::stub::indexIn;
 using gpuproxy::stub::launchOrder;
 using gpuproxy::stub::LiveHandles;
 using gpuproxy::stub::NullStream;
@@ -87,10 +90,9 @@ struct GraphExec {
   ExecutableClaim claim;
 };
 
-// Every graph and executable graph handed out (live_handles.hpp).
+// Every graph (stream_capture.hpp) and executable graph handed out (live_handles.hpp).
 LiveHandles<Graph>& graphs() {
-  static auto* graphs = new LiveHandles<Graph>;
-  return *graphs;
+  return gpuproxy::stub::liveGraphs();
 }
 
 LiveHandles<GraphExec>& execs() {
@@ -135,18 +137,6 @@ bool copyBodies(Graph& graph) {
   return true;
 }
 
-CUgraphNode handleOf(const GraphNode& node) {
-  return reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(&node));
-}
-
-// The index of `node` in `graph`; nullopt when it is not one of its nodes.
-std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (handleOf(graph.nodes[i]) == node) return i;
-  }
-  return std::nullopt;
-}
-
 // Whether every edge of `edgeData` (null: all default) is the default one, the only kind gpuproxy's
 // graphs have: the node before has completed.
 bool onlyDefaultEdges(const CUgraphEdgeData* edgeData, size_t count) {
@@ -179,66 +169,17 @@ void rememberOrigins(GraphExec& exec, const Graph& graph) {
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) exec.fromGraph[&graph.nodes[i]] = i;
 }
 
-// Captures into a graph of the application's (cuStreamBeginCaptureToGraph), by capturing stream:
-// the graph, and the nodes of it the first captured operation waits for.
-struct CaptureInto {
-  Graph* graph = nullptr;
-  std::vector<std::size_t> dependencies;
-};
-
-struct CapturesInto {
-  std::mutex mutex;
-  std::map<std::uint64_t, CaptureInto> byStream;
-};
-
-CapturesInto& capturesInto() {
-  static auto* table = new CapturesInto;
-  return *table;
-}
-
-// `into`: cuStreamBeginCaptureToGraph's graph and dependencies (null: a capture of its own).
+// `destination`: cuStreamBeginCaptureToGraph's graph and dependencies (none: a graph of its own).
 CUresult beginCapture(const char* entryPoint, CUstream hStream, CUstreamCaptureMode mode,
-                      NullStream nullStream, const CaptureInto* into = nullptr) {
+                      NullStream nullStream, gpuproxy::stub::CaptureDestination destination = {}) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    const CUresult begun = runtime.capturing().captures().begin(target, mode);
-    if (begun == CUDA_SUCCESS && into != nullptr) {
-      std::lock_guard lock(capturesInto().mutex);
-      capturesInto().byStream[target.stream] = *into;
-    }
-    return begun;
+    return runtime.capturing().captures().begin(target, mode, std::move(destination));
   });
-}
-
-// What a capture into `into` made joins its graph: the captured operations one after the other
-// (the order they were captured in), the first after `into.dependencies`.
-CUresult appendCaptured(const CaptureInto& into, Graph& captured) {
-  Graph& graph = *into.graph;
-  for (const GraphNode& node : captured.nodes) {
-    const bool allowed = node.kind != GraphNode::Kind::kMemAlloc &&
-                         node.kind != GraphNode::Kind::kMemFree &&
-                         (!graph.isBody || node.kind != GraphNode::Kind::kHost);
-    if (!allowed) return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  if (captured.nodes.empty()) return CUDA_SUCCESS;
-  if (graph.context != 0 && captured.context != 0 && graph.context != captured.context) {
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  if (graph.context == 0) graph.context = captured.context;
-  for (std::size_t i = 0; i < captured.nodes.size(); ++i) {
-    GraphNode node = std::move(captured.nodes[i]);
-    if (i == 0) {
-      node.dependencies = into.dependencies;
-    } else {
-      node.dependencies = {graph.nodes.size() - 1};
-    }
-    graph.nodes.push_back(std::move(node));
-  }
-  return CUDA_SUCCESS;
 }
 
 CUresult endCapture(const char* entryPoint, CUstream hStream, CUgraph* phGraph,
@@ -249,37 +190,20 @@ CUresult endCapture(const char* entryPoint, CUstream hStream, CUgraph* phGraph,
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    std::optional<CaptureInto> into;
-    {
-      std::lock_guard lock(capturesInto().mutex);
-      if (auto found = capturesInto().byStream.find(target.stream);
-          found != capturesInto().byStream.end()) {
-        into = found->second;
-      }
-    }
+    StreamCaptures& captures = runtime.capturing().captures();
     // A capture into a graph of the application's may leave phGraph out: it knows the graph.
-    if (phGraph == nullptr && !into) return CUDA_ERROR_INVALID_VALUE;
-    std::unique_ptr<Graph> graph;
-    CUresult ended = runtime.capturing().captures().end(target.stream, graph);
-    if (into && ended != CUDA_ERROR_ILLEGAL_STATE &&
-        ended != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
-      std::lock_guard lock(capturesInto().mutex);
-      capturesInto().byStream.erase(target.stream);
+    const StreamCaptures::Status capture = captures.statusOf(target.stream);
+    if (phGraph == nullptr && !capture.intoApplicationGraph) return CUDA_ERROR_INVALID_VALUE;
+    StreamCaptures::Ended ended = captures.end(target.stream);
+    if (phGraph == nullptr) return ended.status;
+    if (ended.status != CUDA_SUCCESS) {
+      *phGraph = nullptr;
+    } else if (ended.graph != nullptr) {
+      *phGraph = adopt(std::move(ended.graph));
+    } else {
+      *phGraph = reinterpret_cast<CUgraph>(capture.graph);
     }
-    if (ended == CUDA_SUCCESS && into) {
-      // The graph may have gone meanwhile; then there is nothing to add to.
-      if (graphOf(reinterpret_cast<CUgraph>(into->graph)) == nullptr) {
-        ended = CUDA_ERROR_INVALID_VALUE;
-      } else {
-        ended = appendCaptured(*into, *graph);
-      }
-      if (phGraph != nullptr) {
-        *phGraph = ended == CUDA_SUCCESS ? reinterpret_cast<CUgraph>(into->graph) : nullptr;
-      }
-      return ended;
-    }
-    *phGraph = ended == CUDA_SUCCESS ? adopt(std::move(graph)) : nullptr;
-    return ended;
+    return ended.status;
   });
 }
 
@@ -292,7 +216,7 @@ CUresult beginCaptureToGraph(const char* entryPoint, CUstream hStream, CUgraph h
   auto refuse = [&](CUresult result) {
     return guarded(entryPoint, [result](Runtime&) { return result; });
   };
-  CaptureInto into;
+  gpuproxy::stub::CaptureDestination into;
   into.graph = graphOf(hGraph);
   if (into.graph == nullptr || (numDependencies > 0 && dependencies == nullptr)) {
     return refuse(CUDA_ERROR_INVALID_VALUE);
@@ -303,13 +227,13 @@ CUresult beginCaptureToGraph(const char* entryPoint, CUstream hStream, CUgraph h
     into.dependencies.push_back(*index);
   }
   if (!onlyDefaultEdges(edgeData, numDependencies)) return refuse(CUDA_ERROR_NOT_SUPPORTED);
-  return beginCapture(entryPoint, hStream, mode, nullStream, &into);
+  return beginCapture(entryPoint, hStream, mode, nullStream, std::move(into));
 }
 
 // cuStreamIsCapturing and every cuStreamGetCaptureInfo. For a stream that is not capturing the
 // driver returns the status alone, leaving the other outputs as they were. For one that is: its
-// capture's id; the graph being built is not handed out (it becomes a graph at the end), nor are
-// the nodes the next operation would depend on (none are listed).
+// capture's id, the graph being built (nodes may be added to it meanwhile) and the nodes the
+// stream's next operation will depend on.
 CUresult captureInfo(const char* entryPoint, CUstream hStream, NullStream nullStream,
                      CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
                      const CUgraphNode** dependencies, size_t* numDependencies) {
@@ -320,18 +244,45 @@ CUresult captureInfo(const char* entryPoint, CUstream hStream, NullStream nullSt
         resolved != CUDA_SUCCESS) {
       return resolved;
     }
-    const StreamCaptures::Status capture = runtime.capturing().captures().statusOf(target.stream);
+    StreamCaptures& captures = runtime.capturing().captures();
+    const StreamCaptures::Status capture = captures.statusOf(target.stream);
     *status = capture.status;
     if (capture.status == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_SUCCESS;
     if (id != nullptr) *id = capture.id;
-    if (graph != nullptr) *graph = nullptr;
-    if (dependencies != nullptr) *dependencies = nullptr;
-    if (numDependencies != nullptr) *numDependencies = 0;
+    if (graph != nullptr) *graph = reinterpret_cast<CUgraph>(capture.graph);
+    if (dependencies != nullptr || numDependencies != nullptr) {
+      const std::vector<CUgraphNode>& next = captures.dependencies(target.stream);
+      if (dependencies != nullptr) *dependencies = next.empty() ? nullptr : next.data();
+      if (numDependencies != nullptr) *numDependencies = next.size();
+    }
     return CUDA_SUCCESS;
   });
 }
 
-// cuStreamGetCaptureInfo_v3: as captureInfo, and no edge data (none is listed with no dependency).
+// cuStreamUpdateCaptureDependencies (flags: add to the stream's dependency set, or replace it).
+CUresult updateCaptureDependencies(const char* entryPoint, CUstream hStream, NullStream nullStream,
+                                   const CUgraphNode* dependencies, const CUgraphEdgeData* edgeData,
+                                   size_t numDependencies, unsigned int flags) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES &&
+        flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (numDependencies > 0 && dependencies == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_NOT_SUPPORTED;
+    StreamTarget target;
+    if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
+        resolved != CUDA_SUCCESS) {
+      return resolved;
+    }
+    const std::vector<CUgraphNode> nodes(dependencies, dependencies + numDependencies);
+    return runtime.capturing().captures().updateDependencies(
+        target.stream, nodes, flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+  });
+}
+
+// cuStreamGetCaptureInfo_v3: as captureInfo, with an edge per dependency, each a default one (the
+// array is the calling thread's until its next such call).
 CUresult captureInfoWithEdges(const char* entryPoint, CUstream hStream, NullStream nullStream,
                               CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
                               const CUgraphNode** dependencies, const CUgraphEdgeData** edgeData,
@@ -339,9 +290,17 @@ CUresult captureInfoWithEdges(const char* entryPoint, CUstream hStream, NullStre
   if (edgeData != nullptr && dependencies == nullptr) {
     return guarded(entryPoint, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
-  if (edgeData != nullptr) *edgeData = nullptr;
-  return captureInfo(entryPoint, hStream, nullStream, status, id, graph, dependencies,
-                     numDependencies);
+  size_t count = 0;
+  const CUresult result = captureInfo(entryPoint, hStream, nullStream, status, id, graph,
+                                      dependencies, edgeData != nullptr ? &count : numDependencies);
+  if (result != CUDA_SUCCESS || edgeData == nullptr || *status == CU_STREAM_CAPTURE_STATUS_NONE) {
+    return result;
+  }
+  thread_local std::vector<CUgraphEdgeData> defaultEdges;
+  defaultEdges.assign(count, CUgraphEdgeData{});
+  *edgeData = defaultEdges.empty() ? nullptr : defaultEdges.data();
+  if (numDependencies != nullptr) *numDependencies = count;
+  return CUDA_SUCCESS;
 }
 
 CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph hGraph,
@@ -537,6 +496,38 @@ GPUPROXY_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream,
                                                         size_t* numDependencies_out) {
   return captureInfoWithEdges(__func__, hStream, NullStream::kPerThread, captureStatus_out, id_out,
                               graph_out, dependencies_out, edgeData_out, numDependencies_out);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamUpdateCaptureDependencies(CUstream hStream,
+                                                           CUgraphNode* dependencies,
+                                                           size_t numDependencies,
+                                                           unsigned int flags) {
+  return updateCaptureDependencies(__func__, hStream, NullStream::kLegacy, dependencies, nullptr,
+                                   numDependencies, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamUpdateCaptureDependencies_ptsz(CUstream hStream,
+                                                                CUgraphNode* dependencies,
+                                                                size_t numDependencies,
+                                                                unsigned int flags) {
+  return updateCaptureDependencies(__func__, hStream, NullStream::kPerThread, dependencies, nullptr,
+                                   numDependencies, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2(CUstream hStream,
+                                                              CUgraphNode* dependencies,
+                                                              const CUgraphEdgeData* dependencyData,
+                                                              size_t numDependencies,
+                                                              unsigned int flags) {
+  return updateCaptureDependencies(__func__, hStream, NullStream::kLegacy, dependencies,
+                                   dependencyData, numDependencies, flags);
+}
+
+GPUPROXY_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2_ptsz(
+    CUstream hStream, CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData,
+    size_t numDependencies, unsigned int flags) {
+  return updateCaptureDependencies(__func__, hStream, NullStream::kPerThread, dependencies,
+                                   dependencyData, numDependencies, flags);
 }
 
 // ---- graphs and executable graphs ------------------------------------------------------------
@@ -1436,9 +1427,13 @@ GPUPROXY_EXPORT CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle
     condition->assignDefault = (flags & CU_GRAPH_COND_ASSIGN_DEFAULT) != 0;
     if (CUresult pushed = cuCtxPushCurrent_v2(context); pushed != CUDA_SUCCESS) return pushed;
     CUresult made = cuMemAlloc_v2(&condition->value, sizeof(std::uint32_t));
-    if (made == CUDA_SUCCESS) made = cuMemsetD32_v2(condition->value, defaultLaunchValue, 1);
-    // Set before any stream of the context reads it, a non-blocking one included.
-    if (made == CUDA_SUCCESS) made = cuCtxSynchronize();
+    // Set before any stream of the context reads it, a non-blocking one included, and past any
+    // capture under way (the handle may be made for a graph a capture is building).
+    if (made == CUDA_SUCCESS) {
+      const StreamTarget legacy{gpuproxy::stub::handleValue(context), 0};
+      made = runtime.capturing().uncaptured().copyHostToDevice(
+          legacy, condition->value, &defaultLaunchValue, sizeof(std::uint32_t), true);
+    }
     CUcontext popped = nullptr;
     cuCtxPopCurrent_v2(&popped);
     if (made != CUDA_SUCCESS) return made;

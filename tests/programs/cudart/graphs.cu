@@ -13,6 +13,12 @@
 //                    in the executable graph; cudaGraphExecUpdate from a graph of the same shape
 //                    and from one of another; a cycle refused at instantiation; the same graph
 //                    through cudaGraphAddNode and cudaGraph(Exec)NodeSetParams
+//   capture-graph    the graph a capture builds, as cudaStreamGetCaptureInfo hands it out while
+//                    the capture lasts: the nodes the stream's next operation will depend on
+//                    (none at first, the last captured one, a fork's point, both sides of a
+//                    join); a kernel node added to it by hand, made the stream's dependency with
+//                    cudaStreamUpdateCaptureDependencies, so that what is captured next runs
+//                    after it; the same graph at the end; the refusals
 //   memory           memory nodes: cudaMallocAsync and cudaFreeAsync captured (the same address at
 //                    every launch); an allocation a graph leaves live, used after the launch and
 //                    freed by the program, by cudaFreeAsync or by another graph's free node; a
@@ -21,7 +27,8 @@
 //                    back when the graphs are destroyed
 //   conditional      conditional nodes (CUDA 12.4): an if node with and without its else body, a
 //                    while loop counted down by its own body's kernel (a body built node by node,
-//                    and one filled by cudaStreamBeginCaptureToGraph), a switch; the value reset
+//                    one filled by cudaStreamBeginCaptureToGraph, and one added to a capture in
+//                    progress), a switch; the value reset
 //                    at each launch (cudaGraphCondAssignDefault) or kept; the refusals. Where the
 //                    driver refuses conditional handles altogether it says so and exits 3
 
@@ -51,6 +58,10 @@ __global__ void iota(float* x, int n) {
 // The value of a conditional node: nonzero when *flag is.
 __global__ void decide(cudaGraphConditionalHandle handle, const int* flag) {
   cudaGraphSetConditional(handle, *flag);
+}
+
+__global__ void copyInt(int* to, const int* from) {
+  *to = *from;
 }
 
 // A while loop's body: one more run counted, one fewer to go.
@@ -846,6 +857,58 @@ int conditionalMode() {
   CHECK(cudaGraphDestroy(capturedLoop));
   std::printf("while with a captured body: 3 runs at each launch\n");
 
+  // A while loop added to a capture in progress: *remaining set by a captured kernel, the loop
+  // after it, and a captured kernel after the loop copying out how often it ran.
+  CHECK(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking));
+  CHECK(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeGlobal));
+  store<<<1, 1, 0, capturing>>>(remaining, 4);
+  CHECK(cudaGetLastError());
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t inProgress = nullptr;
+  const cudaGraphNode_t* before = nullptr;
+  size_t beforeCount = 0;
+  CHECK(cudaStreamGetCaptureInfo(capturing, &status, nullptr, &inProgress, &before, nullptr,
+                                 &beforeCount));
+  EXPECT(status == cudaStreamCaptureStatusActive && inProgress != nullptr && beforeCount == 1,
+         "capture info: status %d, graph %p, %zu dependencies", static_cast<int>(status),
+         static_cast<void*>(inProgress), beforeCount);
+  cudaGraphConditionalHandle inProgressHandle = 0;
+  CHECK(cudaGraphConditionalHandleCreate(&inProgressHandle, inProgress, 1,
+                                         cudaGraphCondAssignDefault));
+  cudaGraphNodeParams loopParams{};
+  loopParams.type = cudaGraphNodeTypeConditional;
+  loopParams.conditional.handle = inProgressHandle;
+  loopParams.conditional.type = cudaGraphCondTypeWhile;
+  loopParams.conditional.size = 1;
+  cudaGraphNode_t inProgressLoop;
+  CHECK(cudaGraphAddNode(&inProgressLoop, inProgress, before, nullptr, beforeCount, &loopParams));
+  CHECK(cudaStreamUpdateCaptureDependencies(capturing, &inProgressLoop, nullptr, 1,
+                                            cudaStreamSetCaptureDependencies));
+  int* copied = choice;  // free until the switch below
+  copyInt<<<1, 1, 0, capturing>>>(copied, runs);
+  CHECK(cudaGetLastError());
+  cudaGraph_t inProgressEnded = nullptr;
+  CHECK(cudaStreamEndCapture(capturing, &inProgressEnded));
+  EXPECT(inProgressEnded == inProgress, "the capture ended with another graph than it built");
+  void* bodyArgs[] = {&inProgressHandle, &remaining, &runs};
+  cudaGraphNode_t bodyNode;
+  CHECK(addKernel(&bodyNode, loopParams.conditional.phGraph_out[0], nullptr, countDown, bodyArgs));
+  CHECK(cudaStreamDestroy(capturing));
+  cudaGraphExec_t inProgressExec;
+  CHECK(cudaGraphInstantiate(&inProgressExec, inProgress, 0));
+  CHECK(cudaMemset(runs, 0, sizeof(int)));
+  CHECK(cudaMemset(copied, 0xff, sizeof(int)));
+  CHECK(cudaGraphLaunch(inProgressExec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  int copiedRuns = 0;
+  if (readInt(runs, loops) != 0 || readInt(copied, copiedRuns) != 0) return 1;
+  EXPECT(loops == 4 && copiedRuns == 4,
+         "a while loop added to a capture ran %d times, and the kernel after it saw %d", loops,
+         copiedRuns);
+  CHECK(cudaGraphExecDestroy(inProgressExec));
+  CHECK(cudaGraphDestroy(inProgress));
+  std::printf("while added to a capture in progress: 4 runs, then the captured kernel\n");
+
   // switch (*choice) { case 0: 10; case 1: 11; case 2: 12; } and no case for 3.
   cudaGraph_t switchGraph;
   CHECK(cudaGraphCreate(&switchGraph, 0));
@@ -920,6 +983,153 @@ int conditionalMode() {
   return 0;
 }
 
+// The nodes `stream`'s next captured operation will depend on.
+int captureDependencies(cudaStream_t stream, std::vector<cudaGraphNode_t>& nodes,
+                        cudaGraph_t* graph = nullptr) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* dependencies = nullptr;
+  size_t count = 0;
+  CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, graph, &dependencies, nullptr, &count));
+  EXPECT(status == cudaStreamCaptureStatusActive, "the stream does not capture (status %d)",
+         static_cast<int>(status));
+  nodes.assign(dependencies, dependencies + count);
+  return 0;
+}
+
+bool holds(const std::vector<cudaGraphNode_t>& nodes, cudaGraphNode_t node) {
+  for (cudaGraphNode_t each : nodes) {
+    if (each == node) return true;
+  }
+  return false;
+}
+
+int captureGraphMode() {
+  const int n = 1024;
+  float* x = nullptr;
+  float* sum = nullptr;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  CHECK(cudaMalloc(&sum, n * sizeof(float)));
+  cudaStream_t main_stream;
+  cudaStream_t side_stream;
+  CHECK(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking));
+  cudaEvent_t fork;
+  cudaEvent_t join;
+  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+
+  CHECK(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeGlobal));
+  cudaGraph_t building = nullptr;
+  std::vector<cudaGraphNode_t> next;
+  if (captureDependencies(main_stream, next, &building) != 0) return 1;
+  EXPECT(building != nullptr && next.empty(), "a new capture: graph %p, %zu dependencies",
+         static_cast<void*>(building), next.size());
+  CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), main_stream));
+  iota<<<n / 256, 256, 0, main_stream>>>(x, n);  // x[i] = i
+  CHECK(cudaGetLastError());
+  if (captureDependencies(main_stream, next) != 0) return 1;
+  EXPECT(next.size() == 1, "after a kernel: %zu dependencies", next.size());
+  const cudaGraphNode_t iotaNode = next[0];
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  CHECK(cudaGraphNodeGetType(iotaNode, &type));
+  EXPECT(type == cudaGraphNodeTypeKernel, "the last captured node is of type %d",
+         static_cast<int>(type));
+  size_t count = 0;
+  CHECK(cudaGraphGetNodes(building, nullptr, &count));
+  EXPECT(count == 2, "the graph in progress has %zu nodes", count);
+
+  // x *= 3, a node added by hand after the captured kernel; what the stream captures next waits
+  // for it instead.
+  float three = 3.0f;
+  int size = n;
+  void* scaleArgs[] = {&x, &three, &size};
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeKernel;
+  params.kernel.func = reinterpret_cast<void*>(scale);
+  params.kernel.gridDim = dim3(n / 256);
+  params.kernel.blockDim = dim3(256);
+  params.kernel.kernelParams = scaleArgs;
+  cudaGraphNode_t added;
+  CHECK(cudaGraphAddNode(&added, building, next.data(), nullptr, next.size(), &params));
+  CHECK(cudaStreamUpdateCaptureDependencies(main_stream, &added, nullptr, 1,
+                                            cudaStreamSetCaptureDependencies));
+  if (captureDependencies(main_stream, next) != 0) return 1;
+  EXPECT(next.size() == 1 && next[0] == added, "after the update: %zu dependencies", next.size());
+
+  // Fork: the side stream's first operation depends on the point the event marks.
+  CHECK(cudaEventRecord(fork, main_stream));
+  CHECK(cudaStreamWaitEvent(side_stream, fork, 0));
+  if (captureDependencies(side_stream, next) != 0) return 1;
+  EXPECT(next.size() == 1 && next[0] == added, "a forked stream depends on %zu nodes", next.size());
+  CHECK(cudaMemsetAsync(sum, 0, n * sizeof(float), side_stream));
+  accumulate<<<n / 256, 256, 0, side_stream>>>(sum, x, n);  // sum = 3i
+  CHECK(cudaGetLastError());
+  std::vector<cudaGraphNode_t> sideLast;
+  if (captureDependencies(side_stream, sideLast) != 0) return 1;
+  CHECK(cudaEventRecord(join, side_stream));
+  CHECK(cudaStreamWaitEvent(main_stream, join, 0));
+  if (captureDependencies(main_stream, next) != 0) return 1;
+  EXPECT(sideLast.size() == 1 && holds(next, sideLast[0]) && holds(next, added),
+         "after the join the origin depends on %zu nodes", next.size());
+  accumulate<<<n / 256, 256, 0, main_stream>>>(sum, x, n);  // sum = 6i
+  CHECK(cudaGetLastError());
+
+  // Refused: a node of no graph of this capture, flags that are neither add nor set, a stream
+  // that does not capture.
+  cudaGraph_t other;
+  CHECK(cudaGraphCreate(&other, 0));
+  cudaGraphNode_t foreignNode;
+  CHECK(cudaGraphAddEmptyNode(&foreignNode, other, nullptr, 0));
+  const cudaError_t foreign = cudaStreamUpdateCaptureDependencies(
+      main_stream, &foreignNode, nullptr, 1, cudaStreamAddCaptureDependencies);
+  EXPECT(foreign == cudaErrorInvalidValue, "another graph's node gave %s",
+         cudaGetErrorName(foreign));
+  cudaGetLastError();
+  const cudaError_t badFlags =
+      cudaStreamUpdateCaptureDependencies(main_stream, &added, nullptr, 1, 7);
+  EXPECT(badFlags == cudaErrorInvalidValue, "flags 7 gave %s", cudaGetErrorName(badFlags));
+  cudaGetLastError();
+  cudaStream_t idle;
+  CHECK(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking));
+  const cudaError_t notCapturing = cudaStreamUpdateCaptureDependencies(
+      idle, &added, nullptr, 1, cudaStreamSetCaptureDependencies);
+  EXPECT(notCapturing == cudaErrorIllegalState, "a stream that does not capture gave %s",
+         cudaGetErrorName(notCapturing));
+  cudaGetLastError();
+
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(main_stream, &graph));
+  EXPECT(graph == building, "the capture ended with another graph than it built");
+  CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::printf("captured graph of %zu nodes, one added by hand\n", count);
+  EXPECT(count == 6, "expected 6 nodes (2 memsets, 3 kernels, 1 added)");
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int launch = 0; launch < 2; ++launch) {
+    CHECK(cudaGraphLaunch(exec, main_stream));
+    CHECK(cudaStreamSynchronize(main_stream));
+    std::vector<float> out(n);
+    CHECK(cudaMemcpy(out.data(), sum, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) {
+      EXPECT(out[i] == 6.0f * static_cast<float>(i), "launch %d: sum[%d] = %f", launch, i, out[i]);
+    }
+  }
+  std::printf("2 launches: the added node ran between the captured kernels\n");
+  std::printf("refusals: %s, %s, %s\n", cudaGetErrorName(foreign), cudaGetErrorName(badFlags),
+              cudaGetErrorName(notCapturing));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaGraphDestroy(other));
+  CHECK(cudaEventDestroy(fork));
+  CHECK(cudaEventDestroy(join));
+  CHECK(cudaStreamDestroy(idle));
+  CHECK(cudaStreamDestroy(main_stream));
+  CHECK(cudaStreamDestroy(side_stream));
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(sum));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::printf("usage: %s <mode>\n", argv[0]);
@@ -930,6 +1140,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "capture") == 0) result = captureMode();
   if (std::strcmp(mode, "capture-errors") == 0) result = captureErrors();
   if (std::strcmp(mode, "nodes") == 0) result = nodesMode();
+  if (std::strcmp(mode, "capture-graph") == 0) result = captureGraphMode();
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
