@@ -522,6 +522,10 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
     CUresult sent = CUDA_SUCCESS;
     if (node.kind == GraphNode::Kind::kConditional) {
       sent = runConditional(node, target);
+    } else if (node.kind == GraphNode::Kind::kChildGraph) {
+      const Graph& child = *node.bodies.front();
+      std::optional<std::vector<std::size_t>> childOrder = launchOrder(child);
+      sent = childOrder ? launch(child, *childOrder, target) : CUDA_ERROR_INVALID_VALUE;
     } else if (node.kind == GraphNode::Kind::kEmpty || node.kind == GraphNode::Kind::kMemAlloc ||
                node.kind == GraphNode::Kind::kMemFree) {
       continue;  // a memory node's memory is there already (graph_memory.hpp)

@@ -61,7 +61,8 @@ struct GraphNode {
     kEmpty,
     kMemAlloc,
     kMemFree,
-    kConditional
+    kConditional,
+    kChildGraph
   };
   Kind kind = Kind::kKernel;
   // A launch, memset or device-to-device copy, as the entry point built it (its context and stream
@@ -89,9 +90,10 @@ struct GraphNode {
   // its stream's dependency set then (the node captured before it on that stream, the point of a
   // fork or join, or what cuStreamUpdateCaptureDependencies set).
   std::vector<std::size_t> dependencies;
-  // A conditional node: its handle, its type (if, while, switch) and its body graphs, owned by
-  // the node (an executable graph holds copies of its own); `bodyHandles` is the array
-  // cuGraphAddNode hands out as phGraph_out.
+  // A conditional node: its handle, its type (if, while, switch) and its body graphs; a child
+  // graph node: its one body, the copy of the graph it was given. Bodies are owned by the node
+  // (an executable graph holds copies of its own); `bodyHandles` is the array cuGraphAddNode
+  // hands out as phGraph_out.
   std::shared_ptr<ConditionalHandle> condition;
   CUgraphConditionalNodeType conditionType = CU_GRAPH_COND_TYPE_IF;
   std::vector<std::shared_ptr<Graph>> bodies;

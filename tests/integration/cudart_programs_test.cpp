@@ -379,6 +379,19 @@ TEST_P(CudartPrograms, NodesAddedToACaptureInProgressRunWhereTheyWereAdded) {
   }
 }
 
+// A graph's structure reads back as it was built and changes as asked; a child graph node runs its
+// own copy of the graph it was given.
+TEST_P(CudartPrograms, AGraphsStructureReadsBackAndChildGraphsRunTheirCopy) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"structure"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line : {"structure: 1 root, 4 edges, a child graph of 3 nodes",
+                           "child graph: x = 2i at each launch, the original's new node not in it",
+                           "structure: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // A graph built node by node runs its nodes in dependency order; an executable graph takes new
 // kernel arguments, and an update from a graph of the same shape.
 TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {

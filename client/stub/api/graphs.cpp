@@ -13,10 +13,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -123,6 +125,25 @@ void forgetBodies(const Graph& graph) {
   }
 }
 
+// The body graphs of `graph`'s conditional and child graph nodes (and theirs) become graphs
+// handles may name, while their nodes last.
+void lendBodies(const Graph& graph) {
+  for (const GraphNode& node : graph.nodes) {
+    for (const std::shared_ptr<Graph>& body : node.bodies) {
+      graphs().lend(body.get());
+      lendBodies(*body);
+    }
+  }
+}
+
+// Whether a node of `graph` holds graphs of its own (a conditional or child graph node).
+bool hasNestedGraphs(const Graph& graph) {
+  for (const GraphNode& node : graph.nodes) {
+    if (!node.bodies.empty()) return true;
+  }
+  return false;
+}
+
 // An executable graph's own copies of the body graphs that `graph` (its copy of the application's
 // graph) still shares with the application's; false when a body's dependencies form a cycle.
 bool copyBodies(Graph& graph) {
@@ -148,6 +169,21 @@ bool onlyDefaultEdges(const CUgraphEdgeData* edgeData, size_t count) {
     }
   }
   return true;
+}
+
+// A query's list as CUDA hands one out: with no array, only its length; else as much of it as
+// fits, the rest of the array null, and in `count` how many it put there.
+template <typename T>
+CUresult answerList(const std::vector<T>& list, T* out, size_t& count) {
+  if (out == nullptr) {
+    count = list.size();
+    return CUDA_SUCCESS;
+  }
+  const std::size_t given = std::min(count, list.size());
+  std::copy_n(list.begin(), given, out);
+  std::fill(out + given, out + count, T{});
+  count = given;
+  return CUDA_SUCCESS;
 }
 
 // The graph `node` belongs to, and its index there.
@@ -394,6 +430,8 @@ CUgraphNodeType typeOf(const GraphNode& node) {
       return CU_GRAPH_NODE_TYPE_MEM_FREE;
     case GraphNode::Kind::kConditional:
       return CU_GRAPH_NODE_TYPE_CONDITIONAL;
+    case GraphNode::Kind::kChildGraph:
+      return CU_GRAPH_NODE_TYPE_GRAPH;
   }
   return CU_GRAPH_NODE_TYPE_EMPTY;
 }
@@ -551,7 +589,10 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
       GPUPROXY_STUB_LOG(kWarn, "cuGraphClone: a graph with conditional nodes is not cloned");
       return CUDA_ERROR_NOT_SUPPORTED;
     }
-    *phGraphClone = adopt(std::make_unique<Graph>(*graph));
+    auto clone = std::make_unique<Graph>(*graph);
+    if (!copyBodies(*clone)) return CUDA_ERROR_INVALID_VALUE;  // a child graph with a cycle
+    lendBodies(*clone);
+    *phGraphClone = adopt(std::move(clone));
     return CUDA_SUCCESS;
   });
 }
@@ -572,17 +613,9 @@ GPUPROXY_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, siz
     if (numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const Graph* graph = graphOf(hGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (nodes == nullptr) {
-      *numNodes = graph->nodes.size();
-      return CUDA_SUCCESS;
-    }
-    const std::size_t given = std::min(*numNodes, graph->nodes.size());
-    for (std::size_t i = 0; i < given; ++i) {
-      nodes[i] = handleOf(graph->nodes[i]);
-    }
-    for (std::size_t i = given; i < *numNodes; ++i) nodes[i] = nullptr;
-    *numNodes = given;
-    return CUDA_SUCCESS;
+    std::vector<CUgraphNode> all;
+    for (const GraphNode& node : graph->nodes) all.push_back(handleOf(node));
+    return answerList(all, nodes, *numNodes);
   });
 }
 
@@ -868,7 +901,7 @@ CUresult execUpdate(const char* entryPoint, CUgraphExec hGraphExec, CUgraph hGra
       return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
     };
     const Graph& current = exec->graph;
-    if (hasConditionalNodes(*graph) || hasConditionalNodes(current)) {
+    if (hasNestedGraphs(*graph) || hasNestedGraphs(current)) {
       return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED, nullptr);
     }
     if (graph->nodes.size() != current.nodes.size()) {
@@ -1236,6 +1269,32 @@ CUDA_KERNEL_NODE_PARAMS kernelParamsOf(const CUDA_KERNEL_NODE_PARAMS_v3& v3) {
   return params;
 }
 
+// A child graph node: a copy of `childGraph` (and of its own child graphs), which
+// cuGraphChildGraphNodeGetGraph names. A graph with memory or conditional nodes cannot be a child,
+// as CUDA says.
+CUresult addChildGraphNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                           const CUgraphNode* dependencies, size_t numDependencies,
+                           CUgraph childGraph) {
+  const Graph* child = graphOf(childGraph);
+  if (child == nullptr || childGraph == hGraph || gpuproxy::stub::hasMemoryNodes(*child) ||
+      hasConditionalNodes(*child)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto body = std::make_shared<Graph>(*child);
+  body->isBody = false;
+  if (!copyBodies(*body)) return CUDA_ERROR_INVALID_VALUE;
+  GraphNode node;
+  node.kind = GraphNode::Kind::kChildGraph;
+  node.bodyHandles.push_back(reinterpret_cast<CUgraph>(body.get()));
+  node.bodies.push_back(body);
+  const CUresult added =
+      addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node), body->context);
+  if (added != CUDA_SUCCESS) return added;
+  graphs().lend(body.get());
+  lendBodies(*body);
+  return CUDA_SUCCESS;
+}
+
 // A conditional node (cuGraphAddNode): its bodies are made empty here for the application to
 // fill (CUDA's own array of them goes back in params.phGraph_out). The handle must be one made
 // for this graph.
@@ -1276,8 +1335,8 @@ CUresult addConditionalNode(CUgraphNode* phGraphNode, CUgraph hGraph,
 }
 
 // cuGraphAddNode: the node types gpuproxy's graphs have, through their own entry points, and
-// conditional nodes. Child graphs, event and external semaphore nodes and batched memory
-// operations are CUDA_ERROR_NOT_SUPPORTED, as their own entry points are.
+// conditional nodes. Event and external semaphore nodes and batched memory operations are
+// CUDA_ERROR_NOT_SUPPORTED, as their own entry points are.
 CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgraph hGraph,
                          const CUgraphNode* dependencies, const CUgraphEdgeData* edgeData,
                          size_t numDependencies, CUgraphNodeParams* nodeParams) {
@@ -1334,6 +1393,14 @@ CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgra
       case CU_GRAPH_NODE_TYPE_CONDITIONAL:
         return addConditionalNode(phGraphNode, hGraph, dependencies, numDependencies,
                                   nodeParams->conditional);
+      case CU_GRAPH_NODE_TYPE_GRAPH:
+        if (nodeParams->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
+          GPUPROXY_STUB_LOG(kWarn, "%s: a child graph moved into its parent is not supported",
+                            entryPoint);
+          return CUDA_ERROR_NOT_SUPPORTED;
+        }
+        return addChildGraphNode(phGraphNode, hGraph, dependencies, numDependencies,
+                                 nodeParams->graph.graph);
       default:
         GPUPROXY_STUB_LOG(kWarn, "%s: graph nodes of type %d are not supported", entryPoint, type);
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -1459,4 +1526,285 @@ GPUPROXY_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgr
                                                           CUstreamCaptureMode mode) {
   return beginCaptureToGraph(__func__, hStream, hGraph, dependencies, dependencyData,
                              numDependencies, mode, NullStream::kPerThread);
+}
+
+// ---- child graphs, node queries, edges -------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                                  const CUgraphNode* dependencies,
+                                                  size_t numDependencies, CUgraph childGraph) {
+  return guarded(__func__, [&](Runtime&) {
+    return addChildGraphNode(phGraphNode, hGraph, dependencies, numDependencies, childGraph);
+  });
+}
+
+// The node's own copy of its child graph: a graph handle while the node lasts, not to be
+// destroyed on its own.
+GPUPROXY_EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph* phGraph) {
+  return guarded(__func__, [&](Runtime&) {
+    if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    const GraphNode& node = found->first->nodes[found->second];
+    if (node.kind != GraphNode::Kind::kChildGraph) return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = node.bodyHandles.front();
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+
+// Every edge gpuproxy's graphs have is a default one: an array of them, one per edge.
+void defaultEdges(CUgraphEdgeData* edgeData, size_t count) {
+  if (edgeData != nullptr) std::fill(edgeData, edgeData + count, CUgraphEdgeData{});
+}
+
+// cuGraphNodeGetDependencies (`dependents` false) and cuGraphNodeGetDependentNodes (true).
+CUresult nodeNeighbours(const char* entryPoint, CUgraphNode hNode, bool dependents,
+                        CUgraphNode* nodes, CUgraphEdgeData* edgeData, size_t* count) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    const Graph& graph = *found->first;
+    std::vector<CUgraphNode> list;
+    if (!dependents) {
+      for (std::size_t index : graph.nodes[found->second].dependencies) {
+        list.push_back(handleOf(graph.nodes[index]));
+      }
+    } else {
+      for (const GraphNode& node : graph.nodes) {
+        const std::vector<std::size_t>& waits = node.dependencies;
+        if (std::find(waits.begin(), waits.end(), found->second) != waits.end()) {
+          list.push_back(handleOf(node));
+        }
+      }
+    }
+    const CUresult answered = answerList(list, nodes, *count);
+    defaultEdges(nodes != nullptr ? edgeData : nullptr, *count);
+    return answered;
+  });
+}
+
+// cuGraphGetEdges: every dependency of the graph, as (from, to) pairs in the order the nodes
+// were added.
+CUresult graphEdges(const char* entryPoint, CUgraph hGraph, CUgraphNode* from, CUgraphNode* to,
+                    CUgraphEdgeData* edgeData, size_t* count) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (count == nullptr || (from == nullptr) != (to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    const Graph* graph = graphOf(hGraph);
+    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<CUgraphNode> sources;
+    std::vector<CUgraphNode> targets;
+    for (const GraphNode& node : graph->nodes) {
+      for (std::size_t index : node.dependencies) {
+        sources.push_back(handleOf(graph->nodes[index]));
+        targets.push_back(handleOf(node));
+      }
+    }
+    size_t room = *count;
+    answerList(targets, to, room);
+    answerList(sources, from, *count);
+    defaultEdges(from != nullptr ? edgeData : nullptr, *count);
+    return CUDA_SUCCESS;
+  });
+}
+
+// cuGraphRemoveDependencies: each edge named must exist; none is removed otherwise.
+CUresult removeDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
+                            const CUgraphNode* to, const CUgraphEdgeData* edgeData,
+                            size_t numDependencies) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (numDependencies > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+    Graph* graph = graphOf(hGraph);
+    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<std::pair<std::size_t, std::size_t>> edges;
+    for (size_t i = 0; i < numDependencies; ++i) {
+      std::optional<std::size_t> source = indexIn(*graph, from[i]);
+      std::optional<std::size_t> target = indexIn(*graph, to[i]);
+      if (!source || !target) return CUDA_ERROR_INVALID_VALUE;
+      const std::vector<std::size_t>& existing = graph->nodes[*target].dependencies;
+      if (std::find(existing.begin(), existing.end(), *source) == existing.end()) {
+        return CUDA_ERROR_INVALID_VALUE;  // no such edge
+      }
+      edges.emplace_back(*source, *target);
+    }
+    for (const auto& [source, target] : edges) {
+      std::erase(graph->nodes[target].dependencies, source);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+// A host node of a graph (`exec` null) or of an executable graph.
+GraphNode* hostNode(CUgraphExec exec, CUgraphNode hNode) {
+  GraphNode* node = nullptr;
+  if (exec == nullptr) {
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (found) node = &found->first->nodes[found->second];
+  } else if (GraphExec* executable = execOf(exec)) {
+    auto copy = executable->fromGraph.find(reinterpret_cast<const GraphNode*>(hNode));
+    if (copy != executable->fromGraph.end()) node = &executable->graph.nodes[copy->second];
+  }
+  return node != nullptr && node->kind == GraphNode::Kind::kHost ? node : nullptr;
+}
+
+CUresult setHostNodeParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+                           const CUDA_HOST_NODE_PARAMS* params) {
+  return guarded(entryPoint, [&](Runtime&) {
+    if (params == nullptr || params->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode* node = hostNode(exec, hNode);
+    if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    node->function = params->fn;
+    node->userData = params->userData;
+    return CUDA_SUCCESS;
+  });
+}
+
+const char* dotName(const GraphNode& node) {
+  switch (node.kind) {
+    case GraphNode::Kind::kKernel:
+      return "kernel";
+    case GraphNode::Kind::kMemcpy:
+      return "memcpy";
+    case GraphNode::Kind::kMemset:
+      return "memset";
+    case GraphNode::Kind::kHost:
+      return "host";
+    case GraphNode::Kind::kEmpty:
+      return "empty";
+    case GraphNode::Kind::kMemAlloc:
+      return "mem_alloc";
+    case GraphNode::Kind::kMemFree:
+      return "mem_free";
+    case GraphNode::Kind::kConditional:
+      return "conditional";
+    case GraphNode::Kind::kChildGraph:
+      return "graph";
+  }
+  return "node";
+}
+
+// One graph in DOT: its nodes (named by where they are: "g0_3" is node 3 of the top graph), its
+// edges, and each nested graph as a cluster after the node that holds it.
+void writeDot(std::FILE* file, const Graph& graph, const std::string& prefix, unsigned& clusters) {
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const GraphNode& node = graph.nodes[i];
+    std::fprintf(file, "  %s_%zu [label=\"%zu: %s\"];\n", prefix.c_str(), i, i, dotName(node));
+    for (std::size_t index : node.dependencies) {
+      std::fprintf(file, "  %s_%zu -> %s_%zu;\n", prefix.c_str(), index, prefix.c_str(), i);
+    }
+    for (std::size_t b = 0; b < node.bodies.size(); ++b) {
+      const std::string inner = prefix + "_" + std::to_string(i) + "b" + std::to_string(b);
+      std::fprintf(file, "  subgraph cluster_%u {\n  label=\"%s_%zu body %zu\";\n", clusters++,
+                   prefix.c_str(), i, b);
+      writeDot(file, *node.bodies[b], inner, clusters);
+      std::fprintf(file, "  }\n");
+    }
+  }
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuGraphNodeGetDependencies(CUgraphNode hNode, CUgraphNode* dependencies,
+                                                    size_t* numDependencies) {
+  return nodeNeighbours(__func__, hNode, false, dependencies, nullptr, numDependencies);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphNodeGetDependencies_v2(CUgraphNode hNode, CUgraphNode* dependencies,
+                                                       CUgraphEdgeData* edgeData,
+                                                       size_t* numDependencies) {
+  return nodeNeighbours(__func__, hNode, false, dependencies, edgeData, numDependencies);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphNodeGetDependentNodes(CUgraphNode hNode,
+                                                      CUgraphNode* dependentNodes,
+                                                      size_t* numDependentNodes) {
+  return nodeNeighbours(__func__, hNode, true, dependentNodes, nullptr, numDependentNodes);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphNodeGetDependentNodes_v2(CUgraphNode hNode,
+                                                         CUgraphNode* dependentNodes,
+                                                         CUgraphEdgeData* edgeData,
+                                                         size_t* numDependentNodes) {
+  return nodeNeighbours(__func__, hNode, true, dependentNodes, edgeData, numDependentNodes);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode* rootNodes,
+                                             size_t* numRootNodes) {
+  return guarded(__func__, [&](Runtime&) {
+    if (numRootNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const Graph* graph = graphOf(hGraph);
+    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::vector<CUgraphNode> roots;
+    for (const GraphNode& node : graph->nodes) {
+      if (node.dependencies.empty()) roots.push_back(handleOf(node));
+    }
+    return answerList(roots, rootNodes, *numRootNodes);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphGetEdges(CUgraph hGraph, CUgraphNode* from, CUgraphNode* to,
+                                         size_t* numEdges) {
+  return graphEdges(__func__, hGraph, from, to, nullptr, numEdges);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphGetEdges_v2(CUgraph hGraph, CUgraphNode* from, CUgraphNode* to,
+                                            CUgraphEdgeData* edgeData, size_t* numEdges) {
+  return graphEdges(__func__, hGraph, from, to, edgeData, numEdges);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphRemoveDependencies(CUgraph hGraph, const CUgraphNode* from,
+                                                   const CUgraphNode* to, size_t numDependencies) {
+  return removeDependencies(__func__, hGraph, from, to, nullptr, numDependencies);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphRemoveDependencies_v2(CUgraph hGraph, const CUgraphNode* from,
+                                                      const CUgraphNode* to,
+                                                      const CUgraphEdgeData* edgeData,
+                                                      size_t numDependencies) {
+  return removeDependencies(__func__, hGraph, from, to, edgeData, numDependencies);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphHostNodeGetParams(CUgraphNode hNode,
+                                                  CUDA_HOST_NODE_PARAMS* nodeParams) {
+  return guarded(__func__, [&](Runtime&) {
+    if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const GraphNode* node = hostNode(nullptr, hNode);
+    if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *nodeParams = CUDA_HOST_NODE_PARAMS{node->function, node->userData};
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphHostNodeSetParams(CUgraphNode hNode,
+                                                  const CUDA_HOST_NODE_PARAMS* nodeParams) {
+  return setHostNodeParams(__func__, nullptr, hNode, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecHostNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                      const CUDA_HOST_NODE_PARAMS* nodeParams) {
+  if (hGraphExec == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  return setHostNodeParams(__func__, hGraphExec, hNode, nodeParams);
+}
+
+// The graph in Graphviz's DOT language: each node's index and type, its dependencies, and the
+// graphs its conditional and child graph nodes hold. `flags` choose extra detail CUDA's printer
+// adds; this one prints the same outline whatever they say.
+GPUPROXY_EXPORT CUresult cuGraphDebugDotPrint(CUgraph hGraph, const char* path,
+                                              unsigned int /*flags*/) {
+  return guarded(__func__, [&](Runtime&) {
+    const Graph* graph = graphOf(hGraph);
+    if (graph == nullptr || path == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::FILE* file = std::fopen(path, "w");
+    if (file == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+    std::fprintf(file, "digraph gpuproxy_graph {\n");
+    unsigned clusters = 0;
+    writeDot(file, *graph, "g0", clusters);
+    std::fprintf(file, "}\n");
+    return std::fclose(file) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+  });
 }

@@ -19,6 +19,12 @@
 //                    join); a kernel node added to it by hand, made the stream's dependency with
 //                    cudaStreamUpdateCaptureDependencies, so that what is captured next runs
 //                    after it; the same graph at the end; the refusals
+//   structure        a graph's structure read back and changed: root nodes, each node's
+//                    dependencies and dependents, the edges, an edge removed (the two nodes then
+//                    run in either order), a host node's function replaced in the graph and in an
+//                    executable graph; a child graph node holding a copy of another graph (which
+//                    changing the original afterwards leaves alone), launched twice; the graph
+//                    printed as DOT
 //   memory           memory nodes: cudaMallocAsync and cudaFreeAsync captured (the same address at
 //                    every launch); an allocation a graph leaves live, used after the launch and
 //                    freed by the program, by cudaFreeAsync or by another graph's free node; a
@@ -983,6 +989,176 @@ int conditionalMode() {
   return 0;
 }
 
+void addTen(void* calls) {
+  *static_cast<int*>(calls) += 10;
+}
+
+bool sameNodes(std::vector<cudaGraphNode_t> got, std::vector<cudaGraphNode_t> expected) {
+  if (got.size() != expected.size()) return false;
+  for (cudaGraphNode_t node : expected) {
+    bool found = false;
+    for (cudaGraphNode_t each : got) found = found || each == node;
+    if (!found) return false;
+  }
+  return true;
+}
+
+// The dependencies (or, with `dependents`, the dependent nodes) of `node`.
+int neighbours(cudaGraphNode_t node, bool dependents, std::vector<cudaGraphNode_t>& out) {
+  size_t count = 0;
+  CHECK(dependents ? cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &count)
+                   : cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count));
+  out.assign(count, nullptr);
+  if (count > 0) {
+    CHECK(dependents ? cudaGraphNodeGetDependentNodes(node, out.data(), nullptr, &count)
+                     : cudaGraphNodeGetDependencies(node, out.data(), nullptr, &count));
+  }
+  return 0;
+}
+
+int structureMode() {
+  const int n = 256;
+  float* x = nullptr;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  int calls = 0;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // The child: x = 0, x += i, x *= 2.
+  cudaGraph_t child;
+  CHECK(cudaGraphCreate(&child, 0));
+  cudaMemsetParams zeroParams{};
+  zeroParams.dst = x;
+  zeroParams.elementSize = 4;
+  zeroParams.width = n;
+  zeroParams.height = 1;
+  cudaGraphNode_t zero;
+  CHECK(cudaGraphAddMemsetNode(&zero, child, nullptr, 0, &zeroParams));
+  int size = n;
+  void* iotaArgs[] = {&x, &size};
+  cudaKernelNodeParams iotaParams{};
+  iotaParams.func = reinterpret_cast<void*>(iota);
+  iotaParams.gridDim = dim3(1);
+  iotaParams.blockDim = dim3(n);
+  iotaParams.kernelParams = iotaArgs;
+  cudaGraphNode_t counted;
+  CHECK(cudaGraphAddKernelNode(&counted, child, &zero, 1, &iotaParams));
+  float two = 2.0f;
+  void* scaleArgs[] = {&x, &two, &size};
+  cudaKernelNodeParams scaleParams = iotaParams;
+  scaleParams.func = reinterpret_cast<void*>(scale);
+  scaleParams.kernelParams = scaleArgs;
+  cudaGraphNode_t doubled;
+  CHECK(cudaGraphAddKernelNode(&doubled, child, &counted, 1, &scaleParams));
+
+  // The parent: two host functions (counting 1 and 10), then the child, then an empty node.
+  cudaGraph_t parent;
+  CHECK(cudaGraphCreate(&parent, 0));
+  cudaHostNodeParams oneParams{countCall, &calls};
+  cudaGraphNode_t hostA;
+  cudaGraphNode_t hostB;
+  CHECK(cudaGraphAddHostNode(&hostA, parent, nullptr, 0, &oneParams));
+  CHECK(cudaGraphAddHostNode(&hostB, parent, &hostA, 1, &oneParams));
+  cudaGraphNode_t childNode;
+  const cudaGraphNode_t both[] = {hostA, hostB};
+  CHECK(cudaGraphAddChildGraphNode(&childNode, parent, both, 2, child));
+  cudaGraphNode_t last;
+  CHECK(cudaGraphAddEmptyNode(&last, parent, &childNode, 1));
+
+  // Read back: one root, the edges, each node's neighbours.
+  size_t count = 0;
+  CHECK(cudaGraphGetRootNodes(parent, nullptr, &count));
+  std::vector<cudaGraphNode_t> roots(count);
+  CHECK(cudaGraphGetRootNodes(parent, roots.data(), &count));
+  EXPECT(roots.size() == 1 && roots[0] == hostA, "%zu root nodes", roots.size());
+  size_t edges = 0;
+  CHECK(cudaGraphGetEdges(parent, nullptr, nullptr, nullptr, &edges));
+  std::vector<cudaGraphNode_t> from(edges);
+  std::vector<cudaGraphNode_t> to(edges);
+  CHECK(cudaGraphGetEdges(parent, from.data(), to.data(), nullptr, &edges));
+  EXPECT(edges == 4, "%zu edges (expected 4)", edges);
+  for (size_t i = 0; i < edges; ++i) {
+    const bool known =
+        (from[i] == hostA && to[i] == hostB) || (from[i] == hostA && to[i] == childNode) ||
+        (from[i] == hostB && to[i] == childNode) || (from[i] == childNode && to[i] == last);
+    EXPECT(known, "edge %zu is not one the graph was given", i);
+  }
+  std::vector<cudaGraphNode_t> found;
+  if (neighbours(childNode, false, found) != 0) return 1;
+  EXPECT(sameNodes(found, {hostA, hostB}), "the child node depends on %zu nodes", found.size());
+  if (neighbours(hostA, true, found) != 0) return 1;
+  EXPECT(sameNodes(found, {hostB, childNode}), "%zu nodes depend on the first host node",
+         found.size());
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  CHECK(cudaGraphNodeGetType(childNode, &type));
+  EXPECT(type == cudaGraphNodeTypeGraph, "the child node is of type %d", static_cast<int>(type));
+  cudaGraph_t embedded = nullptr;
+  CHECK(cudaGraphChildGraphNodeGetGraph(childNode, &embedded));
+  size_t embeddedNodes = 0;
+  CHECK(cudaGraphGetNodes(embedded, nullptr, &embeddedNodes));
+  EXPECT(embedded != child && embeddedNodes == 3, "the child node holds %zu nodes", embeddedNodes);
+  std::printf("structure: 1 root, %zu edges, a child graph of %zu nodes\n", edges, embeddedNodes);
+
+  // Changes: the edge between the host nodes removed (twice is an error), the second one now
+  // adds 10, and the original child graph gains a node the copy does not have.
+  CHECK(cudaGraphRemoveDependencies(parent, &hostA, &hostB, nullptr, 1));
+  const cudaError_t removedTwice = cudaGraphRemoveDependencies(parent, &hostA, &hostB, nullptr, 1);
+  EXPECT(removedTwice == cudaErrorInvalidValue, "removing a missing edge gave %s",
+         cudaGetErrorName(removedTwice));
+  cudaGetLastError();
+  CHECK(cudaGraphGetRootNodes(parent, nullptr, &count));
+  EXPECT(count == 2, "%zu roots after the edge was removed", count);
+  cudaHostNodeParams tenParams{addTen, &calls};
+  CHECK(cudaGraphHostNodeSetParams(hostB, &tenParams));
+  cudaHostNodeParams readBack{};
+  CHECK(cudaGraphHostNodeGetParams(hostB, &readBack));
+  EXPECT(readBack.fn == addTen && readBack.userData == &calls, "the host node reads back wrong");
+  float hundred = 100.0f;
+  void* spoilArgs[] = {&x, &hundred, &size};
+  scaleParams.kernelParams = spoilArgs;
+  cudaGraphNode_t spoiler;
+  CHECK(cudaGraphAddKernelNode(&spoiler, child, &doubled, 1, &scaleParams));
+
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, parent, 0));
+  std::vector<float> out(n);
+  for (int launch = 1; launch <= 2; ++launch) {
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    CHECK(cudaMemcpy(out.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; ++i) {
+      EXPECT(out[i] == 2.0f * static_cast<float>(i), "launch %d: x[%d] = %f", launch, i, out[i]);
+    }
+    EXPECT(calls == 11 * launch, "after %d launches the host nodes counted %d", launch, calls);
+  }
+  // In the executable graph only: the second host node back to counting 1.
+  CHECK(cudaGraphExecHostNodeSetParams(exec, hostB, &oneParams));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(calls == 24, "after the executable graph's host node changed: %d", calls);
+  std::printf("child graph: x = 2i at each launch, the original's new node not in it\n");
+
+  const char* dot = "graphs_structure.dot";
+  CHECK(cudaGraphDebugDotPrint(parent, dot, 0));
+  std::FILE* file = std::fopen(dot, "r");
+  EXPECT(file != nullptr, "no DOT file was written");
+  char text[4096] = {};
+  const size_t read = std::fread(text, 1, sizeof text - 1, file);
+  std::fclose(file);
+  std::remove(dot);
+  EXPECT(
+      read > 0 && std::strstr(text, "digraph") != nullptr && std::strstr(text, "kernel") != nullptr,
+      "the DOT file does not describe the graph: %s", text);
+  std::printf("DOT: %zu bytes\n", read);
+
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(parent));
+  CHECK(cudaGraphDestroy(child));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(x));
+  return 0;
+}
+
 // The nodes `stream`'s next captured operation will depend on.
 int captureDependencies(cudaStream_t stream, std::vector<cudaGraphNode_t>& nodes,
                         cudaGraph_t* graph = nullptr) {
@@ -1141,6 +1317,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "capture-errors") == 0) result = captureErrors();
   if (std::strcmp(mode, "nodes") == 0) result = nodesMode();
   if (std::strcmp(mode, "capture-graph") == 0) result = captureGraphMode();
+  if (std::strcmp(mode, "structure") == 0) result = structureMode();
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
