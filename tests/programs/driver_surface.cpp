@@ -368,6 +368,18 @@ void pointers() {
   size_t bytes = 0;
   MUST(cuMemGetAddressRange(&base, &bytes, inside));
   reportYes("address-range", base == first && bytes == (1 << 20));
+  unsigned syncMemops = 7;
+  MUST(cuPointerGetAttribute(&syncMemops, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, inside));
+  const unsigned on = 1;
+  report("sync-memops-set", cuPointerSetAttribute(&on, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, inside));
+  unsigned syncMemopsAfter = 0;
+  MUST(cuPointerGetAttribute(&syncMemopsAfter, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, first));
+  unsigned syncMemopsOther = 7;
+  MUST(cuPointerGetAttribute(&syncMemopsOther, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, second));
+  reportYes("sync-memops-reads-back",
+            syncMemops == 0 && syncMemopsAfter == 1 && syncMemopsOther == 0);
+  report("set-other-attribute",
+         cuPointerSetAttribute(&on, CU_POINTER_ATTRIBUTE_IS_MANAGED, inside));
 
   // Several at once, as cudaPointerGetAttributes asks.
   CUpointer_attribute asked[] = {
@@ -768,6 +780,10 @@ void streamQueries() {
   reportYes("stream-device-null-stream-is-the-context-device", streamDevice == gDevice);
   report("stream-device-bad-stream",
          cuStreamGetDevice(reinterpret_cast<CUstream>(std::uintptr_t{0x5eed}), &streamDevice));
+  CUcontext streamContext = nullptr;
+  CUgreenCtx streamGreen = reinterpret_cast<CUgreenCtx>(std::uintptr_t{1});
+  report("stream-ctx-v2", cuStreamGetCtx_v2(first, &streamContext, &streamGreen));
+  reportYes("stream-ctx-v2-context", streamContext == gContext && streamGreen == nullptr);
 
   // Records with flags: the external flag only changes what a capture makes of the record.
   CUevent marker = nullptr;

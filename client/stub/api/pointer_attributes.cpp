@@ -1,13 +1,15 @@
-// What a pointer is: cuPointerGetAttribute(s) and cuMemGetAddressRange, answered from the stub's
-// own tables of this process's device allocations (Runtime; managed memory among them) and
-// page-locked host allocations (memory.cpp). A pointer the process did not get from CUDA is unknown
+// What a pointer is: cuPointerGetAttribute(s), cuPointerSetAttribute and cuMemGetAddressRange,
+// answered from the stub's own tables of this process's device allocations (Runtime; managed
+// memory among them) and page-locked host allocations (memory.cpp). A pointer the process did not get from CUDA is unknown
 // to the driver too.
 
 #include <cuda.h>
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <set>
 
 #include "client/stub/api/host_memory.hpp"
 #include "client/stub/api/memory_pools.hpp"
@@ -55,6 +57,34 @@ std::optional<PointerFacts> factsOf(Runtime& runtime, CUdeviceptr pointer) {
   facts->device = static_cast<int>(context->device);
   return facts;
 }
+
+// Device allocations whose memory operations were asked to be synchronous
+// (cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)), by buffer id. gpuproxy's synchronous
+// copies and memsets always finish before they return, so the flag changes nothing but what the
+// attribute reads back. Leaked on purpose, as the stub's other tables.
+class SyncMemops {
+public:
+  static SyncMemops& instance() {
+    static auto* table = new SyncMemops;
+    return *table;
+  }
+  void set(std::uint64_t bufferId, bool on) {
+    std::lock_guard lock(mutex_);
+    if (on) {
+      buffers_.insert(bufferId);
+    } else {
+      buffers_.erase(bufferId);
+    }
+  }
+  bool isSet(std::uint64_t bufferId) const {
+    std::lock_guard lock(mutex_);
+    return buffers_.count(bufferId) != 0;
+  }
+
+private:
+  mutable std::mutex mutex_;
+  std::set<std::uint64_t> buffers_;
+};
 
 template <typename T>
 void put(void* data, T value) {
@@ -108,9 +138,8 @@ CUresult answer(const PointerFacts& facts, int attribute, CUdeviceptr pointer, v
       }
       put(data, reinterpret_cast<void*>(static_cast<std::uintptr_t>(pointer)));
       return CUDA_SUCCESS;
-    // Not set (cuPointerSetAttribute is not implemented), the driver's default.
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-      put(data, 0u);
+      put(data, SyncMemops::instance().isSet(facts.bufferId) ? 1u : 0u);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       put(data, static_cast<unsigned long long>(facts.bufferId));
@@ -228,6 +257,23 @@ GPUPROXY_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psi
     if (!range) return CUDA_ERROR_NOT_FOUND;
     if (pbase != nullptr) *pbase = range->start;
     if (psize != nullptr) *psize = static_cast<size_t>(range->bytes);
+    return CUDA_SUCCESS;
+  });
+}
+
+// CU_POINTER_ATTRIBUTE_SYNC_MEMOPS of device memory is the one attribute a program may set.
+GPUPROXY_EXPORT CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute attribute,
+                                               CUdeviceptr ptr) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (value == nullptr ||
+        gpuproxy::stub::enumValue(attribute) != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::optional<PointerFacts> facts = factsOf(runtime, ptr);
+    if (!facts || facts->type != CU_MEMORYTYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    unsigned on = 0;
+    std::memcpy(&on, value, sizeof on);
+    SyncMemops::instance().set(facts->bufferId, on != 0);
     return CUDA_SUCCESS;
   });
 }

@@ -505,6 +505,23 @@ GPUPROXY_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext* pctx) 
   return streamContext(__func__, hStream, pctx);
 }
 
+// No stream here belongs to a green context (cuGreenCtxCreate is not supported): pGreenCtx is
+// always null.
+GPUPROXY_EXPORT CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext* pCtx,
+                                           CUgreenCtx* pGreenCtx) {
+  if (pGreenCtx == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  const CUresult found = streamContext(__func__, hStream, pCtx);
+  if (found == CUDA_SUCCESS) *pGreenCtx = nullptr;
+  return found;
+}
+
+GPUPROXY_EXPORT CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext* pCtx,
+                                                CUgreenCtx* pGreenCtx) {
+  return cuStreamGetCtx_v2(hStream, pCtx, pGreenCtx);
+}
+
 GPUPROXY_EXPORT CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
   return streamDevice(__func__, hStream, device);
 }
