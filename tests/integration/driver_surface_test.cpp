@@ -266,6 +266,18 @@ TEST_F(DriverSurface, PitchedCopiesRoundTripAndLeaveThePaddingAlone) {
                  {"copy2d-array", "CUDA_ERROR_INVALID_HANDLE"}});  // no such array
 }
 
+TEST_F(DriverSurface, ABatchOfCopiesRunsOnItsStreamAndNamesTheCopyThatFailed) {
+  expectAnswers({{"batch-up", "CUDA_SUCCESS"},
+                 {"batch-across-down", "CUDA_SUCCESS"},
+                 {"batch-round-trip", "yes"},
+                 {"batch-legacy-stream", "CUDA_ERROR_INVALID_VALUE"},
+                 {"batch-no-order", "CUDA_ERROR_INVALID_VALUE"},
+                 {"batch-no-order-index", "1"},
+                 {"batch-late-attributes", "CUDA_ERROR_INVALID_VALUE"},
+                 {"batch-past-allocation", "CUDA_ERROR_INVALID_VALUE"},
+                 {"batch-past-allocation-index", "1"}});
+}
+
 TEST_F(DriverSurface, HostFunctionsRunInStreamOrder) {
   for (std::string prefix : {"host-func", "callback"}) {
     expectAnswers({{prefix + "-queued", "CUDA_SUCCESS"},

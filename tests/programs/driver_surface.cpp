@@ -552,6 +552,75 @@ struct HostStep {
   CUresult status = CUDA_ERROR_UNKNOWN;
 };
 
+// A batch of copies (cuMemcpyBatchAsync): up from pageable memory read during the call (then
+// overwritten), across, and down into pinned memory; then what the driver refuses. CUDA 12.8's
+// form, found by cuGetProcAddress at that version, names the copy that failed.
+void batchCopies() {
+  using BatchWithFailIndex = CUresult (*)(CUdeviceptr*, CUdeviceptr*, size_t*, size_t,
+                                          CUmemcpyAttributes*, size_t*, size_t, size_t*, CUstream);
+  void* found = nullptr;
+  MUST(cuGetProcAddress("cuMemcpyBatchAsync", &found, 12080, CU_GET_PROC_ADDRESS_DEFAULT, nullptr));
+  const auto batch = reinterpret_cast<BatchWithFailIndex>(found);
+  constexpr size_t kWords = 1024;
+  constexpr size_t kBytes = kWords * sizeof(unsigned);
+  std::vector<unsigned> source(kWords);
+  for (size_t i = 0; i < kWords; ++i) source[i] = static_cast<unsigned>(i * 3 + 1);
+  unsigned* back = nullptr;
+  MUST(cuMemAllocHost(reinterpret_cast<void**>(&back), kBytes));
+  CUdeviceptr first = 0;
+  CUdeviceptr second = 0;
+  MUST(cuMemAlloc(&first, kBytes));
+  MUST(cuMemAlloc(&second, kBytes));
+  CUstream stream = nullptr;
+  MUST(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+  const auto host = [](const void* pointer) {
+    return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(pointer));
+  };
+  CUdeviceptr up[] = {first};
+  CUdeviceptr upFrom[] = {host(source.data())};
+  size_t upBytes[] = {kBytes};
+  CUmemcpyAttributes duringCall{};
+  duringCall.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+  size_t firstCopy[] = {0};
+  size_t failed = 0;
+  report("batch-up", cuMemcpyBatchAsync(up, upFrom, upBytes, 1, &duringCall, firstCopy, 1, stream));
+  std::fill(source.begin(), source.end(), 0u);  // the copy has read it already
+
+  CUdeviceptr dsts[] = {second, host(back)};
+  CUdeviceptr srcs[] = {first, second};
+  size_t sizes[] = {kBytes, kBytes};
+  CUmemcpyAttributes inOrder{};
+  inOrder.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  report("batch-across-down",
+         cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &inOrder, firstCopy, 1, stream));
+  MUST(cuStreamSynchronize(stream));
+  bool same = true;
+  for (size_t i = 0; i < kWords; ++i) same = same && back[i] == i * 3 + 1;
+  reportYes("batch-round-trip", same);
+
+  // Refused: the legacy stream, an attribute without a source order (failIdx names the copy it
+  // covers), attributes not starting at copy 0, and a copy past its allocation (failIdx 1).
+  report("batch-legacy-stream",
+         cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &inOrder, firstCopy, 1, nullptr));
+  CUmemcpyAttributes mixed[] = {inOrder, CUmemcpyAttributes{}};
+  size_t mixedStarts[] = {0, 1};
+  report("batch-no-order", batch(dsts, srcs, sizes, 2, mixed, mixedStarts, 2, &failed, stream));
+  reportNumber("batch-no-order-index", static_cast<long long>(failed));
+  size_t late[] = {1};
+  report("batch-late-attributes",
+         cuMemcpyBatchAsync(dsts, srcs, sizes, 2, &inOrder, late, 1, stream));
+  size_t tooLong[] = {kBytes, kBytes + 4};
+  report("batch-past-allocation",
+         batch(dsts, srcs, tooLong, 2, &inOrder, firstCopy, 1, &failed, stream));
+  reportNumber("batch-past-allocation-index", static_cast<long long>(failed));
+  MUST(cuStreamSynchronize(stream));
+  MUST(cuStreamDestroy(stream));
+  MUST(cuMemFree(first));
+  MUST(cuMemFree(second));
+  MUST(cuMemFreeHost(back));
+}
+
 void runHostStep(void* data) {
   auto* step = static_cast<HostStep*>(data);
   step->calls += 1;
@@ -1404,6 +1473,7 @@ int main() {
   kernels();
   pointers();
   copies2D();
+  batchCopies();
   hostFunctions(fillU32);
   hostFunctionWaitsForTheApplication();
   launchEx(fillU32);

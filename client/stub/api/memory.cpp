@@ -33,6 +33,7 @@
 #include "client/stub/api/managed_memory.hpp"
 #include "client/stub/api/memory_pools.hpp"
 #include "client/stub/api_support.hpp"
+#include "client/stub/enum_value.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/graph_memory.hpp"
 #include "client/stub/pinned_heap.hpp"
@@ -1191,6 +1192,90 @@ GPUPROXY_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
 GPUPROXY_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                             CUstream hStream) {
   return memcpyUnified(__func__, dst, src, ByteCount, hStream, NullStream::kPerThread, false);
+}
+
+namespace {
+
+// cuMemcpyBatchAsync: each copy as cuMemcpyAsync makes it, one after the other on the stream (a
+// GPU may run them in any order; a batch whose copies depend on each other is undefined). Every
+// copy is covered by an attribute with a source access order; a host source read "during the API
+// call" is copied before the call returns. Location hints and flags are hints. `failIdx`: the copy
+// that failed, SIZE_MAX for an error of the batch as a whole.
+CUresult memcpyBatch(const char* entryPoint, const CUdeviceptr* dsts, const CUdeviceptr* srcs,
+                     const size_t* sizes, size_t count, const CUmemcpyAttributes* attrs,
+                     const size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream stream,
+                     NullStream nullStream) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (failIdx != nullptr) *failIdx = std::numeric_limits<size_t>::max();
+    const bool legacy =
+        stream == CU_STREAM_LEGACY || (stream == nullptr && nullStream == NullStream::kLegacy);
+    if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
+        attrsIdxs == nullptr || numAttrs == 0 || numAttrs > count || legacy) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (size_t k = 0; k < numAttrs; ++k) {
+      const bool ordered = k == 0 ? attrsIdxs[0] == 0 : attrsIdxs[k] > attrsIdxs[k - 1];
+      if (!ordered || attrsIdxs[k] >= count) return CUDA_ERROR_INVALID_VALUE;
+      switch (gpuproxy::stub::enumValue(attrs[k].srcAccessOrder)) {
+        case CU_MEMCPY_SRC_ACCESS_ORDER_STREAM:
+        case CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL:
+        case CU_MEMCPY_SRC_ACCESS_ORDER_ANY:
+          break;
+        default:
+          if (failIdx != nullptr) *failIdx = attrsIdxs[k];
+          return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    size_t attribute = 0;
+    for (size_t i = 0; i < count; ++i) {
+      while (attribute + 1 < numAttrs && attrsIdxs[attribute + 1] <= i) ++attribute;
+      const bool duringCall = gpuproxy::stub::enumValue(attrs[attribute].srcAccessOrder) ==
+                              CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL;
+      const bool hostSource = !runtime.ownsRange(srcs[i], 1);
+      const CUresult copied = memcpyUnified(entryPoint, dsts[i], srcs[i], sizes[i], stream,
+                                            nullStream, /*blocking=*/duringCall && hostSource);
+      if (copied != CUDA_SUCCESS) {
+        if (failIdx != nullptr) *failIdx = i;
+        return copied;
+      }
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                            size_t count, CUmemcpyAttributes* attrs,
+                                            size_t* attrsIdxs, size_t numAttrs, size_t* failIdx,
+                                            CUstream hStream) {
+  return memcpyBatch(__func__, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx,
+                     hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
+                                                 size_t* sizes, size_t count,
+                                                 CUmemcpyAttributes* attrs, size_t* attrsIdxs,
+                                                 size_t numAttrs, size_t* failIdx,
+                                                 CUstream hStream) {
+  return memcpyBatch(__func__, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx,
+                     hStream, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes,
+                                               size_t count, CUmemcpyAttributes* attrs,
+                                               size_t* attrsIdxs, size_t numAttrs,
+                                               CUstream hStream) {
+  return memcpyBatch(__func__, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, nullptr,
+                     hStream, NullStream::kLegacy);
+}
+
+GPUPROXY_EXPORT CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
+                                                    size_t* sizes, size_t count,
+                                                    CUmemcpyAttributes* attrs, size_t* attrsIdxs,
+                                                    size_t numAttrs, CUstream hStream) {
+  return memcpyBatch(__func__, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, nullptr,
+                     hStream, NullStream::kPerThread);
 }
 
 namespace gpuproxy::stub {
