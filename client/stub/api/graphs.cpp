@@ -861,26 +861,37 @@ CUresult setExecKernelParams(const char* entryPoint, CUgraphExec hGraphExec, CUg
   });
 }
 
-CUresult addDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
-                         const CUgraphNode* to, const CUgraphEdgeData* edgeData,
-                         size_t numDependencies) {
+// cuGraphAddDependencies (`add`) and cuGraphRemoveDependencies: each edge named must be new (or,
+// to remove, exist); none is changed otherwise.
+CUresult changeDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
+                            const CUgraphNode* to, const CUgraphEdgeData* edgeData,
+                            size_t numDependencies, bool add) {
   return guarded(entryPoint, [&](Runtime&) {
     if (numDependencies > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
     Graph* graph = graphOf(hGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_NOT_SUPPORTED;
+    // Edges of another kind: none can be added here, so none exists to remove.
+    if (!onlyDefaultEdges(edgeData, numDependencies)) {
+      return add ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    }
     std::vector<std::pair<std::size_t, std::size_t>> edges;
     for (size_t i = 0; i < numDependencies; ++i) {
       std::optional<std::size_t> source = indexIn(*graph, from[i]);
       std::optional<std::size_t> target = indexIn(*graph, to[i]);
       if (!source || !target || *source == *target) return CUDA_ERROR_INVALID_VALUE;
       const std::vector<std::size_t>& existing = graph->nodes[*target].dependencies;
-      if (std::find(existing.begin(), existing.end(), *source) != existing.end()) {
-        return CUDA_ERROR_INVALID_VALUE;  // an edge that exists already
-      }
+      const bool exists = std::find(existing.begin(), existing.end(), *source) != existing.end();
+      if (exists == add) return CUDA_ERROR_INVALID_VALUE;
       edges.emplace_back(*source, *target);
     }
-    for (const auto& [source, target] : edges) graph->nodes[target].dependencies.push_back(source);
+    for (const auto& [source, target] : edges) {
+      std::vector<std::size_t>& dependencies = graph->nodes[target].dependencies;
+      if (add) {
+        dependencies.push_back(source);
+      } else {
+        std::erase(dependencies, source);
+      }
+    }
     return CUDA_SUCCESS;
   });
 }
@@ -1047,14 +1058,14 @@ GPUPROXY_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode* phGraphNode, CUgraph h
 
 GPUPROXY_EXPORT CUresult cuGraphAddDependencies(CUgraph hGraph, const CUgraphNode* from,
                                                 const CUgraphNode* to, size_t numDependencies) {
-  return addDependencies(__func__, hGraph, from, to, nullptr, numDependencies);
+  return changeDependencies(__func__, hGraph, from, to, nullptr, numDependencies, true);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphAddDependencies_v2(CUgraph hGraph, const CUgraphNode* from,
                                                    const CUgraphNode* to,
                                                    const CUgraphEdgeData* edgeData,
                                                    size_t numDependencies) {
-  return addDependencies(__func__, hGraph, from, to, edgeData, numDependencies);
+  return changeDependencies(__func__, hGraph, from, to, edgeData, numDependencies, true);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
@@ -1610,33 +1621,6 @@ CUresult graphEdges(const char* entryPoint, CUgraph hGraph, CUgraphNode* from, C
   });
 }
 
-// cuGraphRemoveDependencies: each edge named must exist; none is removed otherwise.
-CUresult removeDependencies(const char* entryPoint, CUgraph hGraph, const CUgraphNode* from,
-                            const CUgraphNode* to, const CUgraphEdgeData* edgeData,
-                            size_t numDependencies) {
-  return guarded(entryPoint, [&](Runtime&) {
-    if (numDependencies > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-    Graph* graph = graphOf(hGraph);
-    if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_INVALID_VALUE;
-    std::vector<std::pair<std::size_t, std::size_t>> edges;
-    for (size_t i = 0; i < numDependencies; ++i) {
-      std::optional<std::size_t> source = indexIn(*graph, from[i]);
-      std::optional<std::size_t> target = indexIn(*graph, to[i]);
-      if (!source || !target) return CUDA_ERROR_INVALID_VALUE;
-      const std::vector<std::size_t>& existing = graph->nodes[*target].dependencies;
-      if (std::find(existing.begin(), existing.end(), *source) == existing.end()) {
-        return CUDA_ERROR_INVALID_VALUE;  // no such edge
-      }
-      edges.emplace_back(*source, *target);
-    }
-    for (const auto& [source, target] : edges) {
-      std::erase(graph->nodes[target].dependencies, source);
-    }
-    return CUDA_SUCCESS;
-  });
-}
-
 // A host node of a graph (`exec` null) or of an executable graph.
 GraphNode* hostNode(CUgraphExec exec, CUgraphNode hNode) {
   GraphNode* node = nullptr;
@@ -1757,14 +1741,14 @@ GPUPROXY_EXPORT CUresult cuGraphGetEdges_v2(CUgraph hGraph, CUgraphNode* from, C
 
 GPUPROXY_EXPORT CUresult cuGraphRemoveDependencies(CUgraph hGraph, const CUgraphNode* from,
                                                    const CUgraphNode* to, size_t numDependencies) {
-  return removeDependencies(__func__, hGraph, from, to, nullptr, numDependencies);
+  return changeDependencies(__func__, hGraph, from, to, nullptr, numDependencies, false);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphRemoveDependencies_v2(CUgraph hGraph, const CUgraphNode* from,
                                                       const CUgraphNode* to,
                                                       const CUgraphEdgeData* edgeData,
                                                       size_t numDependencies) {
-  return removeDependencies(__func__, hGraph, from, to, edgeData, numDependencies);
+  return changeDependencies(__func__, hGraph, from, to, edgeData, numDependencies, false);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphHostNodeGetParams(CUgraphNode hNode,

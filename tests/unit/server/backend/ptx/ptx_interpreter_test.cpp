@@ -108,6 +108,18 @@ std::uint64_t address(const void* pointer) {
   return reinterpret_cast<std::uint64_t>(pointer);
 }
 
+// The header of a 2D texture of 4 x 2 floats, row-major in `texels`.
+protocol::TextureHeader textureOf4x2(const std::vector<float>& texels) {
+  protocol::TextureHeader texture;
+  texture.base = address(texels.data());
+  texture.pitch = 4 * sizeof(float);
+  texture.slicePitch = texels.size() * sizeof(float);
+  texture.width = 4;
+  texture.height = 2;
+  texture.dimensions = 2;
+  return texture;
+}
+
 #ifdef GPUPROXY_HAVE_TEST_KERNELS
 
 TEST(PtxInterpreter, VectorAddFromNvcc) {
@@ -601,13 +613,7 @@ TEST(PtxInterpreter, TextureHandlesAreHeadersInTheClientsMemory) {
   std::vector<float> texels = {1, 2, 3, 4, 5, 6, 7, 8};  // 4 x 2
   std::vector<float> out(2 * 6, -1.0f);
   std::vector<protocol::TextureHeader> headers(3);
-  protocol::TextureHeader& texture = headers[0];
-  texture.base = address(texels.data());
-  texture.pitch = 4 * sizeof(float);
-  texture.slicePitch = texels.size() * sizeof(float);
-  texture.width = 4;
-  texture.height = 2;
-  texture.dimensions = 2;
+  protocol::TextureHeader& texture = headers[0] = textureOf4x2(texels);
   protocol::TextureHeader& surface = headers[1] = texture;
   surface.kind = protocol::TextureHeaderKind::kSurface;
   protocol::TextureHeader& elsewhere = headers[2] = texture;
@@ -1066,13 +1072,7 @@ TEST(PtxInterpreter, ImmediatesInVectorOperandsAreValues) {
   // sust writes 5.0f at byte 4 of row 1 (texel (1, 1)); tex point-samples (1.5, 1.5), that texel.
   std::vector<float> texels(8, 0.0f);  // 4 x 2
   std::vector<protocol::TextureHeader> headers(2);
-  protocol::TextureHeader& texture = headers[0];
-  texture.base = address(texels.data());
-  texture.pitch = 4 * sizeof(float);
-  texture.slicePitch = texels.size() * sizeof(float);
-  texture.width = 4;
-  texture.height = 2;
-  texture.dimensions = 2;
+  protocol::TextureHeader& texture = headers[0] = textureOf4x2(texels);
   protocol::TextureHeader& surface = headers[1] = texture;
   surface.kind = protocol::TextureHeaderKind::kSurface;
   harness.addRange(texels);
