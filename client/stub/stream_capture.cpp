@@ -520,6 +520,7 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
   for (std::size_t index : order) {
     const GraphNode& node = graph.nodes[index];
     CUresult sent = CUDA_SUCCESS;
+    if (!node.enabled) continue;
     if (node.kind == GraphNode::Kind::kConditional) {
       sent = runConditional(node, target);
     } else if (node.kind == GraphNode::Kind::kChildGraph) {

@@ -69,6 +69,11 @@ struct GraphNode {
   // are replaced at each launch of the graph).
   std::optional<protocol::ring::Command> command;
   std::vector<std::byte> parameters;  // a launch's, which command's view then points into
+  // What cuGraphKernelNodeGetParams hands out as kernelParams: a pointer into `parameters` per
+  // kernel parameter, made when asked.
+  std::vector<void*> parameterPointers;
+  // cuGraphNodeSetEnabled: a node of an executable graph switched off runs as an empty node.
+  bool enabled = true;
   // A copy between device memory and host memory (which the graph reads or writes at each launch,
   // as a GPU's copy node does). `pageable`: the host side is not page-locked, so a launch reads it
   // only once the work before the node has finished, as a copy from pageable memory waits.

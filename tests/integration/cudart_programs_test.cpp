@@ -392,6 +392,19 @@ TEST_P(CudartPrograms, AGraphsStructureReadsBackAndChildGraphsRunTheirCopy) {
   }
 }
 
+// A captured graph's nodes read back their parameters; changed in the executable graph (or in
+// the graph, then taken over by an update), the next launch does what they now say.
+TEST_P(CudartPrograms, GraphNodeParametersReadBackAndChangeWhatTheNextLaunchDoes) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"params"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line : {"params: memset, copy and kernel read back",
+                           "params: executable graph changed, memset 1.0, kernel off and on",
+                           "params: graph changed and taken over by an update", "params: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // A graph built node by node runs its nodes in dependency order; an executable graph takes new
 // kernel arguments, and an update from a graph of the same shape.
 TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {

@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "client/stub/api/modules.hpp"
@@ -47,6 +48,8 @@ using gpuproxy::stub::resolveStream;
 using gpuproxy::stub::Runtime;
 using gpuproxy::stub::StreamCaptures;
 using gpuproxy::stub::StreamTarget;
+
+namespace ring = gpuproxy::protocol::ring;
 
 namespace {
 
@@ -198,6 +201,82 @@ std::optional<std::pair<Graph*, std::size_t>> locate(CUgraphNode node) {
         }
         return std::nullopt;
       });
+}
+
+// The node `hNode` of a graph (`exec` null: the graph it was added to) or its copy in an
+// executable graph, with the context its graph runs in.
+std::optional<std::pair<GraphNode*, std::uint64_t>> nodeIn(CUgraphExec exec, CUgraphNode hNode) {
+  if (exec == nullptr) {
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return std::nullopt;
+    return std::make_pair(&found->first->nodes[found->second], found->first->context);
+  }
+  GraphExec* executable = execOf(exec);
+  if (executable == nullptr) return std::nullopt;
+  auto copy = executable->fromGraph.find(reinterpret_cast<const GraphNode*>(hNode));
+  if (copy == executable->fromGraph.end()) return std::nullopt;
+  return std::make_pair(&executable->graph.nodes[copy->second], executable->graph.context);
+}
+
+// A memset node's parameters, however it was made: added with them, or captured (a 1D or 2D
+// memset record).
+std::optional<CUDA_MEMSET_NODE_PARAMS> memsetParamsOf(const GraphNode& node) {
+  if (node.kind != GraphNode::Kind::kMemset) return std::nullopt;
+  if (node.memset) return *node.memset;
+  if (!node.command) return std::nullopt;
+  CUDA_MEMSET_NODE_PARAMS params{};
+  if (const auto* set = std::get_if<ring::Memset>(&*node.command)) {
+    params.dst = set->destination;
+    params.value = set->value;
+    params.elementSize = set->elementSize;
+    params.width = set->count;
+    params.height = 1;
+    return params;
+  }
+  if (const auto* set = std::get_if<ring::Memset2D>(&*node.command)) {
+    params.dst = set->destination;
+    params.pitch = set->pitch;
+    params.value = set->value;
+    params.elementSize = set->elementSize;
+    params.width = set->width;
+    params.height = set->height;
+    return params;
+  }
+  return std::nullopt;
+}
+
+// A copy node's parameters, however it was made: added with them, or captured (between host and
+// device memory, or within device memory).
+std::optional<CUDA_MEMCPY3D> copyParamsOf(const GraphNode& node) {
+  if (node.kind != GraphNode::Kind::kMemcpy) return std::nullopt;
+  if (node.copy) return *node.copy;
+  CUDA_MEMCPY3D params{};
+  params.Height = 1;
+  params.Depth = 1;
+  if (node.host != nullptr) {
+    params.WidthInBytes = node.bytes;
+    params.srcMemoryType = node.hostToDevice ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    params.dstMemoryType = node.hostToDevice ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+    if (node.hostToDevice) {
+      params.srcHost = node.host;
+      params.dstDevice = node.device;
+    } else {
+      params.srcDevice = node.device;
+      params.dstHost = node.host;
+    }
+  } else if (const auto* copy =
+                 node.command ? std::get_if<ring::CopyDeviceToDevice>(&*node.command) : nullptr) {
+    params.WidthInBytes = copy->bytes;
+    params.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    params.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    params.srcDevice = copy->source;
+    params.dstDevice = copy->destination;
+  } else {
+    return std::nullopt;
+  }
+  params.srcPitch = params.WidthInBytes;
+  params.dstPitch = params.WidthInBytes;
+  return params;
 }
 
 void rememberOrigins(GraphExec& exec, const Graph& graph) {
@@ -774,7 +853,6 @@ CUresult kernelNode(Runtime& runtime, const CUDA_KERNEL_NODE_PARAMS& params, Gra
       prepared != CUDA_SUCCESS) {
     return prepared;
   }
-  namespace ring = gpuproxy::protocol::ring;
   ring::LaunchKernel launch;
   launch.function = function;
   launch.grid = ring::Dim3{params.gridDimX, params.gridDimY, params.gridDimZ};
@@ -927,12 +1005,19 @@ CUresult execUpdate(const char* entryPoint, CUgraphExec hGraphExec, CUgraph hGra
       if (next.dependencies != now.dependencies) {
         return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, &next);
       }
-      const bool sameShape = next.kind == now.kind &&
-                             next.copy.has_value() == now.copy.has_value() &&
-                             next.memset.has_value() == now.memset.has_value() &&
-                             (next.host != nullptr) == (now.host != nullptr) &&
-                             next.command.has_value() == now.command.has_value() &&
-                             (!next.command || next.command->index() == now.command->index());
+      // A copy or memset may have been captured or given its parameters, either way: what
+      // counts is that a copy keeps its kinds of memory.
+      bool sameShape = next.kind == now.kind;
+      if (sameShape && next.kind == GraphNode::Kind::kMemcpy) {
+        const std::optional<CUDA_MEMCPY3D> to = copyParamsOf(next);
+        const std::optional<CUDA_MEMCPY3D> from = copyParamsOf(now);
+        sameShape = to && from && to->srcMemoryType == from->srcMemoryType &&
+                    to->dstMemoryType == from->dstMemoryType;
+      } else if (sameShape && next.kind != GraphNode::Kind::kMemset) {
+        sameShape = (next.host != nullptr) == (now.host != nullptr) &&
+                    next.command.has_value() == now.command.has_value() &&
+                    (!next.command || next.command->index() == now.command->index());
+      }
       if (!sameShape) return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, &next);
       // A memory node keeps its allocation: its address is fixed when the node is made.
       if (next.allocation != now.allocation) {
@@ -1623,15 +1708,8 @@ CUresult graphEdges(const char* entryPoint, CUgraph hGraph, CUgraphNode* from, C
 
 // A host node of a graph (`exec` null) or of an executable graph.
 GraphNode* hostNode(CUgraphExec exec, CUgraphNode hNode) {
-  GraphNode* node = nullptr;
-  if (exec == nullptr) {
-    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
-    if (found) node = &found->first->nodes[found->second];
-  } else if (GraphExec* executable = execOf(exec)) {
-    auto copy = executable->fromGraph.find(reinterpret_cast<const GraphNode*>(hNode));
-    if (copy != executable->fromGraph.end()) node = &executable->graph.nodes[copy->second];
-  }
-  return node != nullptr && node->kind == GraphNode::Kind::kHost ? node : nullptr;
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
+  return found && found->first->kind == GraphNode::Kind::kHost ? found->first : nullptr;
 }
 
 CUresult setHostNodeParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
@@ -1790,5 +1868,236 @@ GPUPROXY_EXPORT CUresult cuGraphDebugDotPrint(CUgraph hGraph, const char* path,
     writeDot(file, *graph, "g0", clusters);
     std::fprintf(file, "}\n");
     return std::fclose(file) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+  });
+}
+
+// ---- node parameters read back and replaced; nodes of an executable graph switched off -------
+
+namespace {
+
+// The arguments cuGraphAddMemsetNode accepts.
+bool memsetParamsValid(const CUDA_MEMSET_NODE_PARAMS& memset) {
+  const unsigned element = memset.elementSize;
+  return (element == 1 || element == 2 || element == 4) && memset.width != 0 &&
+         memset.height != 0 && (memset.height == 1 || memset.pitch >= memset.width * element);
+}
+
+// Replaces a memset or copy node's operation, whatever form it had, with the one `params` says.
+void replaceMemset(GraphNode& node, const CUDA_MEMSET_NODE_PARAMS& params) {
+  node.command.reset();
+  node.memset = params;
+}
+
+void replaceCopy(GraphNode& node, const CUDA_MEMCPY3D& params) {
+  node.command.reset();
+  node.host = nullptr;
+  node.device = 0;
+  node.bytes = 0;
+  node.pageable = false;
+  node.copy = params;
+}
+
+// cuGraph[Exec]MemsetNodeSetParams. In an executable graph both the old and the new memset must
+// be one row, and the memory must be the same context's, as CUDA requires.
+CUresult setMemsetParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+                         const CUDA_MEMSET_NODE_PARAMS* params) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (params == nullptr || !memsetParamsValid(*params)) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode& node = *found->first;
+    std::optional<CUDA_MEMSET_NODE_PARAMS> now = memsetParamsOf(node);
+    if (!now) return CUDA_ERROR_INVALID_VALUE;
+    if (exec != nullptr) {
+      std::optional<gpuproxy::stub::AllocationRange> before =
+          runtime.allocationContaining(now->dst);
+      std::optional<gpuproxy::stub::AllocationRange> after =
+          runtime.allocationContaining(params->dst);
+      if (now->height != 1 || params->height != 1 || !after ||
+          (before && before->context != after->context)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    replaceMemset(node, *params);
+    return CUDA_SUCCESS;
+  });
+}
+
+// The kind of memory one side of a copy is: a unified address is device memory when it lies in
+// one of this process's device allocations, else host memory.
+int memoryKind(Runtime& runtime, CUmemorytype type, CUdeviceptr unifiedAddress) {
+  const int kind = gpuproxy::stub::enumValue(type);
+  if (kind != CU_MEMORYTYPE_UNIFIED) return kind;
+  return runtime.ownsRange(unifiedAddress, 1) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+}
+
+// cuGraph[Exec]MemcpyNodeSetParams: checked as the copy is when the graph runs. In an executable
+// graph neither side may change its kind of memory, as CUDA requires.
+CUresult setCopyParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+                       const CUDA_MEMCPY3D* params) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
+    if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    GraphNode& node = *found->first;
+    std::optional<CUDA_MEMCPY3D> now = copyParamsOf(node);
+    if (!now) return CUDA_ERROR_INVALID_VALUE;
+    const bool sameKinds = memoryKind(runtime, now->srcMemoryType, now->srcDevice) ==
+                               memoryKind(runtime, params->srcMemoryType, params->srcDevice) &&
+                           memoryKind(runtime, now->dstMemoryType, now->dstDevice) ==
+                               memoryKind(runtime, params->dstMemoryType, params->dstDevice);
+    if (exec != nullptr && !sameKinds) return CUDA_ERROR_INVALID_VALUE;
+    replaceCopy(node, *params);
+    return CUDA_SUCCESS;
+  });
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode hNode,
+                                                    CUDA_MEMSET_NODE_PARAMS* nodeParams) {
+  return guarded(__func__, [&](Runtime&) {
+    if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(nullptr, hNode);
+    std::optional<CUDA_MEMSET_NODE_PARAMS> params =
+        found ? memsetParamsOf(*found->first) : std::nullopt;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    *nodeParams = *params;
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode hNode, CUDA_MEMCPY3D* nodeParams) {
+  return guarded(__func__, [&](Runtime&) {
+    if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(nullptr, hNode);
+    std::optional<CUDA_MEMCPY3D> params = found ? copyParamsOf(*found->first) : std::nullopt;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    *nodeParams = *params;
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphMemsetNodeSetParams(CUgraphNode hNode,
+                                                    const CUDA_MEMSET_NODE_PARAMS* nodeParams) {
+  return setMemsetParams(__func__, nullptr, hNode, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphMemcpyNodeSetParams(CUgraphNode hNode,
+                                                    const CUDA_MEMCPY3D* nodeParams) {
+  return setCopyParams(__func__, nullptr, hNode, nodeParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                        const CUDA_MEMSET_NODE_PARAMS* memsetParams,
+                                                        CUcontext /*ctx*/) {
+  if (hGraphExec == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  return setMemsetParams(__func__, hGraphExec, hNode, memsetParams);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                        const CUDA_MEMCPY3D* copyParams,
+                                                        CUcontext /*ctx*/) {
+  if (hGraphExec == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  return setCopyParams(__func__, hGraphExec, hNode, copyParams);
+}
+
+// A kernel node's launch: its function (the one it runs in its context), its shape, and a pointer
+// per parameter into the node's own copy of the arguments (valid while the node is unchanged).
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
+                                                       CUDA_KERNEL_NODE_PARAMS* nodeParams) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(nullptr, hNode);
+    if (!found || found->first->kind != GraphNode::Kind::kKernel || !found->first->command) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    GraphNode& node = *found->first;
+    const auto* launch = std::get_if<ring::LaunchKernel>(&*node.command);
+    if (launch == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<const gpuproxy::stub::KernelRecord> kernel = runtime.function(launch->function);
+    if (!kernel) return CUDA_ERROR_INVALID_HANDLE;  // its module was unloaded
+    node.parameterPointers.clear();
+    for (const gpuproxy::stub::ParameterSlot& slot : kernel->parameters) {
+      if (std::uint64_t{slot.offset} + slot.size > node.parameters.size()) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      node.parameterPointers.push_back(node.parameters.data() + slot.offset);
+    }
+    CUDA_KERNEL_NODE_PARAMS params{};
+    // The function, and for a function of a CUkernel (every <<<>>> of the CUDA runtime) that
+    // kernel and the context: what the runtime knows its kernels by.
+    params.func = gpuproxy::stub::toHandle<CUfunction>(launch->function);
+    if (std::optional<std::uint64_t> kernelHandle =
+            gpuproxy::stub::libraryKernelOf(launch->function)) {
+      params.kern = gpuproxy::stub::toHandle<CUkernel>(*kernelHandle);
+      params.ctx = gpuproxy::stub::toHandle<CUcontext>(kernel->context);
+    }
+    params.gridDimX = launch->grid.x;
+    params.gridDimY = launch->grid.y;
+    params.gridDimZ = launch->grid.z;
+    params.blockDimX = launch->block.x;
+    params.blockDimY = launch->block.y;
+    params.blockDimZ = launch->block.z;
+    params.sharedMemBytes = launch->sharedMemBytes;
+    params.kernelParams = node.parameterPointers.empty() ? nullptr : node.parameterPointers.data();
+    *nodeParams = params;
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode hNode,
+                                                    CUDA_KERNEL_NODE_PARAMS_v1* nodeParams) {
+  if (nodeParams == nullptr) {
+    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
+  }
+  CUDA_KERNEL_NODE_PARAMS params{};
+  const CUresult found = cuGraphKernelNodeGetParams_v2(hNode, &params);
+  if (found != CUDA_SUCCESS) return found;
+  *nodeParams = CUDA_KERNEL_NODE_PARAMS_v1{
+      params.func,         params.gridDimX,  params.gridDimY,  params.gridDimZ,
+      params.blockDimX,    params.blockDimY, params.blockDimZ, params.sharedMemBytes,
+      params.kernelParams, params.extra};
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// The node of an executable graph cuGraphNodeSetEnabled may switch: a kernel, copy or memset.
+GraphNode* switchableNode(CUgraphExec exec, CUgraphNode hNode) {
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found =
+      exec != nullptr ? nodeIn(exec, hNode) : std::nullopt;
+  if (!found) return nullptr;
+  const GraphNode::Kind kind = found->first->kind;
+  const bool switchable = kind == GraphNode::Kind::kKernel || kind == GraphNode::Kind::kMemcpy ||
+                          kind == GraphNode::Kind::kMemset;
+  return switchable ? found->first : nullptr;
+}
+
+}  // namespace
+
+// cuGraphNodeSetEnabled/GetEnabled: a kernel, copy or memset node of an executable graph runs,
+// or runs as an empty node, from its next launch on.
+GPUPROXY_EXPORT CUresult cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                               unsigned int isEnabled) {
+  return guarded(__func__, [&](Runtime&) {
+    GraphNode* node = switchableNode(hGraphExec, hNode);
+    if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    node->enabled = isEnabled != 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphNodeGetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                               unsigned int* isEnabled) {
+  return guarded(__func__, [&](Runtime&) {
+    const GraphNode* node = switchableNode(hGraphExec, hNode);
+    if (node == nullptr || isEnabled == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *isEnabled = node->enabled ? 1 : 0;
+    return CUDA_SUCCESS;
   });
 }

@@ -117,6 +117,15 @@ public:
     return CUDA_SUCCESS;
   }
 
+  // The kernel whose function in some context is `function`, if this library made it.
+  Kernel* kernelOf(std::uint64_t function) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [key, perContext] : functions_) {
+      if (perContext.handle == function) return key.kernel;
+    }
+    return nullptr;
+  }
+
   // The library's kernel named `name`, made on first request; the same handle afterwards.
   Kernel* kernel(const std::string& name) {
     std::lock_guard lock(mutex_);
@@ -195,6 +204,14 @@ public:
     auto found = kernels_.find(reinterpret_cast<Kernel*>(static_cast<std::uintptr_t>(handle)));
     return found != kernels_.end() ? found->first : nullptr;
   }
+  // The CUkernel whose function in some context is `function`, or null.
+  Kernel* kernelOf(std::uint64_t function) const {
+    std::shared_lock lock(mutex_);
+    for (const auto& [library, owned] : libraries_) {
+      if (Kernel* kernel = owned->kernelOf(function)) return kernel;
+    }
+    return nullptr;
+  }
   std::unique_ptr<Library> remove(Library* library) {
     std::unique_lock lock(mutex_);
     auto found = libraries_.find(library);
@@ -247,6 +264,12 @@ CUresult libraryKernelFunction(Runtime& runtime, std::uint64_t handle, std::uint
   Kernel* kernel = Libraries::instance().findKernel(handle);
   if (kernel == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   return kernel->library->functionIn(runtime, *kernel, context, function);
+}
+
+std::optional<std::uint64_t> libraryKernelOf(std::uint64_t function) {
+  Kernel* kernel = Libraries::instance().kernelOf(function);
+  if (kernel == nullptr) return std::nullopt;
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(kernel));
 }
 
 }  // namespace gpuproxy::stub

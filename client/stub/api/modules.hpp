@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "client/stub/api_support.hpp"
@@ -40,6 +41,10 @@ bool isLibraryKernel(std::uint64_t handle);
 // context on first use (lazy loading, as the driver does it) and the function looked up once.
 CUresult libraryKernelFunction(Runtime& runtime, std::uint64_t kernel, std::uint64_t context,
                                std::uint64_t& function);
+
+// The CUkernel whose function (in whichever context) `function` is; nullopt for a function
+// cuModuleGetFunction gave.
+std::optional<std::uint64_t> libraryKernelOf(std::uint64_t function);
 
 // What a launch of `f` (a CUfunction or a CUkernel) in `context` sends, whatever stream it goes
 // to: the configuration checked against the device and the kernel, the function (a CUkernel's in

@@ -25,6 +25,10 @@
 //                    executable graph; a child graph node holding a copy of another graph (which
 //                    changing the original afterwards leaves alone), launched twice; the graph
 //                    printed as DOT
+//   params           a captured graph's nodes read back (a memset's, a copy's and a kernel's
+//                    parameters) and changed: in the executable graph (a memset's value, a copy's
+//                    destination, a kernel switched off and on again) and in the graph, then
+//                    taken over by cudaGraphExecUpdate
 //   memory           memory nodes: cudaMallocAsync and cudaFreeAsync captured (the same address at
 //                    every launch); an allocation a graph leaves live, used after the launch and
 //                    freed by the program, by cudaFreeAsync or by another graph's free node; a
@@ -1159,6 +1163,136 @@ int structureMode() {
   return 0;
 }
 
+// The nodes of `graph` of `type`, in the order they were added.
+std::vector<cudaGraphNode_t> nodesOfType(cudaGraph_t graph, cudaGraphNodeType type) {
+  size_t count = 0;
+  std::vector<cudaGraphNode_t> found;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return found;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return found;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType each = cudaGraphNodeTypeEmpty;
+    if (cudaGraphNodeGetType(node, &each) == cudaSuccess && each == type) found.push_back(node);
+  }
+  return found;
+}
+
+// Launches `exec` once and reads x back into `out`.
+int launchAndRead(cudaGraphExec_t exec, cudaStream_t stream, const float* x,
+                  std::vector<float>& out) {
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  CHECK(cudaMemcpy(out.data(), x, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return 0;
+}
+
+int paramsMode() {
+  const int n = 512;
+  float* x = nullptr;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  float* pinned = nullptr;
+  float* otherPinned = nullptr;
+  CHECK(cudaMallocHost(&pinned, n * sizeof(float)));
+  CHECK(cudaMallocHost(&otherPinned, n * sizeof(float)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // x = 0 (bytes), x += i, x copied out to pinned memory.
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
+  iota<<<n / 128, 128, 0, stream>>>(x, n);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpyAsync(pinned, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  cudaGraph_t graph;
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  const std::vector<cudaGraphNode_t> memsets = nodesOfType(graph, cudaGraphNodeTypeMemset);
+  const std::vector<cudaGraphNode_t> kernels = nodesOfType(graph, cudaGraphNodeTypeKernel);
+  const std::vector<cudaGraphNode_t> copies = nodesOfType(graph, cudaGraphNodeTypeMemcpy);
+  EXPECT(memsets.size() == 1 && kernels.size() == 1 && copies.size() == 1,
+         "%zu memsets, %zu kernels, %zu copies", memsets.size(), kernels.size(), copies.size());
+
+  cudaMemsetParams memset{};
+  CHECK(cudaGraphMemsetNodeGetParams(memsets[0], &memset));
+  EXPECT(memset.dst == x && memset.value == 0 && memset.height == 1 &&
+             memset.width * memset.elementSize == n * sizeof(float),
+         "the memset reads back as %zu elements of %u bytes", memset.width, memset.elementSize);
+  cudaMemcpy3DParms copy{};
+  CHECK(cudaGraphMemcpyNodeGetParams(copies[0], &copy));
+  EXPECT(copy.srcPtr.ptr == x && copy.dstPtr.ptr == pinned &&
+             copy.extent.width == n * sizeof(float) && copy.extent.height == 1,
+         "the copy reads back as %zu bytes from %p to %p", copy.extent.width, copy.srcPtr.ptr,
+         copy.dstPtr.ptr);
+  cudaKernelNodeParams kernel{};
+  CHECK(cudaGraphKernelNodeGetParams(kernels[0], &kernel));
+  EXPECT(kernel.gridDim.x == n / 128 && kernel.blockDim.x == 128 &&
+             kernel.kernelParams != nullptr && *static_cast<float**>(kernel.kernelParams[0]) == x &&
+             *static_cast<int*>(kernel.kernelParams[1]) == n,
+         "the kernel reads back as <<<%u, %u>>>", kernel.gridDim.x, kernel.blockDim.x);
+  std::printf("params: memset, copy and kernel read back\n");
+
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<float> out(n);
+  if (launchAndRead(exec, stream, x, out) != 0) return 1;
+  EXPECT(out[7] == 7.0f && pinned[7] == 7.0f, "first launch: x[7] = %f", out[7]);
+
+  // In the executable graph: x = 1.0f as words, the copy going to the other buffer, no kernel.
+  cudaMemsetParams ones{};
+  ones.dst = x;
+  ones.value = 0x3f800000;
+  ones.elementSize = 4;
+  ones.width = n;
+  ones.height = 1;
+  CHECK(cudaGraphExecMemsetNodeSetParams(exec, memsets[0], &ones));
+  cudaMemcpy3DParms redirected = copy;
+  redirected.dstPtr.ptr = otherPinned;
+  CHECK(cudaGraphExecMemcpyNodeSetParams(exec, copies[0], &redirected));
+  CHECK(cudaGraphNodeSetEnabled(exec, kernels[0], 0));
+  unsigned int enabled = 1;
+  CHECK(cudaGraphNodeGetEnabled(exec, kernels[0], &enabled));
+  EXPECT(enabled == 0, "the kernel still reads as enabled");
+  pinned[7] = -1.0f;
+  if (launchAndRead(exec, stream, x, out) != 0) return 1;
+  EXPECT(out[7] == 1.0f && otherPinned[7] == 1.0f && pinned[7] == -1.0f,
+         "with the kernel off: x[7] = %f, copied %f, old destination %f", out[7], otherPinned[7],
+         pinned[7]);
+  CHECK(cudaGraphNodeSetEnabled(exec, kernels[0], 1));
+  if (launchAndRead(exec, stream, x, out) != 0) return 1;
+  EXPECT(out[7] == 8.0f, "with the kernel on again: x[7] = %f", out[7]);
+  // The graph itself is unchanged by all of that.
+  CHECK(cudaGraphMemsetNodeGetParams(memsets[0], &memset));
+  EXPECT(memset.value == 0, "the graph's memset changed with the executable graph's");
+  std::printf("params: executable graph changed, memset 1.0, kernel off and on\n");
+
+  // Refused: a copy that would change its kind of memory.
+  cudaMemcpy3DParms toDevice = copy;
+  toDevice.dstPtr.ptr = x;
+  toDevice.kind = cudaMemcpyDeviceToDevice;
+  const cudaError_t kindChanged = cudaGraphExecMemcpyNodeSetParams(exec, copies[0], &toDevice);
+  EXPECT(kindChanged == cudaErrorInvalidValue, "changing a copy's memory kind gave %s",
+         cudaGetErrorName(kindChanged));
+  cudaGetLastError();
+
+  // In the graph, then into the executable graph by an update: x = 2.0f as words.
+  cudaMemsetParams twos = ones;
+  twos.value = 0x40000000;
+  CHECK(cudaGraphMemsetNodeSetParams(memsets[0], &twos));
+  cudaGraphExecUpdateResultInfo info{};
+  CHECK(cudaGraphExecUpdate(exec, graph, &info));
+  if (launchAndRead(exec, stream, x, out) != 0) return 1;
+  EXPECT(out[7] == 9.0f && pinned[7] == 9.0f, "after the update: x[7] = %f, copied %f", out[7],
+         pinned[7]);
+  std::printf("params: graph changed and taken over by an update\n");
+
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFreeHost(pinned));
+  CHECK(cudaFreeHost(otherPinned));
+  CHECK(cudaFree(x));
+  return 0;
+}
+
 // The nodes `stream`'s next captured operation will depend on.
 int captureDependencies(cudaStream_t stream, std::vector<cudaGraphNode_t>& nodes,
                         cudaGraph_t* graph = nullptr) {
@@ -1318,6 +1452,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "nodes") == 0) result = nodesMode();
   if (std::strcmp(mode, "capture-graph") == 0) result = captureGraphMode();
   if (std::strcmp(mode, "structure") == 0) result = structureMode();
+  if (std::strcmp(mode, "params") == 0) result = paramsMode();
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
