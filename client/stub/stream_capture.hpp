@@ -34,6 +34,7 @@
 
 #include "client/stub/command_sink.hpp"
 #include "client/stub/live_handles.hpp"
+#include "client/stub/user_objects.hpp"
 #include "protocol/ring_format.hpp"
 
 namespace gpuproxy::stub {
@@ -112,6 +113,8 @@ struct Graph {
   std::deque<GraphNode> nodes;
   // Conditional handles made for this graph, reset at each of its runs when they ask for it.
   std::vector<std::shared_ptr<ConditionalHandle>> conditions;
+  // User object references it owns (cuGraphRetainUserObject); a copy of the graph owns its own.
+  UserObjectReferences userObjects;
   bool isBody = false;  // a conditional node's body: the node owns it
 };
 

@@ -405,6 +405,20 @@ TEST_P(CudartPrograms, GraphNodeParametersReadBackAndChangeWhatTheNextLaunchDoes
   }
 }
 
+// A user object lives as long as a reference to it: the program's, a graph's, an executable
+// graph's until its last launch has run.
+TEST_P(CudartPrograms, UserObjectsLiveAsLongAsTheGraphsThatMayStillUseThem) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"user-objects"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"user object: destroyed after the last launch ran",
+        "user object: counts kept, refusals cudaErrorInvalidValue, cudaErrorInvalidValue",
+        "user-objects: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // A graph built node by node runs its nodes in dependency order; an executable graph takes new
 // kernel arguments, and an update from a graph of the same shape.
 TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {

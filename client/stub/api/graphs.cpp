@@ -12,6 +12,8 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -93,6 +95,9 @@ struct GraphExec {
   std::map<const GraphNode*, std::size_t> fromGraph;
   bool autoFreeOnLaunch = false;  // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
   ExecutableClaim claim;
+  // The streams it was launched into (each once), where its user object references are released
+  // once the work before has run.
+  std::vector<StreamTarget> launchedOn;
 };
 
 // Every graph (stream_capture.hpp) and executable graph handed out (live_handles.hpp).
@@ -461,7 +466,7 @@ CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph h
 CUresult launchGraph(const char* entryPoint, CUgraphExec hGraphExec, CUstream hStream,
                      NullStream nullStream, bool upload) {
   return guarded(entryPoint, [&](Runtime& runtime) {
-    const GraphExec* exec = execOf(hGraphExec);
+    GraphExec* exec = execOf(hGraphExec);
     if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
     StreamTarget target;
     if (CUresult resolved = resolveStream(runtime, hStream, nullStream, target);
@@ -487,8 +492,28 @@ CUresult launchGraph(const char* entryPoint, CUgraphExec hGraphExec, CUstream hS
         return allocated;
       }
     }
-    return runtime.capturing().launch(exec->graph, exec->order, target);
+    const CUresult launched = runtime.capturing().launch(exec->graph, exec->order, target);
+    const auto sameStream = [&](const StreamTarget& each) {
+      return each.context == target.context && each.stream == target.stream;
+    };
+    if (launched == CUDA_SUCCESS && !exec->graph.userObjects.empty() &&
+        std::none_of(exec->launchedOn.begin(), exec->launchedOn.end(), sameStream)) {
+      exec->launchedOn.push_back(target);
+    }
+    return launched;
   });
+}
+
+// User object references of a destroyed executable graph, dropped once every stream it was
+// launched into has run what came before (a host function on each; the last to run drops them).
+struct ReleaseAfterLaunches {
+  gpuproxy::stub::UserObjectReferences references;
+  std::atomic<std::size_t> streamsLeft{0};
+};
+
+void releaseAfterLaunch(void* data) {
+  auto* release = static_cast<ReleaseAfterLaunches*>(data);
+  if (release->streamsLeft.fetch_sub(1) == 1) delete release;
 }
 
 CUgraphNodeType typeOf(const GraphNode& node) {
@@ -760,6 +785,20 @@ GPUPROXY_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphE
 
 GPUPROXY_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   return guarded(__func__, [&](Runtime&) {
+    GraphExec* exec = execOf(hGraphExec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // Its launches may still run: the user objects they use outlive them.
+    if (!exec->launchedOn.empty() && !exec->graph.userObjects.empty()) {
+      auto* release = new ReleaseAfterLaunches;
+      release->references = std::move(exec->graph.userObjects);
+      release->streamsLeft = exec->launchedOn.size();
+      for (const StreamTarget& target : exec->launchedOn) {
+        if (gpuproxy::stub::launchHostFunction(target, releaseAfterLaunch, release) !=
+            CUDA_SUCCESS) {
+          releaseAfterLaunch(release);  // the stream is gone, and its work with it
+        }
+      }
+    }
     return execs().destroy(hGraphExec) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
@@ -2099,5 +2138,63 @@ GPUPROXY_EXPORT CUresult cuGraphNodeGetEnabled(CUgraphExec hGraphExec, CUgraphNo
     if (node == nullptr || isEnabled == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *isEnabled = node->enabled ? 1 : 0;
     return CUDA_SUCCESS;
+  });
+}
+
+// ---- user objects ----------------------------------------------------------------------------
+
+GPUPROXY_EXPORT CUresult cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy,
+                                            unsigned int initialRefcount, unsigned int flags) {
+  return guarded(__func__, [&](Runtime&) {
+    if (object_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    gpuproxy::stub::UserObject* made = nullptr;
+    const CUresult created =
+        gpuproxy::stub::createUserObject(ptr, destroy, initialRefcount, flags, made);
+    if (created == CUDA_SUCCESS) *object_out = reinterpret_cast<CUuserObject>(made);
+    return created;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuUserObjectRetain(CUuserObject object, unsigned int count) {
+  return guarded(__func__, [&](Runtime&) {
+    gpuproxy::stub::UserObject* found = gpuproxy::stub::findUserObject(object);
+    return found != nullptr && gpuproxy::stub::retainUserObject(*found, count)
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuUserObjectRelease(CUuserObject object, unsigned int count) {
+  return guarded(__func__, [&](Runtime&) {
+    gpuproxy::stub::UserObject* found = gpuproxy::stub::findUserObject(object);
+    return found != nullptr && gpuproxy::stub::releaseUserObject(*found, count)
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object,
+                                                 unsigned int count, unsigned int flags) {
+  return guarded(__func__, [&](Runtime&) {
+    Graph* owner = graphOf(graph);
+    gpuproxy::stub::UserObject* found = gpuproxy::stub::findUserObject(object);
+    if (owner == nullptr || found == nullptr || count == 0 || count > INT_MAX ||
+        (flags & ~CU_GRAPH_USER_OBJECT_MOVE) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    owner->userObjects.add(*found, count, (flags & CU_GRAPH_USER_OBJECT_MOVE) != 0);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject object,
+                                                  unsigned int count) {
+  return guarded(__func__, [&](Runtime&) {
+    Graph* owner = graphOf(graph);
+    gpuproxy::stub::UserObject* found = gpuproxy::stub::findUserObject(object);
+    if (owner == nullptr || found == nullptr || count == 0 || count > INT_MAX) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return owner->userObjects.remove(*found, count) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }

@@ -29,6 +29,11 @@
 //                    parameters) and changed: in the executable graph (a memset's value, a copy's
 //                    destination, a kernel switched off and on again) and in the graph, then
 //                    taken over by cudaGraphExecUpdate
+//   user-objects     user objects: the graph takes the program's reference, an executable graph
+//                    one of its own; destroying the graph leaves the object alive, destroying the
+//                    executable graph right after a launch ends it only once the launch has run
+//                    (its destructor sees the launch's host node done); counts retained and
+//                    released by hand; the refusals
 //   memory           memory nodes: cudaMallocAsync and cudaFreeAsync captured (the same address at
 //                    every launch); an allocation a graph leaves live, used after the launch and
 //                    freed by the program, by cudaFreeAsync or by another graph's free node; a
@@ -44,8 +49,11 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "checks.cuh"
@@ -1293,6 +1301,86 @@ int paramsMode() {
   return 0;
 }
 
+// A user object's state, as its destructor and a slow host node leave it.
+struct Tracked {
+  std::atomic<bool> hostNodeDone{false};
+  std::atomic<bool> destroyed{false};
+  std::atomic<bool> hostNodeDoneFirst{false};  // when the destructor ran
+};
+
+void destroyTracked(void* data) {
+  auto* tracked = static_cast<Tracked*>(data);
+  tracked->hostNodeDoneFirst = tracked->hostNodeDone.load();
+  tracked->destroyed = true;
+}
+
+void slowHostNode(void* data) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  static_cast<Tracked*>(data)->hostNodeDone = true;
+}
+
+// Whether the destructor has run within two seconds (it runs on a thread of the driver's).
+bool destroyedSoon(const Tracked& tracked) {
+  for (int i = 0; i < 200 && !tracked.destroyed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return tracked.destroyed;
+}
+
+int userObjectsMode() {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Tracked tracked;
+  cudaUserObject_t object;
+  CHECK(cudaUserObjectCreate(&object, &tracked, destroyTracked, 1, cudaUserObjectNoDestructorSync));
+  cudaGraph_t graph;
+  CHECK(cudaGraphCreate(&graph, 0));
+  cudaHostNodeParams slow{slowHostNode, &tracked};
+  cudaGraphNode_t hostNode;
+  CHECK(cudaGraphAddHostNode(&hostNode, graph, nullptr, 0, &slow));
+  CHECK(cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphDestroy(graph));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT(!tracked.destroyed, "the object went with the graph, its executable graph still alive");
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaStreamSynchronize(stream));
+  EXPECT(destroyedSoon(tracked), "the object outlived its last executable graph");
+  EXPECT(tracked.hostNodeDoneFirst, "the object was destroyed before the launch using it ran");
+  std::printf("user object: destroyed after the last launch ran\n");
+
+  // References by hand: 2 made, 1 more, the graph takes 1 of its own and gives it back.
+  Tracked counted;
+  cudaUserObject_t second;
+  CHECK(cudaUserObjectCreate(&second, &counted, destroyTracked, 2, cudaUserObjectNoDestructorSync));
+  CHECK(cudaUserObjectRetain(second, 1));
+  cudaGraph_t holder;
+  CHECK(cudaGraphCreate(&holder, 0));
+  CHECK(cudaGraphRetainUserObject(holder, second, 1, 0));
+  const cudaError_t tooMany = cudaGraphReleaseUserObject(holder, second, 2);
+  EXPECT(tooMany == cudaErrorInvalidValue, "releasing more than the graph holds gave %s",
+         cudaGetErrorName(tooMany));
+  cudaGetLastError();
+  CHECK(cudaGraphReleaseUserObject(holder, second, 1));
+  CHECK(cudaUserObjectRelease(second, 2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT(!counted.destroyed, "destroyed with a reference left");
+  CHECK(cudaUserObjectRelease(second, 1));
+  EXPECT(destroyedSoon(counted), "not destroyed when its last reference went");
+  CHECK(cudaGraphDestroy(holder));
+  cudaUserObject_t refused;
+  const cudaError_t noFlag = cudaUserObjectCreate(&refused, &counted, destroyTracked, 1, 0);
+  EXPECT(noFlag == cudaErrorInvalidValue, "a user object without its flag gave %s",
+         cudaGetErrorName(noFlag));
+  cudaGetLastError();
+  std::printf("user object: counts kept, refusals %s, %s\n", cudaGetErrorName(tooMany),
+              cudaGetErrorName(noFlag));
+  CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
 // The nodes `stream`'s next captured operation will depend on.
 int captureDependencies(cudaStream_t stream, std::vector<cudaGraphNode_t>& nodes,
                         cudaGraph_t* graph = nullptr) {
@@ -1453,6 +1541,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "capture-graph") == 0) result = captureGraphMode();
   if (std::strcmp(mode, "structure") == 0) result = structureMode();
   if (std::strcmp(mode, "params") == 0) result = paramsMode();
+  if (std::strcmp(mode, "user-objects") == 0) result = userObjectsMode();
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
