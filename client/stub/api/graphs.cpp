@@ -1,12 +1,12 @@
 // CUDA graphs: made by stream capture (cuStreamBeginCapture/EndCapture, the capture queries and
-// cuStreamUpdateCaptureDependencies) or node by node
-// (cuGraphAdd{Kernel,Memcpy,Memset,Host,Empty}Node, cuGraphAddDependencies); instantiated,
-// launched, updated (cuGraphExecUpdate, cuGraph[Exec]KernelNodeSetParams) and destroyed; memory
-// nodes (cuGraphAddMem{Alloc,Free}Node, and stream-ordered allocation captured) as graph_memory.hpp
-// keeps them. How capture works, and what a launch does, is stream_capture.hpp's: everything is
-// kept in the stub, and gpuproxyd sees only the operations a launch sends. Conditional nodes run on
-// the sim backend (stream_capture.hpp). Child graphs, event and external-semaphore nodes, edge data
-// other than the default, and device-side launches are not supported: their entry points stay
+// cuStreamUpdateCaptureDependencies) or node by node (kernel, copy, memset, host, empty, child
+// graph, memory and conditional nodes; their dependencies); read back and changed node by node;
+// instantiated, launched, updated (cuGraphExecUpdate, the cuGraphExec*SetParams calls) and
+// destroyed; user objects a graph holds (user_objects.hpp). Memory nodes are graph_memory.hpp's.
+// How capture works, and what a launch does, is stream_capture.hpp's: everything is kept in the
+// stub, and gpuproxyd sees only the operations a launch sends. Conditional nodes run on the sim
+// backend only. Event and external-semaphore nodes, edge data other than the default, node
+// removal and device-side launches are not supported: their entry points stay
 // CUDA_ERROR_NOT_SUPPORTED.
 
 #include <cuda.h>
