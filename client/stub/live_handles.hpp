@@ -64,6 +64,11 @@ public:
     auto found = pinned_.find(const_cast<Object*>(object));
     if (found != pinned_.end() && --found->second == 0) pinned_.erase(found);
   }
+  // Whether destroy() would refuse `object` for a pin (lent, or held).
+  bool pinned(const Object* object) const {
+    std::lock_guard lock(mutex_);
+    return pinned_.count(const_cast<Object*>(object)) != 0;
+  }
   // Runs `visit(set of live objects)` with the table locked, so that none is added or destroyed
   // meanwhile (a walk over every object).
   template <typename Visit>

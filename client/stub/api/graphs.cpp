@@ -705,7 +705,10 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
 GPUPROXY_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
   return guarded(__func__, [&](Runtime&) {
     const Graph* graph = graphOf(hGraph);
-    if (graph == nullptr || graph->isBody) return CUDA_ERROR_INVALID_VALUE;
+    // A body, a child graph or a graph a capture is building is not the application's to destroy.
+    if (graph == nullptr || graph->isBody || graphs().pinned(graph)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     forgetBodies(*graph);
     return graphs().destroy(hGraph) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });

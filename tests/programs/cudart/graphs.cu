@@ -1109,6 +1109,12 @@ int structureMode() {
   size_t embeddedNodes = 0;
   CHECK(cudaGraphGetNodes(embedded, nullptr, &embeddedNodes));
   EXPECT(embedded != child && embeddedNodes == 3, "the child node holds %zu nodes", embeddedNodes);
+  // The node's graph is the node's: destroying it on its own is refused, and it stays usable.
+  const cudaError_t embeddedDestroyed = cudaGraphDestroy(embedded);
+  EXPECT(embeddedDestroyed == cudaErrorInvalidValue, "destroying a child node's graph gave %s",
+         cudaGetErrorName(embeddedDestroyed));
+  cudaGetLastError();
+  CHECK(cudaGraphGetNodes(embedded, nullptr, &embeddedNodes));
   std::printf("structure: 1 root, %zu edges, a child graph of %zu nodes\n", edges, embeddedNodes);
 
   // Changes: the edge between the host nodes removed (twice is an error), the second one now
