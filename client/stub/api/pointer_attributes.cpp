@@ -1,7 +1,7 @@
 // What a pointer is: cuPointerGetAttribute(s), cuPointerSetAttribute and cuMemGetAddressRange,
 // answered from the stub's own tables of this process's device allocations (Runtime; managed
-// memory among them) and page-locked host allocations (memory.cpp). A pointer the process did not get from CUDA is unknown
-// to the driver too.
+// memory among them) and page-locked host allocations (memory.cpp). A pointer the process did not
+// get from CUDA is unknown to the driver too.
 
 #include <cuda.h>
 
