@@ -51,6 +51,17 @@ std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
 
 // ---- StreamCaptures ---------------------------------------------------------------------------
 
+namespace {
+
+// Adds `more` to a stream's dependency set, each node once.
+void addDependencies(std::vector<std::size_t>& set, const std::vector<std::size_t>& more) {
+  for (const std::size_t index : more) {
+    if (std::find(set.begin(), set.end(), index) == set.end()) set.push_back(index);
+  }
+}
+
+}  // namespace
+
 StreamCaptures::Capture::~Capture() {
   // A graph of its own that cuStreamEndCapture did not hand out goes with the capture; the
   // application's graph is the application's again.
@@ -174,9 +185,7 @@ CUresult StreamCaptures::updateDependencies(std::uint64_t stream,
   }
   std::vector<std::size_t>& set = capture->dependencies[stream];
   if (replace) set.clear();
-  for (const std::size_t index : indices) {
-    if (std::find(set.begin(), set.end(), index) == set.end()) set.push_back(index);
-  }
+  addDependencies(set, indices);
   return CUDA_SUCCESS;
 }
 
@@ -263,12 +272,7 @@ std::optional<CUresult> StreamCaptures::streamWaits(std::uint64_t stream, std::u
   // when the waiter is the origin (or another stream of the capture) and the event covers
   // everything the recording stream captured.
   const CapturedEvent& recorded = found->second;
-  std::vector<std::size_t>& dependencies = waiter->dependencies[stream];
-  for (const std::size_t index : recorded.dependencies) {
-    if (std::find(dependencies.begin(), dependencies.end(), index) == dependencies.end()) {
-      dependencies.push_back(index);
-    }
-  }
+  addDependencies(waiter->dependencies[stream], recorded.dependencies);
   if (auto joined = waiter->joined.find(recorded.stream);
       joined != waiter->joined.end() && recorded.stream != stream) {
     auto last = lastNode_.find(recorded.stream);

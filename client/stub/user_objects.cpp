@@ -88,28 +88,41 @@ UserObject* findUserObject(const void* handle) {
   return userObjects().find(handle);
 }
 
-bool retainUserObject(UserObject& object, unsigned count) {
-  if (!validCount(count)) return false;
+namespace {
+
+void addReferences(UserObject& object, unsigned long long count) {
   std::lock_guard lock(object.mutex);
   object.references += count;
+}
+
+// The last reference gone queues the destructor and ends the handle.
+void dropReferences(UserObject& object, unsigned long long count) {
+  {
+    std::lock_guard lock(object.mutex);
+    // Releasing references nobody holds is undefined in CUDA; here it ends the object.
+    object.references -= std::min(count, object.references);
+    if (object.references != 0) return;
+  }
+  DestructorThread::instance().queue(object.destroy, object.pointer);
+  userObjects().destroy(&object);
+}
+
+}  // namespace
+
+bool retainUserObject(UserObject& object, unsigned count) {
+  if (!validCount(count)) return false;
+  addReferences(object, count);
   return true;
 }
 
 bool releaseUserObject(UserObject& object, unsigned count) {
   if (!validCount(count)) return false;
-  {
-    std::lock_guard lock(object.mutex);
-    // Releasing references nobody holds is undefined in CUDA; here it ends the object.
-    object.references -= std::min<unsigned long long>(count, object.references);
-    if (object.references != 0) return true;
-  }
-  DestructorThread::instance().queue(object.destroy, object.pointer);
-  userObjects().destroy(&object);
+  dropReferences(object, count);
   return true;
 }
 
 UserObjectReferences::UserObjectReferences(const UserObjectReferences& other) : held_(other.held_) {
-  for (const auto& [object, count] : held_) retainUserObject(*object, count);
+  for (const auto& [object, count] : held_) addReferences(*object, count);
 }
 
 UserObjectReferences& UserObjectReferences::operator=(const UserObjectReferences& other) {
@@ -135,22 +148,24 @@ UserObjectReferences::~UserObjectReferences() {
   releaseAll();
 }
 
-void UserObjectReferences::add(UserObject& object, unsigned count, bool moved) {
-  if (!moved) retainUserObject(object, count);
+bool UserObjectReferences::add(UserObject& object, unsigned count, bool moved) {
+  if (!validCount(count)) return false;
+  if (!moved) addReferences(object, count);
   held_[&object] += count;
+  return true;
 }
 
 bool UserObjectReferences::remove(UserObject& object, unsigned count) {
   auto found = held_.find(&object);
-  if (found == held_.end() || found->second < count) return false;
+  if (!validCount(count) || found == held_.end() || found->second < count) return false;
   found->second -= count;
   if (found->second == 0) held_.erase(found);
-  releaseUserObject(object, count);
+  dropReferences(object, count);
   return true;
 }
 
 void UserObjectReferences::releaseAll() {
-  for (const auto& [object, count] : std::exchange(held_, {})) releaseUserObject(*object, count);
+  for (const auto& [object, count] : std::exchange(held_, {})) dropReferences(*object, count);
 }
 
 }  // namespace gpuproxy::stub

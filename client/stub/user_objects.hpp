@@ -41,15 +41,17 @@ public:
   UserObjectReferences& operator=(UserObjectReferences&& other) noexcept;
   ~UserObjectReferences();
 
-  // cuGraphRetainUserObject: `count` references, new ones or (`moved`) the caller's.
-  void add(UserObject& object, unsigned count, bool moved);
-  // cuGraphReleaseUserObject: false (and nothing released) when the graph holds fewer.
+  // cuGraphRetainUserObject: `count` references, new ones or (`moved`) the caller's. False (and
+  // nothing taken) for a count of 0 or above INT_MAX.
+  bool add(UserObject& object, unsigned count, bool moved);
+  // cuGraphReleaseUserObject: false (and nothing released) for such a count, or when the graph
+  // holds fewer.
   bool remove(UserObject& object, unsigned count);
   bool empty() const { return held_.empty(); }
 
 private:
   void releaseAll();
-  std::map<UserObject*, unsigned> held_;
+  std::map<UserObject*, unsigned long long> held_;
 };
 
 }  // namespace gpuproxy::stub

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -208,15 +207,19 @@ std::optional<std::pair<Graph*, std::size_t>> locate(CUgraphNode node) {
       });
 }
 
-// The node `hNode` of a graph (`exec` null: the graph it was added to) or its copy in an
-// executable graph, with the context its graph runs in.
-std::optional<std::pair<GraphNode*, std::uint64_t>> nodeIn(CUgraphExec exec, CUgraphNode hNode) {
-  if (exec == nullptr) {
+// Where a node is changed or read: in the graph it was added to (nullopt), or its copy in an
+// executable graph (the handle the application gave, which may be anything).
+using NodeOwner = std::optional<CUgraphExec>;
+constexpr NodeOwner kInItsGraph = std::nullopt;
+
+// The node `hNode` of `owner`, with the context its graph runs in.
+std::optional<std::pair<GraphNode*, std::uint64_t>> nodeIn(NodeOwner owner, CUgraphNode hNode) {
+  if (!owner) {
     std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
     if (!found) return std::nullopt;
     return std::make_pair(&found->first->nodes[found->second], found->first->context);
   }
-  GraphExec* executable = execOf(exec);
+  GraphExec* executable = execOf(*owner);
   if (executable == nullptr) return std::nullopt;
   auto copy = executable->fromGraph.find(reinterpret_cast<const GraphNode*>(hNode));
   if (copy == executable->fromGraph.end()) return std::nullopt;
@@ -958,26 +961,14 @@ CUresult replaceKernel(Runtime& runtime, GraphNode& node, const CUDA_KERNEL_NODE
   return CUDA_SUCCESS;
 }
 
-CUresult setKernelParams(const char* entryPoint, CUgraphNode hNode,
+// cuGraph[Exec]KernelNodeSetParams.
+CUresult setKernelParams(const char* entryPoint, NodeOwner owner, CUgraphNode hNode,
                          const CUDA_KERNEL_NODE_PARAMS* params) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(owner, hNode);
     if (!found) return CUDA_ERROR_INVALID_VALUE;
-    Graph& graph = *found->first;
-    return replaceKernel(runtime, graph.nodes[found->second], *params, graph.context);
-  });
-}
-
-CUresult setExecKernelParams(const char* entryPoint, CUgraphExec hGraphExec, CUgraphNode hNode,
-                             const CUDA_KERNEL_NODE_PARAMS* params) {
-  return guarded(entryPoint, [&](Runtime& runtime) {
-    if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    GraphExec* exec = execOf(hGraphExec);
-    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    auto found = exec->fromGraph.find(reinterpret_cast<const GraphNode*>(hNode));
-    if (found == exec->fromGraph.end()) return CUDA_ERROR_INVALID_VALUE;
-    return replaceKernel(runtime, exec->graph.nodes[found->second], *params, exec->graph.context);
+    return replaceKernel(runtime, *found->first, *params, found->second);
   });
 }
 
@@ -1096,7 +1087,7 @@ GPUPROXY_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode* phGraphNode, CUgraph 
 
 GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode,
                                                        const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
-  return setKernelParams(__func__, hNode, nodeParams);
+  return setKernelParams(__func__, kInItsGraph, hNode, nodeParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode hNode,
@@ -1105,12 +1096,12 @@ GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode hNode,
     return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
   const CUDA_KERNEL_NODE_PARAMS params = fromV1(*nodeParams);
-  return setKernelParams(__func__, hNode, &params);
+  return setKernelParams(__func__, kInItsGraph, hNode, &params);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(
     CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
-  return setExecKernelParams(__func__, hGraphExec, hNode, nodeParams);
+  return setKernelParams(__func__, hGraphExec, hNode, nodeParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecKernelNodeSetParams(
@@ -1119,7 +1110,7 @@ GPUPROXY_EXPORT CUresult cuGraphExecKernelNodeSetParams(
     return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
   }
   const CUDA_KERNEL_NODE_PARAMS params = fromV1(*nodeParams);
-  return setExecKernelParams(__func__, hGraphExec, hNode, &params);
+  return setKernelParams(__func__, hGraphExec, hNode, &params);
 }
 
 // Checked when the graph is launched, as cuMemcpy3DAsync checks it.
@@ -1550,7 +1541,7 @@ CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgra
 // parameters; the parameters of the other node types cannot be changed in gpuproxy's graphs
 // (CUDA_ERROR_NOT_SUPPORTED). Parameters of another type than the node's are
 // CUDA_ERROR_INVALID_VALUE.
-CUresult setNodeParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+CUresult setNodeParams(const char* entryPoint, NodeOwner owner, CUgraphNode hNode,
                        const CUgraphNodeParams* nodeParams) {
   return guarded(entryPoint, [&](Runtime&) {
     if (nodeParams == nullptr || !reservedAreZero(*nodeParams)) return CUDA_ERROR_INVALID_VALUE;
@@ -1566,8 +1557,7 @@ CUresult setNodeParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNo
       return CUDA_ERROR_NOT_SUPPORTED;
     }
     const CUDA_KERNEL_NODE_PARAMS params = kernelParamsOf(nodeParams->kernel);
-    return exec != nullptr ? setExecKernelParams(entryPoint, exec, hNode, &params)
-                           : setKernelParams(entryPoint, hNode, &params);
+    return setKernelParams(entryPoint, owner, hNode, &params);
   });
 }
 
@@ -1589,14 +1579,11 @@ GPUPROXY_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode* phGraphNode, CUgraph hGr
 }
 
 GPUPROXY_EXPORT CUresult cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams* nodeParams) {
-  return setNodeParams(__func__, nullptr, hNode, nodeParams);
+  return setNodeParams(__func__, kInItsGraph, hNode, nodeParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
                                                   CUgraphNodeParams* nodeParams) {
-  if (hGraphExec == nullptr) {
-    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
-  }
   return setNodeParams(__func__, hGraphExec, hNode, nodeParams);
 }
 
@@ -1749,16 +1736,16 @@ CUresult graphEdges(const char* entryPoint, CUgraph hGraph, CUgraphNode* from, C
 }
 
 // A host node of a graph (`exec` null) or of an executable graph.
-GraphNode* hostNode(CUgraphExec exec, CUgraphNode hNode) {
-  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
+GraphNode* hostNode(NodeOwner owner, CUgraphNode hNode) {
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(owner, hNode);
   return found && found->first->kind == GraphNode::Kind::kHost ? found->first : nullptr;
 }
 
-CUresult setHostNodeParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+CUresult setHostNodeParams(const char* entryPoint, NodeOwner owner, CUgraphNode hNode,
                            const CUDA_HOST_NODE_PARAMS* params) {
   return guarded(entryPoint, [&](Runtime&) {
     if (params == nullptr || params->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    GraphNode* node = hostNode(exec, hNode);
+    GraphNode* node = hostNode(owner, hNode);
     if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
     node->function = params->fn;
     node->userData = params->userData;
@@ -1875,7 +1862,7 @@ GPUPROXY_EXPORT CUresult cuGraphHostNodeGetParams(CUgraphNode hNode,
                                                   CUDA_HOST_NODE_PARAMS* nodeParams) {
   return guarded(__func__, [&](Runtime&) {
     if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    const GraphNode* node = hostNode(nullptr, hNode);
+    const GraphNode* node = hostNode(kInItsGraph, hNode);
     if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
     *nodeParams = CUDA_HOST_NODE_PARAMS{node->function, node->userData};
     return CUDA_SUCCESS;
@@ -1884,14 +1871,11 @@ GPUPROXY_EXPORT CUresult cuGraphHostNodeGetParams(CUgraphNode hNode,
 
 GPUPROXY_EXPORT CUresult cuGraphHostNodeSetParams(CUgraphNode hNode,
                                                   const CUDA_HOST_NODE_PARAMS* nodeParams) {
-  return setHostNodeParams(__func__, nullptr, hNode, nodeParams);
+  return setHostNodeParams(__func__, kInItsGraph, hNode, nodeParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecHostNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
                                                       const CUDA_HOST_NODE_PARAMS* nodeParams) {
-  if (hGraphExec == nullptr) {
-    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
-  }
   return setHostNodeParams(__func__, hGraphExec, hNode, nodeParams);
 }
 
@@ -1941,16 +1925,16 @@ void replaceCopy(GraphNode& node, const CUDA_MEMCPY3D& params) {
 
 // cuGraph[Exec]MemsetNodeSetParams. In an executable graph both the old and the new memset must
 // be one row, and the memory must be the same context's, as CUDA requires.
-CUresult setMemsetParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+CUresult setMemsetParams(const char* entryPoint, NodeOwner owner, CUgraphNode hNode,
                          const CUDA_MEMSET_NODE_PARAMS* params) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     if (params == nullptr || !memsetParamsValid(*params)) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(owner, hNode);
     if (!found) return CUDA_ERROR_INVALID_VALUE;
     GraphNode& node = *found->first;
     std::optional<CUDA_MEMSET_NODE_PARAMS> now = memsetParamsOf(node);
     if (!now) return CUDA_ERROR_INVALID_VALUE;
-    if (exec != nullptr) {
+    if (owner) {
       std::optional<gpuproxy::stub::AllocationRange> before =
           runtime.allocationContaining(now->dst);
       std::optional<gpuproxy::stub::AllocationRange> after =
@@ -1975,11 +1959,11 @@ int memoryKind(Runtime& runtime, CUmemorytype type, CUdeviceptr unifiedAddress) 
 
 // cuGraph[Exec]MemcpyNodeSetParams: checked as the copy is when the graph runs. In an executable
 // graph neither side may change its kind of memory, as CUDA requires.
-CUresult setCopyParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNode,
+CUresult setCopyParams(const char* entryPoint, NodeOwner owner, CUgraphNode hNode,
                        const CUDA_MEMCPY3D* params) {
   return guarded(entryPoint, [&](Runtime& runtime) {
     if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(owner, hNode);
     if (!found) return CUDA_ERROR_INVALID_VALUE;
     GraphNode& node = *found->first;
     std::optional<CUDA_MEMCPY3D> now = copyParamsOf(node);
@@ -1988,7 +1972,7 @@ CUresult setCopyParams(const char* entryPoint, CUgraphExec exec, CUgraphNode hNo
                                memoryKind(runtime, params->srcMemoryType, params->srcDevice) &&
                            memoryKind(runtime, now->dstMemoryType, now->dstDevice) ==
                                memoryKind(runtime, params->dstMemoryType, params->dstDevice);
-    if (exec != nullptr && !sameKinds) return CUDA_ERROR_INVALID_VALUE;
+    if (owner && !sameKinds) return CUDA_ERROR_INVALID_VALUE;
     replaceCopy(node, *params);
     return CUDA_SUCCESS;
   });
@@ -2000,7 +1984,7 @@ GPUPROXY_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode hNode,
                                                     CUDA_MEMSET_NODE_PARAMS* nodeParams) {
   return guarded(__func__, [&](Runtime&) {
     if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(nullptr, hNode);
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(kInItsGraph, hNode);
     std::optional<CUDA_MEMSET_NODE_PARAMS> params =
         found ? memsetParamsOf(*found->first) : std::nullopt;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
@@ -2012,7 +1996,7 @@ GPUPROXY_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode hNode,
 GPUPROXY_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode hNode, CUDA_MEMCPY3D* nodeParams) {
   return guarded(__func__, [&](Runtime&) {
     if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(nullptr, hNode);
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(kInItsGraph, hNode);
     std::optional<CUDA_MEMCPY3D> params = found ? copyParamsOf(*found->first) : std::nullopt;
     if (!params) return CUDA_ERROR_INVALID_VALUE;
     *nodeParams = *params;
@@ -2022,29 +2006,23 @@ GPUPROXY_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode hNode, CUDA_MEMC
 
 GPUPROXY_EXPORT CUresult cuGraphMemsetNodeSetParams(CUgraphNode hNode,
                                                     const CUDA_MEMSET_NODE_PARAMS* nodeParams) {
-  return setMemsetParams(__func__, nullptr, hNode, nodeParams);
+  return setMemsetParams(__func__, kInItsGraph, hNode, nodeParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphMemcpyNodeSetParams(CUgraphNode hNode,
                                                     const CUDA_MEMCPY3D* nodeParams) {
-  return setCopyParams(__func__, nullptr, hNode, nodeParams);
+  return setCopyParams(__func__, kInItsGraph, hNode, nodeParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
                                                         const CUDA_MEMSET_NODE_PARAMS* memsetParams,
                                                         CUcontext /*ctx*/) {
-  if (hGraphExec == nullptr) {
-    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
-  }
   return setMemsetParams(__func__, hGraphExec, hNode, memsetParams);
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
                                                         const CUDA_MEMCPY3D* copyParams,
                                                         CUcontext /*ctx*/) {
-  if (hGraphExec == nullptr) {
-    return guarded(__func__, [](Runtime&) { return CUDA_ERROR_INVALID_VALUE; });
-  }
   return setCopyParams(__func__, hGraphExec, hNode, copyParams);
 }
 
@@ -2054,7 +2032,7 @@ GPUPROXY_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode,
                                                        CUDA_KERNEL_NODE_PARAMS* nodeParams) {
   return guarded(__func__, [&](Runtime& runtime) {
     if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(nullptr, hNode);
+    std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(kInItsGraph, hNode);
     if (!found || found->first->kind != GraphNode::Kind::kKernel || !found->first->command) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -2111,8 +2089,7 @@ namespace {
 
 // The node of an executable graph cuGraphNodeSetEnabled may switch: a kernel, copy or memset.
 GraphNode* switchableNode(CUgraphExec exec, CUgraphNode hNode) {
-  std::optional<std::pair<GraphNode*, std::uint64_t>> found =
-      exec != nullptr ? nodeIn(exec, hNode) : std::nullopt;
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(exec, hNode);
   if (!found) return nullptr;
   const GraphNode::Kind kind = found->first->kind;
   const bool switchable = kind == GraphNode::Kind::kKernel || kind == GraphNode::Kind::kMemcpy ||
@@ -2181,12 +2158,12 @@ GPUPROXY_EXPORT CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject obj
   return guarded(__func__, [&](Runtime&) {
     Graph* owner = graphOf(graph);
     gpuproxy::stub::UserObject* found = gpuproxy::stub::findUserObject(object);
-    if (owner == nullptr || found == nullptr || count == 0 || count > INT_MAX ||
-        (flags & ~CU_GRAPH_USER_OBJECT_MOVE) != 0) {
+    if (owner == nullptr || found == nullptr || (flags & ~CU_GRAPH_USER_OBJECT_MOVE) != 0) {
       return CUDA_ERROR_INVALID_VALUE;
     }
-    owner->userObjects.add(*found, count, (flags & CU_GRAPH_USER_OBJECT_MOVE) != 0);
-    return CUDA_SUCCESS;
+    return owner->userObjects.add(*found, count, (flags & CU_GRAPH_USER_OBJECT_MOVE) != 0)
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_INVALID_VALUE;
   });
 }
 
@@ -2195,9 +2172,7 @@ GPUPROXY_EXPORT CUresult cuGraphReleaseUserObject(CUgraph graph, CUuserObject ob
   return guarded(__func__, [&](Runtime&) {
     Graph* owner = graphOf(graph);
     gpuproxy::stub::UserObject* found = gpuproxy::stub::findUserObject(object);
-    if (owner == nullptr || found == nullptr || count == 0 || count > INT_MAX) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (owner == nullptr || found == nullptr) return CUDA_ERROR_INVALID_VALUE;
     return owner->userObjects.remove(*found, count) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
