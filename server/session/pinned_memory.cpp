@@ -234,22 +234,25 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
       answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
       return kj::READY_NOW;
     }
+    // The limit first: whether the tenant may pin more does not depend on where the memory lies.
+    Tenant& tenant = *stats_->tenant;
+    if (!tenant.tryChargePinned(bytes)) {
+      ::close(fd);
+      spdlog::info("pid {}: {} bytes of pinned memory refused: tenant '{}' holds {} of its {}",
+                   stats_->identity.pid, bytes, tenant.name(), tenant.pinnedMemoryUsed(),
+                   tenant.limits().pinnedMemoryLimit.value_or(0));
+      answer(CUDA_ERROR_OUT_OF_MEMORY);
+      return kj::READY_NOW;
+    }
     std::shared_ptr<ipc::SharedSegment> mapping;
     try {
       mapping = std::make_shared<ipc::SharedSegment>(ipc::SharedSegment::mapWindow(
           ipc::UniqueFd(fd), fileOffset, bytes, reinterpret_cast<void*>(address)));
     } catch (const std::system_error& error) {
+      tenant.creditPinned(bytes);
       spdlog::info("pid {}: cuMemHostRegister of {} bytes at {:#x} refused: {}",
                    stats_->identity.pid, bytes, address, error.what());
       answer(error.code().value() == EEXIST ? CUDA_ERROR_ALREADY_MAPPED : CUDA_ERROR_INVALID_VALUE);
-      return kj::READY_NOW;
-    }
-    Tenant& tenant = *stats_->tenant;
-    if (!tenant.tryChargePinned(bytes)) {
-      spdlog::info("pid {}: {} bytes of pinned memory refused: tenant '{}' holds {} of its {}",
-                   stats_->identity.pid, bytes, tenant.name(), tenant.pinnedMemoryUsed(),
-                   tenant.limits().pinnedMemoryLimit.value_or(0));
-      answer(CUDA_ERROR_OUT_OF_MEMORY);
       return kj::READY_NOW;
     }
     hostWindows_.emplace(address, HostWindow{bytes, mapping, HostWindow::State::kRegistering});

@@ -184,18 +184,37 @@ TEST_F(PinnedTenants, TheLimitRefusesPinnedMemoryAndAKilledClientGivesItBack) {
 }
 
 // Memory registered with cuMemHostRegister counts against the same limit, over either
-// transport, and a killed client gives it back.
+// transport, and a killed client gives it back. The limit answers first, wherever the memory
+// lies; memory of another client's at an address the daemon has mapped already cannot be
+// device-mapped (the daemon maps it at the client's address), and does not reach the first's.
 TEST_F(PinnedTenants, RegisteredHostMemoryCountsAgainstTheLimit) {
   auto holder =
       daemon_->startClientOn(alpha_, "pinned_probe", {"hold-registered", std::to_string(6 * kMiB)});
   ASSERT_TRUE(eventually([&] { return holder->output().find("holding") != std::string::npos; }))
       << holder->output() << holder->errors() << daemon_->log();
+  const std::string address = answers(holder->output())["holding at"];
+  ASSERT_EQ(address.rfind("0x", 0), 0u) << holder->output();
+
   auto second =
       daemon_->runClientOn(alpha_, "pinned_probe", {"hold-registered", std::to_string(4 * kMiB)});
   EXPECT_EQ(answers(second.output)["cuMemHostRegister"], "CUDA_ERROR_OUT_OF_MEMORY")
       << second.output << second.errors << daemon_->logs();
+  auto sameAddress = daemon_->runClientOn(alpha_, "pinned_probe",
+                                          {"hold-registered", std::to_string(4 * kMiB), address});
+  EXPECT_EQ(answers(sameAddress.output)["cuMemHostRegister"], "CUDA_ERROR_OUT_OF_MEMORY")
+      << sameAddress.output << sameAddress.errors << daemon_->logs();
+  auto otherTenant = daemon_->runClientOn(beta_, "pinned_probe",
+                                          {"hold-registered", std::to_string(4 * kMiB), address});
+  EXPECT_EQ(answers(otherTenant.output)["cuMemHostRegister"], "CUDA_ERROR_NOT_SUPPORTED")
+      << otherTenant.output << otherTenant.errors << daemon_->logs();
+  EXPECT_NE(otherTenant.errors.find("has that address in use already"), std::string::npos)
+      << otherTenant.errors;
+
   auto status = daemon_->status();
   EXPECT_EQ(tenantNamed(status, "alpha")["pinned_memory_used"], 6 * kMiB) << status.dump(2);
+  EXPECT_EQ(tenantNamed(status, "alpha")["oom_count"], 2) << status.dump(2);
+  EXPECT_EQ(tenantNamed(status, "beta")["pinned_memory_used"], 0) << status.dump(2);
+  EXPECT_TRUE(holder->running()) << holder->errors();
   holder->signal(SIGKILL);
   EXPECT_EQ(holder->wait().signal, SIGKILL);
   EXPECT_TRUE(eventually([&] {

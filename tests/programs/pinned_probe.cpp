@@ -13,8 +13,9 @@
 //   pinned_probe register        cuMemHostRegister of a sealed memfd's shared mapping and of
 //                                whole pages of private memory (kernels reach both) and of part
 //                                of malloc'd pages (copies only), and its errors
-//   pinned_probe hold-registered BYTES   cuMemHostRegister of BYTES of shared memory, then wait
-//                                to be killed
+//   pinned_probe hold-registered BYTES [ADDRESS]   cuMemHostRegister of BYTES of shared memory
+//                                (at ADDRESS when given), print "holding at ADDRESS", then
+//                                wait to be killed
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -27,7 +28,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -250,20 +250,23 @@ int async() {
 }
 
 // A sealed memfd of `pages` pages, mapped shared: memory another process can map too. gpuproxyd
-// maps it at the same address, which must be free there: placed at a random address in a part of
-// the address space neither process's own mappings use (the stub places its segment the same
-// way), not where this process's next mmap would go, which may be in use in the daemon.
-unsigned char* sharedMemory(std::size_t pages, bool sealed) {
+// maps it at the same address, which must be free there: placed in a part of the address space
+// neither process's own mappings use (the stub places its segment elsewhere), not where this
+// process's next mmap would go, which may be in use in the daemon. The 4 GiB slot is chosen by
+// process id, not at random, so that probes running side by side (whose memory the one daemon
+// maps) never pick the same one.
+unsigned char* sharedMemory(std::size_t pages, bool sealed, std::uint64_t at = 0) {
   const std::size_t bytes = pages * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const int fd = ::memfd_create("pinned_probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) die("memfd_create/ftruncate");
   if (sealed && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     die("F_ADD_SEALS");
   }
-  std::random_device random;
-  void* hint = reinterpret_cast<void*>((std::uint64_t{0x3000} + random() % 0x1000) << 32);
+  const auto slot = static_cast<std::uint64_t>(::getpid()) % 0x1000;
+  void* hint = reinterpret_cast<void*>(at != 0 ? at : (std::uint64_t{0x3000} + slot) << 32);
   void* memory = ::mmap(hint, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (memory == MAP_FAILED) die("mmap");
+  if (at != 0 && memory != hint) die("mmap: the address asked for is in use here");
   ::close(fd);  // the mapping keeps the file
   return static_cast<unsigned char*>(memory);
 }
@@ -396,21 +399,21 @@ int hold(std::size_t bytes) {
   report("cuMemHostAlloc", result);
   if (result != CUDA_SUCCESS) return 0;
   std::memset(memory, 0x5a, bytes);
-  std::printf("holding\n");
+  std::printf("holding at %p\n", static_cast<void*>(memory));
   std::fflush(stdout);
   for (;;) ::pause();
 }
 
 // cuMemHostRegister of a sealed memfd's shared mapping of BYTES, touched, then held until killed.
-int holdRegistered(std::size_t bytes) {
+int holdRegistered(std::size_t bytes, std::uint64_t at) {
   setUp();
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  unsigned char* memory = sharedMemory((bytes + page - 1) / page, /*sealed=*/true);
+  unsigned char* memory = sharedMemory((bytes + page - 1) / page, /*sealed=*/true, at);
   const CUresult result = cuMemHostRegister(memory, bytes, CU_MEMHOSTREGISTER_DEVICEMAP);
   report("cuMemHostRegister", result);
   if (result != CUDA_SUCCESS) return 0;
   std::memset(memory, 0x5a, bytes);
-  std::printf("holding\n");
+  std::printf("holding at %p\n", static_cast<void*>(memory));
   std::fflush(stdout);
   for (;;) ::pause();
 }
@@ -428,7 +431,7 @@ int main(int argc, char** argv) {
   if (scenario == "async") return async();
   if (scenario == "hold") return hold(number(2));
   if (scenario == "register") return registered();
-  if (scenario == "hold-registered") return holdRegistered(number(2));
+  if (scenario == "hold-registered") return holdRegistered(number(2), argc > 3 ? number(3) : 0);
   die("usage: pinned_probe copies BYTES | kernel COUNT | async | hold BYTES | register | "
-      "hold-registered BYTES");
+      "hold-registered BYTES [ADDRESS]");
 }

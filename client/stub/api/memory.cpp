@@ -512,6 +512,7 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
     const std::uint64_t pageStart = address / page * page;
     const std::uint64_t pageBytes = (address + bytesize + page - 1) / page * page - pageStart;
     bool deviceMapped = false;
+    bool addressTakenInDaemon = false;
     std::optional<gpuproxy::ipc::SharedWindow> window =
         gpuproxy::ipc::sharedWindowOf(reinterpret_cast<void*>(pageStart), pageBytes);
     // Whole pages of private memory asked to be device-mapped are moved into a memfd in place
@@ -528,20 +529,21 @@ CUresult hostRegister(const char* entryPoint, void* p, size_t bytesize, unsigned
       } else if (result != CUDA_ERROR_ALREADY_MAPPED && result != CUDA_ERROR_INVALID_VALUE) {
         return result;  // over the tenant's pinned memory limit, a range taken, ...
       } else {
-        GPUPROXY_STUB_LOG(kDebug, "%s: gpuproxyd cannot map %llu bytes at %p (%s)", entryPoint,
-                          static_cast<unsigned long long>(pageBytes),
-                          reinterpret_cast<void*>(pageStart),
-                          result == CUDA_ERROR_ALREADY_MAPPED ? "the address is taken there"
-                                                              : "not a sealed memfd");
+        addressTakenInDaemon = result == CUDA_ERROR_ALREADY_MAPPED;
       }
     }
     if (!deviceMapped && (flags & CU_MEMHOSTREGISTER_DEVICEMAP) != 0) {
-      GPUPROXY_STUB_LOG(kWarn,
-                        "%s: CU_MEMHOSTREGISTER_DEVICEMAP of %p: gpuproxyd can map only memory "
-                        "shared with it (cuMemHostAlloc's, a shared mapping of a sealed memfd, or "
-                        "whole pages of private anonymous memory); registered without it, copies "
-                        "work but devices cannot reach the memory",
-                        entryPoint, p);
+      // gpuproxyd maps the memory at the address it has here, so that the host pointer is the
+      // device pointer; another client's memory may already lie there.
+      GPUPROXY_STUB_LOG(kWarn, "%s: CU_MEMHOSTREGISTER_DEVICEMAP of %llu bytes at %p: %s",
+                        entryPoint, static_cast<unsigned long long>(bytesize), p,
+                        addressTakenInDaemon
+                            ? "gpuproxyd has that address in use already (another client's "
+                              "memory); memory placed elsewhere can be device-mapped"
+                            : "gpuproxyd can map only memory shared with it (cuMemHostAlloc's, a "
+                              "shared mapping of a sealed memfd, or whole pages of private "
+                              "anonymous memory); registered without it, copies work but devices "
+                              "cannot reach the memory");
       return CUDA_ERROR_NOT_SUPPORTED;
     }
     {
