@@ -766,8 +766,8 @@ CUresult GpuClient::enqueue(Handle context, Handle stream,
   return countUntilDone(*target->stream, 0);
 }
 
-GpuClient::HostFunctionHold GpuClient::holdForHostFunction(Handle context, Handle stream) {
-  auto refused = [](CUresult error) { return HostFunctionHold{error, CUDA_SUCCESS, nullptr}; };
+GpuClient::StreamHold GpuClient::holdStream(Handle context, Handle stream) {
+  auto refused = [](CUresult error) { return StreamHold{error, CUDA_SUCCESS, nullptr}; };
   auto target = resolveStream(context, stream);
   if (!target) {
     return refused(stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
@@ -785,7 +785,7 @@ GpuClient::HostFunctionHold GpuClient::holdForHostFunction(Handle context, Handl
     shard_.dispatcher().openHostGate(*gate.value());
     return refused(counted);
   }
-  return HostFunctionHold{CUDA_SUCCESS, kj::mv(reached.promise), std::move(gate).value()};
+  return StreamHold{CUDA_SUCCESS, kj::mv(reached.promise), std::move(gate).value()};
 }
 
 void GpuClient::openHostGate(dispatch::ScheduledDevice::HostGate& gate) {

@@ -104,15 +104,17 @@ public:
   // device range it touches lies inside one of this client's allocations (else
   // CUDA_ERROR_INVALID_VALUE). Host memory it names must stay valid until it has completed.
   CUresult enqueue(Handle context, Handle stream, const backend::MemoryOperation& operation);
-  // Host work on (context, stream), which the client runs itself (cuLaunchHostFunc): `reached`
-  // resolves with the stream's status once its earlier work is done, and the stream's later work
-  // waits until openHostGate(gate) (ScheduledDevice::pushHostGate).
-  struct HostFunctionHold {
+  // Holds (context, stream) for something outside this GPU: host work the client runs itself
+  // (cuLaunchHostFunc), or another GPU's event the stream waits for. `reached` resolves with the
+  // stream's status once its earlier work is done, and the stream's later work waits until
+  // openHostGate(gate) (ScheduledDevice::pushHostGate). Ordered with the legacy NULL stream and
+  // counted as queued work, as any stream operation.
+  struct StreamHold {
     CUresult result = CUDA_SUCCESS;  // an error: nothing is held
     kj::Promise<CUresult> reached = CUDA_SUCCESS;
     std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;
   };
-  HostFunctionHold holdForHostFunction(Handle context, Handle stream);
+  StreamHold holdStream(Handle context, Handle stream);
   void openHostGate(dispatch::ScheduledDevice::HostGate& gate);
 
   // Modules and kernels.

@@ -145,6 +145,9 @@ private:
   void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
   void openHostGate(std::uint64_t token);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
+  // A wait of a stream of `waiter`'s GPU for an event of `owner`'s, another GPU.
+  CUresult waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& owner,
+                                   const protocol::ring::StreamWaitEvent& wait);
   GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
   // Ends this client's connection: it broke the ring format (channelBroken follows).
   void evict(const std::string& reason);

@@ -654,7 +654,7 @@ void ClientSession::executeHostFunction(const ring::HostFunction& call, CommandP
     port.postCompletion(token, missing);
     return;
   }
-  GpuClient::HostFunctionHold hold = client->holdForHostFunction(call.context, call.stream);
+  GpuClient::StreamHold hold = client->holdStream(call.context, call.stream);
   if (hold.result != CUDA_SUCCESS) {
     port.postCompletion(token, hold.result);
     return;
@@ -732,13 +732,30 @@ CUresult ClientSession::streamWaitEvent(const ring::StreamWaitEvent& wait) {
   if (client == nullptr) return missing;
   if (wait.flags != 0 && wait.flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
   if (!client->ownsEvent(wait.event)) {
-    // An event of this client on another GPU would need a cross-device wait, which the daemon
-    // does not do yet; anything else is simply not this client's event.
     GpuClient* owner = clientFor(wait.event, HandleKind::kEvent);
-    return (owner != nullptr && owner->ownsEvent(wait.event)) ? CUDA_ERROR_NOT_SUPPORTED
-                                                              : CUDA_ERROR_INVALID_HANDLE;
+    if (owner == nullptr || !owner->ownsEvent(wait.event)) return CUDA_ERROR_INVALID_HANDLE;
+    return waitForAnotherGpusEvent(*client, *owner, wait);
   }
   return client->streamWaitEvent(wait.context, wait.stream, wait.event);
+}
+
+CUresult ClientSession::waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& owner,
+                                                const ring::StreamWaitEvent& wait) {
+  // The event's latest record as of now, as CUDA promises: a later record does not count.
+  kj::Promise<CUresult> recorded = owner.synchronizeEvent(wait.event);
+  // The waiting stream is held on its own GPU as for a host function, and let go once the record
+  // is done on the event's GPU. It goes on whether that work succeeded or not: an error of the
+  // other GPU's work is that context's, reported there.
+  GpuClient::StreamHold hold = waiter.holdStream(wait.context, wait.stream);
+  if (hold.result != CUDA_SUCCESS) return hold.result;
+  auto open = [this, device = waiter.deviceIndex(), gate = std::move(hold.gate)]() {
+    if (auto client = clients_.find(device); client != clients_.end()) {
+      client->second->openHostGate(*gate);
+    }
+  };
+  ringTasks_->add(recorded.then([open](CUresult) mutable { open(); },
+                                [open](kj::Exception&&) mutable { open(); }));
+  return CUDA_SUCCESS;
 }
 
 }  // namespace gpuproxy::server

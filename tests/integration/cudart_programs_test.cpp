@@ -106,6 +106,20 @@ TEST_P(CudartPrograms, CopiesBetweenDevicesGoThroughTheHostWithoutPeerAccess) {
   EXPECT_NE(result.output.find("peer-copies: PASSED"), std::string::npos) << result.output;
 }
 
+// cudaStreamWaitEvent across devices: the stream of one GPU is held until the other GPU's stream
+// has reached the record (the program holds that stream with a host function and checks).
+TEST_P(CudartPrograms, AStreamWaitsForAnotherDevicesEvent) {
+  if (rpcTransport()) {
+    GTEST_SKIP() << "over RPC a host function runs in the call itself: none can hold a stream";
+  }
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  RunResult result = daemon.runClient(program("cudart_checks"), {"cross-device-events"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("cross-device-events: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("thrust_algorithms"));

@@ -181,12 +181,10 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
     }
     // What the daemon would answer, answered here before the record goes out.
     if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-    if (*eventContext != target.context) {
-      auto eventOwner = runtime.context(*eventContext);
-      auto streamOwner = runtime.context(target.context);
-      // Waiting on another device's event is not done yet; within one device, fine.
-      if (!eventOwner || !streamOwner) return CUDA_ERROR_INVALID_HANDLE;
-      if (eventOwner->device != streamOwner->device) return CUDA_ERROR_NOT_SUPPORTED;
+    // The event may be of another context, on this device or another (the daemon holds the
+    // stream until the event's GPU is done with the record).
+    if (*eventContext != target.context && !runtime.context(*eventContext)) {
+      return CUDA_ERROR_INVALID_HANDLE;
     }
     ring::Command command{ring::StreamWaitEvent{}};
     auto& wait = std::get<ring::StreamWaitEvent>(command);

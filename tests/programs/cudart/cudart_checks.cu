@@ -17,6 +17,9 @@
 //                     and copies between them (cudaMemcpyPeer[Async], cudaMemcpy) go through the
 //                     host with the right data; a pool of device 1 allocated from, copied to, set
 //                     and read (linear and 2D copies) in a stream of device 0
+//   cross-device-events  a stream of device 1 waits for an event of device 0 (held until device
+//                     0's stream gets there, which a host function delays), also when the event
+//                     is destroyed meanwhile, on the legacy stream, and never recorded
 //   hints             cache and shared-memory preferences read back, the profiler switches
 //   limits            cudaDeviceSetLimit: a device heap larger than the default taken by
 //                     malloc in a kernel, then fixed; a stack deep enough for a recursion; the
@@ -53,6 +56,10 @@ __global__ void weigh(float* out, int n) {
     out[i] = weights[i % 4] * static_cast<float>(i);
     atomicAdd(&visits, 1u);
   }
+}
+
+__global__ void storeValue(int* target, int value) {
+  *target = value;
 }
 
 namespace {
@@ -761,6 +768,104 @@ int hold(const char* bytesText) {
   for (;;) pause();
 }
 
+// What the host functions of cross-device-events share: device 0's stream is held until the main
+// thread lets it go, and device 1's, once its wait is over, notes whether device 0's had gone on.
+struct CrossDeviceOrder {
+  std::atomic<bool> released{false};
+  std::atomic<bool> firstWentOn{false};
+  std::atomic<int> secondSaw{-1};
+};
+
+void CUDART_CB holdUntilReleased(void* order) {
+  auto* shared = static_cast<CrossDeviceOrder*>(order);
+  while (!shared->released.load()) usleep(1000);
+  shared->firstWentOn = true;
+}
+
+void CUDART_CB noteWhetherFirstWentOn(void* order) {
+  auto* shared = static_cast<CrossDeviceOrder*>(order);
+  shared->secondSaw = shared->firstWentOn.load() ? 1 : 0;
+}
+
+int crossDeviceEvents() {
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  EXPECT(count >= 2, "cross-device-events needs two devices, found %d", count);
+  int* seenOnHost = nullptr;  // pinned: an asynchronous copy into it does not wait for the stream
+  CHECK(cudaMallocHost(&seenOnHost, sizeof(int)));
+  *seenOnHost = -1;
+
+  // Device 0's stream: held by a host function, then a kernel and the record.
+  CrossDeviceOrder order;
+  CHECK(cudaSetDevice(0));
+  int* onFirst = nullptr;
+  CHECK(cudaMalloc(&onFirst, sizeof(int)));
+  cudaStream_t first;
+  CHECK(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking));
+  cudaEvent_t done;
+  CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CHECK(cudaLaunchHostFunc(first, holdUntilReleased, &order));
+  storeValue<<<1, 1, 0, first>>>(onFirst, 5);
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecord(done, first));
+
+  // Device 1's stream waits for that record, then notes the order and runs a kernel of its own.
+  CHECK(cudaSetDevice(1));
+  cudaStream_t second;
+  CHECK(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking));
+  int* onSecond = nullptr;
+  CHECK(cudaMalloc(&onSecond, sizeof(int)));
+  CHECK(cudaStreamWaitEvent(second, done, 0));
+  // Destroyed while waited for: the wait still holds, as CUDA promises.
+  CHECK(cudaEventDestroy(done));
+  CHECK(cudaLaunchHostFunc(second, noteWhetherFirstWentOn, &order));
+  storeValue<<<1, 1, 0, second>>>(onSecond, 7);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpyAsync(seenOnHost, onSecond, sizeof(int), cudaMemcpyDeviceToHost, second));
+  const cudaError_t held = cudaStreamQuery(second);
+  EXPECT(held == cudaErrorNotReady, "device 1's stream did not wait for device 0's event (%s)",
+         cudaGetErrorName(held));
+  EXPECT(order.secondSaw == -1, "device 1's stream went past its wait early");
+  order.released = true;
+  CHECK(cudaStreamSynchronize(second));
+  EXPECT(order.secondSaw == 1, "device 1's stream went on before device 0's reached the record");
+  EXPECT(*seenOnHost == 7, "device 1's kernel after the wait wrote %d, not 7", *seenOnHost);
+
+  // The legacy NULL stream of device 1 waits for a record on device 0's.
+  CrossDeviceOrder legacyOrder;
+  CHECK(cudaSetDevice(0));
+  cudaEvent_t onLegacy;
+  CHECK(cudaEventCreateWithFlags(&onLegacy, cudaEventDisableTiming));
+  CHECK(cudaLaunchHostFunc(0, holdUntilReleased, &legacyOrder));
+  CHECK(cudaEventRecord(onLegacy, 0));
+  CHECK(cudaSetDevice(1));
+  CHECK(cudaStreamWaitEvent(0, onLegacy, 0));
+  CHECK(cudaLaunchHostFunc(0, noteWhetherFirstWentOn, &legacyOrder));
+  legacyOrder.released = true;
+  CHECK(cudaDeviceSynchronize());
+  EXPECT(legacyOrder.secondSaw == 1, "device 1's legacy stream went on before device 0's");
+
+  // An event never recorded is no wait at all.
+  CHECK(cudaSetDevice(0));
+  cudaEvent_t fresh;
+  CHECK(cudaEventCreate(&fresh));
+  CHECK(cudaSetDevice(1));
+  CHECK(cudaStreamWaitEvent(second, fresh, 0));
+  CHECK(cudaStreamSynchronize(second));
+
+  CHECK(cudaEventDestroy(onLegacy));
+  CHECK(cudaEventDestroy(fresh));
+  CHECK(cudaStreamDestroy(second));
+  CHECK(cudaFree(onSecond));
+  CHECK(cudaSetDevice(0));
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaStreamDestroy(first));
+  CHECK(cudaFree(onFirst));
+  CHECK(cudaFreeHost(seenOnHost));
+  std::printf("device 1 waited for device 0's events\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -780,6 +885,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "devices") == 0) result = devices();
   if (std::strcmp(mode, "memory-pool") == 0) result = memoryPool();
   if (std::strcmp(mode, "peer-copies") == 0) result = peerCopies();
+  if (std::strcmp(mode, "cross-device-events") == 0) result = crossDeviceEvents();
   if (std::strcmp(mode, "hints") == 0) result = hints();
   if (std::strcmp(mode, "limits") == 0) result = limits();
   if (std::strcmp(mode, "copies-3d") == 0) result = copies3D();
