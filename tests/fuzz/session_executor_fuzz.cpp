@@ -3,11 +3,12 @@
 // (ring_record); this one goes past it, into handle and pointer checks, the dispatcher, the sim
 // and reclamation.
 //
-// Once per process: a kj event loop, one sim GPU of 64 MiB in a GpuShard, the daemon's state with
-// its default tenant and a reaper. Per input: a fresh session, attached through ClientGateway
-// as a connection would be and set up through its Cap'n Proto interface (a context, allocations,
-// a module with two small kernels and a variable, streams and events, some of each already
-// destroyed so that stale handles exist). Then the input's records are decoded as the ring reader
+// Once per process: a kj event loop, two sim GPUs of 64 MiB each in GpuShards, the daemon's state
+// with its default tenant and a reaper. Per input: a fresh session, attached through
+// ClientGateway as a connection would be and set up through its Cap'n Proto interface (a context,
+// allocations, a module with two small kernels and a variable, streams and events, some of each
+// already destroyed so that stale handles exist; and a context, a stream and an event on the
+// second GPU, so that work of one GPU waits for the other's and handles of one reach the other). Then the input's records are decoded as the ring reader
 // decodes them, their handles and pointers steered towards that table (below), and executed with
 // a CommandPort of this file, which plays the ring's part: host bytes from the input, answers
 // recorded and checked. Then the session's work is synchronised (or not: teardown with work in
@@ -104,6 +105,7 @@ const bool kVerbose = std::getenv("GPUPROXY_FUZZ_LOG") != nullptr;
 constexpr auto kBound = 5 * kj::SECONDS;
 
 constexpr std::uint64_t kDeviceMemory = 64ull << 20;
+constexpr std::uint32_t kGpus = 2;
 // Host regions: small, so the fuzzer reaches both of their ends.
 constexpr std::uint64_t kStagingBytes = 64 << 10;
 constexpr std::uint64_t kPinnedHeapBytes = 64 << 10;
@@ -504,10 +506,12 @@ struct Daemon {
     facts.backendName = "sim";
     facts.schedulerName = "fair";
     facts.driverVersion = backend->driverVersion();
-    auto device = backend->openDevice(0);
-    require(device.ok(), "cannot open the sim device");
-    gpus.push_back(
-        std::make_unique<GpuShard>(0, std::move(device).value(), io.provider->getTimer()));
+    for (std::uint32_t index = 0; index < kGpus; ++index) {
+      auto device = backend->openDevice(static_cast<int>(index));
+      require(device.ok(), "cannot open a sim device");
+      gpus.push_back(
+          std::make_unique<GpuShard>(index, std::move(device).value(), io.provider->getTimer()));
+    }
     // The daemon's tenants without a tenants file: the unlimited default tenant.
     // (The socket is never opened: sessions are attached here, not through it.)
     TenantConfig config = defaultTenantConfig("gpuproxy.sock");
@@ -517,7 +521,6 @@ struct Daemon {
     }
   }
 
-  GpuShard& gpu() { return *gpus[0]; }
   std::shared_ptr<Tenant> tenant() { return tenants.find(kDefaultTenantName); }
   // What the daemon lends each session; no data plane (records come through the fake port).
   SessionServices services() {
@@ -539,7 +542,7 @@ struct Daemon {
   // input runs the same way more often.
   std::unique_ptr<backend::Backend> backend = sim::newSimBackend([] {
     sim::SimOptions options;
-    options.devices = 1;
+    options.devices = kGpus;
     options.memoryBytes = kDeviceMemory;
     options.workerThreads = 0;
     return options;
@@ -565,9 +568,9 @@ Daemon& daemon() {
 // What a session is set up with; handles and pointers the records are steered to.
 struct Objects {
   std::uint64_t context = 0;
-  std::vector<std::uint64_t> contexts;   // the live context, then a destroyed one
-  std::vector<std::uint64_t> streams;    // NULL, blocking, non-blocking, destroyed
-  std::vector<std::uint64_t> events;     // timing, no timing, destroyed
+  std::vector<std::uint64_t> contexts;   // the live context, a destroyed one, the second GPU's
+  std::vector<std::uint64_t> streams;    // NULL, blocking, non-blocking, destroyed, second GPU's
+  std::vector<std::uint64_t> events;     // timing, no timing, destroyed, second GPU's
   std::vector<std::uint64_t> functions;  // fill, add_one
   std::vector<PointerTarget> pointers;   // 4 KiB, 64 KiB, the module's `counter`, freed
 };
@@ -581,9 +584,9 @@ void requireOk(std::int32_t result, const char* what) {
 Objects setUp(Daemon& daemon, protocol::Session::Client& session) {
   kj::WaitScope& waitScope = daemon.io.waitScope;
   Objects objects;
-  auto newContext = [&]() {
+  auto newContext = [&](std::uint32_t device = 0) {
     auto request = session.createContextRequest();
-    request.setDevice(0);
+    request.setDevice(device);
     auto answer = request.send().wait(waitScope);
     requireOk(answer.getResult(), "createContext");
     return answer.getContext();
@@ -596,7 +599,8 @@ Objects setUp(Daemon& daemon, protocol::Session::Client& session) {
     request.setContext(gone);
     requireOk(request.send().wait(waitScope).getResult(), "destroyContext");
   }
-  objects.contexts = {context, gone};
+  const std::uint64_t onSecondGpu = newContext(1);
+  objects.contexts = {context, gone, onSecondGpu};
 
   auto allocate = [&](std::uint64_t bytes) {
     auto request = session.memAllocRequest();
@@ -671,6 +675,22 @@ Objects setUp(Daemon& daemon, protocol::Session::Client& session) {
     auto request = session.destroyEventRequest();
     request.setEvent(objects.events.back());
     requireOk(request.send().wait(waitScope).getResult(), "destroyEvent");
+  }
+  {
+    auto request = session.createStreamRequest();
+    request.setContext(onSecondGpu);
+    request.setFlags(CU_STREAM_NON_BLOCKING);
+    auto answer = request.send().wait(waitScope);
+    requireOk(answer.getResult(), "createStream on the second GPU");
+    objects.streams.push_back(answer.getStream());
+  }
+  {
+    auto request = session.createEventRequest();
+    request.setContext(onSecondGpu);
+    request.setFlags(CU_EVENT_DISABLE_TIMING);
+    auto answer = request.send().wait(waitScope);
+    requireOk(answer.getResult(), "createEvent on the second GPU");
+    objects.events.push_back(answer.getEvent());
   }
   return objects;
 }
@@ -823,11 +843,14 @@ struct RunResult {
 RunResult runOne(std::span<const std::byte> input) {
   Daemon& daemon = ::gpuproxy::server::daemon();
   kj::WaitScope& waitScope = daemon.io.waitScope;
-  GpuShard& gpu = daemon.gpu();
   const std::shared_ptr<Tenant> tenant = daemon.tenant();
-  const std::uint64_t memoryBefore = gpu.memoryUsed();
+  std::vector<std::uint64_t> memoryBefore;
+  std::vector<std::uint64_t> freeBefore;
+  for (const auto& gpu : daemon.gpus) {
+    memoryBefore.push_back(gpu->memoryUsed());
+    freeBefore.push_back(gpu->memoryInfo().free);
+  }
   const std::uint64_t tenantMemoryBefore = tenant->memoryUsed();
-  const std::uint64_t freeBefore = gpu.memoryInfo().free;
 
   const std::uint8_t mode = input.empty() ? 0 : std::to_integer<std::uint8_t>(input[0]);
   std::size_t hostBytes = 0;
@@ -921,27 +944,33 @@ RunResult runOne(std::span<const std::byte> input) {
   }
   daemon.waitBounded(daemon.reaper.onEmpty(), "the reaper to reclaim the session");
   // A context the client poisoned is reset on the GPU's blocking-call thread once it has gone.
-  daemon.waitBounded(gpu.whenServing(), "the poisoned GPU's context to be reset");
+  for (const auto& gpu : daemon.gpus) {
+    daemon.waitBounded(gpu->whenServing(), "the poisoned GPU's context to be reset");
+  }
   daemon.connections.forget(registration.id);
 
   require(daemon.sessions.empty(), "a session outlived its client");
-  require(gpu.clientCount() == 0, "a GpuClient outlived its session");
-  require(gpu.memoryUsed() == memoryBefore, "the GPU's memory accounting did not return");
   require(tenant->memoryUsed() == tenantMemoryBefore, "the tenant's memory was not credited");
   require(tenant->clients == 0, "the tenant still counts the client");
-  require(gpu.stickyError() == CUDA_SUCCESS, "the GPU stayed poisoned after its clients left");
-  require(gpu.memoryInfo().free == freeBefore, "the device did not get its memory back");
-  // The client's address space is its connection's id, never reused: whatever its kernels
-  // printed that nobody took would stay in the daemon for good.
-  require(gpu.device().takeDeviceOutput(registration.id).empty(),
-          "the daemon kept what a gone client's kernels printed");
+  for (std::size_t index = 0; index < daemon.gpus.size(); ++index) {
+    GpuShard& gpu = *daemon.gpus[index];
+    require(gpu.clientCount() == 0, "a GpuClient outlived its session");
+    require(gpu.memoryUsed() == memoryBefore[index],
+            "the GPU's memory accounting did not return");
+    require(gpu.stickyError() == CUDA_SUCCESS, "the GPU stayed poisoned after its clients left");
+    require(gpu.memoryInfo().free == freeBefore[index], "the device did not get its memory back");
+    // The client's address space is its connection's id, never reused: whatever its kernels
+    // printed that nobody took would stay in the daemon for good.
+    require(gpu.device().takeDeviceOutput(registration.id).empty(),
+            "the daemon kept what a gone client's kernels printed");
+  }
   return outcome;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Seeds: sensible sequences, as the stub would send them, encoded with the protocol's encoders.
-// Handles are selectors (see steer): context 0; stream 0 = NULL, 1 = blocking, 2 = non-blocking;
-// event 0, 1; function 0 = fill, 1 = add_one; pointers by pointerSelector(slot, offset) with slot
+// Handles are selectors (see steer): context 0, 2 = the second GPU's; stream 0 = NULL,
+// 1 = blocking, 2 = non-blocking, 4 = the second GPU's; event 0, 1, 3 = the second GPU's; function 0 = fill, 1 = add_one; pointers by pointerSelector(slot, offset) with slot
 // 0 = 4 KiB, 1 = 64 KiB, 2 = `counter`.
 
 class SeedWriter {
@@ -1149,6 +1178,30 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> seeds() {
                              .add(onNullStream)
                              .add(toHost(1, a(0), 0, 256, 1))
                              .add(synchronize(ring::SynchronizeKind::kStream, 1, 2)));
+  // Each GPU's stream waits for an event of the other's: the second GPU's stream for a record
+  // behind a kernel on the first, and the first's non-blocking stream for a record on the second.
+  ring::StreamWaitEvent onSecondGpu;
+  onSecondGpu.context = 2;
+  onSecondGpu.stream = 4;
+  onSecondGpu.event = 0;
+  ring::EventRecord recordOnSecond;
+  recordOnSecond.context = 2;
+  recordOnSecond.stream = 4;
+  recordOnSecond.event = 3;
+  ring::StreamWaitEvent onFirstGpu;
+  onFirstGpu.stream = 2;
+  onFirstGpu.event = 3;
+  ring::Synchronize secondStream = synchronize(ring::SynchronizeKind::kStream, 4, 2);
+  secondStream.context = 2;
+  seed("waits_for_another_gpus_event", SeedWriter(0)
+                                           .add(launch(0, 1, fillArgs, 2, 32))
+                                           .add(record)
+                                           .add(onSecondGpu)
+                                           .add(recordOnSecond)
+                                           .add(onFirstGpu)
+                                           .add(toHost(2, a(0), 0, 256, 1))
+                                           .add(secondStream)
+                                           .add(synchronize(ring::SynchronizeKind::kStream, 2, 3)));
   // A client that exits without synchronising after its kernels printed.
   seed("device_printf_then_exit", SeedWriter(kTearDownBusy).add(launch(1, 1, addPrintArgs, 1, 32)));
   seed("teardown_with_work_queued", SeedWriter(kTearDownBusy, host)
