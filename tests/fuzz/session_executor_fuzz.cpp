@@ -8,11 +8,12 @@
 // ClientGateway as a connection would be and set up through its Cap'n Proto interface (a context,
 // allocations, a module with two small kernels and a variable, streams and events, some of each
 // already destroyed so that stale handles exist; and a context, a stream and an event on the
-// second GPU, so that work of one GPU waits for the other's and handles of one reach the other). Then the input's records are decoded as the ring reader
-// decodes them, their handles and pointers steered towards that table (below), and executed with
-// a CommandPort of this file, which plays the ring's part: host bytes from the input, answers
-// recorded and checked. Then the session's work is synchronised (or not: teardown with work in
-// flight is exercised too), the session is dropped and the reaper drained.
+// second GPU, so that work of one GPU waits for the other's and handles of one reach the other).
+// Then the input's records are decoded as the ring reader decodes them, their handles and
+// pointers steered towards that table (below), and executed with a CommandPort of this file,
+// which plays the ring's part: host bytes from the input, answers recorded and checked. Then the
+// session's work is synchronised (or not: teardown with work in flight is exercised too), the
+// session is dropped and the reaper drained.
 //
 // Properties (a violation aborts, so libFuzzer reports it):
 //   - every answer is a record the stub can decode; a completion answers a token the client sent,
@@ -955,8 +956,7 @@ RunResult runOne(std::span<const std::byte> input) {
   for (std::size_t index = 0; index < daemon.gpus.size(); ++index) {
     GpuShard& gpu = *daemon.gpus[index];
     require(gpu.clientCount() == 0, "a GpuClient outlived its session");
-    require(gpu.memoryUsed() == memoryBefore[index],
-            "the GPU's memory accounting did not return");
+    require(gpu.memoryUsed() == memoryBefore[index], "the GPU's memory accounting did not return");
     require(gpu.stickyError() == CUDA_SUCCESS, "the GPU stayed poisoned after its clients left");
     require(gpu.memoryInfo().free == freeBefore[index], "the device did not get its memory back");
     // The client's address space is its connection's id, never reused: whatever its kernels
@@ -970,8 +970,9 @@ RunResult runOne(std::span<const std::byte> input) {
 // ---------------------------------------------------------------------------------------------
 // Seeds: sensible sequences, as the stub would send them, encoded with the protocol's encoders.
 // Handles are selectors (see steer): context 0, 2 = the second GPU's; stream 0 = NULL,
-// 1 = blocking, 2 = non-blocking, 4 = the second GPU's; event 0, 1, 3 = the second GPU's; function 0 = fill, 1 = add_one; pointers by pointerSelector(slot, offset) with slot
-// 0 = 4 KiB, 1 = 64 KiB, 2 = `counter`.
+// 1 = blocking, 2 = non-blocking, 4 = the second GPU's; event 0, 1, 3 = the second GPU's; function
+// 0 = fill, 1 = add_one; pointers by pointerSelector(slot, offset) with slot 0 = 4 KiB, 1 = 64 KiB,
+// 2 = `counter`.
 
 class SeedWriter {
 public:
