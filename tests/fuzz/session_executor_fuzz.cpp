@@ -648,15 +648,26 @@ Objects setUp(Daemon& daemon, protocol::Session::Client& session) {
     objects.pointers.push_back(freed);
   }
 
-  objects.streams.push_back(0);
-  for (unsigned flags : {unsigned{CU_STREAM_DEFAULT}, unsigned{CU_STREAM_NON_BLOCKING},
-                         unsigned{CU_STREAM_DEFAULT}}) {
+  auto newStream = [&](std::uint64_t owner, unsigned flags) {
     auto request = session.createStreamRequest();
-    request.setContext(context);
+    request.setContext(owner);
     request.setFlags(flags);
     auto answer = request.send().wait(waitScope);
     requireOk(answer.getResult(), "createStream");
     objects.streams.push_back(answer.getStream());
+  };
+  auto newEvent = [&](std::uint64_t owner, unsigned flags) {
+    auto request = session.createEventRequest();
+    request.setContext(owner);
+    request.setFlags(flags);
+    auto answer = request.send().wait(waitScope);
+    requireOk(answer.getResult(), "createEvent");
+    objects.events.push_back(answer.getEvent());
+  };
+  objects.streams.push_back(0);
+  for (unsigned flags : {unsigned{CU_STREAM_DEFAULT}, unsigned{CU_STREAM_NON_BLOCKING},
+                         unsigned{CU_STREAM_DEFAULT}}) {
+    newStream(context, flags);
   }
   {
     auto request = session.destroyStreamRequest();
@@ -665,34 +676,15 @@ Objects setUp(Daemon& daemon, protocol::Session::Client& session) {
   }
   for (unsigned flags : {unsigned{CU_EVENT_DEFAULT}, unsigned{CU_EVENT_DISABLE_TIMING},
                          unsigned{CU_EVENT_DEFAULT}}) {
-    auto request = session.createEventRequest();
-    request.setContext(context);
-    request.setFlags(flags);
-    auto answer = request.send().wait(waitScope);
-    requireOk(answer.getResult(), "createEvent");
-    objects.events.push_back(answer.getEvent());
+    newEvent(context, flags);
   }
   {
     auto request = session.destroyEventRequest();
     request.setEvent(objects.events.back());
     requireOk(request.send().wait(waitScope).getResult(), "destroyEvent");
   }
-  {
-    auto request = session.createStreamRequest();
-    request.setContext(onSecondGpu);
-    request.setFlags(CU_STREAM_NON_BLOCKING);
-    auto answer = request.send().wait(waitScope);
-    requireOk(answer.getResult(), "createStream on the second GPU");
-    objects.streams.push_back(answer.getStream());
-  }
-  {
-    auto request = session.createEventRequest();
-    request.setContext(onSecondGpu);
-    request.setFlags(CU_EVENT_DISABLE_TIMING);
-    auto answer = request.send().wait(waitScope);
-    requireOk(answer.getResult(), "createEvent on the second GPU");
-    objects.events.push_back(answer.getEvent());
-  }
+  newStream(onSecondGpu, CU_STREAM_NON_BLOCKING);
+  newEvent(onSecondGpu, CU_EVENT_DISABLE_TIMING);
   return objects;
 }
 

@@ -21,6 +21,10 @@ bool cudartProgramsBuilt() {
   return std::filesystem::exists(buildDir() + "/tests/programs/cudart_checks_static");
 }
 
+std::string describe(const RunResult& result, const Daemon& daemon) {
+  return "stdout:\n" + result.output + "\nstderr:\n" + result.errors + "\ndaemon:\n" + daemon.log();
+}
+
 class CudartPrograms : public ::testing::TestWithParam<const char*> {
 protected:
   void SetUp() override {
@@ -28,11 +32,17 @@ protected:
   }
   // tests/programs/<name>_<static|shared>
   std::string program(const std::string& name) const { return name + "_" + GetParam(); }
+  // Runs `cudart_checks <mode>` against a daemon of two sim GPUs; the check passes.
+  void checkOnTwoDevices(const std::string& mode, const std::string& expected) {
+    Daemon::Options options;
+    options.simDevices = 2;
+    Daemon daemon(options);
+    RunResult result = daemon.runClient(program("cudart_checks"), {mode});
+    ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+    EXPECT_NE(result.output.find(expected), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find(mode + ": PASSED"), std::string::npos) << result.output;
+  }
 };
-
-std::string describe(const RunResult& result, const Daemon& daemon) {
-  return "stdout:\n" + result.output + "\nstderr:\n" + result.errors + "\ndaemon:\n" + daemon.log();
-}
 
 TEST_P(CudartPrograms, DeviceQueryAgreesWithStatus) {
   Daemon::Options options;
@@ -89,21 +99,11 @@ TEST_P(CudartPrograms, ResourceLimitsReachTheDevice) {
 }
 
 TEST_P(CudartPrograms, SeveralDevicesThreadsAndADeviceReset) {
-  Daemon::Options options;
-  options.simDevices = 2;
-  Daemon daemon(options);
-  RunResult result = daemon.runClient(program("cudart_checks"), {"devices"});
-  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
-  EXPECT_NE(result.output.find("2 devices, reset, 4 threads"), std::string::npos) << result.output;
+  checkOnTwoDevices("devices", "2 devices, reset, 4 threads");
 }
 
 TEST_P(CudartPrograms, CopiesBetweenDevicesGoThroughTheHostWithoutPeerAccess) {
-  Daemon::Options options;
-  options.simDevices = 2;
-  Daemon daemon(options);
-  RunResult result = daemon.runClient(program("cudart_checks"), {"peer-copies"});
-  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
-  EXPECT_NE(result.output.find("peer-copies: PASSED"), std::string::npos) << result.output;
+  checkOnTwoDevices("peer-copies", "a pool of device 1 allocated from");
 }
 
 // cudaStreamWaitEvent across devices: the stream of one GPU is held until the other GPU's stream
@@ -112,12 +112,7 @@ TEST_P(CudartPrograms, AStreamWaitsForAnotherDevicesEvent) {
   if (rpcTransport()) {
     GTEST_SKIP() << "over RPC a host function runs in the call itself: none can hold a stream";
   }
-  Daemon::Options options;
-  options.simDevices = 2;
-  Daemon daemon(options);
-  RunResult result = daemon.runClient(program("cudart_checks"), {"cross-device-events"});
-  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
-  EXPECT_NE(result.output.find("cross-device-events: PASSED"), std::string::npos) << result.output;
+  checkOnTwoDevices("cross-device-events", "device 1 waited for device 0's events");
 }
 
 TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {
