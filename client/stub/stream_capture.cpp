@@ -197,11 +197,11 @@ std::optional<CUresult> StreamCaptures::capture(std::uint64_t stream, GraphNode 
   if (capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   Graph& graph = *capture->graph;
   // What a graph of the application's may not hold: memory nodes made by capture (the graph
-  // would have to own an allocation it did not make), host functions in a conditional body.
+  // would have to own an allocation it did not make), in a conditional body what CUDA refuses.
   const bool allowed =
       capture->own != nullptr ||
       (node.kind != GraphNode::Kind::kMemAlloc && node.kind != GraphNode::Kind::kMemFree &&
-       (!graph.isBody || node.kind != GraphNode::Kind::kHost));
+       (!graph.isBody || allowedInConditionalBody(node.kind)));
   if (!allowed) {
     GPUPROXY_STUB_LOG(kWarn,
                       "stream capture %llu: this operation cannot be captured into the graph "
@@ -411,6 +411,14 @@ std::optional<CUresult> CapturingSink::captureHostFunction(std::uint64_t stream,
   return captures_.capture(stream, std::move(node));
 }
 
+std::optional<CUresult> CapturingSink::captureEventNode(std::uint64_t stream, GraphNode::Kind kind,
+                                                        CUevent event) {
+  GraphNode node;
+  node.kind = kind;
+  node.event = event;
+  return captures_.capture(stream, std::move(node));
+}
+
 CUresult CapturingSink::synchronize(std::uint64_t context, ring::SynchronizeKind kind,
                                     std::uint64_t handle, bool query) {
   if (kind == ring::SynchronizeKind::kStream) {
@@ -496,6 +504,25 @@ ConditionalHandle::~ConditionalHandle() {
   if (value != 0) cuMemFree_v2(value);
 }
 
+bool allowedInConditionalBody(GraphNode::Kind kind) {
+  switch (kind) {
+    case GraphNode::Kind::kKernel:
+    case GraphNode::Kind::kMemcpy:
+    case GraphNode::Kind::kMemset:
+    case GraphNode::Kind::kEmpty:
+    case GraphNode::Kind::kConditional:
+    case GraphNode::Kind::kChildGraph:
+      return true;
+    case GraphNode::Kind::kHost:
+    case GraphNode::Kind::kMemAlloc:
+    case GraphNode::Kind::kMemFree:
+    case GraphNode::Kind::kEventRecord:
+    case GraphNode::Kind::kEventWait:
+      return false;
+  }
+  return false;
+}
+
 bool hasConditionalNodes(const Graph& graph) {
   for (const GraphNode& node : graph.nodes) {
     if (node.kind == GraphNode::Kind::kConditional) return true;
@@ -534,6 +561,11 @@ CUresult CapturingSink::launch(const Graph& graph, const std::vector<std::size_t
     } else if (node.kind == GraphNode::Kind::kEmpty || node.kind == GraphNode::Kind::kMemAlloc ||
                node.kind == GraphNode::Kind::kMemFree) {
       continue;  // a memory node's memory is there already (graph_memory.hpp)
+    } else if (node.kind == GraphNode::Kind::kEventRecord) {
+      // Through the entry points: captured again if the launch stream captures.
+      sent = cuEventRecord(node.event, stream);
+    } else if (node.kind == GraphNode::Kind::kEventWait) {
+      sent = cuStreamWaitEvent(stream, node.event, CU_EVENT_WAIT_DEFAULT);
     } else if (node.kind == GraphNode::Kind::kHost) {
       // Captured again if the launch stream captures.
       std::optional<CUresult> captured =

@@ -63,7 +63,9 @@ struct GraphNode {
     kMemAlloc,
     kMemFree,
     kConditional,
-    kChildGraph
+    kChildGraph,
+    kEventRecord,
+    kEventWait
   };
   Kind kind = Kind::kKernel;
   // A launch, memset or device-to-device copy, as the entry point built it (its context and stream
@@ -90,6 +92,8 @@ struct GraphNode {
   // A host function (cuLaunchHostFunc, or a host node).
   CUhostFn function = nullptr;
   void* userData = nullptr;
+  // An event record or wait node's event (the application's: the graph does not own it).
+  CUevent event = nullptr;
   // A memory node's allocation (graph_memory.hpp): the one it makes, or the one it frees.
   std::shared_ptr<GraphAllocation> allocation;
   // The nodes it waits for, by index in its graph: those named when it was added, or, captured,
@@ -131,6 +135,10 @@ std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node);
 
 // Whether `graph` has a conditional node (a body graph can hold one only if its graph does).
 bool hasConditionalNodes(const Graph& graph);
+
+// Whether a conditional node's body may hold a node of `kind`: kernels, copies, memsets, empty,
+// child graph and conditional nodes, as CUDA allows.
+bool allowedInConditionalBody(GraphNode::Kind kind);
 
 // The order a launch sends a graph's nodes in: each after every node it depends on, otherwise in
 // the order they were added. nullopt when the dependencies form a cycle.
@@ -292,6 +300,11 @@ public:
   // the answer, the function kept as a node.
   std::optional<CUresult> captureHostFunction(std::uint64_t stream, CUhostFn function,
                                               void* userData);
+  // cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) or cuStreamWaitEvent(CU_EVENT_WAIT_EXTERNAL)
+  // on `stream` (`kind` kEventRecord or kEventWait): nullopt when it does not capture (the caller
+  // records or waits), else the answer, an event node kept.
+  std::optional<CUresult> captureEventNode(std::uint64_t stream, GraphNode::Kind kind,
+                                           CUevent event);
 
   CUresult enqueue(protocol::ring::Command& command) override;
   CUresult synchronize(std::uint64_t context, protocol::ring::SynchronizeKind kind,

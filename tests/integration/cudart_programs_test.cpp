@@ -428,6 +428,23 @@ TEST_P(CudartPrograms, UserObjectsLiveAsLongAsTheGraphsThatMayStillUseThem) {
   }
 }
 
+// Event record and wait nodes, built or captured: a launch waits for an event recorded outside
+// the graph (as of that launch) and records one of its own.
+TEST_P(CudartPrograms, GraphEventNodesWaitForAndRecordEvents) {
+  if (rpcTransport()) {
+    GTEST_SKIP() << "over RPC a host function runs in the call itself: none can hold a stream";
+  }
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"event-nodes"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line : {"event nodes: waited for 42, 43 and 7",
+                           "event nodes: captured as wait, kernel, record; waited for 99",
+                           "event nodes: refusals cudaErrorInvalidValue, cudaErrorInvalidValue",
+                           "event-nodes: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // A graph built node by node runs its nodes in dependency order; an executable graph takes new
 // kernel arguments, and an update from a graph of the same shape.
 TEST_P(CudartPrograms, AGraphBuiltNodeByNodeRunsAndUpdates) {

@@ -221,7 +221,8 @@ TEST_F(DriverSurface, AGraphBuiltNodeByNodeRunsInDependencyOrder) {
 TEST_F(DriverSurface, WhatCaptureCannotHoldIsRefusedAndSpoilsTheCapture) {
   expectAnswers({{"capture-legacy-stream", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
                  {"capture-twice", "CUDA_ERROR_ILLEGAL_STATE"},
-                 {"captured-external-record", "CUDA_ERROR_NOT_SUPPORTED"},
+                 {"captured-external-record", "CUDA_SUCCESS"},
+                 {"captured-external-record-node", "yes"},
                  {"capture-query", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
                  {"capture-query-status", "2"},  // CU_STREAM_CAPTURE_STATUS_INVALIDATED
                  {"capture-end-invalidated", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},

@@ -1150,10 +1150,22 @@ void graphs(CUfunction fillU32) {
   MUST(cuEventRecord(marker, stream));
   report("captured-event-query", cuEventQuery(marker));
   report("captured-event-synchronize", cuEventSynchronize(marker));
-  // An external record would be an event record node of the graph (gpuproxy's graphs have none).
+  // An external record is an event record node of the graph; the plain record above is no node.
   report("captured-external-record",
          cuEventRecordWithFlags(marker, stream, CU_EVENT_RECORD_EXTERNAL));
   MUST(cuStreamEndCapture(stream, &none));
+  {
+    std::size_t count = 0;
+    CUgraphNode node = nullptr;
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    MUST(cuGraphGetNodes(none, nullptr, &count));
+    if (count == 1) {
+      MUST(cuGraphGetNodes(none, &node, &count));
+      MUST(cuGraphNodeGetType(node, &type));
+    }
+    std::printf("captured-external-record-node %s\n",
+                count == 1 && type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ? "yes" : "no");
+  }
   MUST(cuGraphDestroy(none));
   report("captured-event-query-after", cuEventQuery(marker));
   MUST(cuEventDestroy(marker));

@@ -539,6 +539,10 @@ CUgraphNodeType typeOf(const GraphNode& node) {
       return CU_GRAPH_NODE_TYPE_CONDITIONAL;
     case GraphNode::Kind::kChildGraph:
       return CU_GRAPH_NODE_TYPE_GRAPH;
+    case GraphNode::Kind::kEventRecord:
+      return CU_GRAPH_NODE_TYPE_EVENT_RECORD;
+    case GraphNode::Kind::kEventWait:
+      return CU_GRAPH_NODE_TYPE_WAIT_EVENT;
   }
   return CU_GRAPH_NODE_TYPE_EMPTY;
 }
@@ -840,12 +844,7 @@ CUresult addNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* de
   return graphs().locked([&](const std::set<Graph*>& live) {
     auto* graph = reinterpret_cast<Graph*>(hGraph);
     if (live.count(graph) == 0) return CUDA_ERROR_INVALID_VALUE;
-    // A conditional body takes kernels, copies, memsets, empty and conditional nodes only.
-    if (graph->isBody &&
-        (node.kind == GraphNode::Kind::kMemAlloc || node.kind == GraphNode::Kind::kMemFree ||
-         node.kind == GraphNode::Kind::kHost)) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (graph->isBody && !allowedInConditionalBody(node.kind)) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < numDependencies; ++i) {
       std::optional<std::size_t> index = indexIn(*graph, dependencies[i]);
       if (!index) return CUDA_ERROR_INVALID_VALUE;
@@ -1380,6 +1379,110 @@ GPUPROXY_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
   });
 }
 
+// ---- event record and wait nodes -------------------------------------------------------------
+
+namespace {
+
+// An event record node (`kind` kEventRecord) records `event` once the work it depends on is done;
+// an event wait node (kEventWait) holds the graph's later work until `event`'s latest record, as
+// of the graph's launch, is done. A launch sends them as cuEventRecord and cuStreamWaitEvent on
+// the launch stream, in launch order. The event is the application's: the graph does not own it.
+// A record node runs in its event's context; a wait may be for an event of any context.
+CUresult addEventNode(Runtime& runtime, CUgraphNode* phGraphNode, CUgraph hGraph,
+                      const CUgraphNode* dependencies, size_t numDependencies, GraphNode::Kind kind,
+                      CUevent event) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::optional<std::uint64_t> context = runtime.eventContext(gpuproxy::stub::handleValue(event));
+  if (!context) return CUDA_ERROR_INVALID_HANDLE;
+  GraphNode node;
+  node.kind = kind;
+  node.event = event;
+  return addNode(phGraphNode, hGraph, dependencies, numDependencies, std::move(node),
+                 kind == GraphNode::Kind::kEventRecord ? *context : 0);
+}
+
+// The event of an event node of `kind` in `owner`; a record node's new event must be of the
+// context its graph runs in.
+CUresult setNodeEvent(Runtime& runtime, NodeOwner owner, CUgraphNode hNode, GraphNode::Kind kind,
+                      CUevent event) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::optional<std::uint64_t> context = runtime.eventContext(gpuproxy::stub::handleValue(event));
+  if (!context) return CUDA_ERROR_INVALID_HANDLE;
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(owner, hNode);
+  if (!found || found->first->kind != kind) return CUDA_ERROR_INVALID_VALUE;
+  if (kind == GraphNode::Kind::kEventRecord && found->second != 0 && found->second != *context) {
+    GPUPROXY_STUB_LOG(kWarn, "a graph whose nodes run in several contexts is not supported");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  found->first->event = event;
+  return CUDA_SUCCESS;
+}
+
+CUresult nodeEvent(CUgraphNode hNode, GraphNode::Kind kind, CUevent* event_out) {
+  if (event_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(kInItsGraph, hNode);
+  if (!found || found->first->kind != kind) return CUDA_ERROR_INVALID_VALUE;
+  *event_out = found->first->event;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+GPUPROXY_EXPORT CUresult cuGraphAddEventRecordNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                                   const CUgraphNode* dependencies,
+                                                   size_t numDependencies, CUevent event) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return addEventNode(runtime, phGraphNode, hGraph, dependencies, numDependencies,
+                        GraphNode::Kind::kEventRecord, event);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphAddEventWaitNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                                 const CUgraphNode* dependencies,
+                                                 size_t numDependencies, CUevent event) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return addEventNode(runtime, phGraphNode, hGraph, dependencies, numDependencies,
+                        GraphNode::Kind::kEventWait, event);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode hNode, CUevent* event_out) {
+  return guarded(__func__, [&](Runtime&) {
+    return nodeEvent(hNode, GraphNode::Kind::kEventRecord, event_out);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphEventWaitNodeGetEvent(CUgraphNode hNode, CUevent* event_out) {
+  return guarded(
+      __func__, [&](Runtime&) { return nodeEvent(hNode, GraphNode::Kind::kEventWait, event_out); });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphEventRecordNodeSetEvent(CUgraphNode hNode, CUevent event) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return setNodeEvent(runtime, kInItsGraph, hNode, GraphNode::Kind::kEventRecord, event);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphEventWaitNodeSetEvent(CUgraphNode hNode, CUevent event) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return setNodeEvent(runtime, kInItsGraph, hNode, GraphNode::Kind::kEventWait, event);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecEventRecordNodeSetEvent(CUgraphExec hGraphExec,
+                                                            CUgraphNode hNode, CUevent event) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return setNodeEvent(runtime, hGraphExec, hNode, GraphNode::Kind::kEventRecord, event);
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecEventWaitNodeSetEvent(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                          CUevent event) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    return setNodeEvent(runtime, hGraphExec, hNode, GraphNode::Kind::kEventWait, event);
+  });
+}
+
 // ---- nodes by their generic parameters (cuGraphAddNode, cuGraphNodeSetParams) -----------------
 
 namespace {
@@ -1469,7 +1572,7 @@ CUresult addConditionalNode(CUgraphNode* phGraphNode, CUgraph hGraph,
 CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgraph hGraph,
                          const CUgraphNode* dependencies, const CUgraphEdgeData* edgeData,
                          size_t numDependencies, CUgraphNodeParams* nodeParams) {
-  return guarded(entryPoint, [&](Runtime&) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
     if (nodeParams == nullptr || !reservedAreZero(*nodeParams)) return CUDA_ERROR_INVALID_VALUE;
     if (!onlyDefaultEdges(edgeData, numDependencies)) return CUDA_ERROR_NOT_SUPPORTED;
     const int type = gpuproxy::stub::enumValue(nodeParams->type);
@@ -1530,6 +1633,12 @@ CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgra
         }
         return addChildGraphNode(phGraphNode, hGraph, dependencies, numDependencies,
                                  nodeParams->graph.graph);
+      case CU_GRAPH_NODE_TYPE_EVENT_RECORD:
+        return addEventNode(runtime, phGraphNode, hGraph, dependencies, numDependencies,
+                            GraphNode::Kind::kEventRecord, nodeParams->eventRecord.event);
+      case CU_GRAPH_NODE_TYPE_WAIT_EVENT:
+        return addEventNode(runtime, phGraphNode, hGraph, dependencies, numDependencies,
+                            GraphNode::Kind::kEventWait, nodeParams->eventWait.event);
       default:
         GPUPROXY_STUB_LOG(kWarn, "%s: graph nodes of type %d are not supported", entryPoint, type);
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -1538,18 +1647,26 @@ CUresult addNodeByParams(const char* entryPoint, CUgraphNode* phGraphNode, CUgra
 }
 
 // cuGraphNodeSetParams and cuGraphExecNodeSetParams (`exec` non-null): a kernel node's new
-// parameters; the parameters of the other node types cannot be changed in gpuproxy's graphs
-// (CUDA_ERROR_NOT_SUPPORTED). Parameters of another type than the node's are
-// CUDA_ERROR_INVALID_VALUE.
+// parameters, an event node's new event; the parameters of the other node types cannot be
+// changed this way in gpuproxy's graphs (CUDA_ERROR_NOT_SUPPORTED). Parameters of another type
+// than the node's are CUDA_ERROR_INVALID_VALUE.
 CUresult setNodeParams(const char* entryPoint, NodeOwner owner, CUgraphNode hNode,
                        const CUgraphNodeParams* nodeParams) {
-  return guarded(entryPoint, [&](Runtime&) {
+  return guarded(entryPoint, [&](Runtime& runtime) {
     if (nodeParams == nullptr || !reservedAreZero(*nodeParams)) return CUDA_ERROR_INVALID_VALUE;
     std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
     if (!found) return CUDA_ERROR_INVALID_VALUE;
     const int type = gpuproxy::stub::enumValue(nodeParams->type);
     if (type != static_cast<int>(typeOf(found->first->nodes[found->second]))) {
       return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (type == CU_GRAPH_NODE_TYPE_EVENT_RECORD) {
+      return setNodeEvent(runtime, owner, hNode, GraphNode::Kind::kEventRecord,
+                          nodeParams->eventRecord.event);
+    }
+    if (type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) {
+      return setNodeEvent(runtime, owner, hNode, GraphNode::Kind::kEventWait,
+                          nodeParams->eventWait.event);
     }
     if (type != CU_GRAPH_NODE_TYPE_KERNEL) {
       GPUPROXY_STUB_LOG(kWarn, "%s: new parameters for a graph node of type %d are not supported",
@@ -1773,6 +1890,10 @@ const char* dotName(const GraphNode& node) {
       return "conditional";
     case GraphNode::Kind::kChildGraph:
       return "graph";
+    case GraphNode::Kind::kEventRecord:
+      return "event_record";
+    case GraphNode::Kind::kEventWait:
+      return "wait_event";
   }
   return "node";
 }

@@ -180,18 +180,29 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
       return resolved;
     }
     // What the daemon would answer, answered here before the record goes out.
-    if (flags != 0 && flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+    if (flags != CU_EVENT_WAIT_DEFAULT && flags != CU_EVENT_WAIT_EXTERNAL) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
     // The event may be of another context, on this device or another (the daemon holds the
     // stream until the event's GPU is done with the record).
     if (*eventContext != target.context && !runtime.context(*eventContext)) {
       return CUDA_ERROR_INVALID_HANDLE;
+    }
+    // CU_EVENT_WAIT_EXTERNAL matters only in a stream capture, where the wait becomes an event wait
+    // node of the graph (a wait at each of its launches for the event's latest record then)
+    // instead of a dependency on what the capture recorded; elsewhere it is a wait like any other.
+    if (flags == CU_EVENT_WAIT_EXTERNAL) {
+      if (std::optional<CUresult> captured = runtime.capturing().captureEventNode(
+              target.stream, gpuproxy::stub::GraphNode::Kind::kEventWait, hEvent)) {
+        return *captured;
+      }
     }
     ring::Command command{ring::StreamWaitEvent{}};
     auto& wait = std::get<ring::StreamWaitEvent>(command);
     wait.context = target.context;
     wait.stream = target.stream;
     wait.event = event;
-    wait.flags = flags;
+    wait.flags = CU_EVENT_WAIT_DEFAULT;
     return runtime.commands().enqueue(command);
   });
 }
@@ -209,12 +220,6 @@ CUresult prepareEventRecord(Runtime& runtime, CUevent hEvent, const StreamTarget
   std::optional<std::uint64_t> eventContext =
       event != 0 ? runtime.eventContext(event) : std::nullopt;
   if (!eventContext) return CUDA_ERROR_INVALID_HANDLE;
-  // CU_EVENT_RECORD_EXTERNAL only matters in a stream capture, where the record becomes an event
-  // record node of the graph: gpuproxy's graphs have no such node.
-  if (flags == CU_EVENT_RECORD_EXTERNAL &&
-      runtime.capturing().captures().capturing(target.stream)) {
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
   // The NULL stream of the event's own context, as the daemon reads stream 0 on this call.
   record.context = target.stream == 0 ? *eventContext : target.context;
   if (record.context != *eventContext) return CUDA_ERROR_INVALID_HANDLE;
@@ -248,6 +253,15 @@ CUresult recordEvent(const char* entryPoint, CUevent hEvent, CUstream hStream,
             gpuproxy::stub::prepareEventRecord(runtime, hEvent, target, flags, record);
         prepared != CUDA_SUCCESS) {
       return prepared;
+    }
+    // CU_EVENT_RECORD_EXTERNAL matters only in a stream capture, where the record becomes an event
+    // record node of the graph (recorded at each of its launches) instead of a capture's join
+    // point; elsewhere it is a record like any other.
+    if (flags == CU_EVENT_RECORD_EXTERNAL) {
+      if (std::optional<CUresult> captured = runtime.capturing().captureEventNode(
+              target.stream, gpuproxy::stub::GraphNode::Kind::kEventRecord, hEvent)) {
+        return *captured;
+      }
     }
     return gpuproxy::stub::submitEventRecord(runtime, record);
   });

@@ -40,6 +40,11 @@
 //                    launch while it is live refused, unless AUTO_FREE_ON_LAUNCH; one executable
 //                    graph at a time, no clone; cudaDeviceGetGraphMemAttribute; the memory given
 //                    back when the graphs are destroyed
+//   event-nodes      event record and wait nodes: a graph that waits for an event recorded
+//                    outside it (held until a host function lets the producing stream go),
+//                    copies, and records an event; the executable graph's wait given another
+//                    event; the same nodes made by capture (cudaEventRecordExternal,
+//                    cudaEventWaitExternal); the events read back and the refusals
 //   conditional      conditional nodes (CUDA 12.4): an if node with and without its else body, a
 //                    while loop counted down by its own body's kernel (a body built node by node,
 //                    one filled by cudaStreamBeginCaptureToGraph, and one added to a capture in
@@ -1534,6 +1539,150 @@ int captureGraphMode() {
   return 0;
 }
 
+// Holds a stream until the main thread lets it go.
+void CUDART_CB holdUntilReleased(void* released) {
+  while (!static_cast<std::atomic<bool>*>(released)->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// On `producer`: held until released, then stores `value` at `where` and records `produced`.
+int produceLater(cudaStream_t producer, std::atomic<bool>& released, int* where, int value,
+                 cudaEvent_t produced) {
+  released = false;
+  CHECK(cudaLaunchHostFunc(producer, holdUntilReleased, &released));
+  store<<<1, 1, 0, producer>>>(where, value);
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecord(produced, producer));
+  return 0;
+}
+
+// Launches `exec` on `stream` while the producer is held, checks the graph waits (its record of
+// `done` stays pending), lets the producer go, and reads what the graph copied.
+int launchHeld(cudaGraphExec_t exec, cudaStream_t stream, std::atomic<bool>& released,
+               cudaEvent_t done, const int* copied, int& value) {
+  CHECK(cudaGraphLaunch(exec, stream));
+  const cudaError_t pending = cudaEventQuery(done);
+  EXPECT(pending == cudaErrorNotReady, "the graph's event record node did not wait (%s)",
+         cudaGetErrorName(pending));
+  released = true;
+  CHECK(cudaEventSynchronize(done));
+  return readInt(copied, value);
+}
+
+int eventNodesMode() {
+  int* values = nullptr;  // [0] the graph's copy, [1] what the producer stores
+  CHECK(cudaMalloc(&values, 2 * sizeof(int)));
+  CHECK(cudaMemset(values, 0, 2 * sizeof(int)));
+  cudaStream_t stream;
+  cudaStream_t producer;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  cudaEvent_t produced;
+  cudaEvent_t done;
+  cudaEvent_t other;
+  CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&other, cudaEventDisableTiming));
+  std::atomic<bool> released{false};
+
+  // wait(produced) -> copyInt(values[0] <- values[1]) -> record(done), built node by node.
+  cudaGraph_t graph;
+  CHECK(cudaGraphCreate(&graph, 0));
+  cudaGraphNode_t wait;
+  cudaGraphNode_t copy;
+  cudaGraphNode_t record;
+  CHECK(cudaGraphAddEventWaitNode(&wait, graph, nullptr, 0, produced));
+  int* to = values;
+  int* from = values + 1;
+  void* copyArgs[] = {&to, &from};
+  cudaKernelNodeParams copying{};
+  copying.func = reinterpret_cast<void*>(copyInt);
+  copying.gridDim = dim3(1);
+  copying.blockDim = dim3(1);
+  copying.kernelParams = copyArgs;
+  CHECK(cudaGraphAddKernelNode(&copy, graph, &wait, 1, &copying));
+  CHECK(cudaGraphAddEventRecordNode(&record, graph, &copy, 1, done));
+  cudaGraphNodeType waitType;
+  cudaGraphNodeType recordType;
+  CHECK(cudaGraphNodeGetType(wait, &waitType));
+  CHECK(cudaGraphNodeGetType(record, &recordType));
+  EXPECT(waitType == cudaGraphNodeTypeWaitEvent && recordType == cudaGraphNodeTypeEventRecord,
+         "node types %d and %d", waitType, recordType);
+  cudaEvent_t readBack = nullptr;
+  CHECK(cudaGraphEventWaitNodeGetEvent(wait, &readBack));
+  EXPECT(readBack == produced, "the wait node's event read back wrong");
+  CHECK(cudaGraphEventRecordNodeGetEvent(record, &readBack));
+  EXPECT(readBack == done, "the record node's event read back wrong");
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  int value = 0;
+  if (produceLater(producer, released, from, 42, produced) != 0) return 1;
+  if (launchHeld(exec, stream, released, done, to, value) != 0) return 1;
+  EXPECT(value == 42, "the graph copied %d, not what was produced before its event (42)", value);
+  // A second launch waits for the event's latest record as of that launch.
+  if (produceLater(producer, released, from, 43, produced) != 0) return 1;
+  if (launchHeld(exec, stream, released, done, to, value) != 0) return 1;
+  EXPECT(value == 43, "the second launch copied %d, not 43", value);
+
+  // The executable graph's wait node given another event; the graph's own node keeps its own.
+  CHECK(cudaGraphExecEventWaitNodeSetEvent(exec, wait, other));
+  if (produceLater(producer, released, from, 7, other) != 0) return 1;
+  if (launchHeld(exec, stream, released, done, to, value) != 0) return 1;
+  EXPECT(value == 7, "after cudaGraphExecEventWaitNodeSetEvent the graph copied %d, not 7", value);
+  CHECK(cudaGraphEventWaitNodeGetEvent(wait, &readBack));
+  EXPECT(readBack == produced, "the graph's wait node took the executable graph's event");
+  std::printf("event nodes: waited for 42, 43 and 7\n");
+
+  // The same nodes made by capture.
+  cudaGraph_t captured;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK(cudaStreamWaitEvent(stream, produced, cudaEventWaitExternal));
+  copyInt<<<1, 1, 0, stream>>>(to, from);
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecordWithFlags(done, stream, cudaEventRecordExternal));
+  CHECK(cudaStreamEndCapture(stream, &captured));
+  size_t count = 0;
+  CHECK(cudaGraphGetNodes(captured, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  CHECK(cudaGraphGetNodes(captured, nodes.data(), &count));
+  EXPECT(count == 3, "the capture made %zu nodes, not 3", count);
+  cudaGraphNodeType types[3];
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphNodeGetType(nodes[i], &types[i]));
+  EXPECT(types[0] == cudaGraphNodeTypeWaitEvent && types[1] == cudaGraphNodeTypeKernel &&
+             types[2] == cudaGraphNodeTypeEventRecord,
+         "captured node types %d, %d, %d", types[0], types[1], types[2]);
+  cudaGraphExec_t capturedExec;
+  CHECK(cudaGraphInstantiate(&capturedExec, captured, 0));
+  if (produceLater(producer, released, from, 99, produced) != 0) return 1;
+  if (launchHeld(capturedExec, stream, released, done, to, value) != 0) return 1;
+  EXPECT(value == 99, "the captured graph copied %d, not 99", value);
+  std::printf("event nodes: captured as wait, kernel, record; waited for 99\n");
+
+  // Refusals.
+  cudaGraphNode_t refused;
+  const cudaError_t noEvent = cudaGraphAddEventRecordNode(&refused, graph, nullptr, 0, nullptr);
+  const cudaError_t wrongKind = cudaGraphEventRecordNodeGetEvent(wait, &readBack);
+  (void)cudaGetLastError();
+  EXPECT(noEvent != cudaSuccess && wrongKind != cudaSuccess, "refusals %s, %s",
+         cudaGetErrorName(noEvent), cudaGetErrorName(wrongKind));
+  std::printf("event nodes: refusals %s, %s\n", cudaGetErrorName(noEvent),
+              cudaGetErrorName(wrongKind));
+
+  CHECK(cudaGraphExecDestroy(capturedExec));
+  CHECK(cudaGraphDestroy(captured));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaEventDestroy(produced));
+  CHECK(cudaEventDestroy(done));
+  CHECK(cudaEventDestroy(other));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaStreamDestroy(producer));
+  CHECK(cudaFree(values));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::printf("usage: %s <mode>\n", argv[0]);
@@ -1550,6 +1699,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "user-objects") == 0) result = userObjectsMode();
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
+  if (std::strcmp(mode, "event-nodes") == 0) result = eventNodesMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
   if (result == 0) std::printf("%s: PASSED\n", mode);
   return result;
