@@ -1391,9 +1391,10 @@ namespace {
 CUresult addEventNode(Runtime& runtime, CUgraphNode* phGraphNode, CUgraph hGraph,
                       const CUgraphNode* dependencies, size_t numDependencies, GraphNode::Kind kind,
                       CUevent event) {
-  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::optional<std::uint64_t> context = runtime.eventContext(gpuproxy::stub::handleValue(event));
-  if (!context) return CUDA_ERROR_INVALID_HANDLE;
+  // Not an event of this process's: CUDA_ERROR_INVALID_VALUE, the error the driver gives here.
+  std::optional<std::uint64_t> context =
+      event != nullptr ? runtime.eventContext(gpuproxy::stub::handleValue(event)) : std::nullopt;
+  if (!context) return CUDA_ERROR_INVALID_VALUE;
   GraphNode node;
   node.kind = kind;
   node.event = event;
