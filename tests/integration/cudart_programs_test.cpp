@@ -251,6 +251,34 @@ TEST_P(CudartPrograms, AKilledProgramsMemoryComesBack) {
   EXPECT_TRUE(after.status.exitedWith(0)) << describe(after, daemon);
 }
 
+// A program killed while a stream of one GPU waits for another GPU's event that will never come:
+// both GPUs get their memory back and drop its held work, and the next program's waits work.
+TEST_P(CudartPrograms, AProgramKilledWhileWaitingForAnotherDevicesEventLeavesNothingBehind) {
+  if (rpcTransport()) {
+    GTEST_SKIP() << "over RPC a host function runs in the call itself: none can hold a stream";
+  }
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  auto holder = daemon.startClient(program("cudart_checks"), {"hold-cross-device"});
+  ASSERT_TRUE(eventually([&] { return holder->output().find("holding") != std::string::npos; }))
+      << holder->output() << holder->errors() << daemon.log();
+  auto status = daemon.status();
+  for (int device : {0, 1}) {
+    EXPECT_GE(status["devices"][device]["memory_used"].get<std::uint64_t>(), 4u << 20)
+        << status.dump(2);
+  }
+  ::kill(holder->pid(), SIGKILL);
+  holder->wait();
+  EXPECT_TRUE(eventually([&] {
+    auto now = daemon.status();
+    return now["devices"][0]["memory_used"] == 0 && now["devices"][1]["memory_used"] == 0 &&
+           now["clients"].empty();
+  })) << daemon.status().dump(2);
+  RunResult after = daemon.runClient(program("cudart_checks"), {"cross-device-events"});
+  EXPECT_TRUE(after.status.exitedWith(0)) << describe(after, daemon);
+}
+
 TEST_P(CudartPrograms, AFatbinForSeveralGpusRunsTheNewestPtxTheSimCanRun) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("multi_arch"));

@@ -27,6 +27,9 @@
 //   bad-launch        a launch no device can run: reported by cudaGetLastError, then cleared
 //   out-of-memory N   cudaMalloc of N bytes must fail with cudaErrorMemoryAllocation
 //   hold N            allocates and fills N bytes, prints "holding", then waits to be killed
+//   hold-cross-device a stream of device 1 waiting for an event of device 0 whose stream a host
+//                     function holds for good, 4 MiB on each device; prints "holding", then waits
+//                     to be killed
 
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -862,6 +865,37 @@ int crossDeviceEvents() {
   return 0;
 }
 
+int holdCrossDevice() {
+  int count = 0;
+  CHECK(cudaGetDeviceCount(&count));
+  EXPECT(count >= 2, "hold-cross-device needs two devices, found %d", count);
+  static CrossDeviceOrder never;  // never released: device 0's stream stays held
+  const size_t bytes = size_t{4} << 20;
+  void* onFirst = nullptr;
+  void* onSecond = nullptr;
+  CHECK(cudaSetDevice(0));
+  CHECK(cudaMalloc(&onFirst, bytes));
+  cudaStream_t first;
+  CHECK(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking));
+  cudaEvent_t done;
+  CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CHECK(cudaLaunchHostFunc(first, holdUntilReleased, &never));
+  storeValue<<<1, 1, 0, first>>>(static_cast<int*>(onFirst), 1);
+  CHECK(cudaEventRecord(done, first));
+  CHECK(cudaSetDevice(1));
+  CHECK(cudaMalloc(&onSecond, bytes));
+  cudaStream_t second;
+  CHECK(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking));
+  CHECK(cudaStreamWaitEvent(second, done, 0));
+  storeValue<<<1, 1, 0, second>>>(static_cast<int*>(onSecond), 2);
+  const cudaError_t held = cudaStreamQuery(second);
+  EXPECT(held == cudaErrorNotReady, "device 1's stream is not waiting (%s)",
+         cudaGetErrorName(held));
+  std::printf("holding\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -882,6 +916,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "memory-pool") == 0) result = memoryPool();
   if (std::strcmp(mode, "peer-copies") == 0) result = peerCopies();
   if (std::strcmp(mode, "cross-device-events") == 0) result = crossDeviceEvents();
+  if (std::strcmp(mode, "hold-cross-device") == 0) result = holdCrossDevice();
   if (std::strcmp(mode, "hints") == 0) result = hints();
   if (std::strcmp(mode, "limits") == 0) result = limits();
   if (std::strcmp(mode, "copies-3d") == 0) result = copies3D();
