@@ -174,12 +174,12 @@ public:
   // of dropped work run now with `status`; records fail their waiters. Work already on the real
   // streams is left to finish. Returns how many operations were dropped.
   std::size_t abandonClient(scheduler::ClientId client, CUresult status);
-  // Host work on `stream` (a stream of this device), which runs outside the GPU (a client's
-  // cuLaunchHostFunc): `reached(status)` runs, on a backend thread, once the stream's earlier work
-  // is done; the stream's later work is held here until openHostGate. The gate is a wait for a
-  // record that only openHostGate makes, so what a held wait does it does: later work of other
-  // streams that waits on this stream's later records waits too. Dropped like any held work
-  // (abandonClient, reset).
+  // Work on `stream` (a stream of this device) that is not this GPU's (a client's
+  // cuLaunchHostFunc, a wait for another GPU's event): `reached(status)` runs, on a backend thread,
+  // once the stream's earlier work is done; the stream's later work is held here until
+  // openHostGate. The gate is a wait for a record that only openHostGate makes, so what a held wait
+  // does it does: later work of other streams that waits on this stream's later records waits too.
+  // Dropped like any held work (abandonClient, reset).
   struct HostGate;
   backend::Result<std::shared_ptr<HostGate>> pushHostGate(backend::Stream& stream,
                                                           backend::CompletionCallback reached);

@@ -144,6 +144,9 @@ private:
   // Host functions (cuLaunchHostFunc) run by the client: the stream waits for it.
   void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
   void openHostGate(std::uint64_t token);
+  struct HostGate;
+  // Lets the stream `gate` holds go on, if its GpuClient is still there.
+  void openGate(const HostGate& gate);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   // A wait of a stream of `waiter`'s GPU for an event of `owner`'s, another GPU.
   CUresult waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& owner,
@@ -154,6 +157,8 @@ private:
 
   // Pinned host memory (server/session/pinned_memory.cpp).
   kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
+  // Charges `bytes` of pinned memory to the tenant; false (and logged) over its limit.
+  bool chargePinned(std::uint64_t bytes);
   // Registers `[host, host + bytes)`, already charged to the tenant, with every GPU, on their
   // blocking-call threads; `keepAlive` keeps it mapped until that is undone. `settled(registered)`
   // runs on this thread once every GPU has answered, if the session is still there; if it is not,
@@ -211,7 +216,8 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
-  // Streams held for a host function the client runs, by its token, until it has returned.
+  // A stream held on its GPU (GpuClient::holdStream). hostGates_: those held for a host function
+  // the client runs, by its token, until it has returned.
   struct HostGate {
     std::uint32_t device = 0;  // the GpuClient's daemon device index
     std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;

@@ -671,6 +671,10 @@ void ClientSession::openHostGate(std::uint64_t token) {
   if (found == hostGates_.end()) return;
   HostGate gate = std::move(found->second);
   hostGates_.erase(found);
+  openGate(gate);
+}
+
+void ClientSession::openGate(const HostGate& gate) {
   if (auto client = clients_.find(gate.device); client != clients_.end()) {
     client->second->openHostGate(*gate.gate);
   }
@@ -748,13 +752,9 @@ CUresult ClientSession::waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& ow
   // other GPU's work is that context's, reported there.
   GpuClient::StreamHold hold = waiter.holdStream(wait.context, wait.stream);
   if (hold.result != CUDA_SUCCESS) return hold.result;
-  auto open = [this, device = waiter.deviceIndex(), gate = std::move(hold.gate)]() {
-    if (auto client = clients_.find(device); client != clients_.end()) {
-      client->second->openHostGate(*gate);
-    }
-  };
-  ringTasks_->add(recorded.then([open](CUresult) mutable { open(); },
-                                [open](kj::Exception&&) mutable { open(); }));
+  const HostGate gate{waiter.deviceIndex(), std::move(hold.gate)};
+  ringTasks_->add(recorded.then([this, gate](CUresult) { openGate(gate); },
+                                [this, gate](kj::Exception&&) { openGate(gate); }));
   return CUDA_SUCCESS;
 }
 

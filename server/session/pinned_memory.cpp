@@ -69,6 +69,15 @@ std::vector<GpuShard*> allGpus(const Gpus& all) {
 
 }  // namespace
 
+bool ClientSession::chargePinned(std::uint64_t bytes) {
+  Tenant& tenant = *stats_->tenant;
+  if (tenant.tryChargePinned(bytes)) return true;
+  spdlog::info("pid {}: {} bytes of pinned memory refused: tenant '{}' holds {} of its {}",
+               stats_->identity.pid, bytes, tenant.name(), tenant.pinnedMemoryUsed(),
+               tenant.limits().pinnedMemoryLimit.value_or(0));
+  return false;
+}
+
 kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
                                                          std::uint64_t bytes) {
   if (!channel_ || channel_->pinnedHeap().empty()) return CUDA_ERROR_NOT_SUPPORTED;
@@ -80,13 +89,7 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
       overlapsAny(registering_, offset, bytes)) {
     return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   }
-  Tenant& tenant = *stats_->tenant;
-  if (!tenant.tryChargePinned(bytes)) {
-    spdlog::info("pid {}: {} bytes of pinned memory refused: tenant '{}' holds {} of its {}",
-                 stats_->identity.pid, bytes, tenant.name(), tenant.pinnedMemoryUsed(),
-                 tenant.limits().pinnedMemoryLimit.value_or(0));
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
+  if (!chargePinned(bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   void* host = heap.data() + offset;
   registering_.emplace(offset, bytes);
   return pinForEveryGpu(host, bytes, channel_->keepAlive(), [this, offset, bytes](bool registered) {
@@ -235,12 +238,8 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
       return kj::READY_NOW;
     }
     // The limit first: whether the tenant may pin more does not depend on where the memory lies.
-    Tenant& tenant = *stats_->tenant;
-    if (!tenant.tryChargePinned(bytes)) {
+    if (!chargePinned(bytes)) {
       ::close(fd);
-      spdlog::info("pid {}: {} bytes of pinned memory refused: tenant '{}' holds {} of its {}",
-                   stats_->identity.pid, bytes, tenant.name(), tenant.pinnedMemoryUsed(),
-                   tenant.limits().pinnedMemoryLimit.value_or(0));
       answer(CUDA_ERROR_OUT_OF_MEMORY);
       return kj::READY_NOW;
     }
@@ -249,7 +248,7 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
       mapping = std::make_shared<ipc::SharedSegment>(ipc::SharedSegment::mapWindow(
           ipc::UniqueFd(fd), fileOffset, bytes, reinterpret_cast<void*>(address)));
     } catch (const std::system_error& error) {
-      tenant.creditPinned(bytes);
+      stats_->tenant->creditPinned(bytes);
       spdlog::info("pid {}: cuMemHostRegister of {} bytes at {:#x} refused: {}",
                    stats_->identity.pid, bytes, address, error.what());
       answer(error.code().value() == EEXIST ? CUDA_ERROR_ALREADY_MAPPED : CUDA_ERROR_INVALID_VALUE);

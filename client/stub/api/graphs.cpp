@@ -1383,6 +1383,12 @@ GPUPROXY_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
 
 namespace {
 
+// The context of `event`, one of this process's events; nullopt for anything else.
+std::optional<std::uint64_t> contextOfEvent(Runtime& runtime, CUevent event) {
+  if (event == nullptr) return std::nullopt;
+  return runtime.eventContext(gpuproxy::stub::handleValue(event));
+}
+
 // An event record node (`kind` kEventRecord) records `event` once the work it depends on is done;
 // an event wait node (kEventWait) holds the graph's later work until `event`'s latest record, as
 // of the graph's launch, is done. A launch sends them as cuEventRecord and cuStreamWaitEvent on
@@ -1392,8 +1398,7 @@ CUresult addEventNode(Runtime& runtime, CUgraphNode* phGraphNode, CUgraph hGraph
                       const CUgraphNode* dependencies, size_t numDependencies, GraphNode::Kind kind,
                       CUevent event) {
   // Not an event of this process's: CUDA_ERROR_INVALID_VALUE, the error the driver gives here.
-  std::optional<std::uint64_t> context =
-      event != nullptr ? runtime.eventContext(gpuproxy::stub::handleValue(event)) : std::nullopt;
+  std::optional<std::uint64_t> context = contextOfEvent(runtime, event);
   if (!context) return CUDA_ERROR_INVALID_VALUE;
   GraphNode node;
   node.kind = kind;
@@ -1407,7 +1412,7 @@ CUresult addEventNode(Runtime& runtime, CUgraphNode* phGraphNode, CUgraph hGraph
 CUresult setNodeEvent(Runtime& runtime, NodeOwner owner, CUgraphNode hNode, GraphNode::Kind kind,
                       CUevent event) {
   if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::optional<std::uint64_t> context = runtime.eventContext(gpuproxy::stub::handleValue(event));
+  std::optional<std::uint64_t> context = contextOfEvent(runtime, event);
   if (!context) return CUDA_ERROR_INVALID_HANDLE;
   std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(owner, hNode);
   if (!found || found->first->kind != kind) return CUDA_ERROR_INVALID_VALUE;
