@@ -44,7 +44,9 @@ LiveHandles<Graph>& liveGraphs() {
 
 std::optional<std::size_t> indexIn(const Graph& graph, CUgraphNode node) {
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (handleOf(graph.nodes[i]) == node) return i;
+    if (handleOf(graph.nodes[i]) == node) {
+      return graph.nodes[i].removed ? std::nullopt : std::optional<std::size_t>(i);
+    }
   }
   return std::nullopt;
 }
@@ -144,6 +146,13 @@ StreamCaptures::Ended StreamCaptures::end(std::uint64_t stream) {
   Ended ended{CUDA_SUCCESS, std::move(capture->own)};
   capture->graph = nullptr;  // the caller's now
   return ended;
+}
+
+bool StreamCaptures::buildsInto(const Graph& graph) const {
+  if (idle()) return false;
+  std::lock_guard lock(mutex_);
+  return std::any_of(streams_.begin(), streams_.end(),
+                     [&](const auto& stream) { return stream.second->graph == &graph; });
 }
 
 StreamCaptures::Status StreamCaptures::statusOf(std::uint64_t stream) const {

@@ -77,6 +77,9 @@ struct GraphNode {
   std::vector<void*> parameterPointers;
   // cuGraphNodeSetEnabled: a node of an executable graph switched off runs as an empty node.
   bool enabled = true;
+  // A kernel node's launch attributes (cuGraphKernelNodeSetAttribute) that are hints, kept to be
+  // read back, by CUlaunchAttributeID. Whether it is cooperative is its launch command's.
+  std::map<int, CUlaunchAttributeValue> attributes;
   // A copy between device memory and host memory (which the graph reads or writes at each launch,
   // as a GPU's copy node does). `pageable`: the host side is not page-locked, so a launch reads it
   // only once the work before the node has finished, as a copy from pageable memory waits.
@@ -108,6 +111,10 @@ struct GraphNode {
   CUgraphConditionalNodeType conditionType = CU_GRAPH_COND_TYPE_IF;
   std::vector<std::shared_ptr<Graph>> bodies;
   std::vector<CUgraph> bodyHandles;
+  // cuGraphDestroyNode: the node is gone from its graph. It keeps its place (the other nodes'
+  // indices, and so their dependencies and handles, stay as they were) as an empty node that no
+  // edge touches, and no call finds it by its handle any more.
+  bool removed = false;
 };
 
 // What cuStreamEndCapture or cuGraphCreate hands out as a CUgraph. Nodes never move once added
@@ -120,6 +127,9 @@ struct Graph {
   // User object references it owns (cuGraphRetainUserObject); a copy of the graph owns its own.
   UserObjectReferences userObjects;
   bool isBody = false;  // a conditional node's body: the node owns it
+  // A clone (cuGraphClone): the original graph's nodes at the time of the clone, to the index of
+  // their copies here (cuGraphNodeFindInClone). The keys are only compared, never followed.
+  std::map<const GraphNode*, std::size_t> clonedFrom;
 };
 
 // Every graph handed out as a CUgraph: those the application owns, and those lent to the table
@@ -127,7 +137,7 @@ struct Graph {
 LiveHandles<Graph>& liveGraphs();
 
 // A node's CUgraphNode handle (its address), and its index in `graph` (nullopt when it is not one
-// of its nodes).
+// of its nodes, or was removed from it).
 inline CUgraphNode handleOf(const GraphNode& node) {
   return reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(&node));
 }
@@ -204,6 +214,9 @@ public:
   bool capturing(std::uint64_t stream) const {
     return statusOf(stream).status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
+  // Whether a capture under way puts its operations into `graph` (its streams' dependency sets
+  // name nodes of it).
+  bool buildsInto(const Graph& graph) const;
 
   // What a stream operation on `stream` becomes: nullopt when the stream does not capture (the
   // caller sends it), else the answer to the call (the node kept, or the capture's refusal).

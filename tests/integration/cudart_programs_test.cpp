@@ -429,6 +429,36 @@ TEST_P(CudartPrograms, AGraphsStructureReadsBackAndChildGraphsRunTheirCopy) {
   }
 }
 
+// A node destroyed leaves the graph with its edges, and the graph runs without it; what was made
+// from the graph before (an executable graph, a clone) keeps it, and the clone's copy of each
+// node is found from the original's handle.
+TEST_P(CudartPrograms, ADestroyedGraphNodeIsGoneFromItsGraphButNotFromItsClone) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"destroy-node"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"destroy-node: 3 nodes, 2 roots and 1 edge left",
+        "destroy-node: the graph runs without it, an executable graph made before with it",
+        "destroy-node: a clone made before keeps it, found in the clone",
+        "destroy-node: a child node's graph goes with it; the refusals", "destroy-node: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
+// A kernel node's launch attributes read back as set, survive new parameters and copy to another
+// node; cooperative kernel nodes run; what no device here can honour is refused.
+TEST_P(CudartPrograms, KernelNodeAttributesReadBackAndCooperativeNodesRun) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("graphs"), {"kernel-attributes"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"kernel-attributes: priority, access policy window and cooperative read back",
+        "kernel-attributes: kept by new parameters, copied, launched: x = 3i",
+        "kernel-attributes: the refusals", "kernel-attributes: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // A captured graph's nodes read back their parameters; changed in the executable graph (or in
 // the graph, then taken over by an update), the next launch does what they now say.
 TEST_P(CudartPrograms, GraphNodeParametersReadBackAndChangeWhatTheNextLaunchDoes) {

@@ -93,6 +93,8 @@ struct GraphExec {
   // cuGraphExecKernelNodeSetParams names.
   std::map<const GraphNode*, std::size_t> fromGraph;
   bool autoFreeOnLaunch = false;  // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+  // What it was instantiated with, but CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD (cuGraphExecGetFlags).
+  unsigned long long flags = 0;
   ExecutableClaim claim;
   // The streams it was launched into (each once), where its user object references are released
   // once the work before has run.
@@ -453,6 +455,7 @@ CUresult instantiate(const char* entryPoint, CUgraphExec* phGraphExec, CUgraph h
     }
     exec->order = std::move(*order);
     exec->autoFreeOnLaunch = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
+    exec->flags = flags & ~static_cast<unsigned long long>(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
     if (!exec->claim.claim(*graph)) {
       GPUPROXY_STUB_LOG(kWarn,
                         "%s: a graph with memory nodes has an executable graph already (one at "
@@ -702,6 +705,10 @@ GPUPROXY_EXPORT CUresult cuGraphClone(CUgraph* phGraphClone, CUgraph originalGra
     }
     auto clone = std::make_unique<Graph>(*graph);
     if (!copyBodies(*clone)) return CUDA_ERROR_INVALID_VALUE;  // a child graph with a cycle
+    clone->clonedFrom.clear();
+    for (std::size_t i = 0; i < graph->nodes.size(); ++i) {
+      if (!graph->nodes[i].removed) clone->clonedFrom[&graph->nodes[i]] = i;
+    }
     lendBodies(*clone);
     *phGraphClone = adopt(std::move(clone));
     return CUDA_SUCCESS;
@@ -728,8 +735,57 @@ GPUPROXY_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, siz
     const Graph* graph = graphOf(hGraph);
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::vector<CUgraphNode> all;
-    for (const GraphNode& node : graph->nodes) all.push_back(handleOf(node));
+    for (const GraphNode& node : graph->nodes) {
+      if (!node.removed) all.push_back(handleOf(node));
+    }
     return answerList(all, nodes, *numNodes);
+  });
+}
+
+// The node keeps its place in the graph's node list as an empty node no edge touches
+// (GraphNode::removed), so that every other node keeps its index and its handle.
+GPUPROXY_EXPORT CUresult cuGraphDestroyNode(CUgraphNode hNode) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    std::optional<std::pair<Graph*, std::size_t>> found = locate(hNode);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    Graph& graph = *found->first;
+    const std::size_t index = found->second;
+    if (gpuproxy::stub::hasMemoryNodes(graph)) {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "cuGraphDestroyNode: a graph with memory allocation or free nodes keeps "
+                        "its nodes, as CUDA says");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // Its streams' dependency sets may name the node: the capture owns the graph meanwhile.
+    if (runtime.capturing().captures().buildsInto(graph)) {
+      GPUPROXY_STUB_LOG(kWarn, "cuGraphDestroyNode: a capture is still adding to the node's graph");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    GraphNode& node = graph.nodes[index];
+    for (const std::shared_ptr<Graph>& body : node.bodies) {
+      forgetBodies(*body);
+      graphs().forget(body.get());
+    }
+    node = GraphNode{};
+    node.kind = GraphNode::Kind::kEmpty;
+    node.removed = true;
+    for (GraphNode& other : graph.nodes) std::erase(other.dependencies, index);
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuGraphNodeFindInClone(CUgraphNode* phNode, CUgraphNode hOriginalNode,
+                                                CUgraph hClonedGraph) {
+  return guarded(__func__, [&](Runtime&) {
+    if (phNode == nullptr || hOriginalNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const Graph* clone = graphOf(hClonedGraph);
+    if (clone == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    auto copy = clone->clonedFrom.find(reinterpret_cast<const GraphNode*>(hOriginalNode));
+    if (copy == clone->clonedFrom.end() || clone->nodes[copy->second].removed) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    *phNode = handleOf(clone->nodes[copy->second]);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -791,6 +847,16 @@ GPUPROXY_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, 
 GPUPROXY_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph,
                                                            CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
   return instantiateWithParams(__func__, phGraphExec, hGraph, params, NullStream::kPerThread);
+}
+
+GPUPROXY_EXPORT CUresult cuGraphExecGetFlags(CUgraphExec hGraphExec, cuuint64_t* flags) {
+  return guarded(__func__, [&](Runtime&) {
+    if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const GraphExec* exec = execOf(hGraphExec);
+    if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    *flags = exec->flags;
+    return CUDA_SUCCESS;
+  });
 }
 
 GPUPROXY_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
@@ -955,6 +1021,11 @@ CUresult replaceKernel(Runtime& runtime, GraphNode& node, const CUDA_KERNEL_NODE
     return made;
   }
   if (graphContext != 0 && context != graphContext) return CUDA_ERROR_INVALID_VALUE;
+  // New parameters leave the node's attributes as they were.
+  const auto* old = node.command ? std::get_if<ring::LaunchKernel>(&*node.command) : nullptr;
+  if (old != nullptr && old->cooperative) {
+    std::get<ring::LaunchKernel>(*replacement.command).cooperative = true;
+  }
   node.command = std::move(replacement.command);
   node.parameters = std::move(replacement.parameters);
   return CUDA_SUCCESS;
@@ -1034,8 +1105,8 @@ CUresult execUpdate(const char* entryPoint, CUgraphExec hGraphExec, CUgraph hGra
     for (std::size_t i = 0; i < graph->nodes.size(); ++i) {
       const GraphNode& next = graph->nodes[i];
       const GraphNode& now = current.nodes[i];
-      if (next.dependencies != now.dependencies) {
-        return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, &next);
+      if (next.removed != now.removed || next.dependencies != now.dependencies) {
+        return refuse(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, next.removed ? nullptr : &next);
       }
       // A copy or memset may have been captured or given its parameters, either way: what
       // counts is that a copy keeps its kinds of memory.
@@ -1909,6 +1980,7 @@ const char* dotName(const GraphNode& node) {
 void writeDot(std::FILE* file, const Graph& graph, const std::string& prefix, unsigned& clusters) {
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const GraphNode& node = graph.nodes[i];
+    if (node.removed) continue;
     std::fprintf(file, "  %s_%zu [label=\"%zu: %s\"];\n", prefix.c_str(), i, i, dotName(node));
     for (std::size_t index : node.dependencies) {
       std::fprintf(file, "  %s_%zu -> %s_%zu;\n", prefix.c_str(), index, prefix.c_str(), i);
@@ -1957,7 +2029,7 @@ GPUPROXY_EXPORT CUresult cuGraphGetRootNodes(CUgraph hGraph, CUgraphNode* rootNo
     if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::vector<CUgraphNode> roots;
     for (const GraphNode& node : graph->nodes) {
-      if (node.dependencies.empty()) roots.push_back(handleOf(node));
+      if (!node.removed && node.dependencies.empty()) roots.push_back(handleOf(node));
     }
     return answerList(roots, rootNodes, *numRootNodes);
   });
@@ -2210,6 +2282,114 @@ GPUPROXY_EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode hNode,
       params.blockDimX,    params.blockDimY, params.blockDimZ, params.sharedMemBytes,
       params.kernelParams, params.extra};
   return CUDA_SUCCESS;
+}
+
+namespace {
+
+// A kernel node of its graph: the node, its launch and its graph's context.
+struct KernelNode {
+  GraphNode* node = nullptr;
+  ring::LaunchKernel* launch = nullptr;
+  std::uint64_t context = 0;
+};
+
+// Nullopt for any node but a kernel node of a graph.
+std::optional<KernelNode> kernelNodeOf(CUgraphNode hNode) {
+  std::optional<std::pair<GraphNode*, std::uint64_t>> found = nodeIn(kInItsGraph, hNode);
+  if (!found || found->first->kind != GraphNode::Kind::kKernel || !found->first->command) {
+    return std::nullopt;
+  }
+  auto* launch = std::get_if<ring::LaunchKernel>(&*found->first->command);
+  if (launch == nullptr) return std::nullopt;
+  return KernelNode{found->first, launch, found->second};
+}
+
+}  // namespace
+
+// Kernel node attributes. The hints (cache access policy, priority, scheduling and carveout
+// preferences, memory synchronisation domains) change nothing a kernel can observe, as for
+// cuLaunchKernelEx: they are kept to be read back. A cooperative node launches as
+// cuLaunchCooperativeKernel does. A cluster of more than one block, and a node the device may
+// update, are CUDA_ERROR_NOT_SUPPORTED; attributes of streams or of single launches only are
+// CUDA_ERROR_INVALID_VALUE.
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                                       const CUkernelNodeAttrValue* value) {
+  return guarded(__func__, [&](Runtime&) {
+    std::optional<KernelNode> kernel = kernelNodeOf(hNode);
+    if (!kernel || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int id = gpuproxy::stub::enumValue(attr);
+    bool honoured = false;
+    switch (id) {
+      case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+      case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING:
+        honoured = true;
+        break;
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        kernel->launch->cooperative = value->cooperative != 0;
+        return CUDA_SUCCESS;
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+        honoured = value->clusterDim.x <= 1 && value->clusterDim.y <= 1 && value->clusterDim.z <= 1;
+        break;
+      case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
+        honoured = value->deviceUpdatableKernelNode.deviceUpdatable == 0;
+        break;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!honoured) {
+      GPUPROXY_STUB_LOG(kWarn,
+                        "cuGraphKernelNodeSetAttribute: attribute %d (with this value) is not "
+                        "supported",
+                        id);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    kernel->node->attributes[id] = *value;
+    return CUDA_SUCCESS;
+  });
+}
+
+// What was set, or the default (all zeros) for an attribute never set.
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                                       CUkernelNodeAttrValue* value_out) {
+  return guarded(__func__, [&](Runtime&) {
+    std::optional<KernelNode> kernel = kernelNodeOf(hNode);
+    if (!kernel || value_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    const int id = gpuproxy::stub::enumValue(attr);
+    if (id == CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY ||
+        id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION ||
+        id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT ||
+        id == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT || id <= CU_LAUNCH_ATTRIBUTE_IGNORE ||
+        id > CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUkernelNodeAttrValue answer{};
+    if (id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
+      answer.cooperative = kernel->launch->cooperative ? 1 : 0;
+    } else if (auto set = kernel->node->attributes.find(id);
+               set != kernel->node->attributes.end()) {
+      answer = set->second;
+    }
+    *value_out = answer;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Both kernel nodes of the same context.
+GPUPROXY_EXPORT CUresult cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
+  return guarded(__func__, [&](Runtime&) {
+    std::optional<KernelNode> to = kernelNodeOf(dst);
+    std::optional<KernelNode> from = kernelNodeOf(src);
+    if (!to || !from || to->context != from->context) return CUDA_ERROR_INVALID_VALUE;
+    to->node->attributes = from->node->attributes;
+    to->launch->cooperative = from->launch->cooperative;
+    return CUDA_SUCCESS;
+  });
 }
 
 namespace {

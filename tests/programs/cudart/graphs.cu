@@ -45,6 +45,14 @@
 //                    copies, and records an event; the executable graph's wait given another
 //                    event; the same nodes made by capture (cudaEventRecordExternal,
 //                    cudaEventWaitExternal); the events read back and the refusals
+//   destroy-node     nodes removed from a graph (cudaGraphDestroyNode): their edges go with them,
+//                    the rest keeps its handles and runs without them; a child graph node's graph
+//                    goes with it; an executable graph made before refuses the update; a clone
+//                    made before keeps the node, found by cudaGraphNodeFindInClone;
+//                    cudaGraphExecGetFlags; the refusals
+//   kernel-attributes a kernel node's launch attributes: hints (priority, cache access policy) kept
+//                    and read back, a cooperative node, attributes copied to another node and kept
+//                    when the node's parameters change; the refusals
 //   conditional      conditional nodes (CUDA 12.4): an if node with and without its else body, a
 //                    while loop counted down by its own body's kernel (a body built node by node,
 //                    one filled by cudaStreamBeginCaptureToGraph, and one added to a capture in
@@ -1570,6 +1578,314 @@ int launchHeld(cudaGraphExec_t exec, cudaStream_t stream, std::atomic<bool>& rel
   return readInt(copied, value);
 }
 
+// Reads x back after one launch of `exec` and checks x[i] == factor * i.
+int expectScaledIota(cudaGraphExec_t exec, cudaStream_t stream, const float* x, int n, float factor,
+                     const char* what) {
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> out(n);
+  CHECK(cudaMemcpy(out.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; ++i) {
+    EXPECT(out[i] == factor * static_cast<float>(i), "%s: x[%d] = %f, expected %f", what, i, out[i],
+           factor * static_cast<float>(i));
+  }
+  return 0;
+}
+
+int destroyNodeMode() {
+  const int n = 256;
+  float* x = nullptr;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  int calls = 0;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // x = 0, x += i, x *= 2, then a host function counting the launches.
+  cudaGraph_t graph;
+  CHECK(cudaGraphCreate(&graph, 0));
+  cudaMemsetParams zeroParams{};
+  zeroParams.dst = x;
+  zeroParams.elementSize = 4;
+  zeroParams.width = n;
+  zeroParams.height = 1;
+  cudaGraphNode_t zero;
+  CHECK(cudaGraphAddMemsetNode(&zero, graph, nullptr, 0, &zeroParams));
+  int size = n;
+  void* iotaArgs[] = {&x, &size};
+  cudaKernelNodeParams iotaParams{};
+  iotaParams.func = reinterpret_cast<void*>(iota);
+  iotaParams.gridDim = dim3(1);
+  iotaParams.blockDim = dim3(n);
+  iotaParams.kernelParams = iotaArgs;
+  cudaGraphNode_t counted;
+  CHECK(cudaGraphAddKernelNode(&counted, graph, &zero, 1, &iotaParams));
+  float two = 2.0f;
+  void* scaleArgs[] = {&x, &two, &size};
+  cudaKernelNodeParams scaleParams = iotaParams;
+  scaleParams.func = reinterpret_cast<void*>(scale);
+  scaleParams.kernelParams = scaleArgs;
+  cudaGraphNode_t doubled;
+  CHECK(cudaGraphAddKernelNode(&doubled, graph, &counted, 1, &scaleParams));
+  cudaHostNodeParams countParams{countCall, &calls};
+  cudaGraphNode_t host;
+  CHECK(cudaGraphAddHostNode(&host, graph, &doubled, 1, &countParams));
+
+  // Made before the node goes: an executable graph, a clone.
+  cudaGraphExec_t before;
+  cudaGraphInstantiateParams instantiation{};
+  instantiation.flags = cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUpload;
+  instantiation.uploadStream = stream;
+  CHECK(cudaGraphInstantiateWithParams(&before, graph, &instantiation));
+  unsigned long long flags = 0;
+  CHECK(cudaGraphExecGetFlags(before, &flags));
+  EXPECT(flags == cudaGraphInstantiateFlagAutoFreeOnLaunch,
+         "cudaGraphExecGetFlags gave %llx (the upload flag is not one it returns)", flags);
+  cudaGraph_t clone;
+  CHECK(cudaGraphClone(&clone, graph));
+
+  CHECK(cudaGraphDestroyNode(counted));
+  size_t count = 0;
+  CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  EXPECT(count == 3, "%zu nodes after one of 4 was destroyed", count);
+  std::vector<cudaGraphNode_t> nodes(count);
+  CHECK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  EXPECT(sameNodes(nodes, {zero, doubled, host}), "the graph's nodes are not the 3 left");
+  CHECK(cudaGraphGetRootNodes(graph, nullptr, &count));
+  EXPECT(count == 2, "%zu roots: the memset and the scale kernel lost their edges", count);
+  size_t edges = 0;
+  CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  cudaGraphNode_t from = nullptr;
+  cudaGraphNode_t to = nullptr;
+  CHECK(cudaGraphGetEdges(graph, &from, &to, nullptr, &edges));
+  EXPECT(edges == 1 && from == doubled && to == host, "%zu edges left (expected scale -> host)",
+         edges);
+  cudaGraphNodeType type;
+  const cudaError_t typeOfGone = cudaGraphNodeGetType(counted, &type);
+  EXPECT(typeOfGone == cudaErrorInvalidValue, "the destroyed node's type: %s",
+         cudaGetErrorName(typeOfGone));
+  cudaGetLastError();
+  const cudaError_t destroyedTwice = cudaGraphDestroyNode(counted);
+  EXPECT(destroyedTwice == cudaErrorInvalidValue, "destroying it again gave %s",
+         cudaGetErrorName(destroyedTwice));
+  cudaGetLastError();
+  std::printf("destroy-node: 3 nodes, 2 roots and 1 edge left\n");
+
+  // The graph runs without it: x = 0, scaled, and the host node still counts.
+  cudaGraphExec_t after;
+  CHECK(cudaGraphInstantiate(&after, graph, 0));
+  CHECK(cudaGraphExecGetFlags(after, &flags));
+  EXPECT(flags == 0, "cudaGraphExecGetFlags gave %llx for no flags", flags);
+  if (expectScaledIota(after, stream, x, n, 0.0f, "without the iota node") != 0) return 1;
+  EXPECT(calls == 1, "the host node ran %d times", calls);
+  // The executable graph made before still has it, and cannot take the changed graph.
+  if (expectScaledIota(before, stream, x, n, 2.0f, "the executable graph made before") != 0) {
+    return 1;
+  }
+  cudaGraphExecUpdateResultInfo info{};
+  const cudaError_t updated = cudaGraphExecUpdate(before, graph, &info);
+  EXPECT(updated == cudaErrorGraphExecUpdateFailure &&
+             info.result == cudaGraphExecUpdateErrorTopologyChanged,
+         "updating it from the changed graph gave %s (result %d)", cudaGetErrorName(updated),
+         static_cast<int>(info.result));
+  cudaGetLastError();
+  std::printf("destroy-node: the graph runs without it, an executable graph made before with it\n");
+
+  // The clone made before has all four, each found from the original's handle.
+  cudaGraphNode_t clonedCounted = nullptr;
+  CHECK(cudaGraphNodeFindInClone(&clonedCounted, counted, clone));
+  CHECK(cudaGraphNodeGetType(clonedCounted, &type));
+  EXPECT(type == cudaGraphNodeTypeKernel && clonedCounted != counted,
+         "the clone's copy of the destroyed node has type %d", static_cast<int>(type));
+  cudaGraphNode_t clonedHost = nullptr;
+  CHECK(cudaGraphNodeFindInClone(&clonedHost, host, clone));
+  CHECK(cudaGraphNodeGetType(clonedHost, &type));
+  EXPECT(type == cudaGraphNodeTypeHost, "the clone's host node has type %d",
+         static_cast<int>(type));
+  cudaGraphExec_t clonedExec;
+  CHECK(cudaGraphInstantiate(&clonedExec, clone, 0));
+  if (expectScaledIota(clonedExec, stream, x, n, 2.0f, "the clone") != 0) return 1;
+  // Not found: a node of neither graph's clone, a node removed from the clone, a graph that is
+  // no clone.
+  cudaGraphNode_t added;
+  CHECK(cudaGraphAddEmptyNode(&added, graph, &host, 1));
+  cudaGraphNode_t none = nullptr;
+  const cudaError_t newer = cudaGraphNodeFindInClone(&none, added, clone);
+  CHECK(cudaGraphDestroyNode(clonedHost));
+  const cudaError_t removedInClone = cudaGraphNodeFindInClone(&none, host, clone);
+  const cudaError_t notAClone = cudaGraphNodeFindInClone(&none, host, graph);
+  EXPECT(newer == cudaErrorInvalidValue && removedInClone == cudaErrorInvalidValue &&
+             notAClone == cudaErrorInvalidValue && none == nullptr,
+         "cudaGraphNodeFindInClone gave %s, %s, %s", cudaGetErrorName(newer),
+         cudaGetErrorName(removedInClone), cudaGetErrorName(notAClone));
+  cudaGetLastError();
+  std::printf("destroy-node: a clone made before keeps it, found in the clone\n");
+
+  // A child graph node takes its graph with it.
+  cudaGraph_t child;
+  CHECK(cudaGraphCreate(&child, 0));
+  cudaGraphNode_t childEmpty;
+  CHECK(cudaGraphAddEmptyNode(&childEmpty, child, nullptr, 0));
+  cudaGraphNode_t childNode;
+  CHECK(cudaGraphAddChildGraphNode(&childNode, graph, nullptr, 0, child));
+  cudaGraph_t embedded = nullptr;
+  CHECK(cudaGraphChildGraphNodeGetGraph(childNode, &embedded));
+  CHECK(cudaGraphGetNodes(embedded, nullptr, &count));
+  CHECK(cudaGraphDestroyNode(childNode));
+  const cudaError_t embeddedGone = cudaGraphGetNodes(embedded, nullptr, &count);
+  EXPECT(embeddedGone == cudaErrorInvalidValue, "the destroyed child node's graph: %s",
+         cudaGetErrorName(embeddedGone));
+  cudaGetLastError();
+  CHECK(cudaGraphGetNodes(child, nullptr, &count));  // the program's own graph is not touched
+  EXPECT(count == 1, "the graph given to the child node has %zu nodes", count);
+
+  // A graph with memory nodes keeps its nodes.
+  cudaGraph_t allocating;
+  float* allocated = nullptr;
+  CHECK(allocatingGraph(n, allocating, allocated));
+  cudaGraphNode_t tail;
+  CHECK(cudaGraphAddEmptyNode(&tail, allocating, nullptr, 0));
+  const cudaError_t memoryGraph = cudaGraphDestroyNode(tail);
+  EXPECT(memoryGraph == cudaErrorInvalidValue,
+         "destroying a node of a graph with memory nodes gave %s", cudaGetErrorName(memoryGraph));
+  cudaGetLastError();
+  const cudaError_t nullNode = cudaGraphDestroyNode(nullptr);
+  const cudaError_t nullFlags = cudaGraphExecGetFlags(after, nullptr);
+  EXPECT(nullNode == cudaErrorInvalidValue && nullFlags == cudaErrorInvalidValue,
+         "null arguments gave %s, %s", cudaGetErrorName(nullNode), cudaGetErrorName(nullFlags));
+  cudaGetLastError();
+  std::printf("destroy-node: a child node's graph goes with it; the refusals\n");
+
+  CHECK(cudaGraphDestroy(allocating));
+  CHECK(cudaGraphExecDestroy(clonedExec));
+  CHECK(cudaGraphExecDestroy(after));
+  CHECK(cudaGraphExecDestroy(before));
+  CHECK(cudaGraphDestroy(clone));
+  CHECK(cudaGraphDestroy(child));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(x));
+  return 0;
+}
+
+int kernelAttributesMode() {
+  const int n = 256;
+  float* x = nullptr;
+  CHECK(cudaMalloc(&x, n * sizeof(float)));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CHECK(cudaGraphCreate(&graph, 0));
+  cudaMemsetParams zeroParams{};
+  zeroParams.dst = x;
+  zeroParams.elementSize = 4;
+  zeroParams.width = n;
+  zeroParams.height = 1;
+  cudaGraphNode_t zero;
+  CHECK(cudaGraphAddMemsetNode(&zero, graph, nullptr, 0, &zeroParams));
+  int size = n;
+  void* iotaArgs[] = {&x, &size};
+  cudaKernelNodeParams iotaParams{};
+  iotaParams.func = reinterpret_cast<void*>(iota);
+  iotaParams.gridDim = dim3(2);
+  iotaParams.blockDim = dim3(n / 2);
+  iotaParams.kernelParams = iotaArgs;
+  cudaGraphNode_t counted;
+  CHECK(cudaGraphAddKernelNode(&counted, graph, &zero, 1, &iotaParams));
+  float three = 3.0f;
+  void* scaleArgs[] = {&x, &three, &size};
+  cudaKernelNodeParams scaleParams = iotaParams;
+  scaleParams.func = reinterpret_cast<void*>(scale);
+  scaleParams.kernelParams = scaleArgs;
+  cudaGraphNode_t scaled;
+  CHECK(cudaGraphAddKernelNode(&scaled, graph, &counted, 1, &scaleParams));
+
+  // Never set: zeros.
+  cudaLaunchAttributeValue value{};
+  value.priority = 7;
+  CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributePriority, &value));
+  EXPECT(value.priority == 0, "an unset priority reads %d", value.priority);
+  CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributeCooperative, &value));
+  EXPECT(value.cooperative == 0, "an unset cooperative attribute reads %d", value.cooperative);
+
+  // Set and read back.
+  cudaLaunchAttributeValue priority{};
+  priority.priority = -1;
+  CHECK(cudaGraphKernelNodeSetAttribute(counted, cudaLaunchAttributePriority, &priority));
+  cudaLaunchAttributeValue window{};
+  window.accessPolicyWindow.base_ptr = x;
+  window.accessPolicyWindow.num_bytes = n * sizeof(float);
+  window.accessPolicyWindow.hitRatio = 0.5f;
+  window.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+  window.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+  CHECK(cudaGraphKernelNodeSetAttribute(counted, cudaLaunchAttributeAccessPolicyWindow, &window));
+  cudaLaunchAttributeValue cooperative{};
+  cooperative.cooperative = 1;
+  CHECK(cudaGraphKernelNodeSetAttribute(counted, cudaLaunchAttributeCooperative, &cooperative));
+  cudaLaunchAttributeValue oneBlockClusters{};
+  oneBlockClusters.clusterDim.x = 1;
+  oneBlockClusters.clusterDim.y = 1;
+  oneBlockClusters.clusterDim.z = 1;
+  CHECK(cudaGraphKernelNodeSetAttribute(counted, cudaLaunchAttributeClusterDimension,
+                                        &oneBlockClusters));
+  CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributePriority, &value));
+  EXPECT(value.priority == -1, "the priority reads %d", value.priority);
+  CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributeAccessPolicyWindow, &value));
+  EXPECT(value.accessPolicyWindow.base_ptr == x &&
+             value.accessPolicyWindow.num_bytes == n * sizeof(float) &&
+             value.accessPolicyWindow.hitRatio == 0.5f &&
+             value.accessPolicyWindow.hitProp == cudaAccessPropertyPersisting,
+         "the access policy window reads back wrong");
+  CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributeCooperative, &value));
+  EXPECT(value.cooperative == 1, "the cooperative attribute reads %d", value.cooperative);
+  std::printf("kernel-attributes: priority, access policy window and cooperative read back\n");
+
+  // New parameters keep them; copied to the other kernel node.
+  CHECK(cudaGraphKernelNodeSetParams(counted, &iotaParams));
+  CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributeCooperative, &value));
+  EXPECT(value.cooperative == 1, "after new parameters the node is cooperative: %d",
+         value.cooperative);
+  CHECK(cudaGraphKernelNodeCopyAttributes(scaled, counted));
+  CHECK(cudaGraphKernelNodeGetAttribute(scaled, cudaLaunchAttributePriority, &value));
+  EXPECT(value.priority == -1, "the copied priority reads %d", value.priority);
+  CHECK(cudaGraphKernelNodeGetAttribute(scaled, cudaLaunchAttributeCooperative, &value));
+  EXPECT(value.cooperative == 1, "the copied cooperative attribute reads %d", value.cooperative);
+
+  // The graph, its kernels cooperative, does what it says, twice.
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int launch = 0; launch < 2; ++launch) {
+    if (expectScaledIota(exec, stream, x, n, 3.0f, "cooperative kernel nodes") != 0) return 1;
+  }
+  std::printf("kernel-attributes: kept by new parameters, copied, launched: x = 3i\n");
+
+  // Refused: clusters of several blocks (not supported), attributes of streams or of single
+  // launches only, a node that is no kernel.
+  cudaLaunchAttributeValue pairs = oneBlockClusters;
+  pairs.clusterDim.x = 2;
+  const cudaError_t clusters =
+      cudaGraphKernelNodeSetAttribute(counted, cudaLaunchAttributeClusterDimension, &pairs);
+  cudaGetLastError();
+  cudaLaunchAttributeValue policy{};
+  policy.syncPolicy = cudaSyncPolicySpin;
+  const cudaError_t streamOnly =
+      cudaGraphKernelNodeSetAttribute(counted, cudaLaunchAttributeSynchronizationPolicy, &policy);
+  cudaGetLastError();
+  const cudaError_t notAKernel =
+      cudaGraphKernelNodeSetAttribute(zero, cudaLaunchAttributePriority, &priority);
+  cudaGetLastError();
+  EXPECT(clusters == cudaErrorNotSupported && streamOnly == cudaErrorInvalidValue &&
+             notAKernel == cudaErrorInvalidValue,
+         "refusals: %s, %s, %s", cudaGetErrorName(clusters), cudaGetErrorName(streamOnly),
+         cudaGetErrorName(notAKernel));
+  std::printf("kernel-attributes: the refusals\n");
+
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
+  CHECK(cudaFree(x));
+  return 0;
+}
+
 int eventNodesMode() {
   int* values = nullptr;  // [0] the graph's copy, [1] what the producer stores
   CHECK(cudaMalloc(&values, 2 * sizeof(int)));
@@ -1700,6 +2016,8 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "memory") == 0) result = memoryMode();
   if (std::strcmp(mode, "conditional") == 0) result = conditionalMode();
   if (std::strcmp(mode, "event-nodes") == 0) result = eventNodesMode();
+  if (std::strcmp(mode, "destroy-node") == 0) result = destroyNodeMode();
+  if (std::strcmp(mode, "kernel-attributes") == 0) result = kernelAttributesMode();
   if (result == 2) std::printf("unknown mode %s\n", mode);
   if (result == 0) std::printf("%s: PASSED\n", mode);
   return result;
