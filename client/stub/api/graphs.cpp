@@ -2318,29 +2318,17 @@ GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode hNode, CUkern
     std::optional<KernelNode> kernel = kernelNodeOf(hNode);
     if (!kernel || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const int id = gpuproxy::stub::enumValue(attr);
-    bool honoured = false;
-    switch (id) {
-      case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
-      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
-      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-      case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
-      case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-      case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING:
-        honoured = true;
-        break;
-      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-        kernel->launch->cooperative = value->cooperative != 0;
-        return CUDA_SUCCESS;
-      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-        honoured = value->clusterDim.x <= 1 && value->clusterDim.y <= 1 && value->clusterDim.z <= 1;
-        break;
-      case CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE:
-        honoured = value->deviceUpdatableKernelNode.deviceUpdatable == 0;
-        break;
-      default:
-        return CUDA_ERROR_INVALID_VALUE;
+    bool honoured = gpuproxy::stub::isKernelLaunchHint(id);
+    if (id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
+      kernel->launch->cooperative = value->cooperative != 0;
+      return CUDA_SUCCESS;
+    }
+    if (id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      honoured = value->clusterDim.x <= 1 && value->clusterDim.y <= 1 && value->clusterDim.z <= 1;
+    } else if (id == CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE) {
+      honoured = value->deviceUpdatableKernelNode.deviceUpdatable == 0;
+    } else if (!honoured) {
+      return CUDA_ERROR_INVALID_VALUE;  // an attribute of streams or of single launches only
     }
     if (!honoured) {
       GPUPROXY_STUB_LOG(kWarn,

@@ -23,6 +23,28 @@ using gpuproxy::stub::NullStream;
 using gpuproxy::stub::Runtime;
 using gpuproxy::stub::StreamTarget;
 
+namespace gpuproxy::stub {
+
+bool isKernelLaunchHint(int id) {
+  switch (id) {
+    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    // The kernel runs at its stream's priority.
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+    // A preferred cluster shape is used "if possible", else the required one (checked apart).
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+    case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace gpuproxy::stub
+
 namespace {
 
 // What the attributes ask of the launch beyond its shape.
@@ -38,19 +60,10 @@ CUresult checkAttribute(const char* entryPoint, const CUlaunchAttribute& attribu
   const CUlaunchAttributeValue& value = attribute.value;
   bool honoured = false;
   const int id = gpuproxy::stub::enumValue(attribute.id);
+  if (gpuproxy::stub::isKernelLaunchHint(id)) return CUDA_SUCCESS;
   switch (id) {
     case CU_LAUNCH_ATTRIBUTE_IGNORE:
-    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
     case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
-    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-    // The kernel runs at its stream's priority.
-    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-    // A preferred cluster shape is used "if possible", else the required one (checked below).
-    case CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION:
-    case CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
-    case CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING:
     // Allowed to overlap the kernel ahead, which it then does not.
     case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
       return CUDA_SUCCESS;

@@ -61,6 +61,11 @@ CUresult launchKernel(const char* entryPoint, CUfunction f, unsigned gridDimX, u
                       unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY, unsigned blockDimZ,
                       unsigned sharedMemBytes, CUstream hStream, void** kernelParams, void** extra,
                       NullStream nullStream, bool cooperative = false);
+// Whether launch attribute `id` (a CUlaunchAttributeID) is a hint a kernel launch or kernel graph
+// node may carry (priority, cache access policy, scheduling, carveout and memory synchronisation
+// preferences): it changes nothing a kernel can observe, so every value is accepted
+// (launch_ex.cpp).
+bool isKernelLaunchHint(int id);
 // Whether the device of `function` (a CUfunction) holds `blocks` blocks of this shape at once, as
 // the occupancy calculator counts them: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE if not,
 // CUDA_ERROR_NOT_SUPPORTED on a device without cooperative launches
