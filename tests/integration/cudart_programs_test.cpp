@@ -188,6 +188,22 @@ TEST_P(CudartPrograms, CuBlasRoutinesGiveTheHostsResults) {
   EXPECT_NE(result.output.find("cublas_routines: PASSED"), std::string::npos) << result.output;
 }
 
+// cuBLAS's GEMMs are machine code for compute capability 9.0, but some of them are PTX for 10.0:
+// on a sim device that says it is 10.0, sgemm and its strided batches give the host's answers.
+TEST_P(CudartPrograms, CuBlasSgemmRunsOnADeviceOfTheComputeCapabilityItsPtxWasBuiltFor) {
+  Daemon::Options options;
+  options.extraArguments = {"--sim-compute-capability", "10.0"};
+  Daemon daemon(options);
+  RunResult result = daemon.runClient(program("cublas_gemm"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  for (const char* line :
+       {"sgemm 128 x 128 x 128, a batch of 1: as on the host",
+        "sgemm 100 x 37 x 300, a batch of 1: as on the host",
+        "sgemm 32 x 48 x 64, a batch of 4: as on the host", "cublas_gemm: PASSED"}) {
+    EXPECT_NE(result.output.find(line), std::string::npos) << line << "\n" << result.output;
+  }
+}
+
 // cuSPARSE ships PTX only for the newest GPUs: a sim device that says it is one (compute
 // capability 12.0) runs the kernels cuSPARSE picks for it as they were built, and a
 // conjugate-gradient solve with cuBLAS converges to the host's answer.
