@@ -1041,6 +1041,51 @@ int neighbours(cudaGraphNode_t node, bool dependents, std::vector<cudaGraphNode_
   return 0;
 }
 
+// x = 0, x += i, x *= factor over n floats: a memset node and two kernel nodes of `blocks` blocks,
+// each after the one before. Holds the kernels' arguments (their parameters point into it), so it
+// stays where it was made.
+struct ScaledIota {
+  float* x = nullptr;
+  int n = 0;
+  float factor = 1;
+  void* iotaArgs[2] = {};
+  void* scaleArgs[3] = {};
+  cudaKernelNodeParams iotaParams{};
+  cudaKernelNodeParams scaleParams{};
+  cudaGraphNode_t zeroNode = nullptr;
+  cudaGraphNode_t iotaNode = nullptr;
+  cudaGraphNode_t scaleNode = nullptr;
+
+  ScaledIota(float* x_, int n_, float factor_) : x(x_), n(n_), factor(factor_) {}
+  ScaledIota(const ScaledIota&) = delete;
+  ScaledIota& operator=(const ScaledIota&) = delete;
+
+  cudaError_t addTo(cudaGraph_t graph, unsigned blocks) {
+    cudaMemsetParams zeroParams{};
+    zeroParams.dst = x;
+    zeroParams.elementSize = 4;
+    zeroParams.width = n;
+    zeroParams.height = 1;
+    cudaError_t status = cudaGraphAddMemsetNode(&zeroNode, graph, nullptr, 0, &zeroParams);
+    if (status != cudaSuccess) return status;
+    iotaArgs[0] = &x;
+    iotaArgs[1] = &n;
+    iotaParams.func = reinterpret_cast<void*>(iota);
+    iotaParams.gridDim = dim3(blocks);
+    iotaParams.blockDim = dim3(n / blocks);
+    iotaParams.kernelParams = iotaArgs;
+    status = cudaGraphAddKernelNode(&iotaNode, graph, &zeroNode, 1, &iotaParams);
+    if (status != cudaSuccess) return status;
+    scaleArgs[0] = &x;
+    scaleArgs[1] = &factor;
+    scaleArgs[2] = &n;
+    scaleParams = iotaParams;
+    scaleParams.func = reinterpret_cast<void*>(scale);
+    scaleParams.kernelParams = scaleArgs;
+    return cudaGraphAddKernelNode(&scaleNode, graph, &iotaNode, 1, &scaleParams);
+  }
+};
+
 int structureMode() {
   const int n = 256;
   float* x = nullptr;
@@ -1052,29 +1097,9 @@ int structureMode() {
   // The child: x = 0, x += i, x *= 2.
   cudaGraph_t child;
   CHECK(cudaGraphCreate(&child, 0));
-  cudaMemsetParams zeroParams{};
-  zeroParams.dst = x;
-  zeroParams.elementSize = 4;
-  zeroParams.width = n;
-  zeroParams.height = 1;
-  cudaGraphNode_t zero;
-  CHECK(cudaGraphAddMemsetNode(&zero, child, nullptr, 0, &zeroParams));
+  ScaledIota childNodes(x, n, 2.0f);
+  CHECK(childNodes.addTo(child, 1));
   int size = n;
-  void* iotaArgs[] = {&x, &size};
-  cudaKernelNodeParams iotaParams{};
-  iotaParams.func = reinterpret_cast<void*>(iota);
-  iotaParams.gridDim = dim3(1);
-  iotaParams.blockDim = dim3(n);
-  iotaParams.kernelParams = iotaArgs;
-  cudaGraphNode_t counted;
-  CHECK(cudaGraphAddKernelNode(&counted, child, &zero, 1, &iotaParams));
-  float two = 2.0f;
-  void* scaleArgs[] = {&x, &two, &size};
-  cudaKernelNodeParams scaleParams = iotaParams;
-  scaleParams.func = reinterpret_cast<void*>(scale);
-  scaleParams.kernelParams = scaleArgs;
-  cudaGraphNode_t doubled;
-  CHECK(cudaGraphAddKernelNode(&doubled, child, &counted, 1, &scaleParams));
 
   // The parent: two host functions (counting 1 and 10), then the child, then an empty node.
   cudaGraph_t parent;
@@ -1146,9 +1171,10 @@ int structureMode() {
   EXPECT(readBack.fn == addTen && readBack.userData == &calls, "the host node reads back wrong");
   float hundred = 100.0f;
   void* spoilArgs[] = {&x, &hundred, &size};
-  scaleParams.kernelParams = spoilArgs;
+  cudaKernelNodeParams spoilParams = childNodes.scaleParams;
+  spoilParams.kernelParams = spoilArgs;
   cudaGraphNode_t spoiler;
-  CHECK(cudaGraphAddKernelNode(&spoiler, child, &doubled, 1, &scaleParams));
+  CHECK(cudaGraphAddKernelNode(&spoiler, child, &childNodes.scaleNode, 1, &spoilParams));
 
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, parent, 0));
@@ -1578,13 +1604,11 @@ int launchHeld(cudaGraphExec_t exec, cudaStream_t stream, std::atomic<bool>& rel
   return readInt(copied, value);
 }
 
-// Reads x back after one launch of `exec` and checks x[i] == factor * i.
+// Launches `exec` once and checks x[i] == factor * i.
 int expectScaledIota(cudaGraphExec_t exec, cudaStream_t stream, const float* x, int n, float factor,
                      const char* what) {
-  CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaStreamSynchronize(stream));
   std::vector<float> out(n);
-  CHECK(cudaMemcpy(out.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost));
+  if (launchAndRead(exec, stream, x, out) != 0) return 1;
   for (int i = 0; i < n; ++i) {
     EXPECT(out[i] == factor * static_cast<float>(i), "%s: x[%d] = %f, expected %f", what, i, out[i],
            factor * static_cast<float>(i));
@@ -1603,29 +1627,11 @@ int destroyNodeMode() {
   // x = 0, x += i, x *= 2, then a host function counting the launches.
   cudaGraph_t graph;
   CHECK(cudaGraphCreate(&graph, 0));
-  cudaMemsetParams zeroParams{};
-  zeroParams.dst = x;
-  zeroParams.elementSize = 4;
-  zeroParams.width = n;
-  zeroParams.height = 1;
-  cudaGraphNode_t zero;
-  CHECK(cudaGraphAddMemsetNode(&zero, graph, nullptr, 0, &zeroParams));
-  int size = n;
-  void* iotaArgs[] = {&x, &size};
-  cudaKernelNodeParams iotaParams{};
-  iotaParams.func = reinterpret_cast<void*>(iota);
-  iotaParams.gridDim = dim3(1);
-  iotaParams.blockDim = dim3(n);
-  iotaParams.kernelParams = iotaArgs;
-  cudaGraphNode_t counted;
-  CHECK(cudaGraphAddKernelNode(&counted, graph, &zero, 1, &iotaParams));
-  float two = 2.0f;
-  void* scaleArgs[] = {&x, &two, &size};
-  cudaKernelNodeParams scaleParams = iotaParams;
-  scaleParams.func = reinterpret_cast<void*>(scale);
-  scaleParams.kernelParams = scaleArgs;
-  cudaGraphNode_t doubled;
-  CHECK(cudaGraphAddKernelNode(&doubled, graph, &counted, 1, &scaleParams));
+  ScaledIota built(x, n, 2.0f);
+  CHECK(built.addTo(graph, 1));
+  const cudaGraphNode_t zero = built.zeroNode;
+  const cudaGraphNode_t counted = built.iotaNode;
+  const cudaGraphNode_t doubled = built.scaleNode;
   cudaHostNodeParams countParams{countCall, &calls};
   cudaGraphNode_t host;
   CHECK(cudaGraphAddHostNode(&host, graph, &doubled, 1, &countParams));
@@ -1775,29 +1781,11 @@ int kernelAttributesMode() {
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CHECK(cudaGraphCreate(&graph, 0));
-  cudaMemsetParams zeroParams{};
-  zeroParams.dst = x;
-  zeroParams.elementSize = 4;
-  zeroParams.width = n;
-  zeroParams.height = 1;
-  cudaGraphNode_t zero;
-  CHECK(cudaGraphAddMemsetNode(&zero, graph, nullptr, 0, &zeroParams));
-  int size = n;
-  void* iotaArgs[] = {&x, &size};
-  cudaKernelNodeParams iotaParams{};
-  iotaParams.func = reinterpret_cast<void*>(iota);
-  iotaParams.gridDim = dim3(2);
-  iotaParams.blockDim = dim3(n / 2);
-  iotaParams.kernelParams = iotaArgs;
-  cudaGraphNode_t counted;
-  CHECK(cudaGraphAddKernelNode(&counted, graph, &zero, 1, &iotaParams));
-  float three = 3.0f;
-  void* scaleArgs[] = {&x, &three, &size};
-  cudaKernelNodeParams scaleParams = iotaParams;
-  scaleParams.func = reinterpret_cast<void*>(scale);
-  scaleParams.kernelParams = scaleArgs;
-  cudaGraphNode_t scaled;
-  CHECK(cudaGraphAddKernelNode(&scaled, graph, &counted, 1, &scaleParams));
+  ScaledIota nodes(x, n, 3.0f);
+  CHECK(nodes.addTo(graph, 2));
+  const cudaGraphNode_t zero = nodes.zeroNode;
+  const cudaGraphNode_t counted = nodes.iotaNode;
+  const cudaGraphNode_t scaled = nodes.scaleNode;
 
   // Never set: zeros.
   cudaLaunchAttributeValue value{};
@@ -1840,7 +1828,7 @@ int kernelAttributesMode() {
   std::printf("kernel-attributes: priority, access policy window and cooperative read back\n");
 
   // New parameters keep them; copied to the other kernel node.
-  CHECK(cudaGraphKernelNodeSetParams(counted, &iotaParams));
+  CHECK(cudaGraphKernelNodeSetParams(counted, &nodes.iotaParams));
   CHECK(cudaGraphKernelNodeGetAttribute(counted, cudaLaunchAttributeCooperative, &value));
   EXPECT(value.cooperative == 1, "after new parameters the node is cooperative: %d",
          value.cooperative);
