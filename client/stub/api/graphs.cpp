@@ -2304,6 +2304,14 @@ std::optional<KernelNode> kernelNodeOf(CUgraphNode hNode) {
   return KernelNode{found->first, launch, found->second};
 }
 
+// Whether a kernel node may have attribute `id` at all: not those of streams or of single
+// launches only.
+bool isKernelNodeAttribute(int id) {
+  return gpuproxy::stub::isKernelLaunchHint(id) || id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE ||
+         id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION ||
+         id == CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE;
+}
+
 }  // namespace
 
 // Kernel node attributes. The hints (cache access policy, priority, scheduling and carveout
@@ -2318,17 +2326,16 @@ GPUPROXY_EXPORT CUresult cuGraphKernelNodeSetAttribute(CUgraphNode hNode, CUkern
     std::optional<KernelNode> kernel = kernelNodeOf(hNode);
     if (!kernel || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const int id = gpuproxy::stub::enumValue(attr);
-    bool honoured = gpuproxy::stub::isKernelLaunchHint(id);
+    if (!isKernelNodeAttribute(id)) return CUDA_ERROR_INVALID_VALUE;
     if (id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
       kernel->launch->cooperative = value->cooperative != 0;
       return CUDA_SUCCESS;
     }
+    bool honoured = true;
     if (id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
       honoured = value->clusterDim.x <= 1 && value->clusterDim.y <= 1 && value->clusterDim.z <= 1;
     } else if (id == CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE) {
       honoured = value->deviceUpdatableKernelNode.deviceUpdatable == 0;
-    } else if (!honoured) {
-      return CUDA_ERROR_INVALID_VALUE;  // an attribute of streams or of single launches only
     }
     if (!honoured) {
       GPUPROXY_STUB_LOG(kWarn,
@@ -2349,13 +2356,7 @@ GPUPROXY_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkern
     std::optional<KernelNode> kernel = kernelNodeOf(hNode);
     if (!kernel || value_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
     const int id = gpuproxy::stub::enumValue(attr);
-    if (id == CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY ||
-        id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION ||
-        id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT ||
-        id == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT || id <= CU_LAUNCH_ATTRIBUTE_IGNORE ||
-        id > CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (!isKernelNodeAttribute(id)) return CUDA_ERROR_INVALID_VALUE;
     CUkernelNodeAttrValue answer{};
     if (id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
       answer.cooperative = kernel->launch->cooperative ? 1 : 0;
