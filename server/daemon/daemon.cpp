@@ -154,6 +154,7 @@ int runDaemon(const DaemonOptions& options) {
     simulator.memoryBytes = options.simMemoryBytes;
     simulator.computeCapability = options.simComputeCapability;
     simulator.slowModuleLoad = options.simSlowModuleLoad;
+    simulator.slowFree = options.simSlowFree;
     simulator.slowReset = options.simSlowReset;
     choice = backend::selectBackend(options.backend, simulator, options.cudaDriver);
   } catch (const std::exception& error) {

@@ -54,6 +54,7 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   DaemonOptions options;
   std::string simMemory = "16GiB";
   std::string slowModuleLoad;
+  std::string slowFree;
   std::string slowReset;
   std::string bestEffortSms;
   CLI::App app{
@@ -89,6 +90,10 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   app.add_option("--sim-slow-module-load", slowModuleLoad,
                  "DEVICE:MS: sim device DEVICE takes MS milliseconds more to prepare each module, "
                  "as a large PTX JIT does on a GPU (for testing)")
+      ->group("Testing");
+  app.add_option("--sim-slow-free", slowFree,
+                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to free each allocation, "
+                 "as cuMemFree does on a GPU when it waits for the device (for testing)")
       ->group("Testing");
   app.add_option("--sim-slow-reset", slowReset,
                  "DEVICE:MS: sim device DEVICE takes MS milliseconds more to reset its context "
@@ -144,6 +149,7 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
   options.simMemoryBytes = *bytes;
   if (!parseSlowCall("--sim-slow-module-load", slowModuleLoad, options.simDevices,
                      options.simSlowModuleLoad) ||
+      !parseSlowCall("--sim-slow-free", slowFree, options.simDevices, options.simSlowFree) ||
       !parseSlowCall("--sim-slow-reset", slowReset, options.simDevices, options.simSlowReset)) {
     return 2;
   }

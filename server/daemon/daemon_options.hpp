@@ -24,6 +24,7 @@ struct DaemonOptions {
   // --sim-slow-module-load and --sim-slow-reset DEVICE:MS: that sim device takes MS milliseconds
   // longer to prepare each module, or to reset its context (for testing that they stall no one).
   sim::SlowCall simSlowModuleLoad = {};
+  sim::SlowCall simSlowFree = {};
   sim::SlowCall simSlowReset = {};
   std::string logLevel = "info";
   std::string configPath;  // tenants file; empty = only the default tenant

@@ -164,11 +164,7 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
 }
 
 void GpuClient::releaseDeviceMemory(CUdeviceptr pointer) {
-  CUresult freed = shard_.freeNow(pointer);
-  if (freed != CUDA_SUCCESS && !isStickyError(freed)) {
-    spdlog::error("device {}: freeing {:#x} of pid {} failed ({})", shard_.index(), pointer,
-                  stats_->identity.pid, static_cast<int>(freed));
-  }
+  shard_.release(pointer, stats_->identity.pid);
 }
 
 void GpuClient::destroyContextNow(Handle context) {

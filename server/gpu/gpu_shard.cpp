@@ -104,7 +104,7 @@ kj::Promise<backend::Result<CUdeviceptr>> GpuShard::allocate(std::size_t bytes,
       [device, bytes, owner, allocated]() { *allocated = device->allocate(bytes, owner); },
       [this, allocated](bool callerWaits) -> Allocated {
         if (!callerWaits && allocated->ok()) {
-          device_->free(allocated->value());
+          release(allocated->value(), 0);
           return CUDA_ERROR_CONTEXT_IS_DESTROYED;
         }
         return *allocated;
@@ -112,7 +112,7 @@ kj::Promise<backend::Result<CUdeviceptr>> GpuShard::allocate(std::size_t bytes,
 }
 
 kj::Promise<CUresult> GpuShard::free(CUdeviceptr pointer) {
-  // As freeNow: the caller's charge follows what the client held, whatever the device answers.
+  // As release: the caller's charge follows what the client held, whatever the device answers.
   auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
   dispatch::ScheduledDevice* device = device_.get();
   return runBlocking<CUresult>([device, pointer, status]() { *status = device->free(pointer); },
@@ -159,11 +159,20 @@ void GpuShard::taskFailed(kj::Exception&& exception) {
                 exception.getDescription().cStr());
 }
 
-CUresult GpuShard::freeNow(CUdeviceptr pointer) {
-  owner_.check();
-  // Accounting follows what the client held (its MemoryCharge goes with the allocation), even
+void GpuShard::release(CUdeviceptr pointer, pid_t pid) {
+  // Accounting follows what the client held (its MemoryCharge went with the allocation), even
   // when a poisoned context refuses the free: the memory comes back with the context reset.
-  return device_->free(pointer);
+  auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
+  dispatch::ScheduledDevice* device = device_.get();
+  // Nobody waits for the answer: the shard's task still ends the call (runBlocking).
+  (void)runBlocking<CUresult>([device, pointer, status]() { *status = device->free(pointer); },
+                              [this, pointer, pid, status](bool) {
+                                if (*status != CUDA_SUCCESS && !isStickyError(*status)) {
+                                  spdlog::error("device {}: freeing {:#x} of pid {} failed ({})",
+                                                index_, pointer, pid, static_cast<int>(*status));
+                                }
+                                return *status;
+                              });
 }
 
 void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
@@ -181,32 +190,38 @@ void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {
 
 void GpuShard::recoverIfIdle() {
   owner_.check();
-  if (resetting()) return;
-  // Idle: no client holds a context on this GPU. One that is still connected but has reset or
-  // destroyed all its contexts has nothing the reset could take from it (device memory, modules,
-  // streams and events all belong to a context); its pinned host memory stays registered, since
-  // a reset keeps host registrations (backend::Device::reset).
-  for (const GpuClient* client : clients_) {
-    if (client->hasContexts()) return;
+  if (resetEnded_ && resetEnded_->started) return;
+  if (!resetEnded_) {
+    // Idle: no client holds a context on this GPU. One that is still connected but has reset or
+    // destroyed all its contexts has nothing the reset could take from it (device memory,
+    // modules, streams and events all belong to a context); its pinned host memory stays
+    // registered, since a reset keeps host registrations (backend::Device::reset).
+    for (const GpuClient* client : clients_) {
+      if (client->hasContexts()) return;
+    }
+    const CUresult sticky = device_->stickyError();
+    if (sticky == CUDA_SUCCESS) return;
+    // From now on no context is made here until the reset has ended (whenServing), even while
+    // it waits for the calls below: a client given one meanwhile would keep the GPU poisoned.
+    auto ended = kj::newPromiseAndFulfiller<void>();
+    resetEnded_ =
+        std::make_unique<Reset>(Reset{ended.promise.fork(), kj::mv(ended.fulfiller), sticky,
+                                      device_->streamPriorityRange(), device_->smPartition()});
   }
-  // A blocking call may be using the context (a JIT, a registration); the last one to end comes
-  // back here.
+  // A blocking call may be using the context (a JIT, a registration), or its answer may use it on
+  // this thread (placing a prepared module); the last one to end comes back here. What the
+  // clients that went left behind is freed there first (release).
   if (blockingCallsOutstanding_ > 0) return;
-  const CUresult sticky = device_->stickyError();
-  if (sticky == CUDA_SUCCESS) return;
-  startReset(sticky);
+  startReset();
 }
 
-void GpuShard::startReset(CUresult sticky) {
-  auto ended = kj::newPromiseAndFulfiller<void>();
-  resetEnded_ =
-      std::make_unique<Reset>(Reset{ended.promise.fork(), kj::mv(ended.fulfiller), sticky,
-                                    device_->streamPriorityRange(), device_->smPartition()});
+void GpuShard::startReset() {
+  resetEnded_->started = true;
   spdlog::info("device {}: resetting the poisoned context", index_);
   // Recreating a context takes long on a GPU (and re-registering clients' pinned memory in it
-  // longer): the blocking-call thread does it, after any call queued there before, while this
-  // thread goes on serving every other client and GPU. Until it ends, no new context is made
-  // here (whenServing) and nothing here calls the device.
+  // longer): the blocking-call thread does it, while this thread goes on serving every other
+  // client and GPU. Until it ends, no new context is made here (whenServing) and nothing here
+  // calls the device.
   // Not a runBlocking call: that would look for a reset to start as soon as this one ended, and
   // one that failed would be retried at once, for ever; a failed reset is retried when a client
   // or a blocking call next gives reason to (recoverIfIdle).

@@ -80,10 +80,16 @@ public:
   kj::Promise<backend::Result<CUdeviceptr>> allocate(std::size_t bytes,
                                                      backend::AddressSpace owner);
   kj::Promise<CUresult> free(CUdeviceptr pointer);
-  // The same on this thread, for what has to happen at once: a client's teardown (its contexts
-  // destroyed, it gone) and the sim's device heap.
+  // Frees device memory whose charge its holder has already given back, with nobody waiting for
+  // the answer (what a client leaves behind when its context is destroyed or it goes; `pid` is
+  // for the log line a failure gets). The free runs on the blocking-call thread too, where a
+  // cuMemFree that waits for the device holds up no one. Crediting first is safe because that
+  // thread runs its calls in order: every allocation on this GPU asked for after this call (and
+  // every module load, whose memory is placed once its preparation there has ended) is made after
+  // the memory is back, so a process restarted at its tenant's limit gets it.
+  void release(CUdeviceptr pointer, pid_t pid);
+  // An allocation on this thread, for the sim's device heap (never a driver call).
   backend::Result<CUdeviceptr> allocateNow(std::size_t bytes, backend::AddressSpace owner);
-  CUresult freeNow(CUdeviceptr pointer);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
   // A module for `owner`: prepared (decoded, JIT-compiled) on the blocking-call thread, then
   // placed in device memory here. Its device memory is not charged yet: the caller charges it.
@@ -122,8 +128,9 @@ public:
     return ipcExports_;
   }
 
-  // Resolves at once, or, while the GPU's context is being reset, when the reset has ended: a new
-  // context is made only then (the reset would destroy it, or find it in its way).
+  // Resolves at once, or, while the GPU's context is being reset (or due to be, once the blocking
+  // calls before it have ended), when the reset has ended: a new context is made only then (the
+  // reset would destroy it, or find it in its way).
   kj::Promise<void> whenServing();
   bool resetting() const { return resetEnded_ != nullptr; }
   // The device's stream priorities and SM partition, as status shows them; during a reset, those
@@ -147,8 +154,9 @@ private:
   friend class GpuClient;
   void detach(GpuClient& client);
   void recoverIfIdle();
-  // Resets the context on the blocking-call thread; finishReset (this thread) ends it.
-  void startReset(CUresult sticky);
+  // Resets the context on the blocking-call thread (resetEnded_ made already); finishReset (this
+  // thread) ends it.
+  void startReset();
   void finishReset(CUresult status);
   void taskFailed(kj::Exception&& exception) override;
   // Runs `call` on the blocking-call thread; then, on this thread, `finish(callerWaits)` gives
@@ -167,15 +175,17 @@ private:
   kj::Own<kj::TaskSet> blockingCallAnswers_;
   // Blocking calls not yet ended: the context is not reset while one is, since it may use it.
   unsigned blockingCallsOutstanding_ = 0;
-  // While the context is being reset: resolved when it ends (whenServing), and what status says
-  // of the device meanwhile. The owner thread makes no call on the device then
-  // (ScheduledDevice::beginReset).
+  // From when the context is due to be reset (the last client holding a context on the poisoned
+  // GPU has gone) until the reset has ended: resolved then (whenServing), and what status says of
+  // the device meanwhile. Once the reset has `started` (when no blocking call is outstanding any
+  // more), the owner thread makes no call on the device (ScheduledDevice::beginReset).
   struct Reset {
     kj::ForkedPromise<void> ended;
     kj::Own<kj::PromiseFulfiller<void>> end;
     CUresult sticky;
     backend::StreamPriorityRange priorities;
     backend::SmPartition partition;
+    bool started = false;
   };
   std::unique_ptr<Reset> resetEnded_;
   std::uint64_t memoryUsed_ = 0;

@@ -1,8 +1,9 @@
 // A module load that takes seconds (a large PTX JIT on a GPU; here a sim device told to be that
 // slow) stalls no one else: not the clients of another GPU, not the other clients of the same
-// GPU, not gpuproxyctl. Nor does the reset of a GPU's context after a sticky fault. The daemon
-// runs both on each GPU's blocking-call thread (with cuMemAlloc and cuMemFree, which may wait for
-// the driver too), and its status and metrics count those calls.
+// GPU, not gpuproxyctl. Nor does the reset of a GPU's context after a sticky fault, nor freeing
+// what a client left behind. The daemon runs them on each GPU's blocking-call thread (with
+// cuMemAlloc and cuMemFree, which may wait for the driver too), and its status and metrics count
+// those calls.
 #include "tests/support/process.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace gpuproxy::testing {
 namespace {
@@ -22,6 +24,7 @@ using std::chrono::steady_clock;
 
 constexpr int kSlowLoadMs = 4000;
 constexpr int kSlowResetMs = 3000;
+constexpr int kSlowFreeMs = 1500;
 
 // The slowest round trip steady_client saw: the upper bound of its last non-empty bucket.
 double slowestRoundTripUs(const std::string& output) {
@@ -174,6 +177,75 @@ TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
 
   // The client of the other GPU never waited anywhere near that long for a synchronise.
   expectNeverHeldUp(*onOtherGpu, kSlowResetMs, "another GPU's reset");
+}
+
+// A program that exits without freeing leaves its memory to the daemon, whose frees of it may each
+// wait for the device (cuMemFree). They run on the GPU's blocking-call thread: meanwhile every
+// other client is served, status answers and already counts the memory as free, and a program
+// that needs that memory gets it, its allocations made after those frees.
+TEST(BlockingCalls, FreeingWhatAClientLeftStallsNoOtherClientNorTheAdminSocket) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  options.simMemory = "32MiB";
+  options.extraArguments = {"--sim-slow-free", "0:" + std::to_string(kSlowFreeMs)};
+  Daemon daemon(options);
+  auto onSlowGpu = startSteadyClient(daemon, 0);
+  auto onOtherGpu = startSteadyClient(daemon, 1);
+  ASSERT_TRUE(eventually(
+      [&] {
+        nlohmann::json status = daemon.status();
+        return status["devices"][0]["blocking_calls"]["ended"].get<int>() >= 2 &&
+               status["devices"][1]["blocking_calls"]["ended"].get<int>() >= 2;
+      },
+      std::chrono::seconds(30)))
+      << daemon.log();
+  const auto usedBefore = daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>();
+
+  // Three buffers of 8 MiB, three quarters of the device, left behind: three slow frees.
+  constexpr int kLeftBehind = 3;
+  const std::vector<std::string> threeBuffers = {"--elements", "2097152", "--device", "0"};
+  std::vector<std::string> leaving = threeBuffers;
+  leaving.push_back("--no-free");
+  RunResult left = daemon.runClient("vector_add", leaving);
+  ASSERT_TRUE(left.status.exitedWith(0)) << left.errors;
+  const auto freesStarted = steady_clock::now();
+
+  // The memory is the tenant's again at once, while the device is still freeing it.
+  ASSERT_TRUE(eventually(
+      [&] {
+        nlohmann::json status = daemon.status();
+        return status["devices"][0]["memory_used"].get<std::uint64_t>() == usedBefore &&
+               status["devices"][0]["blocking_calls"]["pending"].get<int>() > 0;
+      },
+      std::chrono::seconds(10)))
+      << daemon.status().dump(2) << daemon.log();
+
+  // A program that needs that memory starts now: the device has it only once the frees are done.
+  auto newcomer = daemon.startClient("vector_add", threeBuffers);
+
+  int answersDuringTheFrees = 0;
+  while (steady_clock::now() - freesStarted < milliseconds(kLeftBehind * kSlowFreeMs - 1500)) {
+    const auto asked = steady_clock::now();
+    RunResult status = daemon.ctl({"status"});
+    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - asked);
+    ASSERT_TRUE(status.status.exitedWith(0)) << status.errors;
+    EXPECT_LT(took.count(), kSlowFreeMs / 4) << "gpuproxyctl status waited for the frees";
+    ++answersDuringTheFrees;
+  }
+  EXPECT_GT(answersDuringTheFrees, 0);
+
+  ExitStatus ran = newcomer->wait(std::chrono::seconds(60));
+  EXPECT_TRUE(ran.exitedWith(0)) << newcomer->output() << newcomer->errors() << daemon.log();
+  EXPECT_GE(std::chrono::duration_cast<milliseconds>(steady_clock::now() - freesStarted).count(),
+            kLeftBehind * kSlowFreeMs);
+
+  for (auto* client : {onSlowGpu.get(), onOtherGpu.get()}) {
+    expectNeverHeldUp(*client, kSlowFreeMs, "the frees of what another client left");
+  }
+  // Once the steady clients have gone too, nothing is left on the device.
+  EXPECT_TRUE(eventually([&] {
+    return daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>() == 0;
+  })) << daemon.status().dump(2);
 }
 
 }  // namespace

@@ -1026,15 +1026,21 @@ private:
   const backend::AddressSpace owner_;  // whose memory its kernels may touch
 };
 
+// How much longer than it needs each of a device's slow calls takes (SimOptions' SlowCalls).
+struct CallDelays {
+  std::chrono::milliseconds moduleLoad{0};
+  std::chrono::milliseconds free{0};
+  std::chrono::milliseconds reset{0};
+};
+
 class SimDevice final : public Device {
 public:
   SimDevice(int index, std::uint64_t memoryBytes, unsigned computeCapability,
             std::unique_ptr<DeviceArena> arena, std::shared_ptr<ptx::Interpreter> interpreter,
-            std::chrono::milliseconds moduleLoadDelay, std::chrono::milliseconds resetDelay)
+            CallDelays delays)
       : core_(std::make_shared<DeviceCore>(index, std::move(arena), std::move(interpreter))),
         computeCapability_(computeCapability),
-        moduleLoadDelay_(moduleLoadDelay),
-        resetDelay_(resetDelay) {
+        delays_(delays) {
     properties_.name = "gpuproxy sim device " + std::to_string(index);
     // Reads "gpuproxy-sim" followed by the index: stable across runs and plainly not a real GPU.
     constexpr char kPrefix[] = "gpuproxy-sim";
@@ -1061,6 +1067,7 @@ public:
   }
 
   CUresult free(CUdeviceptr pointer) override {
+    if (delays_.free.count() > 0) std::this_thread::sleep_for(delays_.free);
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     return core_->arena().free(pointer);
   }
@@ -1144,7 +1151,7 @@ public:
   // reads only the image and the device's index.
   Result<std::unique_ptr<PreparedModule>> prepareModule(
       std::span<const std::byte> image) const override {
-    if (moduleLoadDelay_.count() > 0) std::this_thread::sleep_for(moduleLoadDelay_);
+    if (delays_.moduleLoad.count() > 0) std::this_thread::sleep_for(delays_.moduleLoad);
     const int index = core_->index();
     // A fatbin runs from its PTX entry (the interpreter executes PTX, not SASS).
     std::string ptxOfFatbin;
@@ -1338,7 +1345,7 @@ public:
     return core_->takeOutput(owner);
   }
   CUresult reset() override {
-    if (resetDelay_.count() > 0) std::this_thread::sleep_for(resetDelay_);
+    if (delays_.reset.count() > 0) std::this_thread::sleep_for(delays_.reset);
     return core_->reset();
   }
 
@@ -1346,8 +1353,7 @@ private:
   DeviceProperties properties_;
   std::shared_ptr<DeviceCore> core_;
   const unsigned computeCapability_;  // major * 10 + minor
-  const std::chrono::milliseconds moduleLoadDelay_;
-  const std::chrono::milliseconds resetDelay_;
+  const CallDelays delays_;
 };
 
 class SimBackend final : public backend::Backend {
@@ -1358,6 +1364,7 @@ public:
         computeCapability_(options.computeCapability),
         interpreter_(std::make_shared<ptx::Interpreter>(workerThreads(options))),
         slowModuleLoad_(options.slowModuleLoad),
+        slowFree_(options.slowFree),
         slowReset_(options.slowReset) {}
 
   std::string_view name() const override { return "sim"; }
@@ -1392,9 +1399,9 @@ public:
                     index, memoryBytes_);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return std::unique_ptr<Device>(
-        std::make_unique<SimDevice>(index, memoryBytes_, computeCapability_, std::move(arena),
-                                    interpreter_, slowModuleLoad_.on(index), slowReset_.on(index)));
+    const CallDelays delays{slowModuleLoad_.on(index), slowFree_.on(index), slowReset_.on(index)};
+    return std::unique_ptr<Device>(std::make_unique<SimDevice>(
+        index, memoryBytes_, computeCapability_, std::move(arena), interpreter_, delays));
   }
 
 private:
@@ -1411,6 +1418,7 @@ private:
   // Shared by every device: blocks of concurrent launches share the host's cores.
   const std::shared_ptr<ptx::Interpreter> interpreter_;
   const SlowCall slowModuleLoad_;
+  const SlowCall slowFree_;
   const SlowCall slowReset_;
 };
 

@@ -110,9 +110,10 @@ TEST_F(GpuClientTest, AllocationsAndFreesRunOffTheOwnerThread) {
   EXPECT_EQ(wait(client->free(pointer.value())), CUDA_SUCCESS);
   EXPECT_EQ(shard_.blockingCalls().completed, calls + 2);
   { auto abandoned = client->allocate(context.value(), 1 << 20); }
-  // The call is counted when it ends; the memory comes back when its answer reaches the shard.
+  // The call is counted when it ends; when its answer reaches the shard, the memory is freed
+  // again, there too.
   EXPECT_TRUE(soon([&] {
-    return shard_.blockingCalls().completed == calls + 3 && shard_.memoryInfo().free == deviceFree;
+    return shard_.blockingCalls().completed == calls + 4 && shard_.memoryInfo().free == deviceFree;
   }));
   EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(stats_[0]->memoryUsed, 0u);
@@ -128,6 +129,29 @@ TEST_F(GpuClientTest, DestroyingTheClientFreesWhatItHeld) {
   client.reset();
   EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(shard_.clientCount(), 0u);
+}
+
+// What a gone client held is the tenant's again at once, and freed on the GPU's blocking-call
+// thread (cuMemFree may wait for the device): after every allocation asked for before it, before
+// every one asked for after it, so that memory the ledger calls free is free on the device too
+// by the time a later allocation reaches it.
+TEST_F(GpuClientTest, AGoneClientsMemoryIsFreedOffTheOwnerThreadBeforeAnyLaterAllocation) {
+  constexpr std::uint64_t kMostOfTheDevice = 768ull << 20;  // of 1 GiB
+  auto client = newClient(1);
+  auto context = client->createContext(0);
+  ASSERT_TRUE(wait(client->allocate(context.value(), kMostOfTheDevice)).ok());
+  wait(client->drain());
+  const std::uint64_t calls = shard_.blockingCalls().completed;
+  client.reset();
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(tenant_->memoryUsed(), 0u);
+
+  auto next = newClient(2);
+  auto nextContext = next->createContext(0);
+  auto again = wait(next->allocate(nextContext.value(), kMostOfTheDevice));
+  EXPECT_TRUE(again.ok()) << again.code();
+  EXPECT_EQ(shard_.blockingCalls().completed, calls + 2);  // the free, then the allocation
+  EXPECT_EQ(shard_.memoryUsed(), kMostOfTheDevice);
 }
 
 // A client that goes without synchronising after its kernels printed: its output goes with it,
@@ -709,16 +733,17 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   EXPECT_NE(shard_.stickyError(), CUDA_SUCCESS);  // the victim is still attached
   wait(victim->drain());
   victim.reset();
-  // The last one gone, the context is reset on the shard's blocking-call thread; until that ends
-  // the shard says what it is recovering from, and new contexts wait for it (whenServing).
+  // The last one gone, the context is reset on the shard's blocking-call thread, once the
+  // victim's memory has been freed there; until the reset ends the shard says what it is
+  // recovering from, and new contexts wait for it (whenServing).
   EXPECT_TRUE(shard_.resetting());
   EXPECT_EQ(shard_.stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
   wait(shard_.whenServing());
   EXPECT_FALSE(shard_.resetting());
   EXPECT_EQ(shard_.stickyError(), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 0u);
-  // The two allocations, the module's preparation, and the reset.
-  EXPECT_EQ(shard_.blockingCalls().completed, 4u);
+  // The two allocations, the module's preparation, the victim's memory freed, and the reset.
+  EXPECT_EQ(shard_.blockingCalls().completed, 5u);
   auto fresh = newClient(30);
   auto freshContext = fresh->createContext(0);
   EXPECT_TRUE(wait(fresh->allocate(freshContext.value(), 16)).ok());
