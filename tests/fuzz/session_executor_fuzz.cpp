@@ -538,6 +538,15 @@ struct Daemon {
         .wait(io.waitScope);
   }
 
+  // Resolves once `gpu`'s blocking-call thread has nothing left to do (what clients left behind
+  // is freed there: GpuShard::release).
+  kj::Promise<void> blockingCallsEnded(GpuShard& gpu) {
+    if (gpu.blockingCalls().pending == 0) return kj::READY_NOW;
+    return timer().afterDelay(kj::MILLISECONDS).then([this, &gpu] {
+      return blockingCallsEnded(gpu);
+    });
+  }
+
   kj::AsyncIoContext io;
   // The engine thread runs every block itself (no interpreter workers): fewer threads, so an
   // input runs the same way more often.
@@ -939,6 +948,7 @@ RunResult runOne(std::span<const std::byte> input) {
   // A context the client poisoned is reset on the GPU's blocking-call thread once it has gone.
   for (const auto& gpu : daemon.gpus) {
     daemon.waitBounded(gpu->whenServing(), "the poisoned GPU's context to be reset");
+    daemon.waitBounded(daemon.blockingCallsEnded(*gpu), "the GPU to free what the client left");
   }
   daemon.connections.forget(registration.id);
 
