@@ -231,6 +231,35 @@ interface Session {
   # records and waits on either side are on the one event. Errors as ipcOpenMemory's.
   ipcOpenEvent @35 (context :UInt64, device :UInt32, token :Data)
       -> (result :Int32, event :UInt64);
+
+  # Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess, ...).
+  # A reservation is a range of device addresses with no memory behind it; physical memory is an
+  # allocation with no address, charged to the tenant like any; a mapping puts physical memory
+  # (all or part of it) behind part of a reservation, and the client's kernels and copies reach
+  # it once access is set. Each belongs to the context it was made in (on its device) and goes
+  # with it. Sizes, addresses and offsets of mappings are multiples of the granularity
+  # (protocol/limits.hpp). Through gpuproxy no two devices are peers, so memory of one device is
+  # mapped only into reservations made on that device (CUDA_ERROR_NOT_SUPPORTED otherwise).
+  #
+  # `bytes` (a multiple of the host page size) of addresses, aligned to `alignment` (0 or a power
+  # of two) at least.
+  memAddressReserve @36 (context :UInt64, bytes :UInt64, alignment :UInt64)
+      -> (result :Int32, pointer :UInt64);
+  # A reservation given back: `pointer` and `bytes` exactly as reserved, nothing mapped in it.
+  memAddressFree @37 (pointer :UInt64, bytes :UInt64) -> (result :Int32);
+  # Physical memory on the device of `context`; `handle` names it (cuMemGenericAllocationHandle).
+  memCreate @38 (context :UInt64, bytes :UInt64) -> (result :Int32, handle :UInt64);
+  # The handle given back; the memory is freed once no mapping uses it any more.
+  memRelease @39 (handle :UInt64) -> (result :Int32);
+  # `bytes` of `handle`'s memory from `offset` on, mapped at `pointer`: inside one reservation,
+  # over nothing mapped yet. Not accessible until memSetAccess.
+  memMap @40 (pointer :UInt64, bytes :UInt64, offset :UInt64, handle :UInt64) -> (result :Int32);
+  # The mappings that exactly make up [pointer, pointer + bytes) removed, once the work the client
+  # queued before has completed (as cuMemUnmap waits).
+  memUnmap @41 (pointer :UInt64, bytes :UInt64) -> (result :Int32);
+  # The access of the device the mappings are on to the mappings that exactly make up
+  # [pointer, pointer + bytes): `flags` as CUmemAccess_flags numbers them, NONE or READWRITE.
+  memSetAccess @42 (pointer :UInt64, bytes :UInt64, flags :UInt32) -> (result :Int32);
 }
 
 # ---------------------------------------------------------------------------------------------

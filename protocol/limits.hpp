@@ -44,4 +44,11 @@ inline constexpr std::uint64_t kDefaultMallocHeapBytes = std::uint64_t{8} << 20;
 // synchronisations, whatever CU_LIMIT_PRINTF_FIFO_SIZE asks for: it is the daemon's own memory.
 inline constexpr std::uint64_t kMaxPrintfFifoBytes = std::uint64_t{64} << 20;
 
+// Virtual memory management (cuMemCreate, cuMemMap): the granularity of physical memory and of
+// mappings, as cuMemGetAllocationGranularity reports it (minimum and recommended alike), 2 MiB as
+// on every GPU of these generations; and the most reservations, physical allocations and
+// mappings one client may hold on one device together (each is an entry in the daemon's tables).
+inline constexpr std::uint64_t kVirtualMemoryGranularity = std::uint64_t{2} << 20;
+inline constexpr std::size_t kMaxVirtualMemoryObjects = 65536;
+
 }  // namespace gpuproxy::protocol

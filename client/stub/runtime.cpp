@@ -266,6 +266,15 @@ void Runtime::fitDeviceAttributes() {
     device.attributes[CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES] =
         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     device.attributes[CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED] = 1;
+    // Virtual memory is served within this process (virtual_memory.cpp): not exported to a file
+    // descriptor or fabric handle, not compressed, not for RDMA.
+    for (CUdevice_attribute unserved :
+         {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+          CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+          CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED,
+          CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED}) {
+      device.attributes[static_cast<int>(unserved)] = 0;
+    }
   }
 }
 
@@ -432,6 +441,7 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
       return entry.second.context == context && !entry.second.managed;
     });
   }
+  virtualMemory_.forgetContext(context);
   if (destroyed) {
     contexts_.erase(context);
   } else if (auto found = contexts_.find(context); found != contexts_.end()) {

@@ -31,6 +31,7 @@
 #include "client/stub/command_sink.hpp"
 #include "client/stub/launch_params.hpp"
 #include "client/stub/stream_capture.hpp"
+#include "client/stub/virtual_memory.hpp"
 #include "gpuproxy/protocol/gpuproxy.capnp.h"
 
 namespace gpuproxy::stub {
@@ -254,6 +255,8 @@ public:
   std::optional<AllocationRange> allocationContaining(std::uint64_t pointer) const;
   // A buffer id no allocation of this process has had (device or host memory alike).
   std::uint64_t newBufferId() noexcept { return nextBufferId_.fetch_add(1) + 1; }
+  // Reservations, physical memory and mappings (cuMemMap and its kin).
+  VirtualMemoryTable& virtualMemory() { return virtualMemory_; }
 
 private:
   struct StartOutcome {
@@ -273,7 +276,8 @@ private:
   // memory it shares with gpuproxyd, so never pageable memory, even where the GPU itself could
   // (a GPU with HMM reports pageable memory access), and mapped pinned memory
   // (cuMemHostAlloc's DEVICEMAP) only with a pinned heap; and for what the stub offers whatever
-  // the GPU: memory pools shared by file descriptor only (memory_pools.cpp), interprocess events.
+  // the GPU: memory pools shared by file descriptor only (memory_pools.cpp), interprocess events,
+  // virtual memory that is never exported (virtual_memory.cpp).
   void fitDeviceAttributes();
 
   const std::string socketPath_;
@@ -312,6 +316,7 @@ private:
   };
   mutable std::shared_mutex allocationsMutex_;
   std::map<std::uint64_t, Allocation> allocations_;  // by start address
+  VirtualMemoryTable virtualMemory_;
 };
 
 }  // namespace gpuproxy::stub

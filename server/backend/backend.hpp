@@ -277,6 +277,41 @@ public:
   }
   virtual void unshareAllocation(CUdeviceptr /*base*/, AddressSpace /*with*/) {}
   virtual MemoryInfo memoryInfo() = 0;
+  // Virtual memory management, as the driver's cuMemAddressReserve, cuMemCreate, cuMemMap and
+  // cuMemSetAccess do it: a range of device addresses with nothing behind it, physical memory with
+  // no address (named by a handle), and mappings of the one into the other, reachable by `owner`'s
+  // kernels and copies once its access is set. The caller keeps the rules (sizes, addresses and
+  // offsets multiples of protocol::kVirtualMemoryGranularity, a mapping inside one reservation and
+  // over nothing mapped, physical memory released only once unmapped, a reservation freed only
+  // once empty); a backend refuses what breaks them with CUDA_ERROR_INVALID_VALUE all the same.
+  // createPhysicalMemory and releasePhysicalMemory are thread-safe as allocate and free are; the
+  // rest are the owner thread's. CUDA_ERROR_NOT_SUPPORTED where the backend has none of it.
+  virtual Result<CUdeviceptr> reserveAddresses(std::uint64_t /*bytes*/,
+                                               std::uint64_t /*alignment*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult freeAddresses(CUdeviceptr /*start*/, std::uint64_t /*bytes*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual Result<std::uint64_t> createPhysicalMemory(std::uint64_t /*bytes*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult releasePhysicalMemory(std::uint64_t /*handle*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult mapMemory(CUdeviceptr /*address*/, std::uint64_t /*bytes*/,
+                             std::uint64_t /*handle*/, std::uint64_t /*offset*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult unmapMemory(CUdeviceptr /*address*/, std::uint64_t /*bytes*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // `writable`: read and write access for `owner`; otherwise none.
+  virtual CUresult setMemoryAccess(CUdeviceptr /*address*/, std::uint64_t /*bytes*/,
+                                   AddressSpace /*owner*/, bool /*writable*/) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+
   // What an allocation of `bytes` takes from the device once its allocator has rounded it: what
   // the daemon charges the owner's tenant. `sim`: whole 256-byte granules of its arena. `cuda`: the
   // driver's granularity, 512 bytes for allocations under 2 MiB (which it packs into shared 2 MiB

@@ -101,6 +101,30 @@ public:
     return device_->allocate(bytes, owner);
   }
   CUresult free(CUdeviceptr pointer) override { return device_->free(pointer); }
+  backend::Result<CUdeviceptr> reserveAddresses(std::uint64_t bytes,
+                                                std::uint64_t alignment) override {
+    return backend().reserveAddresses(bytes, alignment);
+  }
+  CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes) override {
+    return backend().freeAddresses(start, bytes);
+  }
+  backend::Result<std::uint64_t> createPhysicalMemory(std::uint64_t bytes) override {
+    return device_->createPhysicalMemory(bytes);
+  }
+  CUresult releasePhysicalMemory(std::uint64_t handle) override {
+    return device_->releasePhysicalMemory(handle);
+  }
+  CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t handle,
+                     std::uint64_t offset) override {
+    return backend().mapMemory(address, bytes, handle, offset);
+  }
+  CUresult unmapMemory(CUdeviceptr address, std::uint64_t bytes) override {
+    return backend().unmapMemory(address, bytes);
+  }
+  CUresult setMemoryAccess(CUdeviceptr address, std::uint64_t bytes, backend::AddressSpace owner,
+                           bool writable) override {
+    return backend().setMemoryAccess(address, bytes, owner, writable);
+  }
   CUresult shareAllocation(CUdeviceptr base, backend::AddressSpace with) override {
     return backend().shareAllocation(base, with);
   }

@@ -30,7 +30,10 @@ struct StagedBytes {
 }  // namespace
 
 GpuClient::GpuClient(GpuShard& shard, std::shared_ptr<ClientStats> stats)
-    : shard_(shard), stats_(std::move(stats)), schedulingId_(shard_.dispatcher().newClientId()) {}
+    : shard_(shard),
+      stats_(std::move(stats)),
+      schedulingId_(shard_.dispatcher().newClientId()),
+      virtualMemory_(shard_, stats_->addressSpace, stats_->identity.pid) {}
 
 GpuClient::~GpuClient() {
   std::vector<Handle> contexts;
@@ -189,6 +192,7 @@ void GpuClient::destroyContextNow(Handle context) {
   for (auto it = allocations_.begin(); it != allocations_.end();) {
     it = it->second.context == context ? dropAllocation(it) : std::next(it);
   }
+  virtualMemory_.forgetContext(context);
   contexts_.erase(context);
   if (primaryContext_ == context) {
     primaryContext_.reset();
@@ -644,7 +648,62 @@ bool GpuClient::rangeIsOwned(CUdeviceptr pointer, std::uint64_t bytes) const {
   return within(allocations_, [](const Allocation& allocation) { return allocation.bytes; }) ||
          within(imports_, [](const Import& import) { return import.bytes; }) ||
          within(moduleVariables_, [](std::uint64_t size) { return size; }) ||
+         virtualMemory_.reaches(pointer, bytes) ||
          shard_.hostRangeIsMapped(stats_->addressSpace, pointer, bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Virtual memory management (server/gpu/client_virtual_memory.hpp)
+
+backend::Result<CUdeviceptr> GpuClient::reserveAddresses(Handle context, std::uint64_t bytes,
+                                                         std::uint64_t alignment) {
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  return virtualMemory_.reserve(context, bytes, alignment);
+}
+
+CUresult GpuClient::freeAddresses(CUdeviceptr start, std::uint64_t bytes) {
+  shard_.owner().check();
+  return virtualMemory_.freeReservation(start, bytes);
+}
+
+kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(Handle context,
+                                                                     std::uint64_t bytes) {
+  using Created = backend::Result<Handle>;
+  shard_.owner().check();
+  if (contexts_.count(context) == 0) return Created(CUDA_ERROR_INVALID_CONTEXT);
+  if (bytes == 0 || bytes % protocol::kVirtualMemoryGranularity != 0) {
+    return Created(CUDA_ERROR_INVALID_VALUE);
+  }
+  if (!virtualMemory_.hasRoom()) return Created(CUDA_ERROR_OUT_OF_MEMORY);
+  // Charged before the device makes it, as an allocation is: physical memory is whole granules.
+  auto charge = MemoryCharge::take(ledger(), bytes, MemoryCharge::Kind::kAllocation);
+  if (!charge) {
+    spdlog::info(
+        "device {}: pid {} of tenant '{}' asked for {} bytes of physical memory beyond "
+        "its limit",
+        shard_.index(), stats_->identity.pid, stats_->tenant->name(), bytes);
+    return Created(CUDA_ERROR_OUT_OF_MEMORY);
+  }
+  return shard_.createPhysicalMemory(bytes).then(
+      [this, context, bytes,
+       charge = std::move(*charge)](backend::Result<std::uint64_t> made) mutable -> Created {
+        if (!made.ok()) return made.code();   // the charge goes back with `charge`
+        if (contexts_.count(context) == 0) {  // destroyed meanwhile
+          shard_.releasePhysicalMemory(made.value(), stats_->identity.pid);
+          return CUDA_ERROR_INVALID_CONTEXT;
+        }
+        const Handle handle = newHandle(HandleKind::kPhysicalMemory);
+        virtualMemory_.addPhysical(handle, context, made.value(), bytes, std::move(charge));
+        return handle;
+      });
+}
+
+kj::Promise<CUresult> GpuClient::unmapMemory(CUdeviceptr address, std::uint64_t bytes) {
+  shard_.owner().check();
+  // As cuMemUnmap, after the work the client queued before: it may use the mapping.
+  return drainStreams(0).then(
+      [this, address, bytes](CUresult) { return virtualMemory_.unmap(address, bytes); });
 }
 
 kj::Promise<backend::Result<CUdeviceptr>> GpuClient::allocate(Handle context, std::uint64_t bytes) {

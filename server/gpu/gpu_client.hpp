@@ -13,6 +13,7 @@
 #include "server/backend/backend.hpp"
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
+#include "server/gpu/client_virtual_memory.hpp"
 #include "server/gpu/handles.hpp"
 #include "server/gpu/ipc_exports.hpp"
 #include "server/gpu/memory_charge.hpp"
@@ -162,6 +163,25 @@ public:
   backend::Result<IpcToken> exportEvent(Handle event);
   // Another client's exported event, as an event of this client's in `context`.
   backend::Result<Handle> openEvent(Handle context, const IpcToken& token);
+
+  // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...), kept in
+  // ClientVirtualMemory: contracts as its own. Physical memory is charged to the tenant and made
+  // off this thread, as allocations are; an unmap waits for the client's queued work first, as
+  // cuMemUnmap does.
+  backend::Result<CUdeviceptr> reserveAddresses(Handle context, std::uint64_t bytes,
+                                                std::uint64_t alignment);
+  CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes);
+  bool reservesAddress(CUdeviceptr address) const { return virtualMemory_.reserves(address); }
+  kj::Promise<backend::Result<Handle>> createPhysicalMemory(Handle context, std::uint64_t bytes);
+  CUresult releasePhysicalMemory(Handle handle) { return virtualMemory_.release(handle); }
+  CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset,
+                     Handle handle) {
+    return virtualMemory_.map(address, bytes, offset, handle);
+  }
+  kj::Promise<CUresult> unmapMemory(CUdeviceptr address, std::uint64_t bytes);
+  CUresult setMemoryAccess(CUdeviceptr address, std::uint64_t bytes, bool writable) {
+    return virtualMemory_.setAccess(address, bytes, writable);
+  }
 
   // Resolves when every piece of work this client queued on this GPU has completed.
   kj::Promise<void> drain();
@@ -343,6 +363,8 @@ private:
   std::uint64_t heapLimit_ = protocol::kDefaultMallocHeapBytes;
   // Whether a stack or printf FIFO limit was changed on the device (to undo with the last context).
   bool deviceLimitsChanged_ = false;
+  // Reservations, physical memory and mappings (cuMemMap and its kin).
+  ClientVirtualMemory virtualMemory_;
 };
 
 }  // namespace gpuproxy::server

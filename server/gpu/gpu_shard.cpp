@@ -159,20 +159,48 @@ void GpuShard::taskFailed(kj::Exception&& exception) {
                 exception.getDescription().cStr());
 }
 
-void GpuShard::release(CUdeviceptr pointer, pid_t pid) {
-  // Accounting follows what the client held (its MemoryCharge went with the allocation), even
-  // when a poisoned context refuses the free: the memory comes back with the context reset.
+template <typename Call>
+void GpuShard::giveBackInBackground(const char* what, std::uint64_t id, pid_t pid, Call&& call) {
+  // Accounting follows what the client held (its MemoryCharge went with the memory), even when a
+  // poisoned context refuses: the memory comes back with the context reset.
   auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
-  dispatch::ScheduledDevice* device = device_.get();
   // Nobody waits for the answer: the shard's task still ends the call (runBlocking).
-  (void)runBlocking<CUresult>([device, pointer, status]() { *status = device->free(pointer); },
-                              [this, pointer, pid, status](bool) {
-                                if (*status != CUDA_SUCCESS && !isStickyError(*status)) {
-                                  spdlog::error("device {}: freeing {:#x} of pid {} failed ({})",
-                                                index_, pointer, pid, static_cast<int>(*status));
-                                }
-                                return *status;
-                              });
+  (void)runBlocking<CUresult>(
+      [call = std::forward<Call>(call), status]() mutable { *status = call(); },
+      [this, what, id, pid, status](bool) {
+        if (*status != CUDA_SUCCESS && !isStickyError(*status)) {
+          spdlog::error("device {}: giving back {} {:#x} of pid {} failed ({})", index_, what, id,
+                        pid, protocol::cudaResultNameOr(*status, "unknown error"));
+        }
+        return *status;
+      });
+}
+
+void GpuShard::release(CUdeviceptr pointer, pid_t pid) {
+  dispatch::ScheduledDevice* device = device_.get();
+  giveBackInBackground("device memory", pointer, pid,
+                       [device, pointer]() { return device->free(pointer); });
+}
+
+kj::Promise<backend::Result<std::uint64_t>> GpuShard::createPhysicalMemory(std::uint64_t bytes) {
+  using Created = backend::Result<std::uint64_t>;
+  auto created = std::make_shared<Created>(CUDA_ERROR_UNKNOWN);
+  dispatch::ScheduledDevice* device = device_.get();
+  return runBlocking<Created>(
+      [device, bytes, created]() { *created = device->createPhysicalMemory(bytes); },
+      [this, created](bool callerWaits) -> Created {
+        if (!callerWaits && created->ok()) {
+          releasePhysicalMemory(created->value(), 0);
+          return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        }
+        return *created;
+      });
+}
+
+void GpuShard::releasePhysicalMemory(std::uint64_t handle, pid_t pid) {
+  dispatch::ScheduledDevice* device = device_.get();
+  giveBackInBackground("physical memory", handle, pid,
+                       [device, handle]() { return device->releasePhysicalMemory(handle); });
 }
 
 void GpuShard::noteKernelStatus(CUresult status, pid_t pid) {

@@ -88,6 +88,11 @@ public:
   // every module load, whose memory is placed once its preparation there has ended) is made after
   // the memory is back, so a process restarted at its tenant's limit gets it.
   void release(CUdeviceptr pointer, pid_t pid);
+  // Physical memory (cuMemCreate, backend::Device::createPhysicalMemory) for a client, made and
+  // given back on the blocking-call thread as allocate and release do. Memory made for a caller
+  // that no longer waits is given back again at once.
+  kj::Promise<backend::Result<std::uint64_t>> createPhysicalMemory(std::uint64_t bytes);
+  void releasePhysicalMemory(std::uint64_t handle, pid_t pid);
   // An allocation on this thread, for the sim's device heap (never a driver call).
   backend::Result<CUdeviceptr> allocateNow(std::size_t bytes, backend::AddressSpace owner);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
@@ -163,6 +168,10 @@ private:
   // the caller's answer, whether or not the caller still waits for it.
   template <typename Answer, typename Call, typename Finish>
   kj::Promise<Answer> runBlocking(Call&& call, Finish&& finish);
+  // Runs `call` (a CUresult) on the blocking-call thread with nobody waiting, and logs its failure
+  // as that of giving back `what` `id` of `pid`'s.
+  template <typename Call>
+  void giveBackInBackground(const char* what, std::uint64_t id, pid_t pid, Call&& call);
 
   OwnerThread owner_;
   std::uint32_t index_;

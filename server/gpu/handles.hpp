@@ -1,5 +1,5 @@
 #pragma once
-// Handles a client holds for its contexts, streams, events, modules and functions.
+// Handles a client holds for its contexts, streams, events, modules, functions and physical memory.
 //
 // A handle is [kind:8][device:8][serial:48]. The kind lets a stream handle passed where an event is
 // expected fail as CUDA_ERROR_INVALID_HANDLE; the device routes a call to the right GPU; the serial
@@ -17,6 +17,7 @@ enum class HandleKind : std::uint8_t {
   kEvent = 3,
   kModule = 4,
   kFunction = 5,
+  kPhysicalMemory = 6,  // cuMemCreate's CUmemGenericAllocationHandle
 };
 
 using Handle = std::uint64_t;

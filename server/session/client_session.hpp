@@ -83,6 +83,14 @@ protected:
   kj::Promise<void> ipcCloseMemory(IpcCloseMemoryContext context) override;
   kj::Promise<void> ipcExportEvent(IpcExportEventContext context) override;
   kj::Promise<void> ipcOpenEvent(IpcOpenEventContext context) override;
+  // Virtual memory management (server/session/virtual_memory.cpp).
+  kj::Promise<void> memAddressReserve(MemAddressReserveContext context) override;
+  kj::Promise<void> memAddressFree(MemAddressFreeContext context) override;
+  kj::Promise<void> memCreate(MemCreateContext context) override;
+  kj::Promise<void> memRelease(MemReleaseContext context) override;
+  kj::Promise<void> memMap(MemMapContext context) override;
+  kj::Promise<void> memUnmap(MemUnmapContext context) override;
+  kj::Promise<void> memSetAccess(MemSetAccessContext context) override;
 
 private:
   class MessagePort;
@@ -190,6 +198,8 @@ private:
   GpuClient* clientFor(std::uint64_t handle, HandleKind kind);
   // The GpuClient owning device pointer `pointer`, or null.
   GpuClient* clientOwning(CUdeviceptr pointer);
+  // The GpuClient holding the address reservation `address` lies in, or null.
+  GpuClient* clientReserving(CUdeviceptr address);
   // The GpuClient of the caller's context `context` when it is on daemon device `device` and
   // `token` is a token's size; else null, and `refused` says why (ipcOpenMemory, ipcOpenEvent).
   GpuClient* clientForIpcOpen(std::uint64_t context, std::uint32_t device,

@@ -1376,6 +1376,60 @@ public:
     return call([&](const DriverApi& api) { return api.memFree(pointer); });
   }
 
+  // Virtual memory management, straight to the driver's: physical memory on this GPU, accessed
+  // from this GPU only (gpuproxy makes no two devices peers).
+  Result<CUdeviceptr> reserveAddresses(std::uint64_t bytes, std::uint64_t alignment) override {
+    CUdeviceptr pointer = 0;
+    const CUresult result = call([&](const DriverApi& api) {
+      return api.memAddressReserve(&pointer, bytes, alignment, 0, 0);
+    });
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    return pointer;
+  }
+
+  CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes) override {
+    return call([&](const DriverApi& api) { return api.memAddressFree(start, bytes); });
+  }
+
+  Result<std::uint64_t> createPhysicalMemory(std::uint64_t bytes) override {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = core_->device();
+    CUmemGenericAllocationHandle handle = 0;
+    const CUresult result =
+        call([&](const DriverApi& api) { return api.memCreate(&handle, bytes, &prop, 0); });
+    if (result != CUDA_SUCCESS) {
+      return result;
+    }
+    return std::uint64_t{handle};
+  }
+
+  CUresult releasePhysicalMemory(std::uint64_t handle) override {
+    return call([&](const DriverApi& api) { return api.memRelease(handle); });
+  }
+
+  CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t handle,
+                     std::uint64_t offset) override {
+    return call(
+        [&](const DriverApi& api) { return api.memMap(address, bytes, offset, handle, 0); });
+  }
+
+  CUresult unmapMemory(CUdeviceptr address, std::uint64_t bytes) override {
+    return call([&](const DriverApi& api) { return api.memUnmap(address, bytes); });
+  }
+
+  CUresult setMemoryAccess(CUdeviceptr address, std::uint64_t bytes,
+                           backend::AddressSpace /*owner*/, bool writable) override {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = core_->device();
+    access.flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return call([&](const DriverApi& api) { return api.memSetAccess(address, bytes, &access, 1); });
+  }
+
   std::uint64_t occupiedBytes(std::size_t bytes) const override {
     // cuMemAlloc returns 512-byte aligned memory carved from 2 MiB pages; an allocation of a page
     // or more gets whole pages of its own.

@@ -39,6 +39,13 @@ namespace gpuproxy::server::cuda {
   X(ctxGetLimit, cuCtxGetLimit, 3010)                             \
   X(memAlloc, cuMemAlloc, 3020)                                   \
   X(memFree, cuMemFree, 3020)                                     \
+  X(memAddressReserve, cuMemAddressReserve, 10020)                \
+  X(memAddressFree, cuMemAddressFree, 10020)                      \
+  X(memCreate, cuMemCreate, 10020)                                \
+  X(memRelease, cuMemRelease, 10020)                              \
+  X(memMap, cuMemMap, 10020)                                      \
+  X(memUnmap, cuMemUnmap, 10020)                                  \
+  X(memSetAccess, cuMemSetAccess, 10020)                          \
   X(memGetInfo, cuMemGetInfo, 3020)                               \
   X(memHostRegister, cuMemHostRegister, 6050)                     \
   X(memHostUnregister, cuMemHostUnregister, 4000)                 \

@@ -17,18 +17,23 @@ std::uint64_t pageSize() {
 }  // namespace
 
 std::unique_ptr<DeviceArena> DeviceArena::create(CUdeviceptr base, std::uint64_t capacity,
-                                                 void* hostHint) {
+                                                 void* hostHint, AddressWindow reservable) {
   if (capacity == 0 || capacity % kAllocationAlignment != 0) return nullptr;
+  if (reservable.begin < reservable.end && reservable.begin < base + capacity &&
+      base < reservable.end) {
+    return nullptr;
+  }
   // MAP_NORESERVE: a 16 GiB device costs address space only; pages are backed when first written.
   void* host = mmap(hostHint, capacity, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (host == MAP_FAILED) return nullptr;
   return std::unique_ptr<DeviceArena>(
-      new DeviceArena(base, static_cast<std::byte*>(host), capacity));
+      new DeviceArena(base, static_cast<std::byte*>(host), capacity, reservable));
 }
 
-DeviceArena::DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity)
-    : base_(base), host_(host), capacity_(capacity) {
+DeviceArena::DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity,
+                         AddressWindow reservable)
+    : base_(base), host_(host), capacity_(capacity), window_(reservable) {
   insertFreeLocked(0, capacity_);
   dropper_ = std::thread([this] { dropperMain(); });
 }
@@ -77,7 +82,9 @@ void DeviceArena::changedLocked(backend::AddressSpace owner) {
   Holdings& holdings = holdings_[owner];
   holdings.version = nextVersion_++;
   // Versions are never reused, so an owner that holds nothing can be forgotten.
-  if (holdings.allocations.empty() && holdings.hostRanges.empty()) holdings_.erase(owner);
+  if (holdings.allocations.empty() && holdings.hostRanges.empty() && holdings.mappings.empty()) {
+    holdings_.erase(owner);
+  }
 }
 
 std::uint64_t DeviceArena::generation() const {
@@ -114,7 +121,7 @@ CUresult DeviceArena::free(CUdeviceptr pointer) {
   const std::uint64_t offset = pointer - base_;
   std::lock_guard lock(mutex_);
   const auto found = live_.find(offset);
-  if (found == live_.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (found == live_.end() || found->second.mappings > 0) return CUDA_ERROR_INVALID_VALUE;
   const std::uint64_t reserved = found->second.reserved;
   const backend::AddressSpace owner = found->second.owner;
   for (const backend::AddressSpace with : found->second.sharedWith) {
@@ -221,8 +228,11 @@ void DeviceArena::releaseAll() {
   // A range the dropper is working on must not be handed out (and then wiped) meanwhile.
   released_.wait(lock, [&] { return dropping_ == 0; });
   live_.clear();
+  reservations_.clear();
+  mappings_.clear();
   for (auto& [owner, holdings] : holdings_) {
     holdings.allocations.clear();
+    holdings.mappings.clear();
     holdings.version = nextVersion_++;
   }
   ++generation_;
@@ -285,9 +295,133 @@ CUresult DeviceArena::unregisterHost(void* host) {
   return CUDA_SUCCESS;
 }
 
+backend::Result<CUdeviceptr> DeviceArena::reserveAddresses(std::uint64_t bytes,
+                                                           std::uint64_t alignment) {
+  if (bytes == 0 || alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto alignUp = [alignment](std::uint64_t address) {
+    return (address + alignment - 1) / alignment * alignment;
+  };
+  std::lock_guard lock(mutex_);
+  // First fit: the lowest aligned start whose range ends before the next reservation.
+  CUdeviceptr candidate = alignUp(window_.begin);
+  for (const auto& [start, size] : reservations_) {
+    if (candidate < start && bytes <= start - candidate) break;
+    candidate = std::max<CUdeviceptr>(candidate, alignUp(start + size));
+  }
+  if (candidate < window_.begin || candidate >= window_.end || bytes > window_.end - candidate) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  reservations_.emplace(candidate, bytes);
+  return candidate;
+}
+
+CUresult DeviceArena::freeAddresses(CUdeviceptr start, std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const auto found = reservations_.find(start);
+  if (found == reservations_.end() || found->second != bytes) return CUDA_ERROR_INVALID_VALUE;
+  const auto mapped = mappings_.lower_bound(start);
+  if (mapped != mappings_.end() && mapped->first - start < bytes) return CUDA_ERROR_INVALID_VALUE;
+  reservations_.erase(found);
+  return CUDA_SUCCESS;
+}
+
+CUresult DeviceArena::map(CUdeviceptr address, std::uint64_t bytes, CUdeviceptr physical,
+                          std::uint64_t offset) {
+  if (bytes == 0 || physical < base_ || physical - base_ >= capacity_) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard lock(mutex_);
+  // Inside one reservation...
+  auto reservation = reservations_.upper_bound(address);
+  if (reservation == reservations_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --reservation;
+  const std::uint64_t into = address - reservation->first;
+  if (into >= reservation->second || bytes > reservation->second - into) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // ...over nothing mapped...
+  auto next = mappings_.lower_bound(address);
+  if (next != mappings_.end() && next->first - address < bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (next != mappings_.begin() &&
+      std::prev(next)->first + std::prev(next)->second.bytes > address) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // ...of a range of one physical allocation.
+  const auto allocation = live_.find(physical - base_);
+  if (allocation == live_.end() || allocation->second.owner != backend::kDaemonAddressSpace ||
+      offset >= allocation->second.requested || bytes > allocation->second.requested - offset) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ++allocation->second.mappings;
+  mappings_.emplace(address, Mapping{bytes, allocation->first, offset, std::nullopt});
+  return CUDA_SUCCESS;
+}
+
+std::vector<std::map<CUdeviceptr, DeviceArena::Mapping>::iterator>
+DeviceArena::mappingsMakingUpLocked(CUdeviceptr address, std::uint64_t bytes) {
+  std::vector<std::map<CUdeviceptr, Mapping>::iterator> found;
+  CUdeviceptr next = address;
+  for (auto it = mappings_.find(address); it != mappings_.end() && it->first == next; ++it) {
+    found.push_back(it);
+    next += it->second.bytes;
+    if (next - address >= bytes) break;
+  }
+  if (found.empty() || next - address != bytes) found.clear();
+  return found;
+}
+
+CUresult DeviceArena::unmap(CUdeviceptr address, std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  const auto found = mappingsMakingUpLocked(address, bytes);
+  if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& mapping : found) {
+    if (mapping->second.accessor) {
+      holdings_[*mapping->second.accessor].mappings.erase(mapping->first);
+      changedLocked(*mapping->second.accessor);
+    }
+    --live_.at(mapping->second.physical).mappings;
+    mappings_.erase(mapping);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult DeviceArena::setAccess(CUdeviceptr address, std::uint64_t bytes,
+                                backend::AddressSpace owner, bool writable) {
+  std::lock_guard lock(mutex_);
+  const auto found = mappingsMakingUpLocked(address, bytes);
+  if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& mapping : found) {
+    if (mapping->second.accessor) {
+      holdings_[*mapping->second.accessor].mappings.erase(mapping->first);
+      changedLocked(*mapping->second.accessor);
+    }
+    mapping->second.accessor.reset();
+    if (writable) {
+      mapping->second.accessor = owner;
+      holdings_[owner].mappings.insert(mapping->first);
+      changedLocked(owner);
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
 std::byte* DeviceArena::Access::translate(CUdeviceptr address, std::size_t bytes) const {
   const DeviceArena& arena = *arena_;
   std::lock_guard lock(arena.mutex_);
+  if (arena.inWindow(address)) {
+    // Reserved addresses: memory only where a mapping is, and only once someone may reach it.
+    auto mapping = arena.mappings_.upper_bound(address);
+    if (mapping == arena.mappings_.begin()) return nullptr;
+    --mapping;
+    const std::uint64_t into = address - mapping->first;
+    if (!mapping->second.accessor || into >= mapping->second.bytes ||
+        bytes > mapping->second.bytes - into) {
+      return nullptr;
+    }
+    return arena.host_ + mapping->second.physical + mapping->second.offset + into;
+  }
   if (address < arena.base_ || address - arena.base_ >= arena.capacity_) {
     // Not device memory: perhaps registered host memory, which kernels reach at its own address.
     auto holder = arena.hostRanges_.upper_bound(address);
@@ -334,6 +468,11 @@ std::vector<ptx::MemoryRange> DeviceArena::Access::rangesOf(backend::AddressSpac
   for (const std::uintptr_t start : found->second.hostRanges) {
     const HostRange& range = arena.hostRanges_.at(start);
     ranges.push_back({start, start + range.bytes, reinterpret_cast<std::byte*>(start), true});
+  }
+  for (const CUdeviceptr start : found->second.mappings) {
+    const Mapping& mapping = arena.mappings_.at(start);
+    ranges.push_back(
+        {start, start + mapping.bytes, arena.host_ + mapping.physical + mapping.offset, true});
   }
   return ranges;
 }

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -31,13 +32,22 @@ namespace gpuproxy::server::sim {
 
 inline constexpr std::uint64_t kAllocationAlignment = 256;
 
+// Device addresses that DeviceArena::reserveAddresses hands out: [begin, end), outside the
+// arena's own.
+struct AddressWindow {
+  CUdeviceptr begin = 0;
+  CUdeviceptr end = 0;
+};
+
 class DeviceArena final {
 public:
   // Reserves `capacity` bytes (a multiple of kAllocationAlignment) whose device addresses start at
   // `base`, in the daemon's address space at `hostHint` if that is free (else wherever the kernel
-  // puts it). Returns nullptr when the address space cannot be reserved.
+  // puts it). Returns nullptr when the address space cannot be reserved, or `reservable`
+  // overlaps the arena's addresses.
   static std::unique_ptr<DeviceArena> create(CUdeviceptr base, std::uint64_t capacity,
-                                             void* hostHint = nullptr);
+                                             void* hostHint = nullptr,
+                                             AddressWindow reservable = {});
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
@@ -66,6 +76,23 @@ public:
   void releaseAll();
   // Bumped by every reset: memory handed out before a reset must not be freed after it.
   std::uint64_t generation() const;
+
+  // Virtual memory management (backend::Device::reserveAddresses, ...). A reservation is a range
+  // of the window create() was given, at an `alignment` (a power of two) boundary; physical memory
+  // is an allocation of kDaemonAddressSpace's (allocate), which no client's kernels reach but
+  // through a mapping, and which free() refuses while it is mapped. A mapping puts
+  // [offset, offset + bytes) of one behind [address, address + bytes) of one reservation, over
+  // nothing mapped; setAccess lets `owner`'s kernels (and translate) reach the mappings that
+  // exactly make up a range, and unmap removes them. CUDA_ERROR_INVALID_VALUE for anything else;
+  // CUDA_ERROR_OUT_OF_MEMORY when the window has no room.
+  backend::Result<CUdeviceptr> reserveAddresses(std::uint64_t bytes, std::uint64_t alignment);
+  CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes);
+  CUresult map(CUdeviceptr address, std::uint64_t bytes, CUdeviceptr physical,
+               std::uint64_t offset);
+  CUresult unmap(CUdeviceptr address, std::uint64_t bytes);
+  // `writable`: `owner`'s kernels may read and write the mappings; otherwise no one may.
+  CUresult setAccess(CUdeviceptr address, std::uint64_t bytes, backend::AddressSpace owner,
+                     bool writable);
 
   // Host memory that kernels may use as device-mapped memory at its own address (pinned memory).
   // unregisterHost waits for any Access in progress, so once it returns no kernel touches the
@@ -101,7 +128,7 @@ public:
   Access access() { return Access(*this); }
 
 private:
-  DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity);
+  DeviceArena(CUdeviceptr base, std::byte* host, std::uint64_t capacity, AddressWindow reservable);
   void insertFreeLocked(std::uint64_t offset, std::uint64_t size);
   void eraseFreeLocked(std::map<std::uint64_t, std::uint64_t>::iterator block);
   void dropPagesLocked(std::uint64_t begin, std::uint64_t end);
@@ -122,7 +149,23 @@ private:
     backend::AddressSpace owner = backend::kDaemonAddressSpace;
     std::uint64_t readOnlyFrom = ~0ull;
     std::set<backend::AddressSpace> sharedWith;  // share()
+    unsigned mappings = 0;                       // map() of it as physical memory
   };
+  // Physical memory (an allocation, at arena offset `physical`) behind device addresses of a
+  // reservation.
+  struct Mapping {
+    std::uint64_t bytes = 0;
+    std::uint64_t physical = 0;                     // the allocation's arena offset
+    std::uint64_t offset = 0;                       // into the allocation
+    std::optional<backend::AddressSpace> accessor;  // setAccess; none: nobody reaches it
+  };
+  // The mappings that exactly make up [address, address + bytes), in order; empty when they do
+  // not.
+  std::vector<std::map<CUdeviceptr, Mapping>::iterator> mappingsMakingUpLocked(CUdeviceptr address,
+                                                                               std::uint64_t bytes);
+  bool inWindow(CUdeviceptr address) const {
+    return address >= window_.begin && address < window_.end;
+  }
   struct HostRange {
     std::size_t bytes = 0;
     backend::AddressSpace owner = backend::kDaemonAddressSpace;
@@ -131,6 +174,7 @@ private:
   struct Holdings {
     std::set<std::uint64_t> allocations;  // offsets in live_
     std::set<std::uintptr_t> hostRanges;  // starts in hostRanges_
+    std::set<CUdeviceptr> mappings;       // starts in mappings_ it may reach
     std::uint64_t version = 0;
   };
   void changedLocked(backend::AddressSpace owner);
@@ -138,12 +182,15 @@ private:
   const CUdeviceptr base_;
   std::byte* const host_;
   const std::uint64_t capacity_;
+  const AddressWindow window_;
   mutable std::mutex mutex_;
   std::map<std::uint64_t, Allocation> live_;                      // by offset
   std::map<std::uint64_t, std::uint64_t> freeByOffset_;           // offset -> size
   std::set<std::pair<std::uint64_t, std::uint64_t>> freeBySize_;  // (size, offset): best fit
   std::uint64_t allocated_ = 0;
-  std::map<std::uintptr_t, HostRange> hostRanges_;  // registered host memory, by start
+  std::map<std::uintptr_t, HostRange> hostRanges_;     // registered host memory, by start
+  std::map<CUdeviceptr, std::uint64_t> reservations_;  // reserveAddresses: start -> bytes
+  std::map<CUdeviceptr, Mapping> mappings_;            // by start
   std::map<backend::AddressSpace, Holdings> holdings_;
   std::uint64_t nextVersion_ = 1;
   std::uint64_t generation_ = 0;

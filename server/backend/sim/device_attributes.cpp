@@ -102,6 +102,9 @@ std::vector<std::pair<int, int>> simDeviceAttributes(int pciBusId, unsigned comp
     // and programs check this before they use them. Which handle types a pool may be shared by is
     // the stub's to say (Runtime::fitDeviceAttributes).
     {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess) is
+    // served within one device; its memory is not exported (no shareable handle types, no RDMA).
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
     // cuMemHostRegister is served (README: shared memory is mapped for kernels, other memory is
     // page-locked in the stub's sense only).
     {CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1},

@@ -1077,6 +1077,38 @@ public:
     return core_->arena().share(base, with);
   }
 
+  // Virtual memory management: reservations come from the addresses after the device's memory
+  // in its slot (openDevice), physical memory from the arena, in granules as on a GPU.
+  Result<CUdeviceptr> reserveAddresses(std::uint64_t bytes, std::uint64_t alignment) override {
+    if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
+    constexpr std::uint64_t kGranule = protocol::kVirtualMemoryGranularity;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (bytes > kSimAddressStride) return CUDA_ERROR_OUT_OF_MEMORY;
+    return core_->arena().reserveAddresses(bytes, std::max(alignment, kGranule));
+  }
+  CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes) override {
+    return core_->arena().freeAddresses(start, bytes);
+  }
+  Result<std::uint64_t> createPhysicalMemory(std::uint64_t bytes) override {
+    auto allocated = allocate(bytes, backend::kDaemonAddressSpace);
+    if (!allocated.ok()) return allocated.code();
+    return std::uint64_t{allocated.value()};
+  }
+  CUresult releasePhysicalMemory(std::uint64_t handle) override { return free(handle); }
+  CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t handle,
+                     std::uint64_t offset) override {
+    if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
+    return core_->arena().map(address, bytes, handle, offset);
+  }
+  CUresult unmapMemory(CUdeviceptr address, std::uint64_t bytes) override {
+    return core_->arena().unmap(address, bytes);
+  }
+  CUresult setMemoryAccess(CUdeviceptr address, std::uint64_t bytes, backend::AddressSpace owner,
+                           bool writable) override {
+    if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
+    return core_->arena().setAccess(address, bytes, owner, writable);
+  }
+
   void unshareAllocation(CUdeviceptr base, backend::AddressSpace with) override {
     core_->arena().unshare(base, with);
   }
@@ -1393,7 +1425,13 @@ public:
         (memoryBytes_ + kSimHostSlotAlignment - 1) / kSimHostSlotAlignment * kSimHostSlotAlignment;
     void* hostHint =
         reinterpret_cast<void*>(static_cast<std::uintptr_t>(kSimHostBase + index * slot));
-    std::unique_ptr<DeviceArena> arena = DeviceArena::create(base, memoryBytes_, hostHint);
+    // Reservations (cuMemAddressReserve) take the rest of the device's slot of addresses, from
+    // the first granule after its memory.
+    constexpr std::uint64_t kGranule = protocol::kVirtualMemoryGranularity;
+    const AddressWindow reservable{base + (memoryBytes_ + kGranule - 1) / kGranule * kGranule,
+                                   base + kSimAddressStride};
+    std::unique_ptr<DeviceArena> arena =
+        DeviceArena::create(base, memoryBytes_, hostHint, reservable);
     if (!arena) {
       spdlog::error("sim device {}: cannot reserve {} bytes of address space for device memory",
                     index, memoryBytes_);

@@ -47,6 +47,79 @@ TEST(DeviceArena, ASharedAllocationIsTheOtherOwnersUntilUnsharedOrFreed) {
   EXPECT_EQ(rangesOf(1), std::vector<CUdeviceptr>{first.value()});
 }
 
+// Virtual memory management: reserved addresses lead nowhere until physical memory (an
+// allocation of the daemon's own) is mapped behind them and an owner is given access; then they
+// lead to that memory, for its kernels (rangesOf) and its copies (translate), one allocation at
+// as many addresses as it is mapped at.
+TEST(DeviceArena, MappedAddressesReachThePhysicalMemoryOnceAccessIsSet) {
+  constexpr std::uint64_t kGranule = 2 * kMiB;
+  const AddressWindow window{kBase + 64 * kMiB, kBase + 128 * kMiB};
+  EXPECT_EQ(DeviceArena::create(kBase, 16 * kMiB, nullptr, {kBase + 8 * kMiB, kBase + 32 * kMiB}),
+            nullptr);  // a window over the arena's own addresses
+  auto arena = DeviceArena::create(kBase, 16 * kMiB, nullptr, window);
+  ASSERT_NE(arena, nullptr);
+  auto ranges = [&](backend::AddressSpace owner) {
+    std::uint64_t version = 0;
+    return arena->access().rangesOf(owner, version);
+  };
+  auto first = arena->reserveAddresses(3 * kGranule, kGranule);
+  auto second = arena->reserveAddresses(kGranule, 16 * kMiB);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first.value(), window.begin);
+  EXPECT_EQ(second.value() % (16 * kMiB), 0u);
+  EXPECT_GE(second.value(), first.value() + 3 * kGranule);
+  EXPECT_EQ(arena->reserveAddresses(64 * kMiB, kGranule).code(), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(arena->reserveAddresses(kGranule, 3).code(), CUDA_ERROR_INVALID_VALUE);
+
+  auto physical = arena->allocate(2 * kGranule);
+  auto owned = arena->allocate(kGranule, 1);  // a client's allocation is no physical memory
+  ASSERT_TRUE(physical.ok() && owned.ok());
+  EXPECT_EQ(arena->map(first.value(), kGranule, owned.value(), 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(arena->map(first.value(), 3 * kGranule, physical.value(), 0),
+            CUDA_ERROR_INVALID_VALUE);  // more than the memory
+  EXPECT_EQ(arena->map(first.value() + 2 * kGranule, 2 * kGranule, physical.value(), 0),
+            CUDA_ERROR_INVALID_VALUE);  // past the reservation
+  ASSERT_EQ(arena->map(first.value(), 2 * kGranule, physical.value(), 0), CUDA_SUCCESS);
+  EXPECT_EQ(arena->map(first.value() + kGranule, kGranule, physical.value(), 0),
+            CUDA_ERROR_INVALID_VALUE);  // over a mapping
+  ASSERT_EQ(arena->map(second.value(), kGranule, physical.value(), kGranule), CUDA_SUCCESS);
+  EXPECT_EQ(arena->free(physical.value()), CUDA_ERROR_INVALID_VALUE);  // still mapped
+
+  // Mapped, but nobody's yet.
+  EXPECT_EQ(arena->access().translate(first.value(), 4), nullptr);
+  EXPECT_EQ(ranges(1).size(), 1u);  // only its own allocation
+  EXPECT_EQ(arena->setAccess(first.value(), kGranule, 1, true), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(arena->setAccess(first.value(), 2 * kGranule, 1, true), CUDA_SUCCESS);
+  ASSERT_EQ(arena->setAccess(second.value(), kGranule, 1, true), CUDA_SUCCESS);
+  EXPECT_EQ(ranges(1).size(), 3u);  // the allocation and both mappings
+  EXPECT_TRUE(ranges(2).empty());
+  {
+    DeviceArena::Access access = arena->access();
+    std::byte* front = access.translate(first.value() + kGranule, kGranule);
+    std::byte* alias = access.translate(second.value(), kGranule);
+    ASSERT_NE(front, nullptr);
+    EXPECT_EQ(front, alias);  // the second granule of the memory, at both addresses
+    EXPECT_EQ(access.translate(first.value() + kGranule, kGranule + 1), nullptr);
+    EXPECT_EQ(access.translate(first.value() + 2 * kGranule, 4), nullptr);  // reserved only
+  }
+  ASSERT_EQ(arena->setAccess(second.value(), kGranule, 1, false), CUDA_SUCCESS);
+  EXPECT_EQ(arena->access().translate(second.value(), 4), nullptr);
+
+  EXPECT_EQ(arena->freeAddresses(first.value(), 3 * kGranule), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(arena->unmap(first.value(), kGranule), CUDA_ERROR_INVALID_VALUE);  // part of one
+  ASSERT_EQ(arena->unmap(first.value(), 2 * kGranule), CUDA_SUCCESS);
+  ASSERT_EQ(arena->unmap(second.value(), kGranule), CUDA_SUCCESS);
+  EXPECT_EQ(ranges(1).size(), 1u);
+  EXPECT_EQ(arena->free(physical.value()), CUDA_SUCCESS);
+  EXPECT_EQ(arena->freeAddresses(first.value(), kGranule), CUDA_ERROR_INVALID_VALUE);  // size
+  EXPECT_EQ(arena->freeAddresses(first.value(), 3 * kGranule), CUDA_SUCCESS);
+  EXPECT_EQ(arena->freeAddresses(second.value(), kGranule), CUDA_SUCCESS);
+  // The window is whole again.
+  auto whole = arena->reserveAddresses(64 * kMiB, kGranule);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole.value(), window.begin);
+}
+
 TEST(DeviceArena, MemoryFreedDuringAnAccessIsKeptUntilTheAccessEnds) {
   auto arena = DeviceArena::create(kBase, 4 * kMiB);
   ASSERT_TRUE(arena);

@@ -154,6 +154,65 @@ TEST_F(GpuClientTest, AGoneClientsMemoryIsFreedOffTheOwnerThreadBeforeAnyLaterAl
   EXPECT_EQ(shard_.memoryUsed(), kMostOfTheDevice);
 }
 
+// Physical memory (cuMemCreate) is charged like an allocation, against the tenant's limit, and
+// comes back once it is released and unmapped, or with its context; the addresses mapped are the
+// client's to copy to only once their access is set, and never another client's.
+TEST_F(GpuClientTest, VirtualMemoryIsChargedCheckedAndGivenBackWithItsContext) {
+  constexpr std::uint64_t kGranule = protocol::kVirtualMemoryGranularity;
+  TenantLimits limits;
+  limits.memoryLimit = 5 * kGranule;
+  tenant_->setLimits(limits);
+  auto client = newClient(1);
+  auto other = newClient(2);
+  auto context = client->createContext(0);
+  auto otherContext = other->createContext(0);
+  auto physical = wait(client->createPhysicalMemory(context.value(), 4 * kGranule));
+  ASSERT_TRUE(physical.ok());
+  EXPECT_EQ(shard_.memoryUsed(), 4 * kGranule);
+  EXPECT_EQ(wait(client->createPhysicalMemory(context.value(), 2 * kGranule)).code(),
+            CUDA_ERROR_OUT_OF_MEMORY);  // beyond the tenant's limit
+  EXPECT_EQ(wait(client->createPhysicalMemory(context.value(), kGranule + 1)).code(),
+            CUDA_ERROR_INVALID_VALUE);
+
+  auto reserved = client->reserveAddresses(context.value(), 4 * kGranule, 0);
+  ASSERT_TRUE(reserved.ok());
+  const CUdeviceptr address = reserved.value();
+  ASSERT_EQ(client->mapMemory(address, 4 * kGranule, 0, physical.value()), CUDA_SUCCESS);
+  // Another client names neither the memory nor the addresses.
+  EXPECT_EQ(other->mapMemory(address, 4 * kGranule, 0, physical.value()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(other->setMemoryAccess(address, 4 * kGranule, true), CUDA_ERROR_INVALID_VALUE);
+  const std::vector<std::byte> bytes(64, std::byte{0x42});
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, address, bytes), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(client->setMemoryAccess(address, 4 * kGranule, true), CUDA_SUCCESS);
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, address, bytes), CUDA_SUCCESS);
+  EXPECT_EQ(other->copyHostToDevice(otherContext.value(), 0, address, bytes),
+            CUDA_ERROR_INVALID_VALUE);
+  auto back = wait(client->copyDeviceToHost(context.value(), 0, address, bytes.size()));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back.value(), bytes);
+
+  // Released while mapped: still charged, still there.
+  EXPECT_EQ(client->releasePhysicalMemory(physical.value()), CUDA_SUCCESS);
+  EXPECT_EQ(client->releasePhysicalMemory(physical.value()), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(shard_.memoryUsed(), 4 * kGranule);
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, address, bytes), CUDA_SUCCESS);
+  // Unmapped: given back.
+  EXPECT_EQ(wait(client->unmapMemory(address, 4 * kGranule)), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(client->copyHostToDevice(context.value(), 0, address, bytes), CUDA_ERROR_INVALID_VALUE);
+
+  // Whatever a context still holds goes with it.
+  auto again = wait(client->createPhysicalMemory(context.value(), 2 * kGranule));
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(client->mapMemory(address, 2 * kGranule, 0, again.value()), CUDA_SUCCESS);
+  ASSERT_EQ(client->setMemoryAccess(address, 2 * kGranule, true), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 2 * kGranule);
+  EXPECT_EQ(wait(client->destroyContext(context.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_FALSE(client->reservesAddress(address));
+  EXPECT_EQ(tenant_->memoryUsed(0), 0u);
+}
+
 // A client that goes without synchronising after its kernels printed: its output goes with it,
 // or it would stay in the daemon for good (its address space is never used again).
 TEST_F(GpuClientTest, WhatAGoneClientsKernelsPrintedGoesWithIt) {

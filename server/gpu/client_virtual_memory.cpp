@@ -1,0 +1,203 @@
+#include "server/gpu/client_virtual_memory.hpp"
+
+#include "protocol/limits.hpp"
+#include "server/gpu/gpu_shard.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <iterator>
+
+namespace gpuproxy::server {
+namespace {
+
+constexpr std::uint64_t kGranule = protocol::kVirtualMemoryGranularity;
+constexpr std::uint64_t kHostPage = 4096;
+
+bool isGranular(std::uint64_t value) {
+  return value % kGranule == 0;
+}
+
+}  // namespace
+
+ClientVirtualMemory::~ClientVirtualMemory() {
+  while (!mappings_.empty()) unmapOne(mappings_.begin());
+  for (auto it = physical_.begin(); it != physical_.end();) {
+    it->second.released = true;
+    auto next = std::next(it);
+    giveBackIfUnused(it);
+    it = next;
+  }
+  for (const auto& [start, reservation] : reservations_) {
+    shard_.device().freeAddresses(start, reservation.bytes);
+  }
+}
+
+bool ClientVirtualMemory::hasRoom() const {
+  return reservations_.size() + physical_.size() + mappings_.size() <
+         protocol::kMaxVirtualMemoryObjects;
+}
+
+backend::Result<CUdeviceptr> ClientVirtualMemory::reserve(Handle context, std::uint64_t bytes,
+                                                          std::uint64_t alignment) {
+  if (bytes == 0 || bytes % kHostPage != 0 || (alignment & (alignment - 1)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!hasRoom()) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto reserved = shard_.device().reserveAddresses(bytes, alignment);
+  if (!reserved.ok()) return reserved;
+  reservations_.emplace(reserved.value(), Reservation{bytes, context});
+  return reserved;
+}
+
+CUresult ClientVirtualMemory::freeReservation(CUdeviceptr start, std::uint64_t bytes) {
+  const auto found = reservations_.find(start);
+  if (found == reservations_.end() || found->second.bytes != bytes) return CUDA_ERROR_INVALID_VALUE;
+  const auto mapped = mappings_.lower_bound(start);
+  if (mapped != mappings_.end() && mapped->first - start < bytes) return CUDA_ERROR_INVALID_VALUE;
+  reservations_.erase(found);
+  return shard_.device().freeAddresses(start, bytes);
+}
+
+bool ClientVirtualMemory::reserves(CUdeviceptr address) const {
+  auto after = reservations_.upper_bound(address);
+  if (after == reservations_.begin()) return false;
+  const auto& [start, reservation] = *std::prev(after);
+  return address - start < reservation.bytes;
+}
+
+void ClientVirtualMemory::addPhysical(Handle handle, Handle context, std::uint64_t backendHandle,
+                                      std::uint64_t bytes, MemoryCharge charge) {
+  physical_.emplace(handle, Physical{backendHandle, bytes, context, std::move(charge)});
+}
+
+CUresult ClientVirtualMemory::release(Handle handle) {
+  const auto found = physical_.find(handle);
+  if (found == physical_.end() || found->second.released) return CUDA_ERROR_INVALID_VALUE;
+  found->second.released = true;
+  giveBackIfUnused(found);
+  return CUDA_SUCCESS;
+}
+
+void ClientVirtualMemory::giveBackIfUnused(std::map<Handle, Physical>::iterator physical) {
+  if (!physical->second.released || physical->second.mappings > 0) return;
+  shard_.releasePhysicalMemory(physical->second.backendHandle, pid_);
+  physical_.erase(physical);  // and its charge
+}
+
+CUresult ClientVirtualMemory::map(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset,
+                                  Handle handle) {
+  const auto physical = physical_.find(handle);
+  if (physical == physical_.end() || physical->second.released) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes == 0 || !isGranular(address) || !isGranular(bytes) || !isGranular(offset)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (offset >= physical->second.bytes || bytes > physical->second.bytes - offset) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Inside one reservation...
+  auto reservation = reservations_.upper_bound(address);
+  if (reservation == reservations_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --reservation;
+  const std::uint64_t into = address - reservation->first;
+  if (into >= reservation->second.bytes || bytes > reservation->second.bytes - into) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // ...over nothing mapped.
+  const auto next = mappings_.lower_bound(address);
+  if (next != mappings_.end() && next->first - address < bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (next != mappings_.begin()) {
+    const auto& [start, before] = *std::prev(next);
+    if (address - start < before.bytes) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!hasRoom()) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult mapped =
+      shard_.device().mapMemory(address, bytes, physical->second.backendHandle, offset);
+  if (mapped != CUDA_SUCCESS) return mapped;
+  mappings_.emplace(address, Mapping{bytes, handle, false});
+  ++physical->second.mappings;
+  return CUDA_SUCCESS;
+}
+
+std::vector<ClientVirtualMemory::Mappings::iterator> ClientVirtualMemory::mappingsMakingUp(
+    CUdeviceptr address, std::uint64_t bytes) {
+  std::vector<Mappings::iterator> found;
+  std::uint64_t covered = 0;
+  for (auto it = mappings_.find(address); it != mappings_.end() && it->first == address + covered;
+       ++it) {
+    found.push_back(it);
+    covered += it->second.bytes;
+    if (covered >= bytes) break;
+  }
+  if (covered != bytes) found.clear();
+  return found;
+}
+
+void ClientVirtualMemory::unmapOne(Mappings::iterator mapping) {
+  const CUresult unmapped = shard_.device().unmapMemory(mapping->first, mapping->second.bytes);
+  if (unmapped != CUDA_SUCCESS && !isStickyError(unmapped)) {
+    spdlog::error("device {}: unmapping {:#x} of pid {} failed ({})", shard_.index(),
+                  mapping->first, pid_, static_cast<int>(unmapped));
+  }
+  const auto physical = physical_.find(mapping->second.physical);
+  mappings_.erase(mapping);
+  if (physical == physical_.end()) return;
+  --physical->second.mappings;
+  giveBackIfUnused(physical);
+}
+
+CUresult ClientVirtualMemory::unmap(CUdeviceptr address, std::uint64_t bytes) {
+  const auto found = mappingsMakingUp(address, bytes);
+  if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& mapping : found) unmapOne(mapping);
+  return CUDA_SUCCESS;
+}
+
+CUresult ClientVirtualMemory::setAccess(CUdeviceptr address, std::uint64_t bytes, bool writable) {
+  const auto found = mappingsMakingUp(address, bytes);
+  if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
+  const CUresult set = shard_.device().setMemoryAccess(address, bytes, owner_, writable);
+  if (set != CUDA_SUCCESS) return set;
+  for (const auto& mapping : found) mapping->second.writable = writable;
+  return CUDA_SUCCESS;
+}
+
+bool ClientVirtualMemory::reaches(CUdeviceptr pointer, std::uint64_t bytes) const {
+  auto after = mappings_.upper_bound(pointer);
+  if (after == mappings_.begin()) return false;
+  const auto& [start, mapping] = *std::prev(after);
+  const std::uint64_t into = pointer - start;
+  return mapping.writable && into < mapping.bytes && bytes <= mapping.bytes - into;
+}
+
+void ClientVirtualMemory::forgetContext(Handle context) {
+  auto physicalOf = [&](const Mapping& mapping) {
+    const auto physical = physical_.find(mapping.physical);
+    return physical == physical_.end() ? 0 : physical->second.context;
+  };
+  for (auto it = mappings_.begin(); it != mappings_.end();) {
+    auto next = std::next(it);
+    auto reservation = reservations_.upper_bound(it->first);
+    const bool inContextsReservation =
+        reservation != reservations_.begin() && std::prev(reservation)->second.context == context;
+    if (inContextsReservation || physicalOf(it->second) == context) unmapOne(it);
+    it = next;
+  }
+  for (auto it = physical_.begin(); it != physical_.end();) {
+    auto next = std::next(it);
+    if (it->second.context == context) {
+      it->second.released = true;
+      giveBackIfUnused(it);
+    }
+    it = next;
+  }
+  for (auto it = reservations_.begin(); it != reservations_.end();) {
+    if (it->second.context != context) {
+      ++it;
+      continue;
+    }
+    shard_.device().freeAddresses(it->first, it->second.bytes);
+    it = reservations_.erase(it);
+  }
+}
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,113 @@
+#pragma once
+// One client's virtual memory management on one GPU (cuMemAddressReserve, cuMemCreate, cuMemMap,
+// cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree): its address reservations, its
+// physical memory and the mappings of the one into the other. Every address and handle a client
+// names is checked against these tables, so it reaches only what it made; its kernels, copies and
+// memsets reach a mapping once its access is set (reaches()).
+//
+// As with its allocations, each belongs to the context it was made in and goes with it
+// (forgetContext), even where CUDA would keep it for the process. Physical memory is charged to
+// the tenant when made (by the GpuClient, which hands the charge over) and credited when it is
+// given back: once it is released and no longer mapped, on the GPU's blocking-call thread
+// (GpuShard::releasePhysicalMemory). Owner thread only, as the GpuClient.
+
+#include "server/backend/backend.hpp"
+#include "server/gpu/handles.hpp"
+#include "server/gpu/memory_charge.hpp"
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace gpuproxy::server {
+
+class GpuShard;
+
+class ClientVirtualMemory {
+public:
+  ClientVirtualMemory(GpuShard& shard, backend::AddressSpace owner, pid_t pid)
+      : shard_(shard), owner_(owner), pid_(pid) {}
+  // Gives back everything still held, as forgetContext does.
+  ~ClientVirtualMemory();
+  ClientVirtualMemory(const ClientVirtualMemory&) = delete;
+  ClientVirtualMemory& operator=(const ClientVirtualMemory&) = delete;
+
+  // `bytes` (a nonzero multiple of the host page size) of device addresses, aligned to
+  // `alignment` (0 or a power of two) at least. CUDA_ERROR_OUT_OF_MEMORY when the device has no
+  // room, or the client holds kMaxVirtualMemoryObjects objects already.
+  backend::Result<CUdeviceptr> reserve(Handle context, std::uint64_t bytes,
+                                       std::uint64_t alignment);
+  // `start` and `bytes` exactly as reserved, nothing mapped inside; CUDA_ERROR_INVALID_VALUE
+  // otherwise.
+  CUresult freeReservation(CUdeviceptr start, std::uint64_t bytes);
+  // Whether `address` lies in one of the client's reservations here.
+  bool reserves(CUdeviceptr address) const;
+
+  // Whether the client may make one more object (a reservation, physical memory, a mapping).
+  bool hasRoom() const;
+  // Physical memory the device made (backend::Device::createPhysicalMemory), named `handle` for
+  // the client, whose `charge` it holds from now on.
+  void addPhysical(Handle handle, Handle context, std::uint64_t backendHandle, std::uint64_t bytes,
+                   MemoryCharge charge);
+  // The client lets go of `handle`; the memory is given back once nothing maps it.
+  // CUDA_ERROR_INVALID_VALUE for a handle it does not hold.
+  CUresult release(Handle handle);
+
+  // [offset, offset + bytes) of `handle`'s memory behind [address, address + bytes): inside one
+  // reservation, over nothing mapped, multiples of the granularity. Not reachable until
+  // setAccess. CUDA_ERROR_INVALID_VALUE otherwise.
+  CUresult map(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset, Handle handle);
+  // Removes the mappings that exactly make up [address, address + bytes). The caller has waited
+  // for the client's work that may use them.
+  CUresult unmap(CUdeviceptr address, std::uint64_t bytes);
+  // Read and write access for the client's kernels, copies and memsets (`writable`), or none, to
+  // the mappings that exactly make up [address, address + bytes).
+  CUresult setAccess(CUdeviceptr address, std::uint64_t bytes, bool writable);
+  // Whether [pointer, pointer + bytes) lies inside one mapping the client may reach.
+  bool reaches(CUdeviceptr pointer, std::uint64_t bytes) const;
+
+  // Everything of `context`'s given back: its mappings and those of its physical memory unmapped,
+  // its physical memory released, its reservations freed. Its work must have drained.
+  void forgetContext(Handle context);
+
+private:
+  struct Reservation {
+    std::uint64_t bytes = 0;
+    Handle context = 0;
+  };
+  struct Physical {
+    std::uint64_t backendHandle = 0;
+    std::uint64_t bytes = 0;
+    Handle context = 0;
+    MemoryCharge charge;
+    bool released = false;  // the client let go of the handle
+    unsigned mappings = 0;
+  };
+  struct Mapping {
+    std::uint64_t bytes = 0;
+    Handle physical = 0;
+    bool writable = false;
+  };
+  using Mappings = std::map<CUdeviceptr, Mapping>;
+
+  // The mappings that exactly make up [address, address + bytes), in order; empty when they do
+  // not.
+  std::vector<Mappings::iterator> mappingsMakingUp(CUdeviceptr address, std::uint64_t bytes);
+  // Unmaps one mapping from the device and forgets it; gives its memory back if that was the
+  // last mapping of released memory.
+  void unmapOne(Mappings::iterator mapping);
+  // Gives physical memory back to the device (and its charge back to the tenant) if it is
+  // released and mapped nowhere.
+  void giveBackIfUnused(std::map<Handle, Physical>::iterator physical);
+
+  GpuShard& shard_;
+  const backend::AddressSpace owner_;
+  const pid_t pid_;
+  std::map<CUdeviceptr, Reservation> reservations_;  // by start
+  std::map<Handle, Physical> physical_;
+  Mappings mappings_;  // by start
+};
+
+}  // namespace gpuproxy::server

@@ -1,0 +1,295 @@
+// A driver-API program for virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap,
+// cuMemSetAccess, cuMemUnmap, cuMemRelease, cuMemAddressFree): physical memory mapped where the
+// program asks, used by kernels and copies like any device memory. Runs natively or through the
+// stub; every scenario checks its own results and exits 1 with a message on stderr when one is
+// wrong. Lines "<check> <CUresult name>" report what the driver answered to calls that must fail.
+//
+//   virtual_memory run            vector_add over three mapped ranges; one kernel writing across
+//                                 two mappings of one reservation; one physical allocation mapped
+//                                 at two addresses (a write through one is read through the
+//                                 other); the queries; the calls CUDA refuses; everything given
+//                                 back, and the device's free memory with it
+//   virtual_memory hold BYTES     BYTES of physical memory mapped and written, "pointer 0x..."
+//                                 printed, then wait to be killed
+#include <cuda.h>
+
+#include "test_kernels_ptx.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const char* nameOf(CUresult result) {
+  const char* name = nullptr;
+  if (cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return "UNKNOWN";
+  return name;
+}
+
+void report(const char* check, CUresult result) {
+  std::printf("%s %s\n", check, nameOf(result));
+  std::fflush(stdout);
+}
+
+[[noreturn]] void die(const std::string& message) {
+  std::fprintf(stderr, "virtual_memory: %s\n", message.c_str());
+  std::exit(1);
+}
+
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    CUresult result_ = (call);                                                          \
+    if (result_ != CUDA_SUCCESS) die(std::string(#call " failed: ") + nameOf(result_)); \
+  } while (0)
+
+CUmemAllocationProp deviceMemory(CUdevice device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+CUresult grantReadWrite(CUdeviceptr address, std::size_t bytes, CUdevice device) {
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return cuMemSetAccess(address, bytes, &access, 1);
+}
+
+// `bytes` (a multiple of the granularity) of fresh physical memory mapped at a reservation of
+// its own, read-write for `device`.
+struct MappedRange {
+  CUdeviceptr address = 0;
+  std::size_t bytes = 0;
+  CUmemGenericAllocationHandle handle = 0;
+};
+
+MappedRange mapFresh(CUdevice device, std::size_t bytes) {
+  MappedRange range;
+  range.bytes = bytes;
+  const CUmemAllocationProp prop = deviceMemory(device);
+  CHECK(cuMemAddressReserve(&range.address, bytes, 0, 0, 0));
+  CHECK(cuMemCreate(&range.handle, bytes, &prop, 0));
+  CHECK(cuMemMap(range.address, bytes, 0, range.handle, 0));
+  CHECK(grantReadWrite(range.address, bytes, device));
+  return range;
+}
+
+void giveBack(const MappedRange& range) {
+  CHECK(cuMemUnmap(range.address, range.bytes));
+  CHECK(cuMemRelease(range.handle));
+  CHECK(cuMemAddressFree(range.address, range.bytes));
+}
+
+std::size_t granularityOf(CUdevice device) {
+  const CUmemAllocationProp prop = deviceMemory(device);
+  std::size_t minimum = 0;
+  std::size_t recommended = 0;
+  CHECK(cuMemGetAllocationGranularity(&minimum, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CHECK(cuMemGetAllocationGranularity(&recommended, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  if (minimum == 0 || recommended % minimum != 0) die("granularities make no sense");
+  return minimum;
+}
+
+void launchFill(CUfunction fill, CUdeviceptr target, unsigned value, unsigned long long count) {
+  void* parameters[] = {&target, &value, &count};
+  const unsigned blocks = static_cast<unsigned>((count + 255) / 256);
+  CHECK(cuLaunchKernel(fill, blocks, 1, 1, 256, 1, 1, 0, nullptr, parameters, nullptr));
+}
+
+void expectWords(CUdeviceptr source, std::size_t words, unsigned value, const char* what) {
+  std::vector<unsigned> seen(words);
+  CHECK(cuMemcpyDtoH(seen.data(), source, words * sizeof(unsigned)));
+  for (std::size_t i = 0; i < words; ++i) {
+    if (seen[i] != value) {
+      die(std::string(what) + ": word " + std::to_string(i) + " is " + std::to_string(seen[i]) +
+          ", not " + std::to_string(value));
+    }
+  }
+}
+
+void run(CUdevice device, CUmodule module) {
+  const std::size_t granule = granularityOf(device);
+  std::printf("granularity %zu\n", granule);
+  CUfunction vectorAdd;
+  CUfunction fill;
+  CHECK(cuModuleGetFunction(&vectorAdd, module, "vector_add"));
+  CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
+  std::size_t freeBefore = 0;
+  std::size_t total = 0;
+  CHECK(cuMemGetInfo(&freeBefore, &total));
+
+  // vector_add over three mapped ranges, as over three cuMemAlloc buffers.
+  const int n = 300000;  // not a multiple of the granularity: the ranges are rounded up
+  const std::size_t bytes = (n * sizeof(float) + granule - 1) / granule * granule;
+  const MappedRange a = mapFresh(device, bytes);
+  const MappedRange b = mapFresh(device, bytes);
+  const MappedRange c = mapFresh(device, bytes);
+  std::vector<float> hostA(n);
+  std::vector<float> hostB(n);
+  for (int i = 0; i < n; ++i) {
+    hostA[i] = static_cast<float>(i % 1000) * 0.5f;
+    hostB[i] = static_cast<float>(i % 77) - 3.0f;
+  }
+  CHECK(cuMemcpyHtoD(a.address, hostA.data(), n * sizeof(float)));
+  CHECK(cuMemcpyHtoD(b.address, hostB.data(), n * sizeof(float)));
+  int count = n;
+  void* addParameters[] = {const_cast<CUdeviceptr*>(&a.address),
+                           const_cast<CUdeviceptr*>(&b.address),
+                           const_cast<CUdeviceptr*>(&c.address), &count};
+  CHECK(cuLaunchKernel(vectorAdd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, addParameters,
+                       nullptr));
+  std::vector<float> sum(n);
+  CHECK(cuMemcpyDtoH(sum.data(), c.address, n * sizeof(float)));
+  for (int i = 0; i < n; ++i) {
+    if (sum[i] != hostA[i] + hostB[i])
+      die("vector_add over mapped memory: wrong at " + std::to_string(i));
+  }
+  std::printf("vector_add over mapped memory: %d sums right\n", n);
+
+  // One reservation, two physical allocations behind it: a kernel sees one range.
+  CUdeviceptr span = 0;
+  CHECK(cuMemAddressReserve(&span, 3 * granule, 0, 0, 0));
+  const CUmemAllocationProp prop = deviceMemory(device);
+  CUmemGenericAllocationHandle front = 0;
+  CUmemGenericAllocationHandle back = 0;
+  CHECK(cuMemCreate(&front, 2 * granule, &prop, 0));
+  CHECK(cuMemCreate(&back, granule, &prop, 0));
+  CHECK(cuMemMap(span, 2 * granule, 0, front, 0));
+  CHECK(cuMemMap(span + 2 * granule, granule, 0, back, 0));
+  // Not reachable before its access is set.
+  std::vector<unsigned> words(granule / sizeof(unsigned));
+  report("cuMemcpyHtoD(before cuMemSetAccess)", cuMemcpyHtoD(span, words.data(), 64));
+  CHECK(grantReadWrite(span, 3 * granule, device));
+  launchFill(fill, span, 0x5eed, 3 * granule / sizeof(unsigned));
+  expectWords(span, 2 * granule / sizeof(unsigned), 0x5eed, "the first mapping");
+  expectWords(span + 2 * granule, granule / sizeof(unsigned), 0x5eed, "the second mapping");
+  std::printf("a kernel wrote across two mappings\n");
+
+  // The second allocation mapped once more, at a reservation of its own: the same memory.
+  CUdeviceptr alias = 0;
+  CHECK(cuMemAddressReserve(&alias, granule, 0, 0, 0));
+  CHECK(cuMemMap(alias, granule, 0, back, 0));
+  CHECK(grantReadWrite(alias, granule, device));
+  CHECK(cuMemsetD32(alias, 0xa11a5, granule / sizeof(unsigned)));
+  expectWords(span + 2 * granule, granule / sizeof(unsigned), 0xa11a5, "the aliased memory");
+  expectWords(span, 2 * granule / sizeof(unsigned), 0x5eed, "the memory beside the alias");
+  std::printf("one allocation at two addresses\n");
+
+  // What the driver answers about them.
+  unsigned long long flags = 0;
+  CUmemLocation location = {};
+  location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  location.id = device;
+  CHECK(cuMemGetAccess(&flags, &location, span + granule));
+  if (flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) die("cuMemGetAccess: not read-write");
+  CUmemGenericAllocationHandle retained = 0;
+  CHECK(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(alias + 64)));
+  if (retained != back) die("cuMemRetainAllocationHandle: another handle");
+  CHECK(cuMemRelease(retained));
+  CUmemAllocationProp asked = {};
+  CHECK(cuMemGetAllocationPropertiesFromHandle(&asked, front));
+  if (asked.type != CU_MEM_ALLOCATION_TYPE_PINNED || asked.location.id != device) {
+    die("cuMemGetAllocationPropertiesFromHandle: other properties");
+  }
+
+  // What CUDA refuses.
+  CUdeviceptr spare = 0;
+  CHECK(cuMemAddressReserve(&spare, 2 * granule, 0, 0, 0));
+  report("cuMemMap(over a mapping)", cuMemMap(span, granule, 0, back, 0));
+  const CUdeviceptr nowhere = 64 * granule;  // below every device's addresses, reserved by none
+  report("cuMemMap(outside any reservation)", cuMemMap(nowhere, granule, 0, back, 0));
+  report("cuMemMap(past the memory)", cuMemMap(spare, 2 * granule, 0, back, 0));
+  report("cuMemMap(not granular)", cuMemMap(spare, granule / 2, 0, back, 0));
+  report("cuMemSetAccess(part of a mapping)", grantReadWrite(span, granule, device));
+  report("cuMemUnmap(part of a mapping)", cuMemUnmap(span, granule));
+  report("cuMemAddressFree(still mapped)", cuMemAddressFree(span, 3 * granule));
+  report("cuMemAddressFree(wrong size)", cuMemAddressFree(spare, granule));
+  report("cuMemCreate(not granular)", cuMemCreate(&retained, granule + 4096, &prop, 0));
+  CUmemAllocationProp exported = prop;
+  exported.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  report("cuMemCreate(shareable)", cuMemCreate(&retained, granule, &exported, 0));
+  CUmemAllocationProp elsewhere = prop;
+  elsewhere.location.id = 99;
+  report("cuMemCreate(no such device)", cuMemCreate(&retained, granule, &elsewhere, 0));
+  report("cuMemRelease(unknown)", cuMemRelease(0x1234));
+  CHECK(cuMemAddressFree(spare, 2 * granule));
+
+  // Released while mapped, the memory stays until it is unmapped.
+  CHECK(cuMemRelease(back));
+  expectWords(alias, granule / sizeof(unsigned), 0xa11a5, "released memory still mapped");
+  CHECK(cuMemUnmap(alias, granule));
+  report("cuMemcpyHtoD(unmapped)", cuMemcpyHtoD(alias, words.data(), 64));
+  CHECK(cuMemAddressFree(alias, granule));
+  // Both mappings of the reservation at once.
+  CHECK(cuMemUnmap(span, 3 * granule));
+  CHECK(cuMemRelease(front));
+  report("cuMemRelease(twice)", cuMemRelease(front));
+  CHECK(cuMemAddressFree(span, 3 * granule));
+  giveBack(a);
+  giveBack(b);
+  giveBack(c);
+  CHECK(cuCtxSynchronize());
+
+  // Everything came back to the device: its free memory is what it was (the daemon frees
+  // released memory before any later allocation, so one allocation waits for it).
+  CUdeviceptr probe = 0;
+  CHECK(cuMemAlloc(&probe, 4096));
+  CHECK(cuMemFree(probe));
+  std::size_t freeAfter = 0;
+  CHECK(cuMemGetInfo(&freeAfter, &total));
+  std::printf("free memory %s\n", freeAfter == freeBefore ? "restored" : "not restored");
+  if (freeAfter != freeBefore) {
+    die("free memory " + std::to_string(freeAfter) + " after, " + std::to_string(freeBefore) +
+        " before");
+  }
+  std::printf("virtual_memory: PASSED\n");
+}
+
+void hold(CUdevice device, CUmodule module, std::size_t bytes) {
+  const std::size_t granule = granularityOf(device);
+  bytes = (bytes + granule - 1) / granule * granule;
+  const MappedRange range = mapFresh(device, bytes);
+  CUfunction fill;
+  CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
+  launchFill(fill, range.address, 0xc0ffee, bytes / sizeof(unsigned));
+  CHECK(cuCtxSynchronize());
+  std::printf("pointer 0x%llx\n", static_cast<unsigned long long>(range.address));
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(600));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "run";
+  CHECK(cuInit(0));
+  CUdevice device;
+  CHECK(cuDeviceGet(&device, 0));
+  int supported = 0;
+  CHECK(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                             device));
+  if (supported == 0) die("the device says it has no virtual memory management");
+  CUcontext context;
+  CHECK(cuDevicePrimaryCtxRetain(&context, device));
+  CHECK(cuCtxSetCurrent(context));
+  CUmodule module;
+  CHECK(cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
+  if (scenario == "run") {
+    run(device, module);
+  } else if (scenario == "hold" && argc > 2) {
+    hold(device, module, std::strtoull(argv[2], nullptr, 0));
+  } else {
+    die("usage: virtual_memory run | hold BYTES");
+  }
+  CHECK(cuModuleUnload(module));
+  CHECK(cuDevicePrimaryCtxRelease(device));
+  return 0;
+}
