@@ -63,6 +63,22 @@ void expectNeverHeldUp(Child& client, int slowCallMs, const char* heldUpBy) {
       << client.output();
 }
 
+// Asks `gpuproxyctl status` again and again until `until`: it answers every time, never taking
+// `slowCallMs` / 4 or longer, though `slowCall` is under way.
+void expectStatusAnswersAtOnce(const Daemon& daemon, steady_clock::time_point until, int slowCallMs,
+                               const char* slowCall) {
+  int answers = 0;
+  while (steady_clock::now() < until) {
+    const auto asked = steady_clock::now();
+    RunResult status = daemon.ctl({"status"});
+    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - asked);
+    ASSERT_TRUE(status.status.exitedWith(0)) << status.errors;
+    EXPECT_LT(took.count(), slowCallMs / 4) << "gpuproxyctl status waited for " << slowCall;
+    ++answers;
+  }
+  EXPECT_GT(answers, 0);
+}
+
 TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
   Daemon::Options options;
   options.simDevices = 2;
@@ -92,16 +108,8 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
       << daemon.log();
 
   // While it is being prepared, the admin socket answers at once, every time.
-  int answersDuringTheLoad = 0;
-  while (steady_clock::now() - loadStarted < milliseconds(kSlowLoadMs - 1500)) {
-    const auto asked = steady_clock::now();
-    RunResult status = daemon.ctl({"status"});
-    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - asked);
-    ASSERT_TRUE(status.status.exitedWith(0)) << status.errors;
-    EXPECT_LT(took.count(), kSlowLoadMs / 4) << "gpuproxyctl status waited for the module load";
-    ++answersDuringTheLoad;
-  }
-  EXPECT_GT(answersDuringTheLoad, 0);
+  expectStatusAnswersAtOnce(daemon, loadStarted + milliseconds(kSlowLoadMs - 1500), kSlowLoadMs,
+                            "the module load");
 
   // The load itself completes, and was as slow as the device was told to be.
   ExitStatus loaded = loader->wait(std::chrono::seconds(60));
@@ -223,16 +231,8 @@ TEST(BlockingCalls, FreeingWhatAClientLeftStallsNoOtherClientNorTheAdminSocket) 
   // A program that needs that memory starts now: the device has it only once the frees are done.
   auto newcomer = daemon.startClient("vector_add", threeBuffers);
 
-  int answersDuringTheFrees = 0;
-  while (steady_clock::now() - freesStarted < milliseconds(kLeftBehind * kSlowFreeMs - 1500)) {
-    const auto asked = steady_clock::now();
-    RunResult status = daemon.ctl({"status"});
-    const auto took = std::chrono::duration_cast<milliseconds>(steady_clock::now() - asked);
-    ASSERT_TRUE(status.status.exitedWith(0)) << status.errors;
-    EXPECT_LT(took.count(), kSlowFreeMs / 4) << "gpuproxyctl status waited for the frees";
-    ++answersDuringTheFrees;
-  }
-  EXPECT_GT(answersDuringTheFrees, 0);
+  expectStatusAnswersAtOnce(daemon, freesStarted + milliseconds(kLeftBehind * kSlowFreeMs - 1500),
+                            kSlowFreeMs, "the frees");
 
   ExitStatus ran = newcomer->wait(std::chrono::seconds(60));
   EXPECT_TRUE(ran.exitedWith(0)) << newcomer->output() << newcomer->errors() << daemon.log();

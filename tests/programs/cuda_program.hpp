@@ -43,6 +43,7 @@ public:
   Program& operator=(const Program&) = delete;
 
   const char* name() const { return name_; }
+  CUdevice device() const { return device_; }
 
   CUfunction function(const char* kernel) const {
     CUfunction function = nullptr;

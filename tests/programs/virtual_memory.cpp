@@ -14,6 +14,7 @@
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
+#include "tests/programs/cuda_program.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -25,27 +26,20 @@
 
 namespace {
 
-const char* nameOf(CUresult result) {
-  const char* name = nullptr;
-  if (cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) return "UNKNOWN";
-  return name;
-}
+constexpr const char* kName = "virtual_memory";
+#define CHECK(call) CUDA_PROGRAM_CHECK(kName, call)
 
 void report(const char* check, CUresult result) {
-  std::printf("%s %s\n", check, nameOf(result));
+  const char* name = nullptr;
+  if (cuGetErrorName(result, &name) != CUDA_SUCCESS || name == nullptr) name = "UNKNOWN";
+  std::printf("%s %s\n", check, name);
   std::fflush(stdout);
 }
 
 [[noreturn]] void die(const std::string& message) {
-  std::fprintf(stderr, "virtual_memory: %s\n", message.c_str());
+  std::fprintf(stderr, "%s: %s\n", kName, message.c_str());
   std::exit(1);
 }
-
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    CUresult result_ = (call);                                                          \
-    if (result_ != CUDA_SUCCESS) die(std::string(#call " failed: ") + nameOf(result_)); \
-  } while (0)
 
 CUmemAllocationProp deviceMemory(CUdevice device) {
   CUmemAllocationProp prop = {};
@@ -104,9 +98,9 @@ void launchFill(CUfunction fill, CUdeviceptr target, unsigned value, unsigned lo
   CHECK(cuLaunchKernel(fill, blocks, 1, 1, 256, 1, 1, 0, nullptr, parameters, nullptr));
 }
 
-void expectWords(CUdeviceptr source, std::size_t words, unsigned value, const char* what) {
-  std::vector<unsigned> seen(words);
-  CHECK(cuMemcpyDtoH(seen.data(), source, words * sizeof(unsigned)));
+void expectWords(const gpuproxy::programs::Program& program, CUdeviceptr source, std::size_t words,
+                 unsigned value, const char* what) {
+  const std::vector<unsigned> seen = program.download<unsigned>(source, words);
   for (std::size_t i = 0; i < words; ++i) {
     if (seen[i] != value) {
       die(std::string(what) + ": word " + std::to_string(i) + " is " + std::to_string(seen[i]) +
@@ -115,13 +109,12 @@ void expectWords(CUdeviceptr source, std::size_t words, unsigned value, const ch
   }
 }
 
-void run(CUdevice device, CUmodule module) {
+void run(const gpuproxy::programs::Program& program) {
+  const CUdevice device = program.device();
   const std::size_t granule = granularityOf(device);
   std::printf("granularity %zu\n", granule);
-  CUfunction vectorAdd;
-  CUfunction fill;
-  CHECK(cuModuleGetFunction(&vectorAdd, module, "vector_add"));
-  CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
+  const CUfunction vectorAdd = program.function("vector_add");
+  const CUfunction fill = program.function("fill_u32");
   std::size_t freeBefore = 0;
   std::size_t total = 0;
   CHECK(cuMemGetInfo(&freeBefore, &total));
@@ -141,13 +134,10 @@ void run(CUdevice device, CUmodule module) {
   CHECK(cuMemcpyHtoD(a.address, hostA.data(), n * sizeof(float)));
   CHECK(cuMemcpyHtoD(b.address, hostB.data(), n * sizeof(float)));
   int count = n;
-  void* addParameters[] = {const_cast<CUdeviceptr*>(&a.address),
-                           const_cast<CUdeviceptr*>(&b.address),
-                           const_cast<CUdeviceptr*>(&c.address), &count};
-  CHECK(cuLaunchKernel(vectorAdd, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, addParameters,
-                       nullptr));
-  std::vector<float> sum(n);
-  CHECK(cuMemcpyDtoH(sum.data(), c.address, n * sizeof(float)));
+  program.run(vectorAdd, (n + 255) / 256, 256,
+              {const_cast<CUdeviceptr*>(&a.address), const_cast<CUdeviceptr*>(&b.address),
+               const_cast<CUdeviceptr*>(&c.address), &count});
+  const std::vector<float> sum = program.download<float>(c.address, n);
   for (int i = 0; i < n; ++i) {
     if (sum[i] != hostA[i] + hostB[i])
       die("vector_add over mapped memory: wrong at " + std::to_string(i));
@@ -169,8 +159,9 @@ void run(CUdevice device, CUmodule module) {
   report("cuMemcpyHtoD(before cuMemSetAccess)", cuMemcpyHtoD(span, words.data(), 64));
   CHECK(grantReadWrite(span, 3 * granule, device));
   launchFill(fill, span, 0x5eed, 3 * granule / sizeof(unsigned));
-  expectWords(span, 2 * granule / sizeof(unsigned), 0x5eed, "the first mapping");
-  expectWords(span + 2 * granule, granule / sizeof(unsigned), 0x5eed, "the second mapping");
+  expectWords(program, span, 2 * granule / sizeof(unsigned), 0x5eed, "the first mapping");
+  expectWords(program, span + 2 * granule, granule / sizeof(unsigned), 0x5eed,
+              "the second mapping");
   std::printf("a kernel wrote across two mappings\n");
 
   // The second allocation mapped once more, at a reservation of its own: the same memory.
@@ -179,8 +170,9 @@ void run(CUdevice device, CUmodule module) {
   CHECK(cuMemMap(alias, granule, 0, back, 0));
   CHECK(grantReadWrite(alias, granule, device));
   CHECK(cuMemsetD32(alias, 0xa11a5, granule / sizeof(unsigned)));
-  expectWords(span + 2 * granule, granule / sizeof(unsigned), 0xa11a5, "the aliased memory");
-  expectWords(span, 2 * granule / sizeof(unsigned), 0x5eed, "the memory beside the alias");
+  expectWords(program, span + 2 * granule, granule / sizeof(unsigned), 0xa11a5,
+              "the aliased memory");
+  expectWords(program, span, 2 * granule / sizeof(unsigned), 0x5eed, "the memory beside the alias");
   std::printf("one allocation at two addresses\n");
 
   // What the driver answers about them.
@@ -224,7 +216,7 @@ void run(CUdevice device, CUmodule module) {
 
   // Released while mapped, the memory stays until it is unmapped.
   CHECK(cuMemRelease(back));
-  expectWords(alias, granule / sizeof(unsigned), 0xa11a5, "released memory still mapped");
+  expectWords(program, alias, granule / sizeof(unsigned), 0xa11a5, "released memory still mapped");
   CHECK(cuMemUnmap(alias, granule));
   report("cuMemcpyHtoD(unmapped)", cuMemcpyHtoD(alias, words.data(), 64));
   CHECK(cuMemAddressFree(alias, granule));
@@ -253,13 +245,11 @@ void run(CUdevice device, CUmodule module) {
   std::printf("virtual_memory: PASSED\n");
 }
 
-void hold(CUdevice device, CUmodule module, std::size_t bytes) {
-  const std::size_t granule = granularityOf(device);
+void hold(const gpuproxy::programs::Program& program, std::size_t bytes) {
+  const std::size_t granule = granularityOf(program.device());
   bytes = (bytes + granule - 1) / granule * granule;
-  const MappedRange range = mapFresh(device, bytes);
-  CUfunction fill;
-  CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
-  launchFill(fill, range.address, 0xc0ffee, bytes / sizeof(unsigned));
+  const MappedRange range = mapFresh(program.device(), bytes);
+  launchFill(program.function("fill_u32"), range.address, 0xc0ffee, bytes / sizeof(unsigned));
   CHECK(cuCtxSynchronize());
   std::printf("pointer 0x%llx\n", static_cast<unsigned long long>(range.address));
   std::fflush(stdout);
@@ -270,26 +260,17 @@ void hold(CUdevice device, CUmodule module, std::size_t bytes) {
 
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "run";
-  CHECK(cuInit(0));
-  CUdevice device;
-  CHECK(cuDeviceGet(&device, 0));
+  const gpuproxy::programs::Program program(kName, gpuproxy::testing::kTestKernelsPtx);
   int supported = 0;
   CHECK(cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                             device));
+                             program.device()));
   if (supported == 0) die("the device says it has no virtual memory management");
-  CUcontext context;
-  CHECK(cuDevicePrimaryCtxRetain(&context, device));
-  CHECK(cuCtxSetCurrent(context));
-  CUmodule module;
-  CHECK(cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   if (scenario == "run") {
-    run(device, module);
+    run(program);
   } else if (scenario == "hold" && argc > 2) {
-    hold(device, module, std::strtoull(argv[2], nullptr, 0));
+    hold(program, std::strtoull(argv[2], nullptr, 0));
   } else {
     die("usage: virtual_memory run | hold BYTES");
   }
-  CHECK(cuModuleUnload(module));
-  CHECK(cuDevicePrimaryCtxRelease(device));
   return 0;
 }

@@ -372,15 +372,19 @@ DeviceArena::mappingsMakingUpLocked(CUdeviceptr address, std::uint64_t bytes) {
   return found;
 }
 
+void DeviceArena::revokeAccessLocked(std::map<CUdeviceptr, Mapping>::iterator mapping) {
+  if (!mapping->second.accessor) return;
+  holdings_[*mapping->second.accessor].mappings.erase(mapping->first);
+  changedLocked(*mapping->second.accessor);
+  mapping->second.accessor.reset();
+}
+
 CUresult DeviceArena::unmap(CUdeviceptr address, std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
   const auto found = mappingsMakingUpLocked(address, bytes);
   if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
   for (const auto& mapping : found) {
-    if (mapping->second.accessor) {
-      holdings_[*mapping->second.accessor].mappings.erase(mapping->first);
-      changedLocked(*mapping->second.accessor);
-    }
+    revokeAccessLocked(mapping);
     --live_.at(mapping->second.physical).mappings;
     mappings_.erase(mapping);
   }
@@ -393,11 +397,7 @@ CUresult DeviceArena::setAccess(CUdeviceptr address, std::uint64_t bytes,
   const auto found = mappingsMakingUpLocked(address, bytes);
   if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
   for (const auto& mapping : found) {
-    if (mapping->second.accessor) {
-      holdings_[*mapping->second.accessor].mappings.erase(mapping->first);
-      changedLocked(*mapping->second.accessor);
-    }
-    mapping->second.accessor.reset();
+    revokeAccessLocked(mapping);
     if (writable) {
       mapping->second.accessor = owner;
       holdings_[owner].mappings.insert(mapping->first);

@@ -163,6 +163,8 @@ private:
   // not.
   std::vector<std::map<CUdeviceptr, Mapping>::iterator> mappingsMakingUpLocked(CUdeviceptr address,
                                                                                std::uint64_t bytes);
+  // Nobody reaches `mapping` any more.
+  void revokeAccessLocked(std::map<CUdeviceptr, Mapping>::iterator mapping);
   bool inWindow(CUdeviceptr address) const {
     return address >= window_.begin && address < window_.end;
   }
