@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData(supported)",
            cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   } else if (scenario == "unsupported") {
-    // Exporting a virtual-memory allocation as a file descriptor: gpuproxy has no cuMemCreate.
+    // Exporting virtual memory as a file descriptor: gpuproxy keeps virtual memory in its process.
     int shareable = -1;
     report(
         "cuMemExportToShareableHandle",

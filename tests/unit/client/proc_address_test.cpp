@@ -23,6 +23,9 @@ using GetProcAddressV2 = CUresult (*)(const char*, void**, int, cuuint64_t,
                                       CUdriverProcAddressQueryResult*);
 using GetProcAddressV1 = CUresult (*)(const char*, void**, int, cuuint64_t);
 using GetErrorText = CUresult (*)(CUresult, const char**);
+// An entry point nobody has written: its generated definition answers CUDA_ERROR_NOT_SUPPORTED.
+using MulticastGranularity = CUresult (*)(size_t*, const CUmulticastObjectProp*,
+                                          CUmulticastGranularity_flags);
 using ExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle,
                                              CUmemAllocationHandleType, unsigned long long);
 
@@ -196,17 +199,16 @@ TEST_F(ProcAddressTest, UnsupportedFunctionIsLoggedOnce) {
   if (const char* level = std::getenv("GPUPROXY_LOG_LEVEL"); level != nullptr) {
     GTEST_SKIP() << "GPUPROXY_LOG_LEVEL is set";
   }
-  auto memRelease =
-      reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle)>(symbol("cuMemRelease"));
-  ASSERT_NE(memRelease, nullptr);
+  auto granularity = reinterpret_cast<MulticastGranularity>(symbol("cuMulticastGetGranularity"));
+  ASSERT_NE(granularity, nullptr);
   std::FILE* capture = std::tmpfile();
   ASSERT_NE(capture, nullptr);
   std::fflush(stderr);
   int savedStderr = dup(STDERR_FILENO);
   ASSERT_GE(savedStderr, 0);
   ASSERT_GE(dup2(fileno(capture), STDERR_FILENO), 0);
-  CUresult first = memRelease(0);
-  CUresult second = memRelease(0);
+  CUresult first = granularity(nullptr, nullptr, CU_MULTICAST_GRANULARITY_MINIMUM);
+  CUresult second = granularity(nullptr, nullptr, CU_MULTICAST_GRANULARITY_MINIMUM);
   dup2(savedStderr, STDERR_FILENO);
   close(savedStderr);
   EXPECT_EQ(first, CUDA_ERROR_NOT_SUPPORTED);
@@ -216,7 +218,7 @@ TEST_F(ProcAddressTest, UnsupportedFunctionIsLoggedOnce) {
   std::ostringstream text;
   for (int c = std::fgetc(capture); c != EOF; c = std::fgetc(capture)) text << static_cast<char>(c);
   std::fclose(capture);
-  const std::string kLine = "gpuproxy: cuMemRelease is not supported\n";
+  const std::string kLine = "gpuproxy: cuMulticastGetGranularity is not supported\n";
   std::string log = text.str();
   EXPECT_NE(log.find(kLine), std::string::npos) << log;
   EXPECT_EQ(log.find(kLine), log.rfind(kLine)) << "logged more than once:\n" << log;
@@ -226,10 +228,10 @@ TEST_F(ProcAddressTest, UnsupportedFunctionIsLoggedOnce) {
 // binary re-executed with the variable set and a filter selecting only the child's half.
 TEST_F(ProcAddressTest, LogLevelOffSilencesTheUnsupportedLine) {
   if (std::getenv("GPUPROXY_TEST_LOG_OFF_CHILD") != nullptr) {
-    auto memRelease =
-        reinterpret_cast<CUresult (*)(CUmemGenericAllocationHandle)>(symbol("cuMemRelease"));
-    ASSERT_NE(memRelease, nullptr);
-    EXPECT_EQ(memRelease(0), CUDA_ERROR_NOT_SUPPORTED);
+    auto granularity = reinterpret_cast<MulticastGranularity>(symbol("cuMulticastGetGranularity"));
+    ASSERT_NE(granularity, nullptr);
+    EXPECT_EQ(granularity(nullptr, nullptr, CU_MULTICAST_GRANULARITY_MINIMUM),
+              CUDA_ERROR_NOT_SUPPORTED);
     return;
   }
   std::string self = std::filesystem::read_symlink("/proc/self/exe");
