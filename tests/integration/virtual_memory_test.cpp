@@ -83,5 +83,24 @@ TEST(VirtualMemory, PhysicalMemoryIsChargedAndComesBackWhenItsClientIsKilled) {
   EXPECT_TRUE(next.status.exitedWith(0)) << next.output << next.errors << daemon.logs();
 }
 
+// Through gpuproxy no two devices are peers: memory of one GPU is not mapped where another GPU's
+// context reserved the addresses, and no GPU is given access to another's memory.
+TEST(VirtualMemory, NoDeviceReachesAnothersMemory) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  const RunResult result = daemon.runClient("virtual_memory", {"cross-device"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors << daemon.logs();
+  auto got = answers(result.output);
+  EXPECT_EQ(got["cuMemMap(memory of another device)"], "CUDA_ERROR_NOT_SUPPORTED") << result.output;
+  EXPECT_EQ(got["cuMemSetAccess(from another device)"], "CUDA_ERROR_INVALID_DEVICE")
+      << result.output;
+  EXPECT_NE(daemon.log().find("no two devices are peers"), std::string::npos) << daemon.log();
+  EXPECT_TRUE(eventually([&] {
+    nlohmann::json status = daemon.status();
+    return status["devices"][0]["memory_used"] == 0 && status["devices"][1]["memory_used"] == 0;
+  })) << daemon.status().dump(2);
+}
+
 }  // namespace
 }  // namespace gpuproxy::testing

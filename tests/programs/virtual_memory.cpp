@@ -11,6 +11,9 @@
 //                                 back, and the device's free memory with it
 //   virtual_memory hold BYTES     BYTES of physical memory mapped and written, "pointer 0x..."
 //                                 printed, then wait to be killed
+//   virtual_memory cross-device   (two devices) memory of device 1 mapped at addresses reserved
+//                                 through device 0's context, and device 1 given access to
+//                                 memory of device 0: through gpuproxy no two devices are peers
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
@@ -256,6 +259,34 @@ void hold(const gpuproxy::programs::Program& program, std::size_t bytes) {
   std::this_thread::sleep_for(std::chrono::seconds(600));
 }
 
+void crossDevice(const gpuproxy::programs::Program& program) {
+  int devices = 0;
+  CHECK(cuDeviceGetCount(&devices));
+  if (devices < 2) die("cross-device needs two devices");
+  CUdevice other;
+  CHECK(cuDeviceGet(&other, 1));
+  CUcontext otherContext;
+  CHECK(cuDevicePrimaryCtxRetain(&otherContext, other));
+  const std::size_t granule = granularityOf(program.device());
+  CUdeviceptr address = 0;
+  CHECK(cuMemAddressReserve(&address, granule, 0, 0, 0));  // through device 0's context
+  const CUmemAllocationProp prop = deviceMemory(other);
+  CUmemGenericAllocationHandle handle = 0;
+  CHECK(cuMemCreate(&handle, granule, &prop, 0));
+  report("cuMemMap(memory of another device)", cuMemMap(address, granule, 0, handle, 0));
+  const MappedRange own = mapFresh(program.device(), granule);
+  CUmemAccessDesc access = {};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = other;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  report("cuMemSetAccess(from another device)", cuMemSetAccess(own.address, granule, &access, 1));
+  CHECK(cuMemRelease(handle));
+  CHECK(cuMemAddressFree(address, granule));
+  giveBack(own);
+  CHECK(cuDevicePrimaryCtxRelease(other));
+  std::printf("virtual_memory: PASSED\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -269,8 +300,10 @@ int main(int argc, char** argv) {
     run(program);
   } else if (scenario == "hold" && argc > 2) {
     hold(program, std::strtoull(argv[2], nullptr, 0));
+  } else if (scenario == "cross-device") {
+    crossDevice(program);
   } else {
-    die("usage: virtual_memory run | hold BYTES");
+    die("usage: virtual_memory run | hold BYTES | cross-device");
   }
   return 0;
 }
