@@ -283,7 +283,8 @@ public:
   // kernels and copies once its access is set. The caller keeps the rules (sizes, addresses and
   // offsets multiples of protocol::kVirtualMemoryGranularity, a mapping inside one reservation and
   // over nothing mapped, physical memory released only once unmapped, a reservation freed only
-  // once empty); a backend refuses what breaks them with CUDA_ERROR_INVALID_VALUE all the same.
+  // once empty, unmapMemory and setMemoryAccess naming one whole mapping each); a backend refuses
+  // what breaks them with CUDA_ERROR_INVALID_VALUE all the same.
   // createPhysicalMemory and releasePhysicalMemory are thread-safe as allocate and free are; the
   // rest are the owner thread's. CUDA_ERROR_NOT_SUPPORTED where the backend has none of it.
   virtual Result<CUdeviceptr> reserveAddresses(std::uint64_t /*bytes*/,

@@ -20,16 +20,7 @@ bool isGranular(std::uint64_t value) {
 }  // namespace
 
 ClientVirtualMemory::~ClientVirtualMemory() {
-  while (!mappings_.empty()) unmapOne(mappings_.begin());
-  for (auto it = physical_.begin(); it != physical_.end();) {
-    it->second.released = true;
-    auto next = std::next(it);
-    giveBackIfUnused(it);
-    it = next;
-  }
-  for (const auto& [start, reservation] : reservations_) {
-    shard_.device().freeAddresses(start, reservation.bytes);
-  }
+  forgetWhere([](Handle) { return true; });
 }
 
 bool ClientVirtualMemory::hasRoom() const {
@@ -155,9 +146,13 @@ CUresult ClientVirtualMemory::unmap(CUdeviceptr address, std::uint64_t bytes) {
 CUresult ClientVirtualMemory::setAccess(CUdeviceptr address, std::uint64_t bytes, bool writable) {
   const auto found = mappingsMakingUp(address, bytes);
   if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
-  const CUresult set = shard_.device().setMemoryAccess(address, bytes, owner_, writable);
-  if (set != CUDA_SUCCESS) return set;
-  for (const auto& mapping : found) mapping->second.writable = writable;
+  // Mapping by mapping, as unmapOne unmaps: the device is told of whole mappings only.
+  for (const auto& mapping : found) {
+    const CUresult set =
+        shard_.device().setMemoryAccess(mapping->first, mapping->second.bytes, owner_, writable);
+    if (set != CUDA_SUCCESS) return set;
+    mapping->second.writable = writable;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -170,28 +165,34 @@ bool ClientVirtualMemory::reaches(CUdeviceptr pointer, std::uint64_t bytes) cons
 }
 
 void ClientVirtualMemory::forgetContext(Handle context) {
-  auto physicalOf = [&](const Mapping& mapping) {
+  forgetWhere([context](Handle of) { return of == context; });
+}
+
+template <typename Goes>
+void ClientVirtualMemory::forgetWhere(Goes goes) {
+  auto physicalContext = [&](const Mapping& mapping) -> Handle {
     const auto physical = physical_.find(mapping.physical);
     return physical == physical_.end() ? 0 : physical->second.context;
   };
+  auto reservationContext = [&](CUdeviceptr address) -> Handle {
+    const auto after = reservations_.upper_bound(address);
+    return after == reservations_.begin() ? 0 : std::prev(after)->second.context;
+  };
   for (auto it = mappings_.begin(); it != mappings_.end();) {
-    auto next = std::next(it);
-    auto reservation = reservations_.upper_bound(it->first);
-    const bool inContextsReservation =
-        reservation != reservations_.begin() && std::prev(reservation)->second.context == context;
-    if (inContextsReservation || physicalOf(it->second) == context) unmapOne(it);
+    const auto next = std::next(it);
+    if (goes(reservationContext(it->first)) || goes(physicalContext(it->second))) unmapOne(it);
     it = next;
   }
   for (auto it = physical_.begin(); it != physical_.end();) {
-    auto next = std::next(it);
-    if (it->second.context == context) {
+    const auto next = std::next(it);
+    if (goes(it->second.context)) {
       it->second.released = true;
       giveBackIfUnused(it);
     }
     it = next;
   }
   for (auto it = reservations_.begin(); it != reservations_.end();) {
-    if (it->second.context != context) {
+    if (!goes(it->second.context)) {
       ++it;
       continue;
     }

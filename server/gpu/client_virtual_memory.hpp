@@ -98,6 +98,11 @@ private:
   // Unmaps one mapping from the device and forgets it; gives its memory back if that was the
   // last mapping of released memory.
   void unmapOne(Mappings::iterator mapping);
+  // Gives back everything of the contexts for which `goes(context)` holds: their mappings and
+  // those of their physical memory unmapped, their physical memory released, their reservations
+  // freed.
+  template <typename Goes>
+  void forgetWhere(Goes goes);
   // Gives physical memory back to the device (and its charge back to the tenant) if it is
   // released and mapped nowhere.
   void giveBackIfUnused(std::map<Handle, Physical>::iterator physical);

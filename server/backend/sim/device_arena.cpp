@@ -359,17 +359,10 @@ CUresult DeviceArena::map(CUdeviceptr address, std::uint64_t bytes, CUdeviceptr 
   return CUDA_SUCCESS;
 }
 
-std::vector<std::map<CUdeviceptr, DeviceArena::Mapping>::iterator>
-DeviceArena::mappingsMakingUpLocked(CUdeviceptr address, std::uint64_t bytes) {
-  std::vector<std::map<CUdeviceptr, Mapping>::iterator> found;
-  CUdeviceptr next = address;
-  for (auto it = mappings_.find(address); it != mappings_.end() && it->first == next; ++it) {
-    found.push_back(it);
-    next += it->second.bytes;
-    if (next - address >= bytes) break;
-  }
-  if (found.empty() || next - address != bytes) found.clear();
-  return found;
+std::map<CUdeviceptr, DeviceArena::Mapping>::iterator DeviceArena::mappingLocked(
+    CUdeviceptr address, std::uint64_t bytes) {
+  const auto found = mappings_.find(address);
+  return found != mappings_.end() && found->second.bytes == bytes ? found : mappings_.end();
 }
 
 void DeviceArena::revokeAccessLocked(std::map<CUdeviceptr, Mapping>::iterator mapping) {
@@ -381,28 +374,24 @@ void DeviceArena::revokeAccessLocked(std::map<CUdeviceptr, Mapping>::iterator ma
 
 CUresult DeviceArena::unmap(CUdeviceptr address, std::uint64_t bytes) {
   std::lock_guard lock(mutex_);
-  const auto found = mappingsMakingUpLocked(address, bytes);
-  if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
-  for (const auto& mapping : found) {
-    revokeAccessLocked(mapping);
-    --live_.at(mapping->second.physical).mappings;
-    mappings_.erase(mapping);
-  }
+  const auto mapping = mappingLocked(address, bytes);
+  if (mapping == mappings_.end()) return CUDA_ERROR_INVALID_VALUE;
+  revokeAccessLocked(mapping);
+  --live_.at(mapping->second.physical).mappings;
+  mappings_.erase(mapping);
   return CUDA_SUCCESS;
 }
 
 CUresult DeviceArena::setAccess(CUdeviceptr address, std::uint64_t bytes,
                                 backend::AddressSpace owner, bool writable) {
   std::lock_guard lock(mutex_);
-  const auto found = mappingsMakingUpLocked(address, bytes);
-  if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
-  for (const auto& mapping : found) {
-    revokeAccessLocked(mapping);
-    if (writable) {
-      mapping->second.accessor = owner;
-      holdings_[owner].mappings.insert(mapping->first);
-      changedLocked(owner);
-    }
+  const auto mapping = mappingLocked(address, bytes);
+  if (mapping == mappings_.end()) return CUDA_ERROR_INVALID_VALUE;
+  revokeAccessLocked(mapping);
+  if (writable) {
+    mapping->second.accessor = owner;
+    holdings_[owner].mappings.insert(mapping->first);
+    changedLocked(owner);
   }
   return CUDA_SUCCESS;
 }

@@ -82,9 +82,9 @@ public:
   // is an allocation of kDaemonAddressSpace's (allocate), which no client's kernels reach but
   // through a mapping, and which free() refuses while it is mapped. A mapping puts
   // [offset, offset + bytes) of one behind [address, address + bytes) of one reservation, over
-  // nothing mapped; setAccess lets `owner`'s kernels (and translate) reach the mappings that
-  // exactly make up a range, and unmap removes them. CUDA_ERROR_INVALID_VALUE for anything else;
-  // CUDA_ERROR_OUT_OF_MEMORY when the window has no room.
+  // nothing mapped; setAccess lets `owner`'s kernels (and translate) reach the mapping that is
+  // exactly [address, address + bytes), and unmap removes it. CUDA_ERROR_INVALID_VALUE for
+  // anything else; CUDA_ERROR_OUT_OF_MEMORY when the window has no room.
   backend::Result<CUdeviceptr> reserveAddresses(std::uint64_t bytes, std::uint64_t alignment);
   CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes);
   CUresult map(CUdeviceptr address, std::uint64_t bytes, CUdeviceptr physical,
@@ -159,10 +159,8 @@ private:
     std::uint64_t offset = 0;                       // into the allocation
     std::optional<backend::AddressSpace> accessor;  // setAccess; none: nobody reaches it
   };
-  // The mappings that exactly make up [address, address + bytes), in order; empty when they do
-  // not.
-  std::vector<std::map<CUdeviceptr, Mapping>::iterator> mappingsMakingUpLocked(CUdeviceptr address,
-                                                                               std::uint64_t bytes);
+  // The mapping that is exactly [address, address + bytes); mappings_.end() when there is none.
+  std::map<CUdeviceptr, Mapping>::iterator mappingLocked(CUdeviceptr address, std::uint64_t bytes);
   // Nobody reaches `mapping` any more.
   void revokeAccessLocked(std::map<CUdeviceptr, Mapping>::iterator mapping);
   bool inWindow(CUdeviceptr address) const {
