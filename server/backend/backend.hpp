@@ -5,8 +5,9 @@
 //
 // Threading: a Device and every object it created are used by one owner thread at a time, except
 // what may take long: Device::prepareModule, which any thread may call at any time, and
-// allocate/free and registerHostMemory/unregisterHostMemory, which may be called from one other
-// thread besides the owner, concurrently with the owner's calls (never with reset()). The owner may
+// allocate/free, registerHostMemory/unregisterHostMemory and destroying a Module (its unload),
+// which may be done on one other thread besides the owner, concurrently with the owner's calls
+// (never with reset()). The owner may
 // have reset() run on another thread, making no other call on the device until it has returned.
 // Callbacks run on a backend thread, must be quick, and must not call back into the backend.
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or

@@ -92,8 +92,9 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
                  "as a large PTX JIT does on a GPU (for testing)")
       ->group("Testing");
   app.add_option("--sim-slow-free", slowFree,
-                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to free each allocation, "
-                 "as cuMemFree does on a GPU when it waits for the device (for testing)")
+                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to free each allocation "
+                 "and to unload each module, as cuMemFree and cuModuleUnload do on a GPU when "
+                 "they wait for the device (for testing)")
       ->group("Testing");
   app.add_option("--sim-slow-reset", slowReset,
                  "DEVICE:MS: sim device DEVICE takes MS milliseconds more to reset its context "

@@ -976,7 +976,7 @@ kj::Promise<backend::Result<Handle>> GpuClient::loadModule(Handle context,
   if (!hold) return Loaded(CUDA_ERROR_OUT_OF_MEMORY);
   return shard_.loadModule(std::move(image), stats_->addressSpace)
       .then([this, context, hold = std::move(*hold)](
-                backend::Result<std::unique_ptr<backend::Module>> loaded) mutable -> Loaded {
+                backend::Result<GpuShard::LoadedModule> loaded) mutable -> Loaded {
         if (!loaded.ok()) return loaded.code();
         // Another thread of the client may have destroyed the context meanwhile.
         if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;

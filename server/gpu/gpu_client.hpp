@@ -14,6 +14,7 @@
 #include "server/dispatch/scheduled_device.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/client_virtual_memory.hpp"
+#include "server/gpu/gpu_shard.hpp"
 #include "server/gpu/handles.hpp"
 #include "server/gpu/ipc_exports.hpp"
 #include "server/gpu/memory_charge.hpp"
@@ -30,8 +31,6 @@
 #include <vector>
 
 namespace gpuproxy::server {
-
-class GpuShard;
 
 struct PrimaryContextState {
   unsigned flags = 0;
@@ -238,7 +237,7 @@ private:
   };
   struct Module {
     Handle context = 0;
-    std::unique_ptr<backend::Module> module;
+    GpuShard::LoadedModule module;
     std::map<std::string, Handle> functionsByName;
     std::vector<backend::GlobalVariable> variablesLookedUp;  // in moduleVariables_ too
     std::optional<MemoryCharge> charge;                      // its device memory, while loaded

@@ -73,9 +73,9 @@ kj::Promise<Answer> GpuShard::runBlocking(Call&& call, Finish&& finish) {
   return kj::mv(answer.promise);
 }
 
-kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> GpuShard::loadModule(
+kj::Promise<backend::Result<GpuShard::LoadedModule>> GpuShard::loadModule(
     std::vector<std::byte> image, backend::AddressSpace owner) {
-  using Loaded = backend::Result<std::unique_ptr<backend::Module>>;
+  using Loaded = backend::Result<LoadedModule>;
   // Shared with the blocking call, which fills it in: the promise carries no value, since a
   // move-only one through kj's cross-thread fulfiller trips GCC's maybe-uninitialized analysis.
   struct Preparation {
@@ -91,8 +91,21 @@ kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> GpuShard::loadMod
         if (!preparation->module.ok()) return preparation->module.code();
         // Nobody wants it any more: it is not placed in device memory.
         if (!callerWaits) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-        return device_->loadPrepared(std::move(preparation->module).value(), owner);
+        auto placed = device_->loadPrepared(std::move(preparation->module).value(), owner);
+        if (!placed.ok()) return placed.code();
+        return LoadedModule(placed.value().release(), UnloadOnBlockingCallThread{this});
       });
+}
+
+void GpuShard::UnloadOnBlockingCallThread::operator()(backend::Module* module) const {
+  shard->unload(std::unique_ptr<backend::Module>(module));
+}
+
+void GpuShard::unload(std::unique_ptr<backend::Module> module) {
+  // Nobody waits: a module's unload has no answer to give (the backend notes a sticky error
+  // itself). The shard's task still ends the call (runBlocking).
+  (void)runBlocking<CUresult>([module = std::move(module)]() mutable { module.reset(); },
+                              [](bool) { return CUDA_SUCCESS; });
 }
 
 kj::Promise<backend::Result<CUdeviceptr>> GpuShard::allocate(std::size_t bytes,

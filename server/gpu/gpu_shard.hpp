@@ -96,10 +96,19 @@ public:
   // An allocation on this thread, for the sim's device heap (never a driver call).
   backend::Result<CUdeviceptr> allocateNow(std::size_t bytes, backend::AddressSpace owner);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
+  // A module loaded through the shard: destroying it unloads it on the blocking-call thread, as
+  // release frees memory, since cuModuleUnload may wait for the device. Whoever holds it gives
+  // back its charge as it destroys it; crediting first is safe for the reason release's comment
+  // gives.
+  struct UnloadOnBlockingCallThread {
+    GpuShard* shard = nullptr;
+    void operator()(backend::Module* module) const;
+  };
+  using LoadedModule = std::unique_ptr<backend::Module, UnloadOnBlockingCallThread>;
   // A module for `owner`: prepared (decoded, JIT-compiled) on the blocking-call thread, then
   // placed in device memory here. Its device memory is not charged yet: the caller charges it.
-  kj::Promise<backend::Result<std::unique_ptr<backend::Module>>> loadModule(
-      std::vector<std::byte> image, backend::AddressSpace owner);
+  kj::Promise<backend::Result<LoadedModule>> loadModule(std::vector<std::byte> image,
+                                                        backend::AddressSpace owner);
   // Host memory registered with (or unregistered from) this GPU on the blocking-call thread:
   // pinning a large range takes time in proportion to its size. Contract as
   // backend::Device::registerHostMemory's.
@@ -172,6 +181,8 @@ private:
   // as that of giving back `what` `id` of `pid`'s.
   template <typename Call>
   void giveBackInBackground(const char* what, std::uint64_t id, pid_t pid, Call&& call);
+  // Destroys `module` on the blocking-call thread (LoadedModule's deleter).
+  void unload(std::unique_ptr<backend::Module> module);
 
   OwnerThread owner_;
   std::uint32_t index_;

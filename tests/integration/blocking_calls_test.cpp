@@ -62,6 +62,18 @@ void expectNeverHeldUp(Child& client, int slowCallMs, const char* heldUpBy) {
       << client.output();
 }
 
+// Status once no device has a blocking call pending any more.
+nlohmann::json settledStatus(const Daemon& daemon) {
+  nlohmann::json status;
+  EXPECT_TRUE(eventually([&] {
+    status = daemon.status();
+    return std::all_of(status["devices"].begin(), status["devices"].end(), [](const auto& device) {
+      return device["blocking_calls"]["pending"].template get<int>() == 0;
+    });
+  })) << status.dump(2);
+  return status;
+}
+
 // Asks `gpuproxyctl status` again and again until `until`: it answers every time, never taking
 // `slowCallMs` / 4 or longer, though `slowCall` is under way.
 void expectStatusAnswersAtOnce(const Daemon& daemon, steady_clock::time_point until, int slowCallMs,
@@ -122,13 +134,14 @@ TEST(BlockingCalls, ASlowModuleLoadStallsNoOtherClientNorTheAdminSocket) {
   }
 
   // Every call is counted where it ran: on device 0 two slow preparations (the steady client's
-  // and the loader's) and the programs' allocations and frees (one buffer and three); on device 1
-  // one quick preparation, one allocation and one free.
-  nlohmann::json status = daemon.status();
-  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 10) << status.dump(2);
+  // and the loader's), the programs' allocations and frees (one buffer and three) and their
+  // modules' unloads; on device 1 one quick preparation, one allocation, one free and one unload.
+  // (An unload answers before it has run: wait for the last ones.)
+  nlohmann::json status = settledStatus(daemon);
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 12) << status.dump(2);
   EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(),
             2 * kSlowLoadMs / 1000.0);
-  EXPECT_EQ(status["devices"][1]["blocking_calls"]["ended"].get<int>(), 3) << status.dump(2);
+  EXPECT_EQ(status["devices"][1]["blocking_calls"]["ended"].get<int>(), 4) << status.dump(2);
   EXPECT_LT(status["devices"][1]["blocking_calls"]["seconds"].get<double>(), kSlowLoadMs / 1000.0);
 }
 
@@ -175,11 +188,11 @@ TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
   EXPECT_TRUE(ran.exitedWith(0)) << newcomer->output() << newcomer->errors() << daemon.log();
   EXPECT_GE(std::chrono::duration_cast<milliseconds>(steady_clock::now() - resetStarted).count(),
             kSlowResetMs - 1000);
-  nlohmann::json status = daemon.status();
+  nlohmann::json status = settledStatus(daemon);
   EXPECT_TRUE(status["devices"][0]["sticky_error"].is_null()) << status.dump(2);
-  // Device 0's blocking calls: the reset, and the two programs' module preparations,
+  // Device 0's blocking calls: the reset, and the two programs' module preparations and unloads,
   // allocations and frees.
-  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 10) << status.dump(2);
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), 12) << status.dump(2);
   EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(), kSlowResetMs / 1000.0);
 
   // The client of the other GPU never waited anywhere near that long for a synchronise.
@@ -246,6 +259,52 @@ TEST(BlockingCalls, FreeingWhatAClientLeftStallsNoOtherClientNorTheAdminSocket) 
       [&] { return daemon.status()["devices"][0]["memory_used"].get<std::uint64_t>() == 0; },
       std::chrono::seconds(20)))
       << daemon.status().dump(2);
+}
+
+// A program killed while it holds a module leaves its unload to the daemon, and cuModuleUnload
+// may wait for the device as cuMemFree does: it runs on the GPU's blocking-call thread too, so
+// that meanwhile every other client is served and status answers.
+TEST(BlockingCalls, UnloadingTheModuleOfAClientThatWentStallsNoOtherClientNorTheAdminSocket) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  options.extraArguments = {"--sim-slow-free", "0:" + std::to_string(kSlowFreeMs)};
+  Daemon daemon(options);
+  auto onSlowGpu = startSteadyClient(daemon, 0);
+  auto onOtherGpu = startSteadyClient(daemon, 1);
+  auto leaving = startSteadyClient(daemon, 0);
+  // All three in their loops: each has had its module prepared and its buffer allocated.
+  ASSERT_TRUE(eventually(
+      [&] {
+        nlohmann::json status = daemon.status();
+        return status["devices"][0]["blocking_calls"]["ended"].get<int>() >= 4 &&
+               status["devices"][1]["blocking_calls"]["ended"].get<int>() >= 2;
+      },
+      std::chrono::seconds(30)))
+      << daemon.log();
+  const int endedBefore = daemon.status()["devices"][0]["blocking_calls"]["ended"].get<int>();
+
+  leaving->signal(SIGKILL);
+  EXPECT_EQ(leaving->wait().signal, SIGKILL);
+  const auto unloadStarted = steady_clock::now();
+  ASSERT_TRUE(eventually(
+      [&] { return daemon.status()["devices"][0]["blocking_calls"]["pending"].get<int>() > 0; },
+      std::chrono::seconds(10)))
+      << daemon.log();
+  expectStatusAnswersAtOnce(daemon, unloadStarted + milliseconds(kSlowFreeMs - 1500), kSlowFreeMs,
+                            "the unload of a module a client left");
+
+  // Its buffer's free and its module's unload both ran there, each as slow as told.
+  ASSERT_TRUE(eventually(
+      [&] { return daemon.status()["devices"][0]["blocking_calls"]["pending"].get<int>() == 0; },
+      std::chrono::seconds(30)));
+  nlohmann::json status = daemon.status();
+  EXPECT_EQ(status["devices"][0]["blocking_calls"]["ended"].get<int>(), endedBefore + 2)
+      << status.dump(2);
+  EXPECT_GE(status["devices"][0]["blocking_calls"]["seconds"].get<double>(),
+            2 * kSlowFreeMs / 1000.0);
+  for (auto* client : {onSlowGpu.get(), onOtherGpu.get()}) {
+    expectNeverHeldUp(*client, kSlowFreeMs, "the unload of a module another client left");
+  }
 }
 
 }  // namespace

@@ -831,8 +831,16 @@ class SimModule final : public Module {
 public:
   SimModule(std::shared_ptr<ModuleImage> image,
             std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions,
-            std::uint64_t deviceBytes)
-      : image_(std::move(image)), functions_(std::move(functions)), deviceBytes_(deviceBytes) {}
+            std::uint64_t deviceBytes, std::chrono::milliseconds unloadDelay)
+      : image_(std::move(image)),
+        functions_(std::move(functions)),
+        deviceBytes_(deviceBytes),
+        unloadDelay_(unloadDelay) {}
+  // Giving the module's memory back is as slow as a free on this device (CallDelays::free): on a
+  // GPU, cuModuleUnload may wait for the device as cuMemFree does.
+  ~SimModule() override {
+    if (unloadDelay_.count() > 0) std::this_thread::sleep_for(unloadDelay_);
+  }
 
   // The image size stands in for the code a GPU would load, plus the module's variables, which
   // live in device memory: module memory is accounted for like on a GPU.
@@ -898,6 +906,7 @@ private:
   std::shared_ptr<ModuleImage> image_;
   std::map<std::string, std::unique_ptr<SimFunction>, std::less<>> functions_;
   std::uint64_t deviceBytes_;
+  std::chrono::milliseconds unloadDelay_;
 };
 
 class SimEvent final : public Event {
@@ -1297,8 +1306,9 @@ public:
       info.binaryVersion = static_cast<int>(computeCapability_);
       functions.emplace(kernel.name, std::make_unique<SimFunction>(std::move(data), *core_));
     }
-    return std::unique_ptr<Module>(std::make_unique<SimModule>(
-        std::move(moduleImage), std::move(functions), prepared->imageBytes + variableBytes));
+    return std::unique_ptr<Module>(
+        std::make_unique<SimModule>(std::move(moduleImage), std::move(functions),
+                                    prepared->imageBytes + variableBytes, delays_.free));
   }
 
   Result<std::unique_ptr<Stream>> createStream(unsigned flags, int priority) override {

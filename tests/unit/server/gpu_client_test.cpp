@@ -601,6 +601,30 @@ TEST_F(GpuClientTest, ModulesCountAgainstTheTenantLimit) {
   EXPECT_EQ(shard_.memoryUsed(), 0u);
 }
 
+// cuModuleUnload may wait for the device, so a module is unloaded on the GPU's blocking-call
+// thread, whether its client unloads it or goes; its memory is the tenant's again at once.
+TEST_F(GpuClientTest, ModulesAreUnloadedOnTheBlockingCallThreadAndCreditedAtOnce) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto unloaded = wait(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx)));
+  auto left = wait(client->loadModule(context.value(), bytes(testing::kTestKernelsPtx)));
+  ASSERT_TRUE(unloaded.ok());
+  ASSERT_TRUE(left.ok());
+  const std::uint64_t calls = shard_.blockingCalls().completed;
+
+  EXPECT_EQ(wait(client->unloadModule(unloaded.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), tenant_->memoryUsed(0));
+  EXPECT_GT(shard_.memoryUsed(), 0u);
+  EXPECT_TRUE(soon([&] { return shard_.blockingCalls().completed == calls + 1; }));
+
+  wait(client->drain());
+  client.reset();
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(tenant_->memoryUsed(0), 0u);
+  EXPECT_TRUE(soon([&] { return shard_.blockingCalls().completed == calls + 2; }));
+  EXPECT_EQ(shard_.blockingCalls().pending, 0u);
+}
+
 // One kernel that takes `bytes` from the device heap and stores the pointer malloc returned.
 constexpr const char* kTakeFromHeapPtx = R"(
 .version 7.0
@@ -793,16 +817,17 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   wait(victim->drain());
   victim.reset();
   // The last one gone, the context is reset on the shard's blocking-call thread, once the
-  // victim's memory has been freed there; until the reset ends the shard says what it is
-  // recovering from, and new contexts wait for it (whenServing).
+  // culprit's module has been unloaded and the victim's memory freed there; until the reset ends
+  // the shard says what it is recovering from, and new contexts wait for it (whenServing).
   EXPECT_TRUE(shard_.resetting());
   EXPECT_EQ(shard_.stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
   wait(shard_.whenServing());
   EXPECT_FALSE(shard_.resetting());
   EXPECT_EQ(shard_.stickyError(), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 0u);
-  // The two allocations, the module's preparation, the victim's memory freed, and the reset.
-  EXPECT_EQ(shard_.blockingCalls().completed, 5u);
+  // The two allocations, the module's preparation and unload, the victim's memory freed, and the
+  // reset.
+  EXPECT_EQ(shard_.blockingCalls().completed, 6u);
   auto fresh = newClient(30);
   auto freshContext = fresh->createContext(0);
   EXPECT_TRUE(wait(fresh->allocate(freshContext.value(), 16)).ok());
