@@ -5,9 +5,9 @@
 //
 // Threading: a Device and every object it created are used by one owner thread at a time, except
 // what may take long: Device::prepareModule, which any thread may call at any time, and
-// allocate/free, registerHostMemory/unregisterHostMemory and destroying a Module (its unload),
-// which may be done on one other thread besides the owner, concurrently with the owner's calls
-// (never with reset()). The owner may
+// allocate/free, registerHostMemory/unregisterHostMemory, loadPrepared and destroying a Module
+// (its unload), which may be done on one other thread besides the owner, concurrently with the
+// owner's calls (never with reset()). The owner may
 // have reset() run on another thread, making no other call on the device until it has returned.
 // Callbacks run on a backend thread, must be quick, and must not call back into the backend.
 // Lifetimes: a Device outlives its streams, events and modules; destroying a Stream, Event or
@@ -334,12 +334,13 @@ public:
   virtual CUresult unregisterHostMemory(void* host) = 0;
 
   // A module image as cuModuleLoadData takes it (PTX text; cubin and fatbin on `cuda`) loads in
-  // two steps, so that the slow one can run away from the owner thread:
+  // two steps:
   // - prepareModule does what may take long and touches no device state: choosing a fatbin's
   //   entry, decompressing it, parsing PTX, the JIT (seconds for a large PTX module on `cuda`).
   //   It may be called from any thread, concurrently with any other call on this device.
-  // - loadPrepared is the owner thread's and quick: it places the module in the device's memory.
-  //   Its variables are `owner`'s memory.
+  // - loadPrepared places the module in the device's memory (a large cubin takes a while), on
+  //   the owner thread or the one other thread the contract above names. Its variables are
+  //   `owner`'s memory.
   // Errors are cuModuleLoadData's, from whichever step finds them.
   virtual Result<std::unique_ptr<PreparedModule>> prepareModule(
       std::span<const std::byte> image) const = 0;

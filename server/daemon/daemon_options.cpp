@@ -88,7 +88,7 @@ std::variant<DaemonOptions, int> parseDaemonOptions(int argc, char** argv) {
       ->transform(CLI::CheckedTransformer(computeCapabilities))
       ->default_str(backend::computeCapabilityName(options.simComputeCapability));
   app.add_option("--sim-slow-module-load", slowModuleLoad,
-                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to prepare each module, "
+                 "DEVICE:MS: sim device DEVICE takes MS milliseconds more to load each module, "
                  "as a large PTX JIT does on a GPU (for testing)")
       ->group("Testing");
   app.add_option("--sim-slow-free", slowFree,

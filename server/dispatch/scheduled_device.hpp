@@ -141,14 +141,15 @@ public:
   }
   CUresult unregisterHostMemory(void* host) override { return device_->unregisterHostMemory(host); }
   // Modules are the real device's business too; preparing one touches nothing here, so any
-  // thread may, as the contract allows.
+  // thread may, as the contract allows, and placing one is the blocking-call thread's, as
+  // allocating memory is.
   backend::Result<std::unique_ptr<backend::PreparedModule>> prepareModule(
       std::span<const std::byte> image) const override {
     return device_->prepareModule(image);
   }
   backend::Result<std::unique_ptr<backend::Module>> loadPrepared(
       std::unique_ptr<backend::PreparedModule> prepared, backend::AddressSpace owner) override {
-    return backend().loadPrepared(std::move(prepared), owner);
+    return device_->loadPrepared(std::move(prepared), owner);
   }
   // A stream of the daemon's own (no client): scheduled as an internal weight-1 tenant, placed
   // as best-effort (createStream) or as `workClass` (createStreamFor).

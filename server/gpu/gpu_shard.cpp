@@ -78,22 +78,29 @@ kj::Promise<backend::Result<GpuShard::LoadedModule>> GpuShard::loadModule(
   using Loaded = backend::Result<LoadedModule>;
   // Shared with the blocking call, which fills it in: the promise carries no value, since a
   // move-only one through kj's cross-thread fulfiller trips GCC's maybe-uninitialized analysis.
-  struct Preparation {
-    backend::Result<std::unique_ptr<backend::PreparedModule>> module = CUDA_ERROR_UNKNOWN;
+  struct Load {
+    backend::Result<std::unique_ptr<backend::Module>> module = CUDA_ERROR_UNKNOWN;
   };
-  auto preparation = std::make_shared<Preparation>();
-  const dispatch::ScheduledDevice* device = device_.get();
+  auto load = std::make_shared<Load>();
+  dispatch::ScheduledDevice* device = device_.get();
+  // Prepared and placed in device memory in one call, after every free and unload given before
+  // it, and never beside an allocation: the cuda backend measures what a module takes by the
+  // device's free memory across its placement.
   return runBlocking<Loaded>(
-      [device, image = std::move(image), preparation]() {
-        preparation->module = device->prepareModule(image);
+      [device, image = std::move(image), owner, load]() {
+        auto prepared = device->prepareModule(image);
+        if (!prepared.ok()) {
+          load->module = prepared.code();
+          return;
+        }
+        load->module = device->loadPrepared(std::move(prepared).value(), owner);
       },
-      [this, owner, preparation](bool callerWaits) -> Loaded {
-        if (!preparation->module.ok()) return preparation->module.code();
-        // Nobody wants it any more: it is not placed in device memory.
+      [this, load](bool callerWaits) -> Loaded {
+        if (!load->module.ok()) return load->module.code();
+        LoadedModule loaded(load->module.value().release(), UnloadOnBlockingCallThread{this});
+        // Nobody wants it any more: it is unloaded again.
         if (!callerWaits) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-        auto placed = device_->loadPrepared(std::move(preparation->module).value(), owner);
-        if (!placed.ok()) return placed.code();
-        return LoadedModule(placed.value().release(), UnloadOnBlockingCallThread{this});
+        return loaded;
       });
 }
 

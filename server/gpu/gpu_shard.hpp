@@ -105,8 +105,8 @@ public:
     void operator()(backend::Module* module) const;
   };
   using LoadedModule = std::unique_ptr<backend::Module, UnloadOnBlockingCallThread>;
-  // A module for `owner`: prepared (decoded, JIT-compiled) on the blocking-call thread, then
-  // placed in device memory here. Its device memory is not charged yet: the caller charges it.
+  // A module for `owner`: prepared (decoded, JIT-compiled) and placed in device memory on the
+  // blocking-call thread. Its device memory is not charged yet: the caller charges it.
   kj::Promise<backend::Result<LoadedModule>> loadModule(std::vector<std::byte> image,
                                                         backend::AddressSpace owner);
   // Host memory registered with (or unregistered from) this GPU on the blocking-call thread:

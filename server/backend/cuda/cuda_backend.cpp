@@ -1504,9 +1504,10 @@ public:
     KJ_REQUIRE(prepared != nullptr, "a module prepared by another backend");
     CUmodule module = nullptr;
     // The driver does not say how much device memory a module takes; the drop in free memory
-    // across the load does. The daemon is the only allocator in its context and the owner thread
-    // makes one call at a time (prepareModule's JIT takes no device memory), so the difference
-    // belongs to this module.
+    // across the load does. The daemon is the only allocator in its context, and its
+    // allocations, frees and module loads and unloads are made one at a time on one thread (the
+    // GPU's blocking-call thread; prepareModule's JIT takes no device memory), so the
+    // difference belongs to this module.
     const std::uint64_t freeBefore = memoryInfo().free;
     // With an SM partition the kernels run in the green contexts, where a CUfunction of the
     // primary context cannot be launched; a library's CUkernel can, in any context.

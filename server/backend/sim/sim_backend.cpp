@@ -1192,7 +1192,6 @@ public:
   // reads only the image and the device's index.
   Result<std::unique_ptr<PreparedModule>> prepareModule(
       std::span<const std::byte> image) const override {
-    if (delays_.moduleLoad.count() > 0) std::this_thread::sleep_for(delays_.moduleLoad);
     const int index = core_->index();
     // A fatbin runs from its PTX entry (the interpreter executes PTX, not SASS).
     std::string ptxOfFatbin;
@@ -1245,6 +1244,9 @@ public:
 
   Result<std::unique_ptr<Module>> loadPrepared(std::unique_ptr<PreparedModule> preparedModule,
                                                backend::AddressSpace owner) override {
+    // A slow load (CallDelays::moduleLoad) is slow where it touches the device: the daemon runs
+    // the preparation (a GPU's JIT) and this in one call, and must run this too off its loop.
+    if (delays_.moduleLoad.count() > 0) std::this_thread::sleep_for(delays_.moduleLoad);
     if (const CUresult status = core_->usable(); status != CUDA_SUCCESS) return status;
     auto* prepared = dynamic_cast<SimPreparedModule*>(preparedModule.get());
     KJ_REQUIRE(prepared != nullptr, "a module prepared by another backend");

@@ -39,7 +39,7 @@ struct SimOptions {
   // beyond the first.
   int workerThreads = -1;
   // Calls made slow on one device, as they can be on a GPU: for testing that they stall no one
-  // else. Preparing a module (a large PTX JIT), giving device memory back (cuMemFree and a
+  // else. Loading a module (a large PTX JIT), giving device memory back (cuMemFree and a
   // module's unload, which may wait for the device), and resetting the context after a sticky
   // fault (recreating it, registering clients' pinned memory in it again).
   SlowCall slowModuleLoad = {};
