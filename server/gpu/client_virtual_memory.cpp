@@ -71,7 +71,8 @@ CUresult ClientVirtualMemory::release(Handle handle) {
 
 void ClientVirtualMemory::giveBackIfUnused(std::map<Handle, Physical>::iterator physical) {
   if (!physical->second.released || physical->second.mappings > 0) return;
-  shard_.releasePhysicalMemory(physical->second.backendHandle, pid_);
+  shard_.releasePhysicalMemory(physical->second.backendHandle, physical->second.charge.bytes(),
+                               pid_);
   physical_.erase(physical);  // and its charge
 }
 

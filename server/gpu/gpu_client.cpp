@@ -166,8 +166,8 @@ kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
   });
 }
 
-void GpuClient::releaseDeviceMemory(CUdeviceptr pointer) {
-  shard_.release(pointer, stats_->identity.pid);
+void GpuClient::releaseDeviceMemory(CUdeviceptr pointer, const MemoryCharge& charge) {
+  shard_.release(pointer, charge.bytes(), stats_->identity.pid);
 }
 
 void GpuClient::destroyContextNow(Handle context) {
@@ -537,7 +537,7 @@ backend::Result<float> GpuClient::eventElapsedTime(Handle start, Handle end) {
 std::map<CUdeviceptr, GpuClient::Allocation>::iterator GpuClient::dropAllocation(
     std::map<CUdeviceptr, Allocation>::iterator allocation) {
   if (!shard_.ipcExports().keepForImporters(allocation->first, allocation->second.charge)) {
-    releaseDeviceMemory(allocation->first);
+    releaseDeviceMemory(allocation->first, allocation->second.charge);
   }
   return allocations_.erase(allocation);
 }
@@ -577,7 +577,7 @@ backend::Result<IpcExports::Range> GpuClient::openMemory(Handle context, const I
   if (CUresult shared = shard_.device().shareAllocation(opened.base, stats_->addressSpace);
       shared != CUDA_SUCCESS) {
     if (auto charge = shard_.ipcExports().closeMemory(opened.base))
-      releaseDeviceMemory(opened.base);
+      releaseDeviceMemory(opened.base, *charge);
     return shared;
   }
   imports_.emplace(opened.base, Import{opened.bytes, context, token, 1});
@@ -605,7 +605,7 @@ std::map<CUdeviceptr, GpuClient::Import>::iterator GpuClient::closeImportNow(
   const CUdeviceptr base = import->first;
   shard_.device().unshareAllocation(base, stats_->addressSpace);
   if (std::optional<MemoryCharge> charge = shard_.ipcExports().closeMemory(base)) {
-    releaseDeviceMemory(base);
+    releaseDeviceMemory(base, *charge);
   }
   return imports_.erase(import);
 }
@@ -690,7 +690,7 @@ kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(Handle cont
        charge = std::move(*charge)](backend::Result<std::uint64_t> made) mutable -> Created {
         if (!made.ok()) return made.code();   // the charge goes back with `charge`
         if (contexts_.count(context) == 0) {  // destroyed meanwhile
-          shard_.releasePhysicalMemory(made.value(), stats_->identity.pid);
+          shard_.releasePhysicalMemory(made.value(), charge.bytes(), stats_->identity.pid);
           return CUDA_ERROR_INVALID_CONTEXT;
         }
         const Handle handle = newHandle(HandleKind::kPhysicalMemory);
@@ -728,7 +728,7 @@ kj::Promise<backend::Result<CUdeviceptr>> GpuClient::allocate(Handle context, st
              charge = std::move(*charge)](Allocated pointer) mutable -> Allocated {
         if (!pointer.ok()) return pointer.code();  // the charge goes back with `charge`
         if (contexts_.count(context) == 0) {       // destroyed meanwhile
-          releaseDeviceMemory(pointer.value());
+          releaseDeviceMemory(pointer.value(), charge);
           return CUDA_ERROR_INVALID_CONTEXT;
         }
         allocations_.emplace(pointer.value(), Allocation{bytes, context, std::move(charge)});
@@ -799,7 +799,7 @@ CUresult GpuClient::provideDeviceHeap(const backend::Module& module) {
 void GpuClient::releaseDeviceHeap() {
   if (!deviceHeap_) return;
   shard_.device().attachDeviceHeap(stats_->addressSpace, 0, 0);
-  releaseDeviceMemory(deviceHeap_->pointer);
+  releaseDeviceMemory(deviceHeap_->pointer, deviceHeap_->charge);
   deviceHeap_.reset();  // and its charge
 }
 

@@ -320,7 +320,7 @@ private:
   MemoryLedger ledger();
   // Frees device memory of this client's on the device; the caller drops its charge (with the
   // allocation, from allocations_, or the heap).
-  void releaseDeviceMemory(CUdeviceptr pointer);
+  void releaseDeviceMemory(CUdeviceptr pointer, const MemoryCharge& charge);
   // Frees every resource of `context` and forgets it. Its work must have drained.
   void destroyContextNow(Handle context);
   // Makes the device heap if `module` needs one and there is none yet; CUDA's error for a module

@@ -109,10 +109,21 @@ void GpuShard::UnloadOnBlockingCallThread::operator()(backend::Module* module) c
 }
 
 void GpuShard::unload(std::unique_ptr<backend::Module> module) {
-  // Nobody waits: a module's unload has no answer to give (the backend notes a sticky error
-  // itself). The shard's task still ends the call (runBlocking).
-  (void)runBlocking<CUresult>([module = std::move(module)]() mutable { module.reset(); },
-                              [](bool) { return CUDA_SUCCESS; });
+  // A module's unload has no answer to give (the backend notes a sticky error itself).
+  const std::uint64_t bytes = module->deviceBytes();
+  giveBackInBackground("module", 0, bytes, 0, [module = std::move(module)]() mutable {
+    module.reset();
+    return CUDA_SUCCESS;
+  });
+}
+
+backend::MemoryInfo GpuShard::memoryInfo() {
+  // Memory stays in givingBack_ until its free has returned, since a free that waits for the
+  // device gives the memory back only at its end: only in the moment between the device having
+  // it and the count dropping may it be counted twice (and never past the device's total).
+  backend::MemoryInfo info = device_->memoryInfo();
+  info.free = std::min(info.total, info.free + givingBack_.load());
+  return info;
 }
 
 kj::Promise<backend::Result<CUdeviceptr>> GpuShard::allocate(std::size_t bytes,
@@ -122,9 +133,9 @@ kj::Promise<backend::Result<CUdeviceptr>> GpuShard::allocate(std::size_t bytes,
   dispatch::ScheduledDevice* device = device_.get();
   return runBlocking<Allocated>(
       [device, bytes, owner, allocated]() { *allocated = device->allocate(bytes, owner); },
-      [this, allocated](bool callerWaits) -> Allocated {
+      [this, bytes, allocated](bool callerWaits) -> Allocated {
         if (!callerWaits && allocated->ok()) {
-          release(allocated->value(), 0);
+          release(allocated->value(), device_->occupiedBytes(bytes), 0);
           return CUDA_ERROR_CONTEXT_IS_DESTROYED;
         }
         return *allocated;
@@ -180,13 +191,18 @@ void GpuShard::taskFailed(kj::Exception&& exception) {
 }
 
 template <typename Call>
-void GpuShard::giveBackInBackground(const char* what, std::uint64_t id, pid_t pid, Call&& call) {
+void GpuShard::giveBackInBackground(const char* what, std::uint64_t id, std::uint64_t bytes,
+                                    pid_t pid, Call&& call) {
   // Accounting follows what the client held (its MemoryCharge went with the memory), even when a
   // poisoned context refuses: the memory comes back with the context reset.
   auto status = std::make_shared<CUresult>(CUDA_ERROR_UNKNOWN);
+  givingBack_ += bytes;
   // Nobody waits for the answer: the shard's task still ends the call (runBlocking).
   (void)runBlocking<CUresult>(
-      [call = std::forward<Call>(call), status]() mutable { *status = call(); },
+      [this, bytes, call = std::forward<Call>(call), status]() mutable {
+        *status = call();
+        givingBack_ -= bytes;  // once the device has it back (memoryInfo)
+      },
       [this, what, id, pid, status](bool) {
         if (*status != CUDA_SUCCESS && !isStickyError(*status)) {
           spdlog::error("device {}: giving back {} {:#x} of pid {} failed ({})", index_, what, id,
@@ -196,9 +212,9 @@ void GpuShard::giveBackInBackground(const char* what, std::uint64_t id, pid_t pi
       });
 }
 
-void GpuShard::release(CUdeviceptr pointer, pid_t pid) {
+void GpuShard::release(CUdeviceptr pointer, std::uint64_t bytes, pid_t pid) {
   dispatch::ScheduledDevice* device = device_.get();
-  giveBackInBackground("device memory", pointer, pid,
+  giveBackInBackground("device memory", pointer, bytes, pid,
                        [device, pointer]() { return device->free(pointer); });
 }
 
@@ -208,18 +224,18 @@ kj::Promise<backend::Result<std::uint64_t>> GpuShard::createPhysicalMemory(std::
   dispatch::ScheduledDevice* device = device_.get();
   return runBlocking<Created>(
       [device, bytes, created]() { *created = device->createPhysicalMemory(bytes); },
-      [this, created](bool callerWaits) -> Created {
+      [this, bytes, created](bool callerWaits) -> Created {
         if (!callerWaits && created->ok()) {
-          releasePhysicalMemory(created->value(), 0);
+          releasePhysicalMemory(created->value(), bytes, 0);
           return CUDA_ERROR_CONTEXT_IS_DESTROYED;
         }
         return *created;
       });
 }
 
-void GpuShard::releasePhysicalMemory(std::uint64_t handle, pid_t pid) {
+void GpuShard::releasePhysicalMemory(std::uint64_t handle, std::uint64_t bytes, pid_t pid) {
   dispatch::ScheduledDevice* device = device_.get();
-  giveBackInBackground("physical memory", handle, pid,
+  giveBackInBackground("physical memory", handle, bytes, pid,
                        [device, handle]() { return device->releasePhysicalMemory(handle); });
 }
 

@@ -81,18 +81,18 @@ public:
                                                      backend::AddressSpace owner);
   kj::Promise<CUresult> free(CUdeviceptr pointer);
   // Frees device memory whose charge its holder has already given back, with nobody waiting for
-  // the answer (what a client leaves behind when its context is destroyed or it goes; `pid` is
-  // for the log line a failure gets). The free runs on the blocking-call thread too, where a
-  // cuMemFree that waits for the device holds up no one. Crediting first is safe because that
-  // thread runs its calls in order: every allocation on this GPU asked for after this call (and
-  // every module load, whose memory is placed once its preparation there has ended) is made after
-  // the memory is back, so a process restarted at its tenant's limit gets it.
-  void release(CUdeviceptr pointer, pid_t pid);
+  // the answer (what a client leaves behind when its context is destroyed or it goes; `bytes` is
+  // what it takes on the device, `pid` is for the log line a failure gets). The free runs on the
+  // blocking-call thread too, where a cuMemFree that waits for the device holds up no one.
+  // Crediting first is safe because that thread runs its calls in order: every allocation on
+  // this GPU asked for after this call (and every module load) is made after the memory is back,
+  // so a process restarted at its tenant's limit gets it; memoryInfo() counts it as free already.
+  void release(CUdeviceptr pointer, std::uint64_t bytes, pid_t pid);
   // Physical memory (cuMemCreate, backend::Device::createPhysicalMemory) for a client, made and
   // given back on the blocking-call thread as allocate and release do. Memory made for a caller
   // that no longer waits is given back again at once.
   kj::Promise<backend::Result<std::uint64_t>> createPhysicalMemory(std::uint64_t bytes);
-  void releasePhysicalMemory(std::uint64_t handle, pid_t pid);
+  void releasePhysicalMemory(std::uint64_t handle, std::uint64_t bytes, pid_t pid);
   // An allocation on this thread, for the sim's device heap (never a driver call).
   backend::Result<CUdeviceptr> allocateNow(std::size_t bytes, backend::AddressSpace owner);
   std::uint64_t occupiedBytes(std::size_t bytes) const { return device_->occupiedBytes(bytes); }
@@ -128,7 +128,10 @@ public:
   // The device's total in the memory ledger (server/gpu/memory_charge.hpp): every client's
   // allocations and modules on it, written only by their MemoryCharges.
   std::uint64_t& memoryCount() { return memoryUsed_; }
-  backend::MemoryInfo memoryInfo() { return device_->memoryInfo(); }
+  // The device's memory as cuMemGetInfo reports it, with what is being given back (release, a
+  // module's unload) counted as free: that memory is the tenants' again, and every allocation
+  // asked for from now on reaches the device after it is back.
+  backend::MemoryInfo memoryInfo();
 
   std::size_t clientCount() const { return clients_.size(); }
   // This GPU as status shows it now.
@@ -180,7 +183,8 @@ private:
   // Runs `call` (a CUresult) on the blocking-call thread with nobody waiting, and logs its failure
   // as that of giving back `what` `id` of `pid`'s.
   template <typename Call>
-  void giveBackInBackground(const char* what, std::uint64_t id, pid_t pid, Call&& call);
+  void giveBackInBackground(const char* what, std::uint64_t id, std::uint64_t bytes, pid_t pid,
+                            Call&& call);
   // Destroys `module` on the blocking-call thread (LoadedModule's deleter).
   void unload(std::unique_ptr<backend::Module> module);
 
@@ -209,6 +213,9 @@ private:
   };
   std::unique_ptr<Reset> resetEnded_;
   std::uint64_t memoryUsed_ = 0;
+  // Device memory handed to the blocking-call thread to give back (giveBackInBackground) whose
+  // free has not returned yet: added here, taken off on that thread once the free has returned.
+  std::atomic<std::uint64_t> givingBack_{0};
   // After memoryUsed_: the charges it keeps are recorded there.
   IpcExports ipcExports_;
   // Host ranges registered with the device, by start (hostRangeIsMapped).

@@ -201,9 +201,9 @@ TEST(BlockingCalls, ASlowContextResetStallsNoOtherClientNorTheAdminSocket) {
 
 // A program killed while it holds memory leaves it to the daemon, whose free of it may wait for
 // the device (cuMemFree). It runs on the GPU's blocking-call thread: meanwhile every other client
-// is served, status answers and already counts the memory as free, and a program that needs that
-// memory gets it, its allocation made after the free. (No program here runs a large kernel: a
-// kernel holds the GPU for its clients, which is not what is measured.)
+// is served, status answers and already counts the memory as free (as cuMemGetInfo does), and a
+// program that needs that memory gets it, its allocation made after the free. (No program here
+// runs a large kernel: a kernel holds the GPU for its clients, which is not what is measured.)
 TEST(BlockingCalls, FreeingWhatAClientLeftStallsNoOtherClientNorTheAdminSocket) {
   Daemon::Options options;
   options.simDevices = 2;
@@ -227,9 +227,10 @@ TEST(BlockingCalls, FreeingWhatAClientLeftStallsNoOtherClientNorTheAdminSocket) 
   auto leaving = daemon.startClient("error_probe", {"alloc-and-hold", threeQuarters});
   ASSERT_TRUE(eventually([&] { return !answers(leaving->output())["pointer"].empty(); }))
       << leaving->errors() << daemon.log();
+  // Taken before the kill: the daemon may start the free before the test sees the program gone.
+  const auto freeStarted = steady_clock::now();
   leaving->signal(SIGKILL);
   EXPECT_EQ(leaving->wait().signal, SIGKILL);
-  const auto freeStarted = steady_clock::now();
 
   // The memory is the tenant's again at once, while the device is still freeing it.
   ASSERT_TRUE(eventually(
@@ -240,6 +241,14 @@ TEST(BlockingCalls, FreeingWhatAClientLeftStallsNoOtherClientNorTheAdminSocket) 
       },
       std::chrono::seconds(10)))
       << daemon.status().dump(2) << daemon.log();
+  // So a program that asks meanwhile how much is free (cuMemGetInfo) is told it is: whatever it
+  // allocates from now on reaches the device after the free.
+  RunResult probe = daemon.runClient("error_probe", {"alloc", "0"});
+  ASSERT_TRUE(probe.status.exitedWith(0)) << probe.errors;
+  EXPECT_EQ(answers(probe.output)["cuMemGetInfo"], "CUDA_SUCCESS") << probe.output;
+  EXPECT_GE(std::stoull(answers(probe.output)["free"]), std::stoull(threeQuarters)) << probe.output;
+  ASSERT_GT(daemon.status()["devices"][0]["blocking_calls"]["pending"].get<int>(), 0)
+      << "the free ended before the probe asked how much memory is free";
 
   // A program that needs that memory starts now: the device has it only once the free is done.
   auto newcomer = daemon.startClient("error_probe", {"alloc", threeQuarters});
