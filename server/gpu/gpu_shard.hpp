@@ -181,7 +181,8 @@ private:
   template <typename Answer, typename Call, typename Finish>
   kj::Promise<Answer> runBlocking(Call&& call, Finish&& finish);
   // Runs `call` (a CUresult) on the blocking-call thread with nobody waiting, and logs its failure
-  // as that of giving back `what` `id` of `pid`'s.
+  // as that of giving back `what` `id` of `pid`'s. Its `bytes` count as free in memoryInfo() from
+  // now until the call has returned (givingBack_).
   template <typename Call>
   void giveBackInBackground(const char* what, std::uint64_t id, std::uint64_t bytes, pid_t pid,
                             Call&& call);
