@@ -29,6 +29,15 @@ struct StagedBytes {
 
 }  // namespace
 
+std::uint64_t keepNewestOutput(std::string& output, std::size_t limit) {
+  if (output.size() <= limit) return 0;
+  std::size_t drop = output.size() - limit;
+  const std::size_t newline = output.find('\n', drop);
+  if (newline != std::string::npos) drop = newline + 1;
+  output.erase(0, drop);
+  return drop;
+}
+
 GpuClient::GpuClient(GpuShard& shard, std::shared_ptr<ClientStats> stats)
     : shard_(shard),
       stats_(std::move(stats)),
@@ -422,6 +431,8 @@ std::uint64_t GpuClient::abandon() {
   for (Queue& queue : queues) queue.held = dispatcher.heldMemoryOperations(*queue.stream);
   const std::size_t dropped =
       dispatcher.abandonClient(schedulingId_, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  // The host functions it was running will never say they returned; what they held back is gone.
+  hostFunctions_.clear();
   // Where the device can, the work it already has is dropped too and a running kernel stops (the
   // sim): what drain() waits for then ends soon, even a kernel that would never have.
   dispatcher.abandonWorkOf(stats_->addressSpace);
@@ -846,6 +857,39 @@ GpuClient::StreamHold GpuClient::holdStream(Handle context, Handle stream) {
 void GpuClient::openHostGate(dispatch::ScheduledDevice::HostGate& gate) {
   shard_.owner().check();
   shard_.dispatcher().openHostGate(gate);
+}
+
+GpuClient::StreamHold GpuClient::holdStreamForHostFunction(Handle context, Handle stream,
+                                                           std::uint64_t token) {
+  shard_.owner().check();
+  if (holdsForHostFunction(token)) {
+    return StreamHold{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, nullptr};
+  }
+  StreamHold hold = holdStream(context, stream);
+  if (hold.result == CUDA_SUCCESS) hostFunctions_.emplace(token, hold.gate);
+  return hold;
+}
+
+bool GpuClient::hostFunctionReturned(std::uint64_t token) {
+  shard_.owner().check();
+  auto found = hostFunctions_.find(token);
+  if (found == hostFunctions_.end()) return false;
+  const std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate = std::move(found->second);
+  hostFunctions_.erase(found);
+  shard_.dispatcher().openHostGate(*gate);
+  return true;
+}
+
+std::size_t GpuClient::collectDeviceOutput() {
+  shard_.owner().check();
+  deviceOutput_.text += shard_.takeDeviceOutput(stats_->addressSpace);
+  deviceOutput_.lostBytes += keepNewestOutput(deviceOutput_.text, kMaxDeviceOutputBytes);
+  return deviceOutput_.text.size();
+}
+
+GpuClient::DeviceOutput GpuClient::takeDeviceOutput() {
+  shard_.owner().check();
+  return std::exchange(deviceOutput_, DeviceOutput{});
 }
 
 CUresult GpuClient::countUntilDone(backend::Stream& stream, std::uint64_t bytes) {

@@ -42,6 +42,10 @@ struct FunctionHandle {
   const backend::FunctionInfo* info = nullptr;
 };
 
+// Keeps the newest `limit` bytes of `output`, dropping whole lines from the front where it can;
+// returns the bytes dropped.
+std::uint64_t keepNewestOutput(std::string& output, std::size_t limit);
+
 class GpuClient {
 public:
   GpuClient(GpuShard& shard, std::shared_ptr<ClientStats> stats);
@@ -116,6 +120,16 @@ public:
   };
   StreamHold holdStream(Handle context, Handle stream);
   void openHostGate(dispatch::ScheduledDevice::HostGate& gate);
+  // A host function the client runs itself (cuLaunchHostFunc), named by the client's `token`:
+  // (context, stream) is held as holdStream does until hostFunctionReturned(token). Its gate is
+  // kept here, by this GPU, so that nothing of another GPU's is needed to let the stream go on.
+  // CUDA_ERROR_INVALID_VALUE for a token this GPU already holds a stream for.
+  StreamHold holdStreamForHostFunction(Handle context, Handle stream, std::uint64_t token);
+  // Lets the stream held for `token` go on; false when this GPU holds none for it (answered with
+  // an error, let go already, or another GPU's).
+  bool hostFunctionReturned(std::uint64_t token);
+  std::size_t hostFunctionsPending() const { return hostFunctions_.size(); }
+  bool holdsForHostFunction(std::uint64_t token) const { return hostFunctions_.count(token) != 0; }
 
   // Modules and kernels.
   // Answers once the module is loaded: its preparation (decoding, JIT) runs off this thread.
@@ -181,6 +195,18 @@ public:
   CUresult setMemoryAccess(CUdeviceptr address, std::uint64_t bytes, bool writable) {
     return virtualMemory_.setAccess(address, bytes, writable);
   }
+
+  // What the client's kernels printed on this GPU (device printf). collectDeviceOutput moves it
+  // from the device to here (before a synchronisation is answered) and returns the bytes waiting;
+  // takeDeviceOutput gives them to the client. At most kMaxDeviceOutputBytes wait: as a GPU's
+  // circular printf buffer does, the oldest output goes, whole lines where it can.
+  static constexpr std::size_t kMaxDeviceOutputBytes = protocol::kMaxPrintfFifoBytes;
+  struct DeviceOutput {
+    std::string text;
+    std::uint64_t lostBytes = 0;  // dropped for want of room since the last take
+  };
+  std::size_t collectDeviceOutput();
+  DeviceOutput takeDeviceOutput();
 
   // Resolves when every piece of work this client queued on this GPU has completed.
   kj::Promise<void> drain();
@@ -364,6 +390,11 @@ private:
   bool deviceLimitsChanged_ = false;
   // Reservations, physical memory and mappings (cuMemMap and its kin).
   ClientVirtualMemory virtualMemory_;
+  DeviceOutput deviceOutput_;  // collected, not yet taken
+  // Streams held for host functions the client is running, by their tokens
+  // (holdStreamForHostFunction). Dropped, unopened, by abandon(): the work they hold back never
+  // runs.
+  std::map<std::uint64_t, std::shared_ptr<dispatch::ScheduledDevice::HostGate>> hostFunctions_;
 };
 
 }  // namespace gpuproxy::server

@@ -146,15 +146,16 @@ private:
   void executeCopyToDevice(const protocol::ring::CopyHostToDevice& copy, CommandPort& port);
   void executeCopyToHost(const protocol::ring::CopyDeviceToHost& copy, CommandPort& port);
   void executeSynchronize(const protocol::ring::Synchronize& sync, CommandPort& port);
-  // Moves what the client's kernels printed from the GPUs into deviceOutput_, and tells the
+  // Moves what the client's kernels printed from the device to each GpuClient, and tells the
   // client through `port` if there is any (a synchronisation is about to be answered).
   void collectDeviceOutput(CommandPort& port);
   // Host functions (cuLaunchHostFunc) run by the client: the stream waits for it.
   void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
+  // The host function `token` names has returned: the GPU holding its stream lets it go on.
   void openHostGate(std::uint64_t token);
-  struct HostGate;
-  // Lets the stream `gate` holds go on, if its GpuClient is still there.
-  void openGate(const HostGate& gate);
+  struct HeldStream;
+  // Lets the stream `held` names go on, if its GpuClient is still there.
+  void openGate(const HeldStream& held);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   // A wait of a stream of `waiter`'s GPU for an event of `owner`'s, another GPU.
   CUresult waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& owner,
@@ -226,13 +227,12 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::map<std::uint64_t, std::uint64_t> pinned_;
   std::map<std::uint64_t, std::uint64_t> retiring_;
-  // A stream held on its GPU (GpuClient::holdStream). hostGates_: those held for a host function
-  // the client runs, by its token, until it has returned.
-  struct HostGate {
+  // A stream held on its GPU for another GPU's event (GpuClient::holdStream). Those held for a
+  // host function are the GPU's own (GpuClient::holdStreamForHostFunction).
+  struct HeldStream {
     std::uint32_t device = 0;  // the GpuClient's daemon device index
     std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;
   };
-  std::map<std::uint64_t, HostGate> hostGates_;
   // Host memory of the client's own that it registered (cuMemHostRegister) from a shared memfd
   // mapping: mapped here at the same address, by address. Charged and registered with every GPU
   // as the pinned heap's allocations are.
@@ -245,11 +245,6 @@ private:
   std::map<std::uint64_t, HostWindow> hostWindows_;
   // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.
   bool pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const;
-  // Device printf output not yet fetched by the client: each device keeps at most the client's
-  // printf FIFO size of it (CU_LIMIT_PRINTF_FIFO_SIZE), and this at most the largest FIFO.
-  static constexpr std::size_t kMaxDeviceOutputBytes = protocol::kMaxPrintfFifoBytes;
-  std::string deviceOutput_;
-  std::uint64_t deviceOutputLost_ = 0;
   // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -644,7 +644,14 @@ void ClientSession::executeHostFunction(const ring::HostFunction& call, CommandP
   // Answered when due: in the completion ring, or in the answer of the Session.submit call that
   // carried it (which then waits, as for a Synchronize).
   const std::uint64_t token = call.completionToken;
-  if (hostGates_.count(token) != 0 || hostGates_.size() >= protocol::kMaxPendingHostFunctions) {
+  // A token names one host function of the client's, whichever GPU holds its stream.
+  std::size_t pending = 0;
+  bool tokenInUse = false;
+  for (const auto& [device, client] : clients_) {
+    pending += client->hostFunctionsPending();
+    tokenInUse = tokenInUse || client->holdsForHostFunction(token);
+  }
+  if (tokenInUse || pending >= protocol::kMaxPendingHostFunctions) {
     port.postCompletion(token, CUDA_ERROR_INVALID_VALUE);
     return;
   }
@@ -654,12 +661,11 @@ void ClientSession::executeHostFunction(const ring::HostFunction& call, CommandP
     port.postCompletion(token, missing);
     return;
   }
-  GpuClient::StreamHold hold = client->holdStream(call.context, call.stream);
+  GpuClient::StreamHold hold = client->holdStreamForHostFunction(call.context, call.stream, token);
   if (hold.result != CUDA_SUCCESS) {
     port.postCompletion(token, hold.result);
     return;
   }
-  hostGates_.emplace(token, HostGate{client->deviceIndex(), std::move(hold.gate)});
   ringTasks_->add(hold.reached.then([port = port.shared_from_this(), token](CUresult status) {
     port->postCompletion(token, status);
   }));
@@ -667,16 +673,14 @@ void ClientSession::executeHostFunction(const ring::HostFunction& call, CommandP
 
 void ClientSession::openHostGate(std::uint64_t token) {
   // A token that holds nothing (answered with an error, opened already) changes nothing.
-  auto found = hostGates_.find(token);
-  if (found == hostGates_.end()) return;
-  HostGate gate = std::move(found->second);
-  hostGates_.erase(found);
-  openGate(gate);
+  for (const auto& [device, client] : clients_) {
+    if (client->hostFunctionReturned(token)) return;
+  }
 }
 
-void ClientSession::openGate(const HostGate& gate) {
-  if (auto client = clients_.find(gate.device); client != clients_.end()) {
-    client->second->openHostGate(*gate.gate);
+void ClientSession::openGate(const HeldStream& held) {
+  if (auto client = clients_.find(held.device); client != clients_.end()) {
+    client->second->openHostGate(*held.gate);
   }
 }
 
@@ -752,9 +756,9 @@ CUresult ClientSession::waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& ow
   // other GPU's work is that context's, reported there.
   GpuClient::StreamHold hold = waiter.holdStream(wait.context, wait.stream);
   if (hold.result != CUDA_SUCCESS) return hold.result;
-  const HostGate gate{waiter.deviceIndex(), std::move(hold.gate)};
-  ringTasks_->add(recorded.then([this, gate](CUresult) { openGate(gate); },
-                                [this, gate](kj::Exception&&) { openGate(gate); }));
+  const HeldStream held{waiter.deviceIndex(), std::move(hold.gate)};
+  ringTasks_->add(recorded.then([this, held](CUresult) { openGate(held); },
+                                [this, held](kj::Exception&&) { openGate(held); }));
   return CUDA_SUCCESS;
 }
 
@@ -763,29 +767,24 @@ CUresult ClientSession::waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& ow
 namespace gpuproxy::server {
 
 void ClientSession::collectDeviceOutput(CommandPort& port) {
-  for (const auto& [device, client] : clients_) {
-    const std::string text = services_.gpus[device]->takeDeviceOutput(stats_->addressSpace);
-    if (text.empty()) continue;
-    deviceOutput_ += text;
-    if (deviceOutput_.size() > kMaxDeviceOutputBytes) {
-      // As a GPU's circular printf buffer does: the oldest output goes, whole lines if it can.
-      std::size_t drop = deviceOutput_.size() - kMaxDeviceOutputBytes;
-      const std::size_t newline = deviceOutput_.find('\n', drop);
-      if (newline != std::string::npos) drop = newline + 1;
-      deviceOutputLost_ += drop;
-      deviceOutput_.erase(0, drop);
-    }
-  }
-  if (!deviceOutput_.empty()) port.postDeviceOutput(deviceOutput_.size());
+  std::size_t waiting = 0;
+  for (const auto& [device, client] : clients_) waiting += client->collectDeviceOutput();
+  if (waiting > 0) port.postDeviceOutput(waiting);
 }
 
 kj::Promise<void> ClientSession::takeDeviceOutput(TakeDeviceOutputContext context) {
+  // Each GPU's output in device order; one answer holds at most what one GPU may keep.
+  GpuClient::DeviceOutput joined;
+  for (const auto& [device, client] : clients_) {
+    GpuClient::DeviceOutput output = client->takeDeviceOutput();
+    joined.text += output.text;
+    joined.lostBytes += output.lostBytes;
+  }
+  joined.lostBytes += keepNewestOutput(joined.text, GpuClient::kMaxDeviceOutputBytes);
   auto results = context.getResults();
-  results.setText(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(deviceOutput_.data()),
-                               deviceOutput_.size()));
-  results.setLostBytes(deviceOutputLost_);
-  deviceOutput_.clear();
-  deviceOutputLost_ = 0;
+  results.setText(
+      kj::arrayPtr(reinterpret_cast<const capnp::byte*>(joined.text.data()), joined.text.size()));
+  results.setLostBytes(joined.lostBytes);
   return kj::READY_NOW;
 }
 

@@ -233,6 +233,72 @@ TEST_F(GpuClientTest, WhatAGoneClientsKernelsPrintedGoesWithIt) {
   EXPECT_EQ(shard_.device().takeDeviceOutput(space), "");
 }
 
+// A client's kernels' printf output is gathered from the device before a synchronisation is
+// answered and kept, on the client's GPU, until the client takes it; taken once.
+TEST_F(GpuClientTest, WhatTheKernelsPrintedWaitsOnItsGpuUntilTaken) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto module = wait(client->loadModule(context.value(), bytes(testing::kPrintfHelloPtx)));
+  auto hello = client->function(module.value(), "hello");
+  const int launchNumber = 7;
+  ASSERT_EQ(client->launchKernel(context.value(), hello.value().handle, {{1, 1, 1}, {4, 1, 1}, 0},
+                                 0, std::as_bytes(std::span(&launchNumber, 1))),
+            CUDA_SUCCESS);
+  EXPECT_EQ(wait(client->synchronizeContext(context.value())), CUDA_SUCCESS);
+  const std::size_t waiting = client->collectDeviceOutput();
+  EXPECT_GT(waiting, 0u);
+  EXPECT_EQ(client->collectDeviceOutput(), waiting);  // nothing new on the device
+  GpuClient::DeviceOutput output = client->takeDeviceOutput();
+  EXPECT_EQ(output.text.size(), waiting);
+  EXPECT_NE(output.text.find("launch 7, block 0, thread 3"), std::string::npos);
+  EXPECT_EQ(output.lostBytes, 0u);
+  EXPECT_EQ(client->takeDeviceOutput().text, "");
+}
+
+// As a GPU's circular printf buffer: the newest output stays, whole lines where it can.
+TEST(KeepNewestOutput, DropsTheOldestWholeLines) {
+  std::string output = "a\nbb\nccc\n";
+  EXPECT_EQ(keepNewestOutput(output, 5), 5u);
+  EXPECT_EQ(output, "ccc\n");
+  EXPECT_EQ(keepNewestOutput(output, 4), 0u);
+  std::string oneLine = "0123456789";
+  EXPECT_EQ(keepNewestOutput(oneLine, 4), 6u);  // no line to end at: the newest bytes
+  EXPECT_EQ(oneLine, "6789");
+}
+
+// A host function (cuLaunchHostFunc) holds its stream on the GPU, by the client's token, until
+// the client says it returned; a token holds one stream at a time, and a gone client's holds go.
+TEST_F(GpuClientTest, AHostFunctionHoldsItsStreamUntilItReturns) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto stream = client->createStream(context.value(), CU_STREAM_NON_BLOCKING, 0);
+  GpuClient::StreamHold hold =
+      client->holdStreamForHostFunction(context.value(), stream.value(), 7);
+  ASSERT_EQ(hold.result, CUDA_SUCCESS);
+  EXPECT_EQ(client->holdStreamForHostFunction(context.value(), stream.value(), 7).result,
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(client->holdStreamForHostFunction(context.value(), 0xdead, 8).result,
+            CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(client->hostFunctionsPending(), 1u);
+  EXPECT_EQ(wait(std::move(hold.reached)), CUDA_SUCCESS);  // nothing before it on the stream
+  auto after = client->createEvent(context.value(), CU_EVENT_DISABLE_TIMING);
+  ASSERT_EQ(client->recordEvent(context.value(), after.value(), stream.value()), CUDA_SUCCESS);
+  // Time enough for the record to run, were it not held.
+  io_->provider->getTimer().afterDelay(50 * kj::MILLISECONDS).wait(io_->waitScope);
+  EXPECT_EQ(client->queryEvent(after.value()), CUDA_ERROR_NOT_READY);
+  EXPECT_FALSE(client->hostFunctionReturned(8));
+  EXPECT_TRUE(client->hostFunctionReturned(7));
+  EXPECT_FALSE(client->hostFunctionReturned(7));  // once
+  EXPECT_EQ(wait(client->synchronizeEvent(after.value())), CUDA_SUCCESS);
+  EXPECT_EQ(client->hostFunctionsPending(), 0u);
+
+  ASSERT_EQ(client->holdStreamForHostFunction(context.value(), stream.value(), 9).result,
+            CUDA_SUCCESS);
+  client->abandon();
+  EXPECT_EQ(client->hostFunctionsPending(), 0u);
+  EXPECT_FALSE(client->hostFunctionReturned(9));
+}
+
 TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {
   auto alice = newClient(1);
   auto bob = newClient(2);
