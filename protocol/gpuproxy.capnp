@@ -14,7 +14,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("gpuproxy::protocol");
 
-const protocolVersion :UInt32 = 2;
+const protocolVersion :UInt32 = 3;
 
 # Largest payload one Session.submit carries; the stub splits larger copies.
 const maxTransferChunk :UInt64 = 4194304;
@@ -236,8 +236,8 @@ interface Session {
   # A reservation is a range of device addresses with no memory behind it; physical memory is an
   # allocation with no address, charged to the tenant like any; a mapping puts physical memory
   # (all or part of it) behind part of a reservation, and the client's kernels and copies reach
-  # it once access is set. Each belongs to the context it was made in (on its device) and goes
-  # with it. Sizes, addresses and offsets of mappings are multiples of the granularity
+  # it once access is set. Each is the client's (on its device), not a context's: as with the
+  # driver, destroying a context leaves them; they go when given back or with the client. Sizes, addresses and offsets of mappings are multiples of the granularity
   # (protocol/limits.hpp). Through gpuproxy no two devices are peers, so memory of one device is
   # mapped only into reservations made on that device (CUDA_ERROR_NOT_SUPPORTED otherwise).
   #
@@ -247,8 +247,10 @@ interface Session {
       -> (result :Int32, pointer :UInt64);
   # A reservation given back: `pointer` and `bytes` exactly as reserved, nothing mapped in it.
   memAddressFree @37 (pointer :UInt64, bytes :UInt64) -> (result :Int32);
-  # Physical memory on the device of `context`; `handle` names it (cuMemGenericAllocationHandle).
-  memCreate @38 (context :UInt64, bytes :UInt64) -> (result :Int32, handle :UInt64);
+  # Physical memory on the client's device ordinal `device`, in no context (it is the client's
+  # until released, as cuMemCreate's memory outlives the context that was current);
+  # `handle` names it (cuMemGenericAllocationHandle).
+  memCreate @38 (device :UInt32, bytes :UInt64) -> (result :Int32, handle :UInt64);
   # The handle given back; the memory is freed once no mapping uses it any more.
   memRelease @39 (handle :UInt64) -> (result :Int32);
   # `bytes` of `handle`'s memory from `offset` on, mapped at `pointer`: inside one reservation,

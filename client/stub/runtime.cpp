@@ -437,11 +437,13 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
               [](const std::shared_ptr<const KernelRecord>& record) { return record->context; });
   {
     std::lock_guard allocationsLock(allocationsMutex_);
-    std::erase_if(allocations_, [context](const auto& entry) {
-      return entry.second.context == context && !entry.second.managed;
+    // Managed memory is the process's pinned heap's, and virtual memory mapped with access is the
+    // process's too (cuCtxDestroy leaves cuMemCreate's memory alone): neither goes with a context.
+    std::erase_if(allocations_, [&](const auto& entry) {
+      return entry.second.context == context && !entry.second.managed &&
+             !virtualMemory_.mappingAt(entry.first);
     });
   }
-  virtualMemory_.forgetContext(context);
   if (destroyed) {
     contexts_.erase(context);
   } else if (auto found = contexts_.find(context); found != contexts_.end()) {

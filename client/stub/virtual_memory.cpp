@@ -97,14 +97,4 @@ std::optional<std::pair<CUdeviceptr, VirtualMemoryTable::Mapping>> VirtualMemory
   return std::make_pair(start, mapping);
 }
 
-void VirtualMemoryTable::forgetContext(std::uint64_t context) {
-  std::lock_guard lock(mutex_);
-  std::erase_if(reservations_, [&](const auto& entry) { return entry.second.context == context; });
-  std::erase_if(physical_, [&](const auto& entry) { return entry.second.context == context; });
-  // A mapping goes with its reservation's context, or with its memory's.
-  std::erase_if(mappings_, [&](const auto& entry) {
-    return entry.second.context == context || entry.second.memoryContext == context;
-  });
-}
-
 }  // namespace gpuproxy::stub

@@ -5,8 +5,9 @@
 // answer what the driver answers without asking anyone (cuMemGetAccess,
 // cuMemRetainAllocationHandle, cuMemGetAllocationPropertiesFromHandle), to count a handle's
 // references (the daemon hears of a handle's release when the last one goes), and to know which
-// device the memory behind a range is on (cuMemSetAccess). As in the daemon, everything belongs to
-// the context it was made in and goes with it (Runtime::forgetContextResources).
+// device the memory behind a range is on (cuMemSetAccess). As in CUDA, everything here is the
+// process's, not a context's: it stays when the context it was made in is destroyed, until the
+// process gives it back.
 
 #include <cuda.h>
 
@@ -22,16 +23,14 @@ class VirtualMemoryTable {
 public:
   struct Physical {
     std::uint64_t bytes = 0;
-    std::uint64_t context = 0;
     CUmemAllocationProp prop{};  // as cuMemCreate was given it
     unsigned references = 1;     // cuMemCreate's, and one per cuMemRetainAllocationHandle
   };
   struct Mapping {
     std::uint64_t bytes = 0;
     std::uint64_t handle = 0;
-    std::uint64_t context = 0;        // the reservation's
-    std::uint64_t memoryContext = 0;  // the memory's (its handle may be released already)
-    int device = 0;                   // the memory's
+    std::uint64_t context = 0;  // the reservation's (copies name the range as its memory)
+    int device = 0;             // the memory's
     CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   };
 
@@ -56,8 +55,6 @@ public:
   void setAccess(CUdeviceptr start, std::uint64_t bytes, CUmemAccess_flags access);
   // The mapping `address` lies in, with its start.
   std::optional<std::pair<CUdeviceptr, Mapping>> mappingAt(CUdeviceptr address) const;
-
-  void forgetContext(std::uint64_t context);
 
 private:
   mutable std::mutex mutex_;

@@ -20,7 +20,20 @@ bool isGranular(std::uint64_t value) {
 }  // namespace
 
 ClientVirtualMemory::~ClientVirtualMemory() {
-  forgetWhere([](Handle) { return true; });
+  for (auto it = mappings_.begin(); it != mappings_.end();) unmapOne(it++);
+  for (auto it = physical_.begin(); it != physical_.end();) {
+    const auto next = std::next(it);
+    it->second.released = true;
+    giveBackIfUnused(it);
+    it = next;
+  }
+  for (const auto& [start, reservation] : reservations_) {
+    shard_.device().freeAddresses(start, reservation.bytes);
+  }
+}
+
+bool ClientVirtualMemory::holdsAny() const {
+  return !reservations_.empty() || !physical_.empty() || !mappings_.empty();
 }
 
 bool ClientVirtualMemory::hasRoom() const {
@@ -28,7 +41,7 @@ bool ClientVirtualMemory::hasRoom() const {
          protocol::kMaxVirtualMemoryObjects;
 }
 
-backend::Result<CUdeviceptr> ClientVirtualMemory::reserve(Handle context, std::uint64_t bytes,
+backend::Result<CUdeviceptr> ClientVirtualMemory::reserve(std::uint64_t bytes,
                                                           std::uint64_t alignment) {
   if (bytes == 0 || bytes % kHostPage != 0 || (alignment & (alignment - 1)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -36,7 +49,7 @@ backend::Result<CUdeviceptr> ClientVirtualMemory::reserve(Handle context, std::u
   if (!hasRoom()) return CUDA_ERROR_OUT_OF_MEMORY;
   auto reserved = shard_.device().reserveAddresses(bytes, alignment);
   if (!reserved.ok()) return reserved;
-  reservations_.emplace(reserved.value(), Reservation{bytes, context});
+  reservations_.emplace(reserved.value(), Reservation{bytes});
   return reserved;
 }
 
@@ -56,9 +69,9 @@ bool ClientVirtualMemory::reserves(CUdeviceptr address) const {
   return address - start < reservation.bytes;
 }
 
-void ClientVirtualMemory::addPhysical(Handle handle, Handle context, std::uint64_t backendHandle,
+void ClientVirtualMemory::addPhysical(Handle handle, std::uint64_t backendHandle,
                                       std::uint64_t bytes, MemoryCharge charge) {
-  physical_.emplace(handle, Physical{backendHandle, bytes, context, std::move(charge)});
+  physical_.emplace(handle, Physical{backendHandle, bytes, std::move(charge)});
 }
 
 CUresult ClientVirtualMemory::release(Handle handle) {
@@ -163,43 +176,6 @@ bool ClientVirtualMemory::reaches(CUdeviceptr pointer, std::uint64_t bytes) cons
   const auto& [start, mapping] = *std::prev(after);
   const std::uint64_t into = pointer - start;
   return mapping.writable && into < mapping.bytes && bytes <= mapping.bytes - into;
-}
-
-void ClientVirtualMemory::forgetContext(Handle context) {
-  forgetWhere([context](Handle of) { return of == context; });
-}
-
-template <typename Goes>
-void ClientVirtualMemory::forgetWhere(Goes goes) {
-  auto physicalContext = [&](const Mapping& mapping) -> Handle {
-    const auto physical = physical_.find(mapping.physical);
-    return physical == physical_.end() ? 0 : physical->second.context;
-  };
-  auto reservationContext = [&](CUdeviceptr address) -> Handle {
-    const auto after = reservations_.upper_bound(address);
-    return after == reservations_.begin() ? 0 : std::prev(after)->second.context;
-  };
-  for (auto it = mappings_.begin(); it != mappings_.end();) {
-    const auto next = std::next(it);
-    if (goes(reservationContext(it->first)) || goes(physicalContext(it->second))) unmapOne(it);
-    it = next;
-  }
-  for (auto it = physical_.begin(); it != physical_.end();) {
-    const auto next = std::next(it);
-    if (goes(it->second.context)) {
-      it->second.released = true;
-      giveBackIfUnused(it);
-    }
-    it = next;
-  }
-  for (auto it = reservations_.begin(); it != reservations_.end();) {
-    if (!goes(it->second.context)) {
-      ++it;
-      continue;
-    }
-    shard_.device().freeAddresses(it->first, it->second.bytes);
-    it = reservations_.erase(it);
-  }
 }
 
 }  // namespace gpuproxy::server

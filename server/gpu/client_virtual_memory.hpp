@@ -5,11 +5,13 @@
 // names is checked against these tables, so it reaches only what it made; its kernels, copies and
 // memsets reach a mapping once its access is set (reaches()).
 //
-// As with its allocations, each belongs to the context it was made in and goes with it
-// (forgetContext), even where CUDA would keep it for the process. Physical memory is charged to
-// the tenant when made (by the GpuClient, which hands the charge over) and credited when it is
-// given back: once it is released and no longer mapped, on the GPU's blocking-call thread
-// (GpuShard::releasePhysicalMemory). Owner thread only, as the GpuClient.
+// As in CUDA, they are the process's (this client's on this GPU), not a context's: cuCtxDestroy
+// leaves memory made by cuMemCreate, its reservations and mappings alone, so a program may destroy
+// its context and then unmap and free. They go when the client gives them back, or with the
+// client. Physical memory is charged to the tenant when made (by the GpuClient, which hands the
+// charge over) and credited when it is given back: once it is released and no longer mapped, on
+// the GPU's blocking-call thread (GpuShard::releasePhysicalMemory). Owner thread only, as the
+// GpuClient.
 
 #include "server/backend/backend.hpp"
 #include "server/gpu/handles.hpp"
@@ -29,7 +31,8 @@ class ClientVirtualMemory {
 public:
   ClientVirtualMemory(GpuShard& shard, backend::AddressSpace owner, pid_t pid)
       : shard_(shard), owner_(owner), pid_(pid) {}
-  // Gives back everything still held, as forgetContext does.
+  // Gives back everything still held: its mappings unmapped, its physical memory released, its
+  // reservations freed.
   ~ClientVirtualMemory();
   ClientVirtualMemory(const ClientVirtualMemory&) = delete;
   ClientVirtualMemory& operator=(const ClientVirtualMemory&) = delete;
@@ -37,8 +40,7 @@ public:
   // `bytes` (a nonzero multiple of the host page size) of device addresses, aligned to
   // `alignment` (0 or a power of two) at least. CUDA_ERROR_OUT_OF_MEMORY when the device has no
   // room, or the client holds kMaxVirtualMemoryObjects objects already.
-  backend::Result<CUdeviceptr> reserve(Handle context, std::uint64_t bytes,
-                                       std::uint64_t alignment);
+  backend::Result<CUdeviceptr> reserve(std::uint64_t bytes, std::uint64_t alignment);
   // `start` and `bytes` exactly as reserved, nothing mapped inside; CUDA_ERROR_INVALID_VALUE
   // otherwise.
   CUresult freeReservation(CUdeviceptr start, std::uint64_t bytes);
@@ -47,9 +49,11 @@ public:
 
   // Whether the client may make one more object (a reservation, physical memory, a mapping).
   bool hasRoom() const;
+  // Whether the client holds any reservation, physical memory or mapping here.
+  bool holdsAny() const;
   // Physical memory the device made (backend::Device::createPhysicalMemory), named `handle` for
   // the client, whose `charge` it holds from now on.
-  void addPhysical(Handle handle, Handle context, std::uint64_t backendHandle, std::uint64_t bytes,
+  void addPhysical(Handle handle, std::uint64_t backendHandle, std::uint64_t bytes,
                    MemoryCharge charge);
   // The client lets go of `handle`; the memory is given back once nothing maps it.
   // CUDA_ERROR_INVALID_VALUE for a handle it does not hold.
@@ -68,19 +72,13 @@ public:
   // Whether [pointer, pointer + bytes) lies inside one mapping the client may reach.
   bool reaches(CUdeviceptr pointer, std::uint64_t bytes) const;
 
-  // Everything of `context`'s given back: its mappings and those of its physical memory unmapped,
-  // its physical memory released, its reservations freed. Its work must have drained.
-  void forgetContext(Handle context);
-
 private:
   struct Reservation {
     std::uint64_t bytes = 0;
-    Handle context = 0;
   };
   struct Physical {
     std::uint64_t backendHandle = 0;
     std::uint64_t bytes = 0;
-    Handle context = 0;
     MemoryCharge charge;
     bool released = false;  // the client let go of the handle
     unsigned mappings = 0;
@@ -98,11 +96,6 @@ private:
   // Unmaps one mapping from the device and forgets it; gives its memory back if that was the
   // last mapping of released memory.
   void unmapOne(Mappings::iterator mapping);
-  // Gives back everything of the contexts for which `goes(context)` holds: their mappings and
-  // those of their physical memory unmapped, their physical memory released, their reservations
-  // freed.
-  template <typename Goes>
-  void forgetWhere(Goes goes);
   // Gives physical memory back to the device (and its charge back to the tenant) if it is
   // released and mapped nowhere.
   void giveBackIfUnused(std::map<Handle, Physical>::iterator physical);

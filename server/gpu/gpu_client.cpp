@@ -201,7 +201,8 @@ void GpuClient::destroyContextNow(Handle context) {
   for (auto it = allocations_.begin(); it != allocations_.end();) {
     it = it->second.context == context ? dropAllocation(it) : std::next(it);
   }
-  virtualMemory_.forgetContext(context);
+  // Its virtual memory stays: as cuCtxDestroy leaves memory made by cuMemCreate, it is the
+  // client's until given back.
   contexts_.erase(context);
   if (primaryContext_ == context) {
     primaryContext_.reset();
@@ -220,8 +221,9 @@ void GpuClient::destroyContextNow(Handle context) {
     }
   }
   // A client that has let go of its last context here (cuDevicePrimaryCtxReset after a fault, as
-  // the CUDA runtime's cudaDeviceReset does) no longer holds up the recovery of a poisoned GPU.
-  if (contexts_.empty()) shard_.recoverIfIdle();
+  // the CUDA runtime's cudaDeviceReset does) no longer holds up the recovery of a poisoned GPU,
+  // unless it still holds virtual memory, which a reset would take from it.
+  recoverIfHoldingNothing();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,19 +672,23 @@ backend::Result<CUdeviceptr> GpuClient::reserveAddresses(Handle context, std::ui
                                                          std::uint64_t alignment) {
   shard_.owner().check();
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  return virtualMemory_.reserve(context, bytes, alignment);
+  return virtualMemory_.reserve(bytes, alignment);
 }
 
 CUresult GpuClient::freeAddresses(CUdeviceptr start, std::uint64_t bytes) {
   shard_.owner().check();
-  return virtualMemory_.freeReservation(start, bytes);
+  const CUresult freed = virtualMemory_.freeReservation(start, bytes);
+  recoverIfHoldingNothing();
+  return freed;
 }
 
-kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(Handle context,
-                                                                     std::uint64_t bytes) {
+void GpuClient::recoverIfHoldingNothing() {
+  if (!holdsDeviceState()) shard_.recoverIfIdle();
+}
+
+kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(std::uint64_t bytes) {
   using Created = backend::Result<Handle>;
   shard_.owner().check();
-  if (contexts_.count(context) == 0) return Created(CUDA_ERROR_INVALID_CONTEXT);
   if (bytes == 0 || bytes % protocol::kVirtualMemoryGranularity != 0) {
     return Created(CUDA_ERROR_INVALID_VALUE);
   }
@@ -697,15 +703,11 @@ kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(Handle cont
     return Created(CUDA_ERROR_OUT_OF_MEMORY);
   }
   return shard_.createPhysicalMemory(bytes).then(
-      [this, context, bytes,
+      [this, bytes,
        charge = std::move(*charge)](backend::Result<std::uint64_t> made) mutable -> Created {
-        if (!made.ok()) return made.code();   // the charge goes back with `charge`
-        if (contexts_.count(context) == 0) {  // destroyed meanwhile
-          shard_.releasePhysicalMemory(made.value(), charge.bytes(), stats_->identity.pid);
-          return CUDA_ERROR_INVALID_CONTEXT;
-        }
+        if (!made.ok()) return made.code();  // the charge goes back with `charge`
         const Handle handle = newHandle(HandleKind::kPhysicalMemory);
-        virtualMemory_.addPhysical(handle, context, made.value(), bytes, std::move(charge));
+        virtualMemory_.addPhysical(handle, made.value(), bytes, std::move(charge));
         return handle;
       });
 }
@@ -713,8 +715,11 @@ kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(Handle cont
 kj::Promise<CUresult> GpuClient::unmapMemory(CUdeviceptr address, std::uint64_t bytes) {
   shard_.owner().check();
   // As cuMemUnmap, after the work the client queued before: it may use the mapping.
-  return drainStreams(0).then(
-      [this, address, bytes](CUresult) { return virtualMemory_.unmap(address, bytes); });
+  return drainStreams(0).then([this, address, bytes](CUresult) {
+    const CUresult unmapped = virtualMemory_.unmap(address, bytes);
+    recoverIfHoldingNothing();
+    return unmapped;
+  });
 }
 
 kj::Promise<backend::Result<CUdeviceptr>> GpuClient::allocate(Handle context, std::uint64_t bytes) {

@@ -185,7 +185,7 @@ public:
                                                 std::uint64_t alignment);
   CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes);
   bool reservesAddress(CUdeviceptr address) const { return virtualMemory_.reserves(address); }
-  kj::Promise<backend::Result<Handle>> createPhysicalMemory(Handle context, std::uint64_t bytes);
+  kj::Promise<backend::Result<Handle>> createPhysicalMemory(std::uint64_t bytes);
   CUresult releasePhysicalMemory(Handle handle) { return virtualMemory_.release(handle); }
   CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset,
                      Handle handle) {
@@ -219,6 +219,9 @@ public:
 
   std::uint64_t memoryUsed() const { return *memoryUsed_; }
   bool hasContexts() const { return !contexts_.empty(); }
+  // Whether the client holds anything a reset of the GPU's context would take from it: a context
+  // (and all that is its) or virtual memory, which is the client's, not a context's.
+  bool holdsDeviceState() const { return hasContexts() || virtualMemory_.holdsAny(); }
 
 private:
   // Device memory that an operation queued on a stream may touch, remembered until the operation
@@ -354,6 +357,9 @@ private:
   CUresult provideDeviceHeap(const backend::Module& module);
   // Takes the heap from the device and frees it. No kernel of this client may be running.
   void releaseDeviceHeap();
+  // Lets a poisoned GPU recover (GpuShard::recoverIfIdle) once this client holds nothing a reset
+  // would take.
+  void recoverIfHoldingNothing();
 
   GpuShard& shard_;
   std::shared_ptr<ClientStats> stats_;

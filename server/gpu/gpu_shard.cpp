@@ -256,12 +256,13 @@ void GpuShard::recoverIfIdle() {
   owner_.check();
   if (resetEnded_ && resetEnded_->started) return;
   if (!resetEnded_) {
-    // Idle: no client holds a context on this GPU. One that is still connected but has reset or
-    // destroyed all its contexts has nothing the reset could take from it (device memory,
-    // modules, streams and events all belong to a context); its pinned host memory stays
-    // registered, since a reset keeps host registrations (backend::Device::reset).
+    // Idle: no client holds a context or virtual memory on this GPU. One that is still connected
+    // but has reset or destroyed all its contexts and given back its virtual memory has nothing
+    // the reset could take from it (device memory, modules, streams and events all belong to a
+    // context); its pinned host memory stays registered, since a reset keeps host registrations
+    // (backend::Device::reset).
     for (const GpuClient* client : clients_) {
-      if (client->hasContexts()) return;
+      if (client->holdsDeviceState()) return;
     }
     const CUresult sticky = device_->stickyError();
     if (sticky == CUDA_SUCCESS) return;

@@ -35,7 +35,7 @@ public:
   ~ClientSession() noexcept;
 
   const ClientStats& stats() const { return *stats_; }
-  // Devices this client has made a context on, in the order it first did.
+  // Devices this client has made a context or physical memory on, in the order it first did.
   const std::vector<std::uint32_t>& devices() const { return devicesUsed_; }
 
   // capnp::Capability::Server: every control call first executes what the client already put in

@@ -39,17 +39,24 @@ kj::Promise<void> ClientSession::memAddressFree(MemAddressFreeContext context) {
 
 kj::Promise<void> ClientSession::memCreate(MemCreateContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  return client->createPhysicalMemory(params.getContext(), params.getBytes())
-      .then([context](backend::Result<Handle> handle) mutable {
-        auto results = context.getResults();
-        results.setResult(handle.code());
-        if (handle.ok()) results.setHandle(handle.value());
-      });
+  const std::uint32_t ordinal = params.getDevice();
+  const std::uint64_t bytes = params.getBytes();
+  // Made on the device, in no context; once the GPU serves, as a context is (a reset under way
+  // would take it).
+  return whenDeviceServes(ordinal).then([this, context, ordinal, bytes]() mutable {
+    GpuClient* client = clientForDevice(ordinal);
+    if (client == nullptr) {
+      context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
+      return kj::Promise<void>(kj::READY_NOW);
+    }
+    noteDeviceUsed(client->deviceIndex());
+    return client->createPhysicalMemory(bytes).then(
+        [context](backend::Result<Handle> handle) mutable {
+          auto results = context.getResults();
+          results.setResult(handle.code());
+          if (handle.ok()) results.setHandle(handle.value());
+        });
+  });
 }
 
 kj::Promise<void> ClientSession::memRelease(MemReleaseContext context) {

@@ -40,6 +40,19 @@ TEST(VirtualMemory, MappedMemoryIsDeviceMemoryAndTheRulesAreCudas) {
   EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 0; })) << daemon.status().dump(2);
 }
 
+// As cuCtxDestroy leaves memory made by cuMemCreate: a program that destroys the context its
+// addresses and memory were made in still reads the memory, makes more with no context at all,
+// and unmaps, releases and frees it all afterwards (NVIDIA's memMapIPCDrv sample destroys its
+// context before it unmaps).
+TEST(VirtualMemory, VirtualMemoryOutlivesTheContextItWasMadeIn) {
+  Daemon daemon;
+  const RunResult result = daemon.runClient("virtual_memory", {"outlive-context"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors << daemon.logs();
+  EXPECT_NE(result.output.find("virtual memory outlived its context"), std::string::npos)
+      << result.output;
+  EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 0; })) << daemon.status().dump(2);
+}
+
 TEST(VirtualMemory, PhysicalMemoryIsChargedAndComesBackWhenItsClientIsKilled) {
   Daemon daemon;
   constexpr std::uint64_t kHeld = 8 << 20;

@@ -14,6 +14,12 @@
 //   virtual_memory cross-device   (two devices) memory of device 1 mapped at addresses reserved
 //                                 through device 0's context, and device 1 given access to
 //                                 memory of device 0: through gpuproxy no two devices are peers
+//   virtual_memory outlive-context
+//                                 addresses and memory made in a context of the program's own,
+//                                 which it then destroys: as cuCtxDestroy leaves them, the
+//                                 memory keeps its contents, physical memory is made with no
+//                                 context current at all, and unmapping, releasing and freeing
+//                                 the addresses afterwards succeed
 #include <cuda.h>
 
 #include "test_kernels_ptx.hpp"
@@ -287,6 +293,50 @@ void crossDevice(const gpuproxy::programs::Program& program) {
   std::printf("virtual_memory: PASSED\n");
 }
 
+void outliveContext(const gpuproxy::programs::Program& program) {
+  const CUdevice device = program.device();
+  const std::size_t granule = granularityOf(device);
+  const CUmemAllocationProp prop = deviceMemory(device);
+  CUcontext own = nullptr;
+  CHECK(cuCtxCreate(&own, nullptr, 0, device));
+  CUdeviceptr span = 0;
+  CHECK(cuMemAddressReserve(&span, 2 * granule, 0, 0, 0));
+  CUmemGenericAllocationHandle first = 0;
+  CHECK(cuMemCreate(&first, granule, &prop, 0));
+  CHECK(cuMemMap(span, granule, 0, first, 0));
+  CHECK(grantReadWrite(span, granule, device));
+  CHECK(cuMemsetD32(span, 0xbeef, granule / sizeof(unsigned)));
+  CHECK(cuCtxDestroy(own));  // the program's primary context is current again
+
+  // No context current, and the primary one inactive: the memory is made on the device all the
+  // same.
+  CHECK(cuCtxSetCurrent(nullptr));
+  CHECK(cuDevicePrimaryCtxRelease(device));
+  unsigned flags = 0;
+  int active = 1;
+  CHECK(cuDevicePrimaryCtxGetState(device, &flags, &active));
+  if (active != 0) die("the primary context is still active");
+  CUmemGenericAllocationHandle second = 0;
+  CHECK(cuMemCreate(&second, granule, &prop, 0));
+  CHECK(cuMemMap(span + granule, granule, 0, second, 0));
+  CHECK(grantReadWrite(span + granule, granule, device));
+  CUcontext primary = nullptr;
+  CHECK(cuDevicePrimaryCtxRetain(&primary, device));
+  CHECK(cuCtxSetCurrent(primary));
+
+  // What was written in the destroyed context is still there, and the rest is usable.
+  expectWords(program, span, granule / sizeof(unsigned), 0xbeef, "memory outliving its context");
+  CHECK(cuMemsetD32(span + granule, 0xfeed, granule / sizeof(unsigned)));
+  expectWords(program, span + granule, granule / sizeof(unsigned), 0xfeed,
+              "memory made with no context");
+  std::printf("virtual memory outlived its context\n");
+  CHECK(cuMemUnmap(span, 2 * granule));
+  CHECK(cuMemRelease(first));
+  CHECK(cuMemRelease(second));
+  CHECK(cuMemAddressFree(span, 2 * granule));
+  std::printf("virtual_memory: PASSED\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -302,8 +352,10 @@ int main(int argc, char** argv) {
     hold(program, std::strtoull(argv[2], nullptr, 0));
   } else if (scenario == "cross-device") {
     crossDevice(program);
+  } else if (scenario == "outlive-context") {
+    outliveContext(program);
   } else {
-    die("usage: virtual_memory run | hold BYTES | cross-device");
+    die("usage: virtual_memory run | hold BYTES | cross-device | outlive-context");
   }
   return 0;
 }

@@ -5,7 +5,8 @@
 // checks every call (protocol/gpuproxy.capnp, Session.memAddressReserve); the stub checks what the
 // driver checks at the call and keeps its copy of what the process holds
 // (client/stub/virtual_memory.hpp). A mapping with read-write access is device memory of its
-// reservation's context for copies and memsets, as an allocation is.
+// reservation's context for copies and memsets, as an allocation is. All of it is the process's,
+// not a context's: cuMemCreate needs no context, and cuCtxDestroy leaves it, as the driver's does.
 //
 // Not served (CUDA_ERROR_NOT_SUPPORTED, logged): memory exported to or imported from a shareable
 // handle (cuMemExportToShareableHandle, a cuMemCreate asking for handle types), memory on the
@@ -79,17 +80,6 @@ CUmemAllocationProp grantedProp(const CUmemAllocationProp& asked) {
   return granted;
 }
 
-// The context physical memory of `device` is made in: the calling thread's when it is on that
-// device, else the process's primary context there; 0 when it has neither.
-std::uint64_t contextOnDevice(Runtime& runtime, int device) {
-  const std::uint64_t current = currentContext();
-  if (auto record = runtime.context(current);
-      record && static_cast<int>(record->device) == device) {
-    return current;
-  }
-  return runtime.primaryContext(static_cast<std::uint32_t>(device)).value_or(0);
-}
-
 }  // namespace
 
 GPUPROXY_EXPORT CUresult cuMemGetAllocationGranularity(size_t* granularity,
@@ -160,29 +150,22 @@ GPUPROXY_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_
       return checked;
     }
     if (size == 0 || size % kGranule != 0) return CUDA_ERROR_INVALID_VALUE;
-    const std::uint64_t context = contextOnDevice(runtime, prop->location.id);
-    if (context == 0) {
-      GPUPROXY_STUB_LOG(kWarn,
-                        "cuMemCreate: this process has no context on device %d; through gpuproxy "
-                        "physical memory is made in one (the current or the primary context)",
-                        prop->location.id);
-      return CUDA_ERROR_INVALID_CONTEXT;
-    }
+    // Made on the device, in no context: the process needs none (as with the driver).
     struct Reply {
       CUresult result;
       std::uint64_t handle;
     };
     Reply reply = runtime.call([&](Session::Client& session) {
       auto request = session.memCreateRequest();
-      request.setContext(context);
+      request.setDevice(static_cast<std::uint32_t>(prop->location.id));
       request.setBytes(size);
       return request.send().then([](auto response) {
         return Reply{toResult(response.getResult()), response.getHandle()};
       });
     });
     if (reply.result != CUDA_SUCCESS) return reply.result;
-    runtime.virtualMemory().addPhysical(
-        reply.handle, VirtualMemoryTable::Physical{size, context, grantedProp(*prop), 1});
+    runtime.virtualMemory().addPhysical(reply.handle,
+                                        VirtualMemoryTable::Physical{size, grantedProp(*prop), 1});
     *handle = reply.handle;
     return CUDA_SUCCESS;
   });
@@ -220,9 +203,8 @@ GPUPROXY_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     });
     if (result != CUDA_SUCCESS) return result;
     runtime.virtualMemory().addMapping(
-        ptr,
-        VirtualMemoryTable::Mapping{size, handle, *reservation, physical->context,
-                                    physical->prop.location.id, CU_MEM_ACCESS_FLAGS_PROT_NONE});
+        ptr, VirtualMemoryTable::Mapping{size, handle, *reservation, physical->prop.location.id,
+                                         CU_MEM_ACCESS_FLAGS_PROT_NONE});
     return CUDA_SUCCESS;
   });
 }

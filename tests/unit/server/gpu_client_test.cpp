@@ -155,9 +155,10 @@ TEST_F(GpuClientTest, AGoneClientsMemoryIsFreedOffTheOwnerThreadBeforeAnyLaterAl
 }
 
 // Physical memory (cuMemCreate) is charged like an allocation, against the tenant's limit, and
-// comes back once it is released and unmapped, or with its context; the addresses mapped are the
-// client's to copy to only once their access is set, and never another client's.
-TEST_F(GpuClientTest, VirtualMemoryIsChargedCheckedAndGivenBackWithItsContext) {
+// comes back once it is released and unmapped, or with the client, never with a context (as
+// cuCtxDestroy leaves it); the addresses mapped are the client's to copy to only once their access
+// is set, and never another client's.
+TEST_F(GpuClientTest, VirtualMemoryIsChargedCheckedAndOutlivesItsContext) {
   constexpr std::uint64_t kGranule = protocol::kVirtualMemoryGranularity;
   TenantLimits limits;
   limits.memoryLimit = 5 * kGranule;
@@ -166,13 +167,12 @@ TEST_F(GpuClientTest, VirtualMemoryIsChargedCheckedAndGivenBackWithItsContext) {
   auto other = newClient(2);
   auto context = client->createContext(0);
   auto otherContext = other->createContext(0);
-  auto physical = wait(client->createPhysicalMemory(context.value(), 4 * kGranule));
+  auto physical = wait(client->createPhysicalMemory(4 * kGranule));
   ASSERT_TRUE(physical.ok());
   EXPECT_EQ(shard_.memoryUsed(), 4 * kGranule);
-  EXPECT_EQ(wait(client->createPhysicalMemory(context.value(), 2 * kGranule)).code(),
+  EXPECT_EQ(wait(client->createPhysicalMemory(2 * kGranule)).code(),
             CUDA_ERROR_OUT_OF_MEMORY);  // beyond the tenant's limit
-  EXPECT_EQ(wait(client->createPhysicalMemory(context.value(), kGranule + 1)).code(),
-            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(wait(client->createPhysicalMemory(kGranule + 1)).code(), CUDA_ERROR_INVALID_VALUE);
 
   auto reserved = client->reserveAddresses(context.value(), 4 * kGranule, 0);
   ASSERT_TRUE(reserved.ok());
@@ -201,15 +201,36 @@ TEST_F(GpuClientTest, VirtualMemoryIsChargedCheckedAndGivenBackWithItsContext) {
   EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(client->copyHostToDevice(context.value(), 0, address, bytes), CUDA_ERROR_INVALID_VALUE);
 
-  // Whatever a context still holds goes with it.
-  auto again = wait(client->createPhysicalMemory(context.value(), 2 * kGranule));
+  // The context going takes none of it: the memory stays mapped and charged, reachable from the
+  // client's next context, until it is unmapped and the addresses freed.
+  auto again = wait(client->createPhysicalMemory(2 * kGranule));
   ASSERT_TRUE(again.ok());
   ASSERT_EQ(client->mapMemory(address, 2 * kGranule, 0, again.value()), CUDA_SUCCESS);
   ASSERT_EQ(client->setMemoryAccess(address, 2 * kGranule, true), CUDA_SUCCESS);
+  ASSERT_EQ(client->releasePhysicalMemory(again.value()), CUDA_SUCCESS);
+  ASSERT_EQ(client->copyHostToDevice(context.value(), 0, address, bytes), CUDA_SUCCESS);
   EXPECT_EQ(shard_.memoryUsed(), 2 * kGranule);
   EXPECT_EQ(wait(client->destroyContext(context.value())), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 2 * kGranule);
+  EXPECT_TRUE(client->reservesAddress(address));
+  EXPECT_TRUE(client->holdsDeviceState());
+  auto next = client->createContext(0);
+  auto kept = wait(client->copyDeviceToHost(next.value(), 0, address, bytes.size()));
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept.value(), bytes);
+  EXPECT_EQ(wait(client->destroyContext(next.value())), CUDA_SUCCESS);
+  EXPECT_EQ(wait(client->unmapMemory(address, 2 * kGranule)), CUDA_SUCCESS);
+  EXPECT_EQ(client->freeAddresses(address, 4 * kGranule), CUDA_SUCCESS);
+  EXPECT_FALSE(client->holdsDeviceState());
   EXPECT_EQ(shard_.memoryUsed(), 0u);
-  EXPECT_FALSE(client->reservesAddress(address));
+  EXPECT_EQ(tenant_->memoryUsed(0), 0u);
+
+  // What the client still holds goes with it.
+  auto last = wait(other->createPhysicalMemory(kGranule * 2));
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(shard_.memoryUsed(), 2 * kGranule);
+  other.reset();
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
   EXPECT_EQ(tenant_->memoryUsed(0), 0u);
 }
 
@@ -897,6 +918,36 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   auto fresh = newClient(30);
   auto freshContext = fresh->createContext(0);
   EXPECT_TRUE(wait(fresh->allocate(freshContext.value(), 16)).ok());
+}
+
+// Virtual memory is the client's, not a context's, and a reset of the GPU's context would take it:
+// a client that holds some with no context left holds up the recovery of a poisoned GPU as a
+// context does, until it gives it back.
+TEST_F(GpuClientTest, AClientHoldingVirtualMemoryHoldsUpTheRecoveryOfAPoisonedGpu) {
+  auto holder = newClient(10);
+  auto culprit = newClient(20);
+  auto holderContext = holder->createContext(0);
+  auto physical = wait(holder->createPhysicalMemory(protocol::kVirtualMemoryGranularity));
+  ASSERT_TRUE(physical.ok());
+  ASSERT_EQ(wait(holder->destroyContext(holderContext.value())), CUDA_SUCCESS);
+  auto culpritContext = culprit->createContext(0);
+  auto module = wait(culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx)));
+  auto trap = culprit->function(module.value(), "trap");
+  ASSERT_EQ(culprit->launchKernel(culpritContext.value(), trap.value().handle,
+                                  {{1, 1, 1}, {1, 1, 1}, 0}, 0, {}),
+            CUDA_SUCCESS);
+  EXPECT_EQ(wait(culprit->synchronizeContext(culpritContext.value())), CUDA_ERROR_ILLEGAL_ADDRESS);
+  wait(culprit->drain());
+  culprit.reset();
+  // Let every blocking call (the culprit's module unload) end: none of them starts the reset.
+  EXPECT_TRUE(soon([&] { return shard_.blockingCalls().pending == 0; }));
+  EXPECT_FALSE(shard_.resetting());
+  EXPECT_EQ(shard_.stickyError(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(holder->releasePhysicalMemory(physical.value()), CUDA_SUCCESS);
+  EXPECT_TRUE(soon([&] { return shard_.resetting() || shard_.stickyError() == CUDA_SUCCESS; }));
+  wait(shard_.whenServing());
+  EXPECT_EQ(shard_.stickyError(), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
 }
 
 }  // namespace
