@@ -262,6 +262,18 @@ interface Session {
   # The access of the device the mappings are on to the mappings that exactly make up
   # [pointer, pointer + bytes): `flags` as CUmemAccess_flags numbers them, NONE or READWRITE.
   memSetAccess @42 (pointer :UInt64, bytes :UInt64, flags :UInt32) -> (result :Int32);
+  # Physical memory `handle` of the caller's, exported (cuMemExportToShareableHandle): the same
+  # token for it every time, while any client holds it. `device` is the daemon's index.
+  # CUDA_ERROR_INVALID_VALUE for a handle the caller does not hold.
+  memExport @43 (handle :UInt64) -> (result :Int32, device :UInt32, token :Data);
+  # Memory exported on daemon device `device` by a client of the caller's tenant (the caller
+  # itself included), as physical memory of the caller's (cuMemImportFromShareableHandle): a
+  # handle of its own, released with memRelease, of `bytes`; `ordinal` is the device as the
+  # caller numbers it. The memory stays its maker's, charged to its tenant, while any client
+  # holds or maps it. CUDA_ERROR_INVALID_VALUE for a token of no live export on that device or
+  # another tenant's; CUDA_ERROR_INVALID_DEVICE for a device the caller cannot see.
+  memImport @44 (device :UInt32, token :Data)
+      -> (result :Int32, handle :UInt64, bytes :UInt64, ordinal :UInt32);
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -266,11 +266,11 @@ void Runtime::fitDeviceAttributes() {
     device.attributes[CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES] =
         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     device.attributes[CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED] = 1;
-    // Virtual memory is served within this process (virtual_memory.cpp): not exported to a file
-    // descriptor or fabric handle, not compressed, not for RDMA.
+    // Virtual memory (virtual_memory.cpp) is shared with other processes of the tenant through a
+    // file descriptor, never a fabric handle; not compressed, not for RDMA.
+    device.attributes[CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED] = 1;
     for (CUdevice_attribute unserved :
-         {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-          CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+         {CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
           CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED,
           CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED}) {
       device.attributes[static_cast<int>(unserved)] = 0;

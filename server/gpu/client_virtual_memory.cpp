@@ -69,9 +69,14 @@ bool ClientVirtualMemory::reserves(CUdeviceptr address) const {
   return address - start < reservation.bytes;
 }
 
-void ClientVirtualMemory::addPhysical(Handle handle, std::uint64_t backendHandle,
-                                      std::uint64_t bytes, MemoryCharge charge) {
-  physical_.emplace(handle, Physical{backendHandle, bytes, std::move(charge)});
+void ClientVirtualMemory::addPhysical(Handle handle, std::shared_ptr<PhysicalMemory> memory) {
+  physical_.emplace(handle, Physical{std::move(memory)});
+}
+
+std::shared_ptr<PhysicalMemory> ClientVirtualMemory::physical(Handle handle) const {
+  const auto found = physical_.find(handle);
+  if (found == physical_.end() || found->second.released) return nullptr;
+  return found->second.memory;
 }
 
 CUresult ClientVirtualMemory::release(Handle handle) {
@@ -84,9 +89,7 @@ CUresult ClientVirtualMemory::release(Handle handle) {
 
 void ClientVirtualMemory::giveBackIfUnused(std::map<Handle, Physical>::iterator physical) {
   if (!physical->second.released || physical->second.mappings > 0) return;
-  shard_.releasePhysicalMemory(physical->second.backendHandle, physical->second.charge.bytes(),
-                               pid_);
-  physical_.erase(physical);  // and its charge
+  physical_.erase(physical);  // and the memory with it, if this was its last holder
 }
 
 CUresult ClientVirtualMemory::map(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset,
@@ -96,9 +99,8 @@ CUresult ClientVirtualMemory::map(CUdeviceptr address, std::uint64_t bytes, std:
   if (bytes == 0 || !isGranular(address) || !isGranular(bytes) || !isGranular(offset)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (offset >= physical->second.bytes || bytes > physical->second.bytes - offset) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
+  const std::uint64_t size = physical->second.memory->bytes();
+  if (offset >= size || bytes > size - offset) return CUDA_ERROR_INVALID_VALUE;
   // Inside one reservation...
   auto reservation = reservations_.upper_bound(address);
   if (reservation == reservations_.begin()) return CUDA_ERROR_INVALID_VALUE;
@@ -116,7 +118,7 @@ CUresult ClientVirtualMemory::map(CUdeviceptr address, std::uint64_t bytes, std:
   }
   if (!hasRoom()) return CUDA_ERROR_OUT_OF_MEMORY;
   const CUresult mapped =
-      shard_.device().mapMemory(address, bytes, physical->second.backendHandle, offset);
+      shard_.device().mapMemory(address, bytes, physical->second.memory->backendHandle(), offset);
   if (mapped != CUDA_SUCCESS) return mapped;
   mappings_.emplace(address, Mapping{bytes, handle, false});
   ++physical->second.mappings;

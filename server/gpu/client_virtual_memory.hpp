@@ -16,11 +16,13 @@
 #include "server/backend/backend.hpp"
 #include "server/gpu/handles.hpp"
 #include "server/gpu/memory_charge.hpp"
+#include "server/gpu/physical_memory.hpp"
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 namespace gpuproxy::server {
@@ -51,11 +53,12 @@ public:
   bool hasRoom() const;
   // Whether the client holds any reservation, physical memory or mapping here.
   bool holdsAny() const;
-  // Physical memory the device made (backend::Device::createPhysicalMemory), named `handle` for
-  // the client, whose `charge` it holds from now on.
-  void addPhysical(Handle handle, std::uint64_t backendHandle, std::uint64_t bytes,
-                   MemoryCharge charge);
-  // The client lets go of `handle`; the memory is given back once nothing maps it.
+  // Physical memory named `handle` for the client: memory it made, or another client's it
+  // imported. Shared with every other holder; given back when the last lets go.
+  void addPhysical(Handle handle, std::shared_ptr<PhysicalMemory> memory);
+  // The memory `handle` names, while the client holds the handle; null otherwise.
+  std::shared_ptr<PhysicalMemory> physical(Handle handle) const;
+  // The client lets go of `handle`; it lets go of the memory once it maps it nowhere.
   // CUDA_ERROR_INVALID_VALUE for a handle it does not hold.
   CUresult release(Handle handle);
 
@@ -77,9 +80,7 @@ private:
     std::uint64_t bytes = 0;
   };
   struct Physical {
-    std::uint64_t backendHandle = 0;
-    std::uint64_t bytes = 0;
-    MemoryCharge charge;
+    std::shared_ptr<PhysicalMemory> memory;
     bool released = false;  // the client let go of the handle
     unsigned mappings = 0;
   };
@@ -96,8 +97,8 @@ private:
   // Unmaps one mapping from the device and forgets it; gives its memory back if that was the
   // last mapping of released memory.
   void unmapOne(Mappings::iterator mapping);
-  // Gives physical memory back to the device (and its charge back to the tenant) if it is
-  // released and mapped nowhere.
+  // Lets go of physical memory if the client released it and maps it nowhere (the memory goes
+  // back to the device when its last holder lets go: PhysicalMemory).
   void giveBackIfUnused(std::map<Handle, Physical>::iterator physical);
 
   GpuShard& shard_;

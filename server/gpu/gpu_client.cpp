@@ -703,13 +703,32 @@ kj::Promise<backend::Result<Handle>> GpuClient::createPhysicalMemory(std::uint64
     return Created(CUDA_ERROR_OUT_OF_MEMORY);
   }
   return shard_.createPhysicalMemory(bytes).then(
-      [this, bytes,
-       charge = std::move(*charge)](backend::Result<std::uint64_t> made) mutable -> Created {
+      [this, charge = std::move(*charge)](backend::Result<std::uint64_t> made) mutable -> Created {
         if (!made.ok()) return made.code();  // the charge goes back with `charge`
         const Handle handle = newHandle(HandleKind::kPhysicalMemory);
-        virtualMemory_.addPhysical(handle, made.value(), bytes, std::move(charge));
+        virtualMemory_.addPhysical(
+            handle, std::make_shared<PhysicalMemory>(shard_, made.value(), std::move(charge),
+                                                     stats_->identity.pid));
         return handle;
       });
+}
+
+backend::Result<IpcToken> GpuClient::exportPhysicalMemory(Handle handle) {
+  shard_.owner().check();
+  std::shared_ptr<PhysicalMemory> memory = virtualMemory_.physical(handle);
+  if (!memory) return CUDA_ERROR_INVALID_VALUE;
+  return shard_.ipcExports().exportPhysical(ipcParty(), memory);
+}
+
+backend::Result<GpuClient::ImportedMemory> GpuClient::importPhysicalMemory(const IpcToken& token) {
+  shard_.owner().check();
+  auto memory = shard_.ipcExports().openPhysical(token, ipcParty());
+  if (!memory.ok()) return memory.code();
+  if (!virtualMemory_.hasRoom()) return CUDA_ERROR_OUT_OF_MEMORY;
+  const Handle handle = newHandle(HandleKind::kPhysicalMemory);
+  const std::uint64_t bytes = memory.value()->bytes();
+  virtualMemory_.addPhysical(handle, std::move(memory).value());
+  return ImportedMemory{handle, bytes};
 }
 
 kj::Promise<CUresult> GpuClient::unmapMemory(CUdeviceptr address, std::uint64_t bytes) {

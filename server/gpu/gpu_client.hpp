@@ -187,6 +187,19 @@ public:
   bool reservesAddress(CUdeviceptr address) const { return virtualMemory_.reserves(address); }
   kj::Promise<backend::Result<Handle>> createPhysicalMemory(std::uint64_t bytes);
   CUresult releasePhysicalMemory(Handle handle) { return virtualMemory_.release(handle); }
+  // Physical memory of this client's exported to a shareable handle
+  // (cuMemExportToShareableHandle): the same token every time. CUDA_ERROR_INVALID_VALUE for a
+  // handle it does not hold.
+  backend::Result<IpcToken> exportPhysicalMemory(Handle handle);
+  // Memory a client of the same tenant exported on this GPU, as physical memory of this client's
+  // (cuMemImportFromShareableHandle): a handle of its own, released and mapped as any; the memory
+  // stays its maker's, charged to it, while any client holds it. Errors as
+  // IpcExports::openPhysical's; CUDA_ERROR_OUT_OF_MEMORY at the client's cap on objects.
+  struct ImportedMemory {
+    Handle handle = 0;
+    std::uint64_t bytes = 0;
+  };
+  backend::Result<ImportedMemory> importPhysicalMemory(const IpcToken& token);
   CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset,
                      Handle handle) {
     return virtualMemory_.map(address, bytes, offset, handle);

@@ -96,43 +96,68 @@ std::uint64_t IpcExports::bytesKeptForImporters() const {
   return bytes;
 }
 
-IpcToken IpcExports::exportEvent(Party exporter, const std::shared_ptr<backend::Event>& event) {
-  // Exports whose event no client holds any more are dropped first: a new event may have the
+template <typename Object>
+IpcToken IpcExports::SharedExports<Object>::add(Party exporter,
+                                                const std::shared_ptr<Object>& object) {
+  // Exports whose object no client holds any more are dropped first: a new object may have the
   // address of one of them.
-  for (auto it = events_.begin(); it != events_.end();) {
-    if (it->second.event.expired()) {
-      std::erase_if(eventTokens_, [&](const auto& known) { return known.second == it->first; });
-      it = events_.erase(it);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.object.expired()) {
+      std::erase_if(tokens_, [&](const auto& known) { return known.second == it->first; });
+      it = entries_.erase(it);
     } else {
       ++it;
     }
   }
-  if (auto known = eventTokens_.find(event.get()); known != eventTokens_.end()) {
-    return known->second;
-  }
+  if (auto known = tokens_.find(object.get()); known != tokens_.end()) return known->second;
   const IpcToken token = newIpcToken();
-  events_[token] = EventExport{exporter, event};
-  eventTokens_[event.get()] = token;
+  entries_[token] = Entry{exporter, object};
+  tokens_[object.get()] = token;
   return token;
+}
+
+template <typename Object>
+backend::Result<std::shared_ptr<Object>> IpcExports::SharedExports<Object>::open(
+    const IpcToken& token, Party importer, bool exporterOpens) const {
+  auto named = entries_.find(token);
+  if (named == entries_.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult refused = mayOpen(named->second.exporter, importer);
+      refused != CUDA_SUCCESS && !(exporterOpens && refused == CUDA_ERROR_INVALID_CONTEXT)) {
+    return refused;
+  }
+  std::shared_ptr<Object> object = named->second.object.lock();
+  if (!object) return CUDA_ERROR_INVALID_VALUE;  // dropped at the next export
+  return object;
+}
+
+template <typename Object>
+void IpcExports::SharedExports<Object>::forget(const Object& object) {
+  auto known = tokens_.find(&object);
+  if (known == tokens_.end()) return;
+  entries_.erase(known->second);
+  tokens_.erase(known);
+}
+
+IpcToken IpcExports::exportEvent(Party exporter, const std::shared_ptr<backend::Event>& event) {
+  return events_.add(exporter, event);
 }
 
 backend::Result<std::shared_ptr<backend::Event>> IpcExports::openEvent(const IpcToken& token,
                                                                        Party importer) {
-  auto named = events_.find(token);
-  if (named == events_.end()) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult refused = mayOpen(named->second.exporter, importer); refused != CUDA_SUCCESS) {
-    return refused;
-  }
-  std::shared_ptr<backend::Event> event = named->second.event.lock();
-  if (!event) return CUDA_ERROR_INVALID_VALUE;  // dropped at the next export
-  return event;
+  return events_.open(token, importer, /*exporterOpens=*/false);
 }
 
 void IpcExports::forgetEvent(const backend::Event& event) {
-  auto known = eventTokens_.find(&event);
-  if (known == eventTokens_.end()) return;
-  events_.erase(known->second);
-  eventTokens_.erase(known);
+  events_.forget(event);
+}
+
+IpcToken IpcExports::exportPhysical(Party exporter, const std::shared_ptr<PhysicalMemory>& memory) {
+  return physical_.add(exporter, memory);
+}
+
+backend::Result<std::shared_ptr<PhysicalMemory>> IpcExports::openPhysical(const IpcToken& token,
+                                                                          Party importer) {
+  return physical_.open(token, importer, /*exporterOpens=*/true);
 }
 
 }  // namespace gpuproxy::server

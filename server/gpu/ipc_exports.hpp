@@ -1,6 +1,7 @@
 #pragma once
-// Interprocess handles of one GPU (cuIpcGetMemHandle, cuIpcGetEventHandle): what each token
-// names, and for whom. A token is 16 random bytes, so a client cannot name an export it was not
+// Interprocess handles of one GPU (cuIpcGetMemHandle, cuIpcGetEventHandle, and physical memory
+// exported to a shareable handle, cuMemExportToShareableHandle): what each token names, and for
+// whom. A token is 16 random bytes, so a client cannot name an export it was not
 // given; and an export opens only for clients of the tenant that made it, so a handle that leaks
 // to another tenant is as good as a made-up one. One context per GPU gives every client the same
 // address space, so an opened allocation has its exporter's address.
@@ -16,6 +17,7 @@
 #include "scheduler/scheduler.hpp"
 #include "server/backend/backend.hpp"
 #include "server/gpu/memory_charge.hpp"
+#include "server/gpu/physical_memory.hpp"
 #include "server/tenant/tenant.hpp"
 
 #include <cuda.h>
@@ -70,7 +72,36 @@ public:
   // The exporter destroyed `event`: it opens no more (importers keep theirs).
   void forgetEvent(const backend::Event& event);
 
+  // ---- physical memory (cuMemExportToShareableHandle)
+  // The token of `memory`: the one it already has, else a new one.
+  IpcToken exportPhysical(Party exporter, const std::shared_ptr<PhysicalMemory>& memory);
+  // The exported memory, shared with `importer` (its exporter too: a process may import its own
+  // handle). CUDA_ERROR_INVALID_VALUE for a token this GPU did not make, memory every holder has
+  // let go of, or another tenant's.
+  backend::Result<std::shared_ptr<PhysicalMemory>> openPhysical(const IpcToken& token,
+                                                                Party importer);
+
 private:
+  // Objects exported by reference (events, physical memory): a token names its object while any
+  // client holds it, and an object has one token.
+  template <typename Object>
+  class SharedExports {
+  public:
+    IpcToken add(Party exporter, const std::shared_ptr<Object>& object);
+    // Errors as mayOpen's; `exporterOpens`: the exporter may open its own export.
+    backend::Result<std::shared_ptr<Object>> open(const IpcToken& token, Party importer,
+                                                  bool exporterOpens) const;
+    void forget(const Object& object);
+
+  private:
+    struct Entry {
+      Party exporter;
+      std::weak_ptr<Object> object;
+    };
+    std::map<IpcToken, Entry> entries_;         // by token
+    std::map<const Object*, IpcToken> tokens_;  // the token each exported object has
+  };
+
   struct MemoryExport {
     IpcToken token{};
     std::uint64_t bytes = 0;
@@ -79,17 +110,13 @@ private:
     unsigned mappings = 0;
     std::optional<MemoryCharge> keptCharge;  // once the exporter let go while mapped elsewhere
   };
-  struct EventExport {
-    Party exporter;
-    std::weak_ptr<backend::Event> event;
-  };
   // The export's error for `importer`, or CUDA_SUCCESS.
   static CUresult mayOpen(const Party& exporter, const Party& importer);
 
-  std::map<CUdeviceptr, MemoryExport> memory_;             // by allocation start
-  std::map<IpcToken, CUdeviceptr> memoryTokens_;           // of exports whose exporter holds them
-  std::map<IpcToken, EventExport> events_;                 // by token
-  std::map<const backend::Event*, IpcToken> eventTokens_;  // the token each exported event has
+  std::map<CUdeviceptr, MemoryExport> memory_;    // by allocation start
+  std::map<IpcToken, CUdeviceptr> memoryTokens_;  // of exports whose exporter holds them
+  SharedExports<backend::Event> events_;
+  SharedExports<PhysicalMemory> physical_;
 };
 
 // 16 bytes from the kernel's random source.

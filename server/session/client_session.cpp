@@ -75,6 +75,13 @@ ClientSession::~ClientSession() noexcept {
   channel_.reset();
 }
 
+std::optional<std::uint32_t> ClientSession::ordinalOf(std::uint32_t device) const {
+  for (std::uint32_t ordinal = 0; ordinal < visibleDevices_.size(); ++ordinal) {
+    if (visibleDevices_[ordinal] == device && deviceForOrdinal(ordinal)) return ordinal;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::uint32_t> ClientSession::deviceForOrdinal(std::uint32_t ordinal) const {
   if (ordinal >= visibleDevices_.size()) return std::nullopt;
   const std::uint32_t device = visibleDevices_[ordinal];

@@ -91,6 +91,8 @@ protected:
   kj::Promise<void> memMap(MemMapContext context) override;
   kj::Promise<void> memUnmap(MemUnmapContext context) override;
   kj::Promise<void> memSetAccess(MemSetAccessContext context) override;
+  kj::Promise<void> memExport(MemExportContext context) override;
+  kj::Promise<void> memImport(MemImportContext context) override;
 
 private:
   class MessagePort;
@@ -187,6 +189,8 @@ private:
   GpuClient* clientForDevice(std::uint32_t device);
   // The daemon's index of the client's visible device `ordinal`; nullopt for one it cannot see.
   std::optional<std::uint32_t> deviceForOrdinal(std::uint32_t ordinal) const;
+  // The client's ordinal of daemon device `device`; nullopt for one it cannot see.
+  std::optional<std::uint32_t> ordinalOf(std::uint32_t device) const;
   // Resolves once the GPU behind visible device `ordinal` serves new contexts: at once, or when
   // the reset of its context now under way ends (GpuShard::whenServing).
   kj::Promise<void> whenDeviceServes(std::uint32_t ordinal);

@@ -1,7 +1,8 @@
 // Interprocess handles (cuIpcGetMemHandle, cuIpcOpenMemHandle, cuIpcCloseMemHandle,
-// cuIpcGetEventHandle, cuIpcOpenEventHandle): the session's routing. What a token names, and who
-// may open it, is the GPU's table (server/gpu/ipc_exports.hpp); the mappings and events each
-// client holds are its GpuClient's.
+// cuIpcGetEventHandle, cuIpcOpenEventHandle, and physical memory's shareable handles,
+// cuMemExportToShareableHandle, cuMemImportFromShareableHandle): the session's routing. What a
+// token names, and who may open it, is the GPU's table (server/gpu/ipc_exports.hpp); the mappings
+// and events each client holds are its GpuClient's.
 
 #include "server/session/client_session.hpp"
 
@@ -108,6 +109,45 @@ kj::Promise<void> ClientSession::ipcOpenEvent(IpcOpenEventContext context) {
         return opener.openEvent(params.getContext(), tokenOf(params.getToken()));
       },
       [](auto& results, Handle event) { results.setEvent(event); });
+}
+
+kj::Promise<void> ClientSession::memExport(MemExportContext context) {
+  const Handle handle = context.getParams().getHandle();
+  GpuClient* client = clientFor(handle, HandleKind::kPhysicalMemory);
+  return answerCreated(
+      context, client, CUDA_ERROR_INVALID_VALUE,
+      [&](GpuClient& exporter) { return exporter.exportPhysicalMemory(handle); },
+      [client](auto& results, const IpcToken& token) {
+        results.setDevice(client->deviceIndex());
+        results.setToken(dataOf(token));
+      });
+}
+
+kj::Promise<void> ClientSession::memImport(MemImportContext context) {
+  auto params = context.getParams();
+  if (params.getToken().size() != sizeof(IpcToken)) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_VALUE);
+    return kj::READY_NOW;
+  }
+  const std::optional<std::uint32_t> ordinal = ordinalOf(params.getDevice());
+  if (!ordinal) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
+    return kj::READY_NOW;
+  }
+  const IpcToken token = tokenOf(params.getToken());
+  // Physical memory the client holds, as memCreate's: once the GPU serves.
+  return whenDeviceServes(*ordinal).then([this, context, ordinal = *ordinal, token]() mutable {
+    GpuClient* client = clientForDevice(ordinal);
+    if (client != nullptr) noteDeviceUsed(client->deviceIndex());
+    return answerCreated(
+        context, client, CUDA_ERROR_INVALID_DEVICE,
+        [&](GpuClient& importer) { return importer.importPhysicalMemory(token); },
+        [ordinal](auto& results, const GpuClient::ImportedMemory& imported) {
+          results.setHandle(imported.handle);
+          results.setBytes(imported.bytes);
+          results.setOrdinal(ordinal);
+        });
+  });
 }
 
 }  // namespace gpuproxy::server

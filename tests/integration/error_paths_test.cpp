@@ -120,9 +120,9 @@ TEST_F(ErrorPaths, KernelsTheSimCannotRunAreRefusedAtLoadByName) {
 
 TEST_F(ErrorPaths, UnsupportedEntryPointsSaySo) {
   auto got = probe("unsupported");
-  EXPECT_EQ(got["cuMemExportToShareableHandle"], "CUDA_ERROR_NOT_SUPPORTED");
+  EXPECT_EQ(got["cuStreamWaitValue32"], "CUDA_ERROR_NOT_SUPPORTED");
   EXPECT_EQ(got["cuGetProcAddress"], "CUDA_SUCCESS");
-  EXPECT_EQ(got["cuMemExportToShareableHandle(proc address)"], "CUDA_ERROR_NOT_SUPPORTED");
+  EXPECT_EQ(got["cuStreamWaitValue32(proc address)"], "CUDA_ERROR_NOT_SUPPORTED");
 }
 
 TEST_F(ErrorPaths, NullPointersAndBadArgumentsAreRejected) {

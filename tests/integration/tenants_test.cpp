@@ -146,6 +146,63 @@ TEST_F(Tenants, HandCraftedControlMessagesGetTheTenantsLimitToo) {
   EXPECT_EQ(info.send().wait(waitScope).getTotal(), 4 * kMiB);
 }
 
+// Physical memory exported to a shareable handle: the token opens only in the exporter's tenant,
+// whatever a hand-crafted client sends, and the memory is charged once, to its maker.
+TEST_F(Tenants, ExportedPhysicalMemoryImportsIntoItsOwnTenantOnly) {
+  auto attach = [](capnp::EzRpcClient& client) {
+    auto request = client.getMain<protocol::Gateway>().attachRequest();
+    request.setProtocolVersion(protocol::PROTOCOL_VERSION);
+    auto attached = request.send().wait(client.getWaitScope());
+    EXPECT_EQ(attached.getResult(), CUDA_SUCCESS);
+    return attached.getSession();
+  };
+  capnp::EzRpcClient maker("unix:" + alpha_);
+  capnp::EzRpcClient colleague("unix:" + alpha_);
+  capnp::EzRpcClient stranger("unix:" + beta_);
+  auto& waitScope = maker.getWaitScope();
+  auto makerSession = attach(maker);
+  auto colleagueSession = attach(colleague);
+  auto strangerSession = attach(stranger);
+
+  auto create = makerSession.memCreateRequest();
+  create.setDevice(0);
+  create.setBytes(2 * kMiB);
+  auto created = create.send().wait(waitScope);
+  ASSERT_EQ(created.getResult(), CUDA_SUCCESS);
+  auto beyond = makerSession.memCreateRequest();
+  beyond.setDevice(0);
+  beyond.setBytes(4 * kMiB);  // alpha's limit is 4 MiB
+  EXPECT_EQ(beyond.send().wait(waitScope).getResult(), CUDA_ERROR_OUT_OF_MEMORY);
+  auto exportRequest = makerSession.memExportRequest();
+  exportRequest.setHandle(created.getHandle());
+  auto exported = exportRequest.send().wait(waitScope);
+  ASSERT_EQ(exported.getResult(), CUDA_SUCCESS);
+
+  auto import = [&](protocol::Session::Client& session, std::uint32_t device,
+                    capnp::Data::Reader token) {
+    auto request = session.memImportRequest();
+    request.setDevice(device);
+    request.setToken(token);
+    return request.send().wait(waitScope);
+  };
+  EXPECT_EQ(import(strangerSession, exported.getDevice(), exported.getToken()).getResult(),
+            CUDA_ERROR_INVALID_VALUE);
+  const capnp::byte shortToken[3] = {1, 2, 3};
+  EXPECT_EQ(import(colleagueSession, 0, capnp::Data::Reader(shortToken, 3)).getResult(),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(import(colleagueSession, 7, exported.getToken()).getResult(),
+            CUDA_ERROR_INVALID_DEVICE);
+  auto theirs = strangerSession.memExportRequest();
+  theirs.setHandle(created.getHandle());
+  EXPECT_EQ(theirs.send().wait(waitScope).getResult(), CUDA_ERROR_INVALID_VALUE);
+
+  auto imported = import(colleagueSession, exported.getDevice(), exported.getToken());
+  ASSERT_EQ(imported.getResult(), CUDA_SUCCESS);
+  EXPECT_EQ(imported.getBytes(), 2 * kMiB);
+  EXPECT_EQ(imported.getOrdinal(), 0u);
+  EXPECT_EQ(tenantNamed(daemon_->status(), "alpha")["memory_used"], 2 * kMiB);
+}
+
 TEST_F(Tenants, SetLimitChangesALiveTenantWithoutFreeingAnything) {
   auto holder = daemon_->startClientOn(alpha_, "error_probe", {"alloc-and-hold", "3145728"});
   ASSERT_TRUE(

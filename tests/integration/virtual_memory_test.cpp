@@ -34,7 +34,7 @@ TEST(VirtualMemory, MappedMemoryIsDeviceMemoryAndTheRulesAreCudas) {
         "cuMemRelease(twice)"}) {
     EXPECT_EQ(got[refused], "CUDA_ERROR_INVALID_VALUE") << refused << "\n" << result.output;
   }
-  EXPECT_EQ(got["cuMemCreate(shareable)"], "CUDA_ERROR_NOT_SUPPORTED") << result.output;
+  EXPECT_EQ(got["cuMemCreate(fabric handle)"], "CUDA_ERROR_NOT_SUPPORTED") << result.output;
   EXPECT_EQ(got["cuMemCreate(no such device)"], "CUDA_ERROR_INVALID_DEVICE") << result.output;
   // Everything was given back.
   EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 0; })) << daemon.status().dump(2);
@@ -49,6 +49,25 @@ TEST(VirtualMemory, VirtualMemoryOutlivesTheContextItWasMadeIn) {
   const RunResult result = daemon.runClient("virtual_memory", {"outlive-context"});
   ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors << daemon.logs();
   EXPECT_NE(result.output.find("virtual memory outlived its context"), std::string::npos)
+      << result.output;
+  EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 0; })) << daemon.status().dump(2);
+}
+
+// Physical memory exported to a file descriptor (cuMemExportToShareableHandle) and passed to two
+// child processes: each imports it (cuMemImportFromShareableHandle), maps it at addresses of its
+// own, reads what the parent wrote and writes what the parent then reads. One memory for three
+// processes, charged once, given back once all have let go.
+TEST(VirtualMemory, ExportedMemoryIsOneMemoryForEveryProcessThatImportsIt) {
+  Daemon daemon;
+  const RunResult result = daemon.runClient("virtual_memory", {"share", "2"});
+  ASSERT_TRUE(result.status.exitedWith(0)) << result.output << result.errors << daemon.logs();
+  EXPECT_NE(result.output.find("shared with 2 processes"), std::string::npos) << result.output;
+  auto got = answers(result.output);
+  EXPECT_EQ(got["cuMemExportToShareableHandle(fabric)"], "CUDA_ERROR_NOT_SUPPORTED")
+      << result.output;
+  EXPECT_EQ(got["cuMemExportToShareableHandle(not made for it)"], "CUDA_ERROR_INVALID_VALUE")
+      << result.output;
+  EXPECT_EQ(got["cuMemImportFromShareableHandle(another file)"], "CUDA_ERROR_INVALID_VALUE")
       << result.output;
   EXPECT_TRUE(eventually([&] { return deviceMemoryUsed(daemon) == 0; })) << daemon.status().dump(2);
 }

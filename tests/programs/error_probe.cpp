@@ -250,22 +250,16 @@ int main(int argc, char** argv) {
     report("cuModuleLoadData(supported)",
            cuModuleLoadData(&module, gpuproxy::testing::kTestKernelsPtx));
   } else if (scenario == "unsupported") {
-    // Exporting virtual memory as a file descriptor: gpuproxy keeps virtual memory in its process.
-    int shareable = -1;
-    report(
-        "cuMemExportToShareableHandle",
-        cuMemExportToShareableHandle(&shareable, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    // A wait for a value in memory on a stream (stream memory operations): not served.
+    report("cuStreamWaitValue32", cuStreamWaitValue32(nullptr, 0, 1, CU_STREAM_WAIT_VALUE_GEQ));
     void* function = nullptr;
     CUdriverProcAddressQueryResult status;
-    report("cuGetProcAddress",
-           cuGetProcAddress("cuMemExportToShareableHandle", &function, CUDA_VERSION,
-                            CU_GET_PROC_ADDRESS_DEFAULT, &status));
-    using ExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle,
-                                                 CUmemAllocationHandleType, unsigned long long);
+    report("cuGetProcAddress", cuGetProcAddress("cuStreamWaitValue32", &function, CUDA_VERSION,
+                                                CU_GET_PROC_ADDRESS_DEFAULT, &status));
+    using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
     if (function != nullptr) {
-      report("cuMemExportToShareableHandle(proc address)",
-             reinterpret_cast<ExportToShareableHandle>(function)(
-                 &shareable, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+      report("cuStreamWaitValue32(proc address)",
+             reinterpret_cast<WaitValue32>(function)(nullptr, 0, 1, CU_STREAM_WAIT_VALUE_GEQ));
     }
   } else if (scenario == "null-pointers") {
     report("cuMemAlloc(null)", cuMemAlloc(nullptr, 16));

@@ -14,6 +14,15 @@
 //   virtual_memory cross-device   (two devices) memory of device 1 mapped at addresses reserved
 //                                 through device 0's context, and device 1 given access to
 //                                 memory of device 0: through gpuproxy no two devices are peers
+//   virtual_memory share N         physical memory made for a file descriptor, one granule per
+//                                 child, each filled with a pattern and exported
+//                                 (cuMemExportToShareableHandle); N children started with the
+//                                 descriptors import all of it (cuMemImportFromShareableHandle),
+//                                 map it at addresses of their own, check the pattern of theirs
+//                                 and write their number into it; the parent reads what each
+//                                 wrote through its own mapping. Also what CUDA refuses of it
+//   virtual_memory share-child I N FD...
+//                                 one such child (started by share)
 //   virtual_memory outlive-context
 //                                 addresses and memory made in a context of the program's own,
 //                                 which it then destroys: as cuCtxDestroy leaves them, the
@@ -24,6 +33,10 @@
 
 #include "test_kernels_ptx.hpp"
 #include "tests/programs/cuda_program.hpp"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -214,9 +227,9 @@ void run(const gpuproxy::programs::Program& program) {
   report("cuMemAddressFree(still mapped)", cuMemAddressFree(span, 3 * granule));
   report("cuMemAddressFree(wrong size)", cuMemAddressFree(spare, granule));
   report("cuMemCreate(not granular)", cuMemCreate(&retained, granule + 4096, &prop, 0));
-  CUmemAllocationProp exported = prop;
-  exported.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  report("cuMemCreate(shareable)", cuMemCreate(&retained, granule, &exported, 0));
+  CUmemAllocationProp fabric = prop;
+  fabric.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+  report("cuMemCreate(fabric handle)", cuMemCreate(&retained, granule, &fabric, 0));
   CUmemAllocationProp elsewhere = prop;
   elsewhere.location.id = 99;
   report("cuMemCreate(no such device)", cuMemCreate(&retained, granule, &elsewhere, 0));
@@ -293,6 +306,126 @@ void crossDevice(const gpuproxy::programs::Program& program) {
   std::printf("virtual_memory: PASSED\n");
 }
 
+// Made for export to a file descriptor.
+CUmemAllocationProp shareableMemory(CUdevice device) {
+  CUmemAllocationProp prop = deviceMemory(device);
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+constexpr unsigned kSharedPattern = 0x5eed0000;
+
+void share(const gpuproxy::programs::Program& program, int children) {
+  const CUdevice device = program.device();
+  int supported = 0;
+  CHECK(cuDeviceGetAttribute(
+      &supported, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device));
+  if (supported != 1) die("the device says it cannot export to a file descriptor");
+  const std::size_t granule = granularityOf(device);
+  const std::size_t words = granule / sizeof(unsigned);
+  const CUmemAllocationProp prop = shareableMemory(device);
+  CUdeviceptr span = 0;
+  CHECK(cuMemAddressReserve(&span, children * granule, 0, 0, 0));
+  std::vector<CUmemGenericAllocationHandle> handles(children);
+  std::vector<int> descriptors(children);
+  for (int i = 0; i < children; ++i) {
+    CHECK(cuMemCreate(&handles[i], granule, &prop, 0));
+    CHECK(cuMemMap(span + i * granule, granule, 0, handles[i], 0));
+    CHECK(cuMemExportToShareableHandle(&descriptors[i], handles[i],
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    // Passed on to the child by inheritance, as its number.
+    if (::fcntl(descriptors[i], F_SETFD, 0) != 0) die("cannot pass the descriptor on");
+  }
+  CHECK(grantReadWrite(span, children * granule, device));
+  for (int i = 0; i < children; ++i) {
+    launchFill(program.function("fill_u32"), span + i * granule, kSharedPattern + i, words);
+  }
+  CHECK(cuCtxSynchronize());
+
+  // What CUDA refuses.
+  int refused = -1;
+  report("cuMemExportToShareableHandle(fabric)",
+         cuMemExportToShareableHandle(&refused, handles[0], CU_MEM_HANDLE_TYPE_FABRIC, 0));
+  const CUmemAllocationProp plainProp = deviceMemory(device);
+  CUmemGenericAllocationHandle plain = 0;
+  CHECK(cuMemCreate(&plain, granule, &plainProp, 0));
+  report(
+      "cuMemExportToShareableHandle(not made for it)",
+      cuMemExportToShareableHandle(&refused, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CHECK(cuMemRelease(plain));
+  CUmemGenericAllocationHandle bogus = 0;
+  const int notOurs = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  report("cuMemImportFromShareableHandle(another file)",
+         cuMemImportFromShareableHandle(&bogus, reinterpret_cast<void*>(std::intptr_t{notOurs}),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  ::close(notOurs);
+
+  std::vector<pid_t> started;
+  for (int i = 0; i < children; ++i) {
+    std::vector<std::string> arguments = {"virtual_memory", "share-child", std::to_string(i),
+                                          std::to_string(children)};
+    for (int fd : descriptors) arguments.push_back(std::to_string(fd));
+    const pid_t child = ::fork();
+    if (child < 0) die("fork failed");
+    if (child == 0) {
+      std::vector<char*> argv;
+      for (std::string& argument : arguments) argv.push_back(argument.data());
+      argv.push_back(nullptr);
+      ::execv("/proc/self/exe", argv.data());
+      ::_exit(127);
+    }
+    started.push_back(child);
+  }
+  for (pid_t child : started) {
+    int status = 0;
+    if (::waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      die("a child failed");
+    }
+  }
+  for (int fd : descriptors) ::close(fd);
+  for (int i = 0; i < children; ++i) {
+    expectWords(program, span + i * granule, words, static_cast<unsigned>(i + 1),
+                "what a child wrote");
+  }
+  std::printf("shared with %d processes\n", children);
+  CHECK(cuMemUnmap(span, children * granule));
+  for (CUmemGenericAllocationHandle handle : handles) CHECK(cuMemRelease(handle));
+  CHECK(cuMemAddressFree(span, children * granule));
+  std::printf("virtual_memory: PASSED\n");
+}
+
+void shareChild(const gpuproxy::programs::Program& program, int index,
+                const std::vector<int>& descriptors) {
+  const CUdevice device = program.device();
+  const std::size_t granule = granularityOf(device);
+  const std::size_t words = granule / sizeof(unsigned);
+  const std::size_t count = descriptors.size();
+  CUdeviceptr span = 0;
+  CHECK(cuMemAddressReserve(&span, count * granule, 0, 0, 0));
+  for (std::size_t i = 0; i < count; ++i) {
+    CUmemGenericAllocationHandle handle = 0;
+    CHECK(cuMemImportFromShareableHandle(&handle,
+                                         reinterpret_cast<void*>(std::intptr_t{descriptors[i]}),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CUmemAllocationProp prop = {};
+    CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, handle));
+    if (prop.location.id != device ||
+        prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+      die("an imported handle has other properties");
+    }
+    CHECK(cuMemMap(span + i * granule, granule, 0, handle, 0));
+    CHECK(cuMemRelease(handle));  // the mapping keeps it
+    ::close(descriptors[i]);
+  }
+  CHECK(grantReadWrite(span, count * granule, device));
+  const CUdeviceptr mine = span + index * granule;
+  expectWords(program, mine, words, kSharedPattern + index, "what the parent wrote");
+  launchFill(program.function("fill_u32"), mine, static_cast<unsigned>(index + 1), words);
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemUnmap(span, count * granule));
+  CHECK(cuMemAddressFree(span, count * granule));
+}
+
 void outliveContext(const gpuproxy::programs::Program& program) {
   const CUdevice device = program.device();
   const std::size_t granule = granularityOf(device);
@@ -354,8 +487,14 @@ int main(int argc, char** argv) {
     crossDevice(program);
   } else if (scenario == "outlive-context") {
     outliveContext(program);
+  } else if (scenario == "share" && argc > 2) {
+    share(program, std::atoi(argv[2]));
+  } else if (scenario == "share-child" && argc > 3) {
+    std::vector<int> descriptors;
+    for (int i = 4; i < argc; ++i) descriptors.push_back(std::atoi(argv[i]));
+    shareChild(program, std::atoi(argv[2]), descriptors);
   } else {
-    die("usage: virtual_memory run | hold BYTES | cross-device | outlive-context");
+    die("usage: virtual_memory run | hold BYTES | cross-device | outlive-context | share N");
   }
   return 0;
 }

@@ -4,6 +4,9 @@
 // gpuproxy.capnp, Session.ipcExportMemory).
 
 #include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdint>
@@ -39,7 +42,7 @@ static_assert(sizeof(CUipcEventHandle) == kIpcHandleBytes);
 static_assert(sizeof(CUmemPoolPtrExportData) == kIpcHandleBytes);
 static_assert(kTokenOffset + sizeof(IpcHandle::token) <= kIpcHandleBytes);
 
-// The daemon's answer to an export (ipcExportMemory, ipcExportEvent), into `handle`.
+// The daemon's answer to an export (ipcExportMemory, ipcExportEvent, memExport), into `handle`.
 template <typename Response>
 CUresult exportedHandle(const Response& response, IpcHandle& handle) {
   const CUresult result = toResult(response.getResult());
@@ -57,6 +60,21 @@ std::mutex mappingsMutex;
 std::map<CUdeviceptr, unsigned> mappings;
 
 }  // namespace
+
+int sealedFileHolding(const char* name, const void* bytes, std::size_t size) {
+  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (::write(fd, bytes, size) != static_cast<ssize_t>(size) ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool readSealedFile(int fd, void* out, std::size_t size) {
+  return ::pread(fd, out, size, 0) == static_cast<ssize_t>(size);
+}
 
 capnp::Data::Reader ipcTokenData(const IpcHandle& handle) {
   return {reinterpret_cast<const capnp::byte*>(handle.token.data()), handle.token.size()};
@@ -85,6 +103,15 @@ CUresult exportIpcMemory(Runtime& runtime, CUdeviceptr pointer, IpcHandle& handl
   return runtime.call([&](Session::Client& session) {
     auto request = session.ipcExportMemoryRequest();
     request.setPointer(pointer);
+    return request.send().then(
+        [&handle](auto response) { return exportedHandle(response, handle); });
+  });
+}
+
+CUresult exportPhysicalMemory(Runtime& runtime, std::uint64_t physical, IpcHandle& handle) {
+  return runtime.call([&](Session::Client& session) {
+    auto request = session.memExportRequest();
+    request.setHandle(physical);
     return request.send().then(
         [&handle](auto response) { return exportedHandle(response, handle); });
   });

@@ -9,10 +9,6 @@
 
 #include "client/stub/api/memory_pools.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -513,13 +509,9 @@ GPUPROXY_EXPORT CUresult cuMemPoolExportToShareableHandle(void* handle_out, CUme
       }
       contents.device = found->device;
     }
-    const int fd = ::memfd_create("gpuproxy-memory-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    const int fd =
+        gpuproxy::stub::sealedFileHolding("gpuproxy-memory-pool", &contents, sizeof(contents));
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (::write(fd, &contents, sizeof(contents)) != static_cast<ssize_t>(sizeof(contents)) ||
-        ::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
-      ::close(fd);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     std::memcpy(handle_out, &fd, sizeof(fd));
     return CUDA_SUCCESS;
   });
@@ -534,7 +526,7 @@ GPUPROXY_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool* pool_o
     // CUDA passes the descriptor itself as the pointer's value.
     const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(handle));
     PoolFile contents;
-    if (::pread(fd, &contents, sizeof(contents), 0) != static_cast<ssize_t>(sizeof(contents)) ||
+    if (!gpuproxy::stub::readSealedFile(fd, &contents, sizeof(contents)) ||
         contents.tag != kPoolFileTag) {
       return CUDA_ERROR_INVALID_VALUE;
     }

@@ -8,17 +8,23 @@
 // reservation's context for copies and memsets, as an allocation is. All of it is the process's,
 // not a context's: cuMemCreate needs no context, and cuCtxDestroy leaves it, as the driver's does.
 //
-// Not served (CUDA_ERROR_NOT_SUPPORTED, logged): memory exported to or imported from a shareable
-// handle (cuMemExportToShareableHandle, a cuMemCreate asking for handle types), memory on the
-// host, read-only access, sparse arrays (cuMemMapArrayAsync, tile pools), retaining the handle of
-// memory whose handle was released, and, since through gpuproxy no two devices are peers, access
-// from another device than the memory's. Compression and RDMA capability are asked for and not
-// granted, as on a device without them.
+// Physical memory made for a file descriptor (cuMemCreate with requestedHandleTypes
+// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) is exported as a sealed memfd holding an interprocess
+// handle of the daemon's (cuMemExportToShareableHandle); another process of the same tenant
+// imports it as physical memory of its own (cuMemImportFromShareableHandle), one memory for all.
+//
+// Not served (CUDA_ERROR_NOT_SUPPORTED, logged): other shareable handle types (fabric, Windows),
+// memory on the host, read-only access, sparse arrays (cuMemMapArrayAsync, tile pools), retaining
+// the handle of memory whose handle was released, and, since through gpuproxy no two devices are
+// peers, access from another device than the memory's. Compression and RDMA capability are asked
+// for and not granted, as on a device without them.
 
 #include <cuda.h>
 
 #include <cstdint>
+#include <cstring>
 
+#include "client/stub/api/interprocess.hpp"
 #include "client/stub/api_support.hpp"
 #include "client/stub/export.hpp"
 #include "client/stub/log.hpp"
@@ -56,10 +62,10 @@ CUresult checkAllocationProp(Runtime& runtime, const CUmemAllocationProp& prop) 
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (runtime.device(prop.location.id) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
-  if (prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+  if ((prop.requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
     GPUPROXY_STUB_LOG(kWarn,
-                      "virtual memory: shareable handle types (%d) are not supported: gpuproxy "
-                      "does not export virtual memory (cuMemExportToShareableHandle)",
+                      "virtual memory: shareable handle types %d are not supported (a POSIX file "
+                      "descriptor only)",
                       static_cast<int>(prop.requestedHandleTypes));
     return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -322,6 +328,92 @@ GPUPROXY_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(
         runtime.virtualMemory().physical(handle);
     if (!physical) return CUDA_ERROR_INVALID_VALUE;
     *prop = physical->prop;
+    return CUDA_SUCCESS;
+  });
+}
+
+// The only shareable handle type served: a POSIX file descriptor. A fabric handle (for other
+// nodes) is not served; the Windows types are no handle on Linux.
+static CUresult checkShareableType(CUmemAllocationHandleType type) {
+  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_SUCCESS;
+  if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+    GPUPROXY_STUB_LOG(kWarn, "virtual memory: fabric handles are not supported");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+GPUPROXY_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle,
+                                                      CUmemGenericAllocationHandle handle,
+                                                      CUmemAllocationHandleType handleType,
+                                                      unsigned long long flags) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult checked = checkShareableType(handleType); checked != CUDA_SUCCESS) return checked;
+    const std::optional<VirtualMemoryTable::Physical> physical =
+        runtime.virtualMemory().physical(handle);
+    if (!physical) return CUDA_ERROR_INVALID_VALUE;
+    // Only as the handle type the memory was made for (cuMemCreate's requestedHandleTypes).
+    if ((physical->prop.requestedHandleTypes & handleType) == 0) return CUDA_ERROR_INVALID_VALUE;
+    gpuproxy::stub::IpcHandle exported;
+    if (CUresult result = gpuproxy::stub::exportPhysicalMemory(runtime, handle, exported);
+        result != CUDA_SUCCESS) {
+      return result;
+    }
+    char bytes[gpuproxy::stub::kIpcHandleBytes];
+    gpuproxy::stub::writeIpcHandle(bytes, gpuproxy::stub::IpcHandle::Kind::kPhysicalMemory,
+                                   exported);
+    const int fd =
+        gpuproxy::stub::sealedFileHolding("gpuproxy-physical-memory", bytes, sizeof(bytes));
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    std::memcpy(shareableHandle, &fd, sizeof(fd));
+    return CUDA_SUCCESS;
+  });
+}
+
+GPUPROXY_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                        void* osHandle,
+                                                        CUmemAllocationHandleType shHandleType) {
+  return guarded(__func__, [&](Runtime& runtime) {
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult checked = checkShareableType(shHandleType); checked != CUDA_SUCCESS) {
+      return checked;
+    }
+    // CUDA passes the descriptor itself as the pointer's value.
+    const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
+    char bytes[gpuproxy::stub::kIpcHandleBytes];
+    gpuproxy::stub::IpcHandle imported;
+    if (!gpuproxy::stub::readSealedFile(fd, bytes, sizeof(bytes)) ||
+        !gpuproxy::stub::readIpcHandle(bytes, gpuproxy::stub::IpcHandle::Kind::kPhysicalMemory,
+                                       imported)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct Reply {
+      CUresult result;
+      std::uint64_t handle;
+      std::uint64_t bytes;
+      std::uint32_t ordinal;
+    };
+    Reply reply = runtime.call([&](Session::Client& session) {
+      auto request = session.memImportRequest();
+      request.setDevice(imported.device);
+      request.setToken(gpuproxy::stub::ipcTokenData(imported));
+      return request.send().then([](auto response) {
+        return Reply{toResult(response.getResult()), response.getHandle(), response.getBytes(),
+                     response.getOrdinal()};
+      });
+    });
+    if (reply.result != CUDA_SUCCESS) return reply.result;
+    // What cuMemGetAllocationPropertiesFromHandle reports of it: device memory on its device,
+    // shareable as it was made.
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = static_cast<int>(reply.ordinal);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    runtime.virtualMemory().addPhysical(reply.handle,
+                                        VirtualMemoryTable::Physical{reply.bytes, prop, 1});
+    *handle = reply.handle;
     return CUDA_SUCCESS;
   });
 }

@@ -26,8 +26,7 @@ using GetErrorText = CUresult (*)(CUresult, const char**);
 // An entry point nobody has written: its generated definition answers CUDA_ERROR_NOT_SUPPORTED.
 using MulticastGranularity = CUresult (*)(size_t*, const CUmulticastObjectProp*,
                                           CUmulticastGranularity_flags);
-using ExportToShareableHandle = CUresult (*)(void*, CUmemGenericAllocationHandle,
-                                             CUmemAllocationHandleType, unsigned long long);
+using MulticastCreate = CUresult (*)(CUmemGenericAllocationHandle*, const CUmulticastObjectProp*);
 
 constexpr cuuint64_t kDefault = CU_GET_PROC_ADDRESS_DEFAULT;
 constexpr cuuint64_t kLegacy = CU_GET_PROC_ADDRESS_LEGACY_STREAM;
@@ -185,13 +184,13 @@ TEST_F(ProcAddressTest, EveryExportedBaseNameResolvesToAnExport) {
 }
 
 TEST_F(ProcAddressTest, UnsupportedFunctionAnswersNotSupported) {
-  auto exportToShareableHandle =
-      reinterpret_cast<ExportToShareableHandle>(symbol("cuMemExportToShareableHandle"));
-  ASSERT_NE(exportToShareableHandle, nullptr);
-  int shareable = 42;
-  EXPECT_EQ(exportToShareableHandle(&shareable, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-            CUDA_ERROR_NOT_SUPPORTED);
-  EXPECT_EQ(shareable, 42);  // left alone
+  // Another function than the logged-once test's, which must be the first call of its own.
+  auto create = reinterpret_cast<MulticastCreate>(symbol("cuMulticastCreate"));
+  ASSERT_NE(create, nullptr);
+  CUmemGenericAllocationHandle handle = 42;
+  CUmulticastObjectProp prop = {};
+  EXPECT_EQ(create(&handle, &prop), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(handle, 42u);  // left alone
 }
 
 // The "not supported" line is written once per function, however often it is called.

@@ -234,6 +234,78 @@ TEST_F(GpuClientTest, VirtualMemoryIsChargedCheckedAndOutlivesItsContext) {
   EXPECT_EQ(tenant_->memoryUsed(0), 0u);
 }
 
+// Physical memory exported to a shareable handle (cuMemExportToShareableHandle) imports, as one
+// memory, into any client of the same tenant on the GPU, the maker itself included, and into no
+// other tenant's; it stays its maker's charge, and goes back to the device only when the last
+// client holding or mapping it lets go, whichever goes first.
+TEST_F(GpuClientTest, ExportedPhysicalMemoryIsOneMemoryForTheTenantsClients) {
+  constexpr std::uint64_t kGranule = protocol::kVirtualMemoryGranularity;
+  auto maker = newClient(1);
+  auto importer = newClient(2);
+  auto made = wait(maker->createPhysicalMemory(kGranule));
+  ASSERT_TRUE(made.ok());
+  EXPECT_EQ(maker->exportPhysicalMemory(made.value() + 1).code(), CUDA_ERROR_INVALID_VALUE);
+  auto token = maker->exportPhysicalMemory(made.value());
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(maker->exportPhysicalMemory(made.value()).value(), token.value());
+  IpcToken madeUp = token.value();
+  madeUp[3] ^= std::byte{1};
+  EXPECT_EQ(importer->importPhysicalMemory(madeUp).code(), CUDA_ERROR_INVALID_VALUE);
+  auto stranger = std::make_shared<ClientStats>();
+  stranger->tenant = std::make_shared<Tenant>(2, TenantDefinition{"other", "/unused", {}});
+  stranger->addressSpace = 99;
+  auto outsider = shard_.openClient(stranger);
+  EXPECT_EQ(outsider->importPhysicalMemory(token.value()).code(), CUDA_ERROR_INVALID_VALUE);
+  auto again = maker->importPhysicalMemory(token.value());  // a process may import its own
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again.value().handle, made.value());
+  EXPECT_EQ(maker->releasePhysicalMemory(again.value().handle), CUDA_SUCCESS);
+
+  auto imported = importer->importPhysicalMemory(token.value());
+  ASSERT_TRUE(imported.ok());
+  EXPECT_EQ(imported.value().bytes, kGranule);
+  EXPECT_EQ(shard_.memoryUsed(), kGranule);  // one memory, charged once
+  EXPECT_EQ(stats_[1]->memoryUsed, 0u);      // to its maker
+
+  // Mapped by each at addresses of its own: what one writes the other reads.
+  auto makerContext = maker->createContext(0);
+  auto importerContext = importer->createContext(0);
+  auto makerAddress = maker->reserveAddresses(makerContext.value(), kGranule, 0);
+  auto importerAddress = importer->reserveAddresses(importerContext.value(), kGranule, 0);
+  ASSERT_EQ(maker->mapMemory(makerAddress.value(), kGranule, 0, made.value()), CUDA_SUCCESS);
+  ASSERT_EQ(importer->mapMemory(importerAddress.value(), kGranule, 0, imported.value().handle),
+            CUDA_SUCCESS);
+  ASSERT_EQ(maker->setMemoryAccess(makerAddress.value(), kGranule, true), CUDA_SUCCESS);
+  ASSERT_EQ(importer->setMemoryAccess(importerAddress.value(), kGranule, true), CUDA_SUCCESS);
+  const std::vector<std::byte> bytes(256, std::byte{0x5a});
+  ASSERT_EQ(importer->copyHostToDevice(importerContext.value(), 0, importerAddress.value(), bytes),
+            CUDA_SUCCESS);
+  EXPECT_EQ(wait(importer->synchronizeContext(importerContext.value())), CUDA_SUCCESS);
+  auto seen =
+      wait(maker->copyDeviceToHost(makerContext.value(), 0, makerAddress.value(), bytes.size()));
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen.value(), bytes);
+  // The importer's handle names the memory for it alone.
+  EXPECT_EQ(outsider->mapMemory(importerAddress.value(), kGranule, 0, imported.value().handle),
+            CUDA_ERROR_INVALID_VALUE);
+
+  // The maker goes: the memory stays, still charged to it, while the importer maps it.
+  EXPECT_EQ(importer->releasePhysicalMemory(imported.value().handle), CUDA_SUCCESS);
+  wait(maker->drain());
+  maker.reset();
+  EXPECT_EQ(shard_.memoryUsed(), kGranule);
+  EXPECT_EQ(tenant_->memoryUsed(0), kGranule);
+  auto still = wait(importer->copyDeviceToHost(importerContext.value(), 0, importerAddress.value(),
+                                               bytes.size()));
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still.value(), bytes);
+  // Its last holder lets go: back to the device, and its token opens nothing more.
+  EXPECT_EQ(wait(importer->unmapMemory(importerAddress.value(), kGranule)), CUDA_SUCCESS);
+  EXPECT_EQ(shard_.memoryUsed(), 0u);
+  EXPECT_EQ(tenant_->memoryUsed(0), 0u);
+  EXPECT_EQ(importer->importPhysicalMemory(token.value()).code(), CUDA_ERROR_INVALID_VALUE);
+}
+
 // A client that goes without synchronising after its kernels printed: its output goes with it,
 // or it would stay in the daemon for good (its address space is never used again).
 TEST_F(GpuClientTest, WhatAGoneClientsKernelsPrintedGoesWithIt) {
