@@ -1982,15 +1982,17 @@ public:
       const FunctionDecl& declaration = functions_[i];
       if (!declaration.defined) continue;
       if (!declaration.unsupported.empty()) {
-        return notSupported(kind(function) + " " + shown(function.name) + " uses " +
-                            declaration.unsupported);
+        refuse(function,
+               kind(function) + " " + shown(function.name) + " uses " + declaration.unsupported);
+        continue;
       }
       FunctionLowering lowering(*program_, symbols_, functions_, i, localShared_);
       const CUresult status = lowering.lower();
       if (status == CUDA_ERROR_NOT_SUPPORTED) {
-        return notSupported(kind(function) + " " + shown(function.name) + ": " +
-                            lowering.message() + " at line " + std::to_string(lowering.line()) +
-                            " is not executed by the sim's PTX interpreter");
+        refuse(function, kind(function) + " " + shown(function.name) + ": " + lowering.message() +
+                             " at line " + std::to_string(lowering.line()) +
+                             " is not executed by the sim's PTX interpreter");
+        continue;
       }
       if (status != CUDA_SUCCESS) {
         error_ = "line " + std::to_string(lowering.line()) + ": in " + shown(function.name) + ": " +
@@ -1998,16 +2000,24 @@ public:
         return failure();
       }
     }
-    // Calls to external functions that are not builtins.
+    refuseCallersOfTheRefused();
+    // As a GPU loads a module whatever its kernels use, the sim loads one with any kernel it can
+    // run, and refuses only the launches of the others; one with none is refused at load.
+    const Function* firstRefused = nullptr;
+    bool anyRunnable = false;
+    for (const Function& function : program_->functions) {
+      if (!function.isKernel || !function.defined) continue;
+      if (function.unsupported.empty()) {
+        anyRunnable = true;
+      } else if (firstRefused == nullptr) {
+        firstRefused = &function;
+      }
+    }
+    if (!anyRunnable && firstRefused != nullptr) return notSupported(firstRefused->unsupported);
     for (const Function& function : program_->functions) {
       for (const Instruction& instruction : function.code) {
         if (instruction.flow != Flow::kCall || instruction.op[0] != kNoRegister) continue;
         const Function& callee = program_->functions[instruction.target];
-        if (!callee.defined && !callee.builtin) {
-          return notSupported(kind(function) + " " + shown(function.name) +
-                              " calls the external function " + shown(callee.name) +
-                              ", which the sim does not provide");
-        }
         if (callee.builtin && callee.builtinId == static_cast<std::uint32_t>(Builtin::kVprintf)) {
           program_->usesPrintf = true;
         }
@@ -2030,6 +2040,47 @@ public:
 private:
   static std::string kind(const Function& function) {
     return function.isKernel ? "kernel" : "function";
+  }
+
+  // `function` cannot run, for `reason`: it keeps its declaration (parameters, launch bounds) and
+  // loses its code.
+  static void refuse(Function& function, std::string reason) {
+    function.unsupported = std::move(reason);
+    function.code.clear();
+    function.constants.clear();
+    function.callSites.clear();
+    function.matrixOperations.clear();
+    function.textureOperations.clear();
+    function.registerRows = 0;
+    function.predicates = 0;
+    function.carryRow = kNoRegister;
+  }
+
+  // A function calling one that cannot run (or an external function the sim does not provide)
+  // cannot run either, through any depth of calls.
+  void refuseCallersOfTheRefused() {
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (Function& function : program_->functions) {
+        if (!function.defined || !function.unsupported.empty()) continue;
+        std::string reason;
+        for (const Instruction& instruction : function.code) {
+          if (instruction.flow != Flow::kCall || instruction.op[0] != kNoRegister) continue;
+          const Function& callee = program_->functions[instruction.target];
+          if (!callee.unsupported.empty()) {
+            reason = kind(function) + " " + shown(function.name) + " calls " + shown(callee.name) +
+                     ", which the sim cannot run: " + callee.unsupported;
+          } else if (!callee.defined && !callee.builtin) {
+            reason = kind(function) + " " + shown(function.name) + " calls the external function " +
+                     shown(callee.name) + ", which the sim does not provide";
+          }
+          if (!reason.empty()) break;
+        }
+        if (reason.empty()) continue;
+        refuse(function, std::move(reason));
+        changed = true;
+      }
+    }
   }
 
   DecodeResult failure() {

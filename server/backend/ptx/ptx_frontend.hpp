@@ -19,7 +19,9 @@ namespace gpuproxy::server::ptx {
 struct DecodeResult {
   std::unique_ptr<Program> program;  // null on failure
   // CUDA_ERROR_INVALID_PTX for text that is not valid PTX; CUDA_ERROR_NOT_SUPPORTED for valid PTX
-  // that the interpreter does not execute (the message names the first such instruction and the
+  // none of whose kernels the interpreter can run (a kernel it cannot run in a module with one it
+  // can is kept with the reason, Function::unsupported; the message names the first such
+  // instruction and the
   // function holding it).
   CUresult status = CUDA_SUCCESS;
   std::string message;

@@ -265,6 +265,10 @@ struct Function {
   std::uint32_t ownSharedBytes = 0;              // this kernel's own .shared variables
   // Lines of the source for messages ("ld.global.f32 %f1, [%rd4]" at line N).
   std::vector<std::string> sourceLines;
+  // Why the interpreter cannot run it (an instruction it does not execute, or a call to a
+  // function that has one); empty when it can. Such a function has no code: its module loads if
+  // another kernel of it can run, and only launching this one is refused.
+  std::string unsupported;
 };
 
 // Everything a module holds, decoded.

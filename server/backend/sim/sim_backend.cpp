@@ -964,6 +964,10 @@ public:
     if (simFunction == nullptr || &simFunction->core() != core_.get()) {
       return CUDA_ERROR_INVALID_HANDLE;
     }
+    const ptx::Function& kernel =
+        simFunction->data()->module->program->functions[simFunction->data()->kernel];
+    // A kernel of a loaded module that the interpreter cannot run (logged when it was loaded).
+    if (!kernel.unsupported.empty()) return CUDA_ERROR_NOT_SUPPORTED;
     const FunctionInfo& info = simFunction->info();
     const backend::Dim3& block = config.block;
     const backend::Dim3& grid = config.grid;
@@ -978,9 +982,7 @@ public:
         kMaxThreadsPerBlock, static_cast<std::uint64_t>(info.maxThreadsPerBlock));
     if (threads > maxThreads) return CUDA_ERROR_INVALID_VALUE;
     // .reqntid: the kernel was compiled for exactly this block shape.
-    const std::uint32_t* required = simFunction->data()
-                                        ->module->program->functions[simFunction->data()->kernel]
-                                        .requiredThreads;
+    const std::uint32_t* required = kernel.requiredThreads;
     if (required[0] != 0 &&
         (block.x != required[0] || block.y != required[1] || block.z != required[2])) {
       return CUDA_ERROR_INVALID_VALUE;
@@ -1234,6 +1236,12 @@ public:
     if (!decoded.ok()) {
       spdlog::warn("sim device {}: malformed PTX: {}", index, decoded.message);
       return CUDA_ERROR_INVALID_PTX;
+    }
+    for (const ptx::Function& function : decoded.program->functions) {
+      if (function.isKernel && !function.unsupported.empty()) {
+        spdlog::warn("sim device {}: {}; the module loads, and launching that kernel is refused",
+                     index, function.unsupported);
+      }
     }
     auto prepared = std::make_unique<SimPreparedModule>();
     prepared->program = std::shared_ptr<const ptx::Program>(std::move(decoded.program));

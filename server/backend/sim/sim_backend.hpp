@@ -5,8 +5,9 @@
 // What is real: device memory (a host arena with device-like addresses and exact capacity),
 // copies, memsets, stream ordering, events, callbacks, sticky faults. What is simulated: the GPU
 // itself. Kernels are PTX, run by an interpreter with a GPU's semantics (server/backend/ptx): a
-// kernel may touch only the memory of its launching client's address space, and PTX that the
-// interpreter cannot execute is refused at load time rather than pretended.
+// kernel may touch only the memory of its launching client's address space, and a kernel that
+// the interpreter cannot execute is refused (at its launch, or at load when the module has no
+// kernel it can run) rather than pretended.
 
 #include <chrono>
 #include <cstdint>

@@ -739,6 +739,32 @@ TEST_F(SimTest, ModuleLoadErrors) {
   EXPECT_EQ(empty.value()->function("spin").code(), CUDA_ERROR_NOT_FOUND);
 }
 
+// As a GPU loads any module, the sim loads one of which some kernel can run: the kernels it can
+// run launch and run, and launching one it cannot is refused (CUDA_ERROR_NOT_SUPPORTED) without
+// touching the stream.
+TEST_F(SimTest, AModuleLoadsWhenAnyOfItsKernelsCanRunAndOnlyTheOthersAreRefused) {
+  const std::string ptx =
+      ".version 8.0\n.target sm_90\n.address_size 64\n"
+      ".global .align 4 .u32 m = 1;\n"
+      ".visible .entry tma() {\n .reg .b32 %r<2>;\n"
+      " mbarrier.expect_tx.relaxed.cta.shared.b64 [%r1], 256;\n ret;\n}\n"
+      ".visible .entry bump() {\n .reg .b32 %r<3>;\n ld.global.u32 %r1, [m];\n"
+      " add.u32 %r2, %r1, 1;\n st.global.u32 [m], %r2;\n ret;\n}\n";
+  auto loaded = device_->loadModule(bytesOf(ptx));
+  ASSERT_TRUE(loaded.ok()) << loaded.code();
+  Module& module = *loaded.value();
+  auto tma = module.function("tma");
+  ASSERT_TRUE(tma.ok());  // found, with its parameters, as a GPU has it
+  EXPECT_EQ(stream_->launch(*tma.value(), config(1, 1), {}, {}), CUDA_ERROR_NOT_SUPPORTED);
+  ASSERT_EQ(stream_->launch(*module.function("bump").value(), config(1, 1), {}, {}), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  std::uint32_t value = 0;
+  ASSERT_EQ(stream_->copyDeviceToHost(&value, module.global("m").value().address, sizeof(value)),
+            CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(value, 2u);
+}
+
 // ---- sticky faults ---------------------------------------------------------------------------
 
 TEST_F(SimTest, TrapPoisonsTheDeviceUntilReset) {

@@ -196,6 +196,33 @@ TEST(PtxFrontend, TheFirstUnsupportedInstructionIsNamed) {
   EXPECT_NE(inFunction.message.find("%clusterid.x"), std::string::npos) << inFunction.message;
 }
 
+// A module loads when any of its kernels can run: a kernel the interpreter cannot run, or one
+// calling a function it cannot run, keeps its declaration and the reason, and loses its code.
+TEST(PtxFrontend, AModuleLoadsWhenAnyOfItsKernelsCanRun) {
+  const DecodeResult mixed = decode(
+      ".func helper() { .reg .b32 %r<2>; mov.u32 %r1, %clusterid.x; ret; }\n"
+      ".visible .entry calls_it() { call.uni helper, (); ret; }\n" +
+      kernel("tma", ".reg .b32 %r<2>;\nmbarrier.expect_tx.relaxed.cta.shared.b64 [%r1], 256;") +
+      kernel("fine", ""));
+  ASSERT_TRUE(mixed.ok()) << mixed.message;
+  auto named = [&](const std::string& name) -> const Function* {
+    for (const Function& function : mixed.program->functions) {
+      if (function.name == name) return &function;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(named("fine"), nullptr);
+  EXPECT_TRUE(named("fine")->unsupported.empty());
+  EXPECT_FALSE(named("fine")->code.empty());
+  ASSERT_NE(named("tma"), nullptr);
+  EXPECT_NE(named("tma")->unsupported.find("mbarrier.expect_tx"), std::string::npos);
+  EXPECT_TRUE(named("tma")->code.empty());
+  EXPECT_EQ(named("tma")->kernelParameters.size(), 1u);
+  ASSERT_NE(named("calls_it"), nullptr);
+  EXPECT_NE(named("calls_it")->unsupported.find("'helper'"), std::string::npos);
+  EXPECT_NE(named("calls_it")->unsupported.find("%clusterid.x"), std::string::npos);
+}
+
 // Texture, surface and sampler references, unified variables and cluster launches are refused
 // where they are declared.
 TEST(PtxFrontend, UnsupportedDeclarationsAreRefusedByName) {
