@@ -5,7 +5,8 @@
 // placing it in memory (Executable: constants, stack sizes, initialised variables with their
 // relocations) stays inside what the program declares, and running each of its kernels (one small
 // block, zeroed parameters, the module's variables as the only memory, stopped after a few
-// milliseconds) ends in a result or a fault, never in a crash of the daemon.
+// milliseconds) ends in a result or a fault (CUDA_ERROR_NOT_SUPPORTED for a kernel the front end
+// kept without code), never in a crash of the daemon.
 
 #include <algorithm>
 #include <atomic>

@@ -2014,6 +2014,12 @@ public:
       }
     }
     if (!anyRunnable && firstRefused != nullptr) return notSupported(firstRefused->unsupported);
+    // A function whose address is taken (a function pointer, a vtable) may be reached by an
+    // indirect call or a device-side launch from any kernel: the module is refused as a whole if
+    // such a function cannot run.
+    if (const Function* reachable = refusedFunctionWithItsAddressTaken()) {
+      return notSupported(reachable->unsupported);
+    }
     for (const Function& function : program_->functions) {
       for (const Instruction& instruction : function.code) {
         if (instruction.flow != Flow::kCall || instruction.op[0] != kNoRegister) continue;
@@ -2054,6 +2060,28 @@ private:
     function.registerRows = 0;
     function.predicates = 0;
     function.carryRow = kNoRegister;
+  }
+
+  // The first function that cannot run and whose address some constant or variable holds, or
+  // null.
+  const Function* refusedFunctionWithItsAddressTaken() const {
+    auto refused = [&](std::uint32_t index) -> const Function* {
+      const Function& function = program_->functions[index];
+      return function.unsupported.empty() ? nullptr : &function;
+    };
+    for (const Function& function : program_->functions) {
+      for (const Constant& constant : function.constants) {
+        if (constant.kind != Constant::Kind::kFunctionAddress) continue;
+        if (const Function* found = refused(constant.symbol)) return found;
+      }
+    }
+    for (const Variable& variable : program_->variables) {
+      for (const Variable::Relocation& relocation : variable.relocations) {
+        if (!relocation.function) continue;
+        if (const Function* found = refused(relocation.symbol)) return found;
+      }
+    }
+    return nullptr;
   }
 
   // A function calling one that cannot run (or an external function the sim does not provide)

@@ -1322,6 +1322,13 @@ LaunchOutcome Interpreter::run(const LaunchRequest& request) {
   launch.executable = request.executable;
   launch.program = &request.executable->program();
   launch.kernel = &launch.program->functions.at(request.kernel);
+  if (!launch.kernel->unsupported.empty()) {
+    // A kernel the front end could not lower has no code to run (its module loaded for others).
+    LaunchOutcome outcome;
+    outcome.status = CUDA_ERROR_NOT_SUPPORTED;
+    outcome.message = launch.kernel->unsupported;
+    return outcome;
+  }
   launch.totalBlocks = std::uint64_t{request.grid[0]} * request.grid[1] * request.grid[2];
   launch.threadsPerBlock = request.block[0] * request.block[1] * request.block[2];
   launch.warpsPerBlock = (launch.threadsPerBlock + kWarpSize - 1) / kWarpSize;

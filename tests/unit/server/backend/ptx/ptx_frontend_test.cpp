@@ -221,6 +221,13 @@ TEST(PtxFrontend, AModuleLoadsWhenAnyOfItsKernelsCanRun) {
   ASSERT_NE(named("calls_it"), nullptr);
   EXPECT_NE(named("calls_it")->unsupported.find("'helper'"), std::string::npos);
   EXPECT_NE(named("calls_it")->unsupported.find("%clusterid.x"), std::string::npos);
+  // A function that cannot run but whose address a kernel takes could be called indirectly from
+  // any kernel: then the module is refused as a whole.
+  const DecodeResult pointedTo =
+      decode(".func helper() { .reg .b32 %r<2>; mov.u32 %r1, %clusterid.x; ret; }\n" +
+             kernel("takes_it", ".reg .b64 %rd<2>;\nmov.u64 %rd1, helper;") + kernel("fine", ""));
+  EXPECT_EQ(pointedTo.status, CUDA_ERROR_NOT_SUPPORTED) << pointedTo.message;
+  EXPECT_NE(pointedTo.message.find("'helper'"), std::string::npos) << pointedTo.message;
 }
 
 // Texture, surface and sampler references, unified variables and cluster launches are refused
