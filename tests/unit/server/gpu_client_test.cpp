@@ -61,6 +61,17 @@ protected:
     return module.value();
   }
 
+  // Runs a kernel that faults in `context` of `culprit`: the GPU's shared context is poisoned
+  // (a sticky CUDA_ERROR_ILLEGAL_ADDRESS), as its synchronisation says.
+  void poisonTheGpu(GpuClient& culprit, Handle context) {
+    auto module = wait(culprit.loadModule(context, bytes(testing::kTestKernelsPtx)));
+    ASSERT_TRUE(module.ok());
+    auto trap = culprit.function(module.value(), "trap");
+    ASSERT_EQ(culprit.launchKernel(context, trap.value().handle, {{1, 1, 1}, {1, 1, 1}, 0}, 0, {}),
+              CUDA_SUCCESS);
+    EXPECT_EQ(wait(culprit.synchronizeContext(context)), CUDA_ERROR_ILLEGAL_ADDRESS);
+  }
+
   static std::vector<std::byte> bytes(const char* text) {
     const auto* begin = reinterpret_cast<const std::byte*>(text);
     return {begin, begin + std::strlen(text) + 1};
@@ -959,12 +970,7 @@ TEST_F(GpuClientTest, AStickyFaultNamesTheClientAndIsRecoveredWhenItsClientsLeav
   auto victimContext = victim->createContext(0);
   auto culpritContext = culprit->createContext(0);
   ASSERT_TRUE(wait(victim->allocate(victimContext.value(), 4096)).ok());
-  auto module = wait(culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx)));
-  auto trap = culprit->function(module.value(), "trap");
-  ASSERT_EQ(culprit->launchKernel(culpritContext.value(), trap.value().handle,
-                                  {{1, 1, 1}, {1, 1, 1}, 0}, 0, {}),
-            CUDA_SUCCESS);
-  EXPECT_EQ(wait(culprit->synchronizeContext(culpritContext.value())), CUDA_ERROR_ILLEGAL_ADDRESS);
+  poisonTheGpu(*culprit, culpritContext.value());
   // The synchronise can see the poisoned device before the faulting kernel's own completion has
   // named its client.
   EXPECT_TRUE(soon([&] { return shard_.faultingPid() == 20; })) << shard_.faultingPid();
@@ -1003,12 +1009,7 @@ TEST_F(GpuClientTest, AClientHoldingVirtualMemoryHoldsUpTheRecoveryOfAPoisonedGp
   ASSERT_TRUE(physical.ok());
   ASSERT_EQ(wait(holder->destroyContext(holderContext.value())), CUDA_SUCCESS);
   auto culpritContext = culprit->createContext(0);
-  auto module = wait(culprit->loadModule(culpritContext.value(), bytes(testing::kTestKernelsPtx)));
-  auto trap = culprit->function(module.value(), "trap");
-  ASSERT_EQ(culprit->launchKernel(culpritContext.value(), trap.value().handle,
-                                  {{1, 1, 1}, {1, 1, 1}, 0}, 0, {}),
-            CUDA_SUCCESS);
-  EXPECT_EQ(wait(culprit->synchronizeContext(culpritContext.value())), CUDA_ERROR_ILLEGAL_ADDRESS);
+  poisonTheGpu(*culprit, culpritContext.value());
   wait(culprit->drain());
   culprit.reset();
   // Let every blocking call (the culprit's module unload) end: none of them starts the reset.
