@@ -30,8 +30,15 @@ std::size_t classIndex(TenantClass tenantClass) {
 
 struct Queued {
   WorkItem item;
-  std::uint64_t seq = 0;  // arrival order, to pick between a tenant's streams oldest first
+  std::uint64_t seq = 0;  // arrival order, to pick between a tenant's equally urgent streams
 };
+
+// Whether `head` goes before `than` among one tenant's stream heads: the more urgent stream
+// first, as a GPU dispatches a higher-priority stream's work first; then the older.
+bool goesBefore(const Queued& head, const Queued& than) {
+  if (head.item.priority != than.item.priority) return head.item.priority < than.item.priority;
+  return head.seq < than.seq;
+}
 
 using StreamKey = std::pair<ClientId, StreamId>;
 
@@ -52,6 +59,7 @@ struct InFlight {
   TenantClass tenantClass = TenantClass::kBestEffort;
   Nanos estimate = 0;
   DurationKey key;
+  int priority = 0;
 };
 
 class FairScheduler final : public Scheduler {
@@ -207,9 +215,22 @@ private:
     lastLcActivity_ = std::max(lastLcActivity_, now);
   }
 
-  // The smallest-tag tenant of the class that has an eligible stream head, and its oldest
-  // eligible head. Only heads are considered, so a stream's order never changes; a head that
-  // must wait (long item, client at its cap) blocks its stream but not the tenant's others.
+  // Whether a best-effort item of `client` at `priority` is more urgent than every best-effort
+  // item that client has in flight (and it has some): on the GPU its blocks would go before
+  // theirs, which they can only do if it is there.
+  bool overtakesItsClient(ClientId client, int priority) const {
+    if (!clientInFlight_.contains(client)) return false;
+    return std::ranges::all_of(inFlight_, [&](const auto& entry) {
+      const InFlight& flying = entry.second;
+      return flying.client != client || flying.tenantClass != TenantClass::kBestEffort ||
+             priority < flying.priority;
+    });
+  }
+
+  // The smallest-tag tenant of the class that has an eligible stream head, and its most urgent
+  // eligible head, the oldest of those. Only heads are considered, so a stream's order never
+  // changes; a head that must wait (long item, client at its cap) blocks its stream but not the
+  // tenant's others.
   std::optional<Submission> pick(TenantClass tenantClass, Nanos now) {
     const bool critical = tenantClass == TenantClass::kLatencyCritical;
     if (critical ? lcQueued_ == 0 : queued_ == lcQueued_) return std::nullopt;
@@ -225,12 +246,12 @@ private:
       if (tenant.spec.tenantClass != tenantClass || tenant.queued == 0) continue;
       // Ties go to the lower tenant id (map order), so decisions are reproducible.
       if (best != nullptr && !(tenant.finish < best->finish)) continue;
-      std::uint64_t oldest = 0;
+      const Queued* chosen = nullptr;
       bool found = false;
       bool atCap = false;
       for (auto stream = tenant.streams.begin(); stream != tenant.streams.end(); ++stream) {
         const Queued& head = stream->second.front();
-        if (found && head.seq > oldest) continue;
+        if (found && !goesBefore(head, *chosen)) continue;
         const DurationEstimate estimate = estimator_.estimate(id, head.item.key);
         if (!critical) {
           const bool isLong = !estimate.measured || estimate.value > config_.longItem;
@@ -242,7 +263,7 @@ private:
           }
         }
         found = true;
-        oldest = head.seq;
+        chosen = &head;
         bestStream = stream;
         bestEstimate = estimate.value;
       }
@@ -264,9 +285,14 @@ private:
       // The budget is shared, so when the fairest head does not fit we wait for completions
       // rather than let a smaller head of another tenant jump it: skipping would starve tenants
       // whose items are large. With nothing in flight any one item goes, whatever its size.
+      // While no latency-critical work is about, a head more urgent than all its client has in
+      // flight goes whatever the budget: held here, it would wait for that client's less urgent
+      // kernels, which CUDA's stream priorities promise it need not.
       const Nanos budget = lcBusy ? config_.budgetLcActive : config_.budgetLcIdle;
+      const Queued& head = bestStream->second.front();
+      const bool overtakes = !lcBusy && overtakesItsClient(head.item.client, head.item.priority);
       if (bestEffortItems_ >= config_.maxBestEffortItems ||
-          bestEffortOutstanding_ + bestEstimate > budget) {
+          (bestEffortOutstanding_ + bestEstimate > budget && !overtakes)) {
         return std::nullopt;
       }
     }
@@ -288,7 +314,8 @@ private:
     // Charged provisionally with the estimate; complete() replaces it with the measured time.
     tenant.finish = start + static_cast<double>(estimate) / tenant.spec.weight;
 
-    inFlight_.emplace(item.id, InFlight{id, item.client, tenantClass, estimate, item.key});
+    inFlight_.emplace(item.id,
+                      InFlight{id, item.client, tenantClass, estimate, item.key, item.priority});
     if (tenantClass == TenantClass::kLatencyCritical) {
       --lcQueued_;
       ++lcInFlight_;

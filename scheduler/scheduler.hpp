@@ -37,6 +37,10 @@ struct WorkItem {
   ClientId client = 0;
   StreamId stream = 0;
   DurationKey key;  // kind, function and launch shape: what the duration estimate is kept for
+  // The stream's CUDA priority as its client asked for it (lower is more urgent, 0 the default):
+  // it orders a tenant's stream heads, and lets a client's urgent work reach the GPU beside its
+  // own less urgent work in flight, where the GPU runs the urgent blocks first.
+  int priority = 0;
 };
 
 // What the caller must submit to the GPU now.

@@ -445,6 +445,7 @@ void ScheduledDevice::advanceOne(std::shared_ptr<StreamState> stream) {
       work.tenant = tenantFor(stream->owner);
       work.client = stream->owner.client;
       work.stream = stream->id;
+      work.priority = stream->requestedPriority;
       work.key = scheduler::DurationKey{
           scheduler::WorkKind::kKernel, reinterpret_cast<std::uintptr_t>(launch->function),
           scheduler::launchShape({config.grid.x, config.grid.y, config.grid.z},

@@ -263,6 +263,72 @@ TEST(FairScheduler, StreamOrderHoldsEvenWhenAHeadMustWait) {
   EXPECT_FALSE(scheduler->next(10 * kUs));
 }
 
+// CUDA stream priorities (lower is more urgent) order a tenant's stream heads, as a GPU
+// dispatches a higher-priority stream's work first; equally urgent heads go oldest first.
+TEST(FairScheduler, ATenantsMoreUrgentStreamGoesFirst) {
+  auto scheduler = newFairScheduler({});
+  scheduler->setTenant(1, bestEffort(1));
+  scheduler->enqueue(WorkItem{1, 1, 10, 0, {}}, 0);
+  scheduler->enqueue(WorkItem{2, 1, 20, 0, {}}, 0);  // another client of the tenant
+  scheduler->enqueue(WorkItem{3, 1, 10, 1, {}, -2}, 0);
+  scheduler->enqueue(WorkItem{4, 1, 10, 1, {}, -2}, 0);  // behind 3 on its stream
+  std::vector<ItemId> order;
+  for (Nanos now = 0; order.size() < 4; now += kMs) {
+    auto next = scheduler->next(now);
+    ASSERT_TRUE(next);  // one at a time: each unmeasured item takes the whole budget
+    EXPECT_FALSE(scheduler->next(now));
+    order.push_back(next->id);
+    scheduler->complete(next->id, 3 * kMs, now + kMs);  // measured: still past the budget
+  }
+  EXPECT_EQ(order, (std::vector<ItemId>{3, 4, 1, 2}));
+}
+
+// A client's item more urgent than all it has in flight reaches the GPU beside them, past the
+// budget, where the GPU runs its blocks first; it does not let one client jump another's work, nor
+// anything jump while latency-critical work is about.
+TEST(FairScheduler, AClientsMoreUrgentItemGoesBesideItsLessUrgentWorkInFlight) {
+  auto scheduler = newFairScheduler({});
+  scheduler->setTenant(1, bestEffort(1));
+  scheduler->enqueue(WorkItem{1, 1, 10, 0, {}}, 0);
+  ASSERT_EQ(scheduler->next(0)->id, 1u);  // unmeasured: its 2 ms estimate fills the budget
+  scheduler->enqueue(WorkItem{2, 1, 10, 1, {}, 0}, 0);
+  EXPECT_FALSE(scheduler->next(0));  // as urgent as what is in flight: waits
+  scheduler->enqueue(WorkItem{3, 1, 10, 2, {}, -1}, 0);
+  auto urgent = scheduler->next(0);
+  ASSERT_TRUE(urgent);
+  EXPECT_EQ(urgent->id, 3u);
+  scheduler->enqueue(WorkItem{4, 1, 10, 3, {}, -1}, 0);
+  EXPECT_FALSE(scheduler->next(0));  // no more urgent than item 3, in flight
+  // Another client's urgent work waits for the budget: urgency orders a client's own work.
+  scheduler->enqueue(WorkItem{5, 1, 20, 0, {}, -5}, 0);
+  EXPECT_FALSE(scheduler->next(0));
+  EXPECT_EQ(scheduler->stats(0).bestEffortInFlight, 2u);
+  scheduler->complete(3, kMs, kMs);
+  scheduler->complete(1, 2 * kMs, 2 * kMs);
+  std::vector<ItemId> order;
+  for (Nanos now = 2 * kMs; order.size() < 3; now += kMs) {
+    auto next = scheduler->next(now);
+    ASSERT_TRUE(next);
+    order.push_back(next->id);
+    scheduler->complete(next->id, kMs, now + kMs);
+  }
+  EXPECT_EQ(order, (std::vector<ItemId>{5, 4, 2}));
+
+  // While a latency-critical tenant is active, the small budget holds for urgent work too.
+  scheduler->setTenant(9, latencyCritical());
+  const DurationKey shortKernel{WorkKind::kKernel, 7, 0};
+  scheduler->enqueue(WorkItem{10, 1, 10, 0, shortKernel}, 10 * kMs);
+  ASSERT_EQ(scheduler->next(10 * kMs)->id, 10u);
+  scheduler->complete(10, 100 * kUs, 10 * kMs + 100 * kUs);  // now measured as short
+  const Nanos now = 20 * kMs;
+  scheduler->enqueue(WorkItem{11, 9, 90, 0, shortKernel}, now);
+  ASSERT_EQ(scheduler->next(now)->id, 11u);
+  scheduler->enqueue(WorkItem{12, 1, 10, 0, shortKernel}, now);
+  ASSERT_EQ(scheduler->next(now)->id, 12u);
+  scheduler->enqueue(WorkItem{13, 1, 10, 1, shortKernel, -3}, now);
+  EXPECT_FALSE(scheduler->next(now));  // 100 + 100 µs would pass the 150 µs budget
+}
+
 TEST(FairScheduler, InFlightCapsHoldPerClientAndOverall) {
   SchedulerConfig config;
   auto scheduler = newFairScheduler(config);
