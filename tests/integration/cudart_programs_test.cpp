@@ -115,6 +115,16 @@ TEST_P(CudartPrograms, AStreamWaitsForAnotherDevicesEvent) {
   checkOnTwoDevices("cross-device-events", "device 1 waited for device 0's events");
 }
 
+// A program's more urgent stream gets its kernel run before the blocks still waiting of a less
+// urgent kernel it launched earlier: the scheduler lets it reach the device beside that kernel,
+// and the device runs it first.
+TEST_P(CudartPrograms, AMoreUrgentStreamsKernelGoesBeforeALessUrgentKernelsWaitingBlocks) {
+  Daemon daemon;
+  RunResult result = daemon.runClient(program("stream_priorities"));
+  ASSERT_TRUE(result.status.exitedWith(0)) << describe(result, daemon);
+  EXPECT_NE(result.output.find("stream_priorities: PASSED"), std::string::npos) << result.output;
+}
+
 TEST_P(CudartPrograms, ThrustAlgorithmsGiveTheHostsResults) {
   Daemon daemon;
   RunResult result = daemon.runClient(program("thrust_algorithms"));

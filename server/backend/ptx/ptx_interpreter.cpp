@@ -1227,14 +1227,46 @@ void Interpreter::releaseRunner(std::unique_ptr<BlockRunner> runner) {
   idleRunners_.push_back(std::move(runner));
 }
 
-void Interpreter::work(Launch& launch, BlockRunner& runner, unsigned workerIndex) {
+void Interpreter::work(Launch& launch, BlockRunner& runner, unsigned workerIndex, bool caller) {
   if (!runner.prepare(launch, workerIndex)) return;
+  BlockBoundary* boundary = caller ? launch.request->boundary : nullptr;
   while (!launch.shouldStop()) {
+    if (boundary != nullptr && boundary->moreUrgentWorkWaiting()) boundary->runMoreUrgentWork();
+    if (!caller && mostUrgentActive_.load(std::memory_order_relaxed) < launch.request->priority &&
+        moreUrgentLaunchWaiting(launch)) {
+      break;
+    }
     const std::uint64_t block = launch.nextBlock.fetch_add(1, std::memory_order_relaxed);
     if (block >= launch.totalBlocks) break;
     if (!runner.runBlock(block)) break;
   }
   launch.threadInstructions.fetch_add(runner.takeInstructionCount(), std::memory_order_relaxed);
+}
+
+bool Interpreter::moreUrgentLaunchWaiting(const Launch& launch) {
+  std::lock_guard lock(mutex_);
+  const Launch* urgent = mostUrgentWithBlocksLocked();
+  return urgent != nullptr && urgent->request->priority < launch.request->priority;
+}
+
+Interpreter::Launch* Interpreter::mostUrgentWithBlocksLocked() const {
+  Launch* chosen = nullptr;
+  for (Launch* candidate : active_) {
+    if (candidate->nextBlock.load(std::memory_order_relaxed) >= candidate->totalBlocks ||
+        candidate->shouldStop()) {
+      continue;
+    }
+    if (chosen == nullptr || candidate->request->priority < chosen->request->priority) {
+      chosen = candidate;
+    }
+  }
+  return chosen;
+}
+
+void Interpreter::noteActiveChangedLocked() {
+  int mostUrgent = std::numeric_limits<int>::max();
+  for (const Launch* launch : active_) mostUrgent = std::min(mostUrgent, launch->request->priority);
+  mostUrgentActive_.store(mostUrgent, std::memory_order_relaxed);
 }
 
 // Every block of the grid is started, then each takes a turn (every warp that can run, up to its
@@ -1297,19 +1329,13 @@ void Interpreter::workerMain(unsigned index) {
     Launch* launch = nullptr;
     wake_.wait(lock, [&] {
       if (stopping_) return true;
-      for (Launch* candidate : active_) {
-        if (candidate->nextBlock.load(std::memory_order_relaxed) < candidate->totalBlocks &&
-            !candidate->shouldStop()) {
-          launch = candidate;
-          return true;
-        }
-      }
-      return false;
+      launch = mostUrgentWithBlocksLocked();
+      return launch != nullptr;
     });
     if (stopping_) return;
     ++launch->helpers;
     lock.unlock();
-    work(*launch, *runner, index);
+    work(*launch, *runner, index, /*caller=*/false);
     lock.lock();
     --launch->helpers;
     wake_.notify_all();
@@ -1359,14 +1385,16 @@ LaunchOutcome Interpreter::run(const LaunchRequest& request) {
     if (share) {
       std::lock_guard lock(mutex_);
       active_.push_back(&launch);
+      noteActiveChangedLocked();
     }
     if (share) wake_.notify_all();
     std::unique_ptr<BlockRunner> runner = acquireRunner();
-    work(launch, *runner, 0);
+    work(launch, *runner, 0, /*caller=*/true);
     releaseRunner(std::move(runner));
     if (share) {
       std::unique_lock lock(mutex_);
       active_.erase(std::find(active_.begin(), active_.end(), &launch));
+      noteActiveChangedLocked();
       wake_.wait(lock, [&] { return launch.helpers == 0; });
     }
   }

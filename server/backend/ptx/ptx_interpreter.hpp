@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -128,6 +129,19 @@ private:
   std::map<std::uint64_t, std::uint64_t> used_;
 };
 
+// What a device lets run between two blocks of a launch: its work more urgent than the launch
+// (a higher-priority stream's), as a GPU's block scheduler gives the SMs that free up to a
+// higher-priority stream's blocks before the running kernel's next ones. Called by the thread
+// that called Interpreter::run, between blocks it runs, never inside one.
+class BlockBoundary {
+public:
+  virtual ~BlockBoundary() = default;
+  // Cheap, read before every block: whether more urgent work is waiting.
+  virtual bool moreUrgentWorkWaiting() const = 0;
+  // Runs that work to its end on the calling thread; the launch then goes on.
+  virtual void runMoreUrgentWork() = 0;
+};
+
 struct LaunchRequest {
   const Executable* executable = nullptr;
   std::uint32_t kernel = 0;  // function index
@@ -148,6 +162,11 @@ struct LaunchRequest {
   // so that blocks may wait for each other (a grid barrier); %envreg1/%envreg2 hold the address
   // of the grid's barrier workspace, as cooperative_groups expects from the driver.
   bool cooperative = false;
+  // The priority of the launch's stream on its device, lower more urgent (CUDA's order): a worker
+  // thread between two blocks leaves it for an active launch more urgent than it.
+  int priority = 0;
+  // May be null. Not asked during a cooperative launch, whose blocks are all resident at once.
+  BlockBoundary* boundary = nullptr;
 };
 
 struct LaunchOutcome {
@@ -178,13 +197,23 @@ private:
   void workerMain(unsigned index);
   std::unique_ptr<BlockRunner> acquireRunner();
   void releaseRunner(std::unique_ptr<BlockRunner> runner);
-  void work(Launch& launch, BlockRunner& runner, unsigned workerIndex);
+  // Runs blocks of `launch` until none is left; a worker (not the caller of run()) also stops
+  // when a more urgent launch has blocks left.
+  void work(Launch& launch, BlockRunner& runner, unsigned workerIndex, bool caller);
+  // Whether an active launch more urgent than `launch` has blocks left to start.
+  bool moreUrgentLaunchWaiting(const Launch& launch);
+  // The active launch with blocks left to start, the most urgent first; mutex_ held.
+  Launch* mostUrgentWithBlocksLocked() const;
+  void noteActiveChangedLocked();
   // A cooperative launch: every block resident at once, in turns on the calling thread.
   void runCooperatively(Launch& launch);
 
   std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<Launch*> active_;
+  // The smallest priority among active_ (INT_MAX when empty), read without the lock between
+  // blocks so that a launch pays for the check only while a more urgent one is active.
+  std::atomic<int> mostUrgentActive_{std::numeric_limits<int>::max()};
   bool stopping_ = false;
   std::vector<std::unique_ptr<BlockRunner>> idleRunners_;
   std::vector<std::thread> threads_;

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <variant>
@@ -181,9 +182,19 @@ struct StreamQueue {
   std::deque<Op> ops;
   bool released = false;  // the Stream object is gone; drop the queue once it drains
   bool ready = false;     // its head is in DeviceCore::ready_
+  bool running = false;   // its head has been taken and runs now
+  int priority = 0;       // the stream's priority: lower is more urgent
   std::shared_ptr<RecordState> blockedOn;  // its head waits for this record to complete
   backend::AddressSpace owner = backend::kDaemonAddressSpace;
   std::list<std::shared_ptr<StreamQueue>>::iterator self;  // its entry in DeviceCore::queues_
+};
+
+// An op the engine runs now. Its stop flag tells its kernel to stop (a reset or shutdown, or its
+// client is gone) without the engine lock.
+struct Running {
+  explicit Running(StreamQueue* queue) : queue(queue) {}
+  StreamQueue* queue;
+  std::atomic<bool> stop{false};
 };
 
 struct Outcome {
@@ -305,9 +316,10 @@ public:
     forgetIfDefault(owner);
   }
 
-  std::shared_ptr<StreamQueue> addQueue(backend::AddressSpace owner) {
+  std::shared_ptr<StreamQueue> addQueue(backend::AddressSpace owner, int priority) {
     auto queue = std::make_shared<StreamQueue>();
     queue->owner = owner;
+    queue->priority = priority;
     std::lock_guard lock(mutex_);
     queue->self = queues_.insert(queues_.end(), queue);
     ++queuesPerOwner_[owner];
@@ -320,7 +332,9 @@ public:
     std::lock_guard lock(mutex_);
     if (queuesPerOwner_.count(owner) == 0) return;
     abandonedOwners_.insert(owner);
-    if (executing_ != nullptr && executing_->owner == owner) launchStop_.store(true);
+    for (Running* running : running_) {
+      if (running->queue->owner == owner) running->stop.store(true);
+    }
     workCv_.notify_one();
   }
 
@@ -368,7 +382,7 @@ public:
   CUresult queryQueue(const StreamQueue& queue) {
     std::lock_guard lock(mutex_);
     if (sticky_ != CUDA_SUCCESS) return sticky_;
-    return queue.ops.empty() && executing_ != &queue ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return queue.ops.empty() && !queue.running ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   }
 
   CUresult queryEvent(const EventState& event) {
@@ -444,7 +458,7 @@ private:
     abandonBefore_ = nextSequence_;
     abandonStatus_ = sticky_ != CUDA_SUCCESS ? sticky_ : CUDA_ERROR_CONTEXT_IS_DESTROYED;
     stop_.store(true);
-    launchStop_.store(true);
+    for (Running* running : running_) running->stop.store(true);
     // Waits that were queued are dropped like the rest: their streams are runnable again.
     std::vector<StreamQueue*> blocked(blocked_.begin(), blocked_.end());
     for (StreamQueue* queue : blocked) {
@@ -455,7 +469,7 @@ private:
     }
   }
 
-  bool idleLocked() const { return executing_ == nullptr && queuedOps_ == 0; }
+  bool idleLocked() const { return running_.empty() && queuedOps_ == 0; }
 
   void pushLocked(StreamQueue& queue, OpBody body) {
     queue.ops.push_back(Op{nextSequence_++, std::move(body)});
@@ -466,7 +480,7 @@ private:
   // Puts the queue's head where the engine will find it: among the runnable heads, or with the
   // record it waits for. A queue whose op is running is scheduled once it has finished.
   void scheduleHeadLocked(StreamQueue& queue) {
-    if (queue.ops.empty() || queue.ready || queue.blockedOn || executing_ == &queue) return;
+    if (queue.ops.empty() || queue.ready || queue.blockedOn || queue.running) return;
     const Op& head = queue.ops.front();
     if (head.sequence >= abandonBefore_) {
       const auto* wait = std::get_if<WaitOp>(&head.body);
@@ -479,6 +493,14 @@ private:
     }
     queue.ready = true;
     ready_.emplace(head.sequence, &queue);
+    readyPriorities_.insert(queue.priority);
+    noteReadyChangedLocked();
+  }
+
+  void noteReadyChangedLocked() {
+    mostUrgentReady_.store(
+        readyPriorities_.empty() ? std::numeric_limits<int>::max() : *readyPriorities_.begin(),
+        std::memory_order_relaxed);
   }
 
   // A record completed: the streams waiting for it may go on.
@@ -494,7 +516,7 @@ private:
 
   // A released stream is forgotten once its last op has run.
   void dropIfDoneLocked(StreamQueue& queue) {
-    if (!queue.released || !queue.ops.empty() || executing_ == &queue) return;
+    if (!queue.released || !queue.ops.empty() || queue.running) return;
     const backend::AddressSpace owner = queue.owner;
     queues_.erase(queue.self);  // destroys `queue`
     if (--queuesPerOwner_[owner] == 0) {
@@ -503,12 +525,25 @@ private:
     }
   }
 
-  // The runnable stream head with the lowest sequence number: streams interleave in submission
-  // order, and a stream blocked on an event does not hold up the others.
+  // The runnable stream head submitted first, but for kernels of streams less urgent than the
+  // most urgent runnable one, which wait: a GPU runs a higher-priority stream's blocks first.
+  // Copies, memsets, records and callbacks go in submission order whatever their stream's
+  // priority, as a GPU's copy engines run copies beside kernels: a more urgent kernel never
+  // overtakes the copy of its input that a less urgent stream (the NULL stream of a pageable
+  // cudaMemcpy, which returns before the copy is done) was given first. A stream blocked on an
+  // event does not hold up the others.
   std::shared_ptr<StreamQueue> pickLocked() {
     if (ready_.empty()) return nullptr;
-    StreamQueue* queue = ready_.begin()->second;
-    ready_.erase(ready_.begin());
+    const int mostUrgent = *readyPriorities_.begin();
+    auto chosen = ready_.begin();
+    while (chosen->second->priority != mostUrgent &&
+           std::holds_alternative<LaunchOp>(chosen->second->ops.front().body)) {
+      ++chosen;  // the most urgent head is further on: the loop ends there at the latest
+    }
+    StreamQueue* queue = chosen->second;
+    ready_.erase(chosen);
+    readyPriorities_.erase(readyPriorities_.find(queue->priority));
+    noteReadyChangedLocked();
     queue->ready = false;
     return *queue->self;
   }
@@ -522,56 +557,78 @@ private:
         workCv_.wait(lock);
         continue;
       }
-      Op op = std::move(queue->ops.front());
-      queue->ops.pop_front();
-      --queuedOps_;
-      executing_ = queue.get();
-      CUresult skipWith = op.sequence < abandonBefore_ ? abandonStatus_ : sticky_;
-      if (skipWith == CUDA_SUCCESS && abandonedOwners_.count(queue->owner) != 0) {
-        skipWith = CUDA_ERROR_CONTEXT_IS_DESTROYED;  // its client is gone
-      }
-      launchStop_.store(stop_.load());
-      lock.unlock();
-
-      const Outcome outcome = run(op, skipWith);
-      std::vector<CompletionCallback> waiters;
-
-      lock.lock();
-      if (auto* record = std::get_if<RecordOp>(&op.body)) {
-        record->record->completed = true;
-        record->record->status = outcome.status;
-        record->record->time = outcome.time;
-        waiters = std::move(record->record->waiters);
-        recordCompletedLocked(*record->record);
-      }
-      if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS &&
-          skipWith == CUDA_SUCCESS) {
-        sticky_ = outcome.status;
-        stickyDetail_ = outcome.detail;
-        spdlog::error("sim device {}: {} faulted with {}{}; the device is poisoned until reset",
-                      index_, describeOp(op), describe(outcome.status),
-                      outcome.detail.empty() ? "" : ": " + outcome.detail);
-      }
-      // A host callback is part of its stream's work, as in CUDA: the stream is not idle until
-      // the callback has returned.
-      const bool hostCallback = std::holds_alternative<CallbackOp>(op.body);
-      if (!hostCallback) finishExecutingLocked(*queue);
-      const bool idle = !hostCallback && idleLocked();
-      lock.unlock();
-
-      // Callbacks run without the lock: they may query streams and events.
-      if (idle) idleCv_.notify_all();
-      complete(op, outcome, waiters);
-      lock.lock();
-      if (hostCallback) {
-        finishExecutingLocked(*queue);
-        if (idleLocked()) idleCv_.notify_all();
-      }
+      runHeadLocked(lock, queue);
     }
   }
 
-  void finishExecutingLocked(StreamQueue& queue) {
-    executing_ = nullptr;
+  // Between two blocks of a kernel (on the engine thread, which runs blocks too): while a stream
+  // more urgent than the kernel's has work ready, runs what pickLocked picks (that work, and the
+  // copies and records submitted before it), as a GPU gives the SMs that free up to a
+  // higher-priority stream's blocks before the running kernel's next ones. A kernel run here may
+  // let still more urgent work run between its own blocks.
+  void runMoreUrgentThan(int priority) {
+    std::unique_lock lock(mutex_);
+    while (!readyPriorities_.empty() && *readyPriorities_.begin() < priority) {
+      runHeadLocked(lock, pickLocked());
+    }
+  }
+
+  // Runs the head of `queue` (just picked) and its completion; the lock is let go meanwhile.
+  void runHeadLocked(std::unique_lock<std::mutex>& lock,
+                     const std::shared_ptr<StreamQueue>& queue) {
+    Op op = std::move(queue->ops.front());
+    queue->ops.pop_front();
+    --queuedOps_;
+    queue->running = true;
+    Running running{queue.get()};
+    running_.push_back(&running);
+    CUresult skipWith = op.sequence < abandonBefore_ ? abandonStatus_ : sticky_;
+    if (skipWith == CUDA_SUCCESS && abandonedOwners_.count(queue->owner) != 0) {
+      skipWith = CUDA_ERROR_CONTEXT_IS_DESTROYED;  // its client is gone
+    }
+    running.stop.store(stop_.load());
+    lock.unlock();
+
+    const Outcome outcome = run(op, skipWith, running);
+    std::vector<CompletionCallback> waiters;
+
+    lock.lock();
+    if (auto* record = std::get_if<RecordOp>(&op.body)) {
+      record->record->completed = true;
+      record->record->status = outcome.status;
+      record->record->time = outcome.time;
+      waiters = std::move(record->record->waiters);
+      recordCompletedLocked(*record->record);
+    }
+    if (protocol::isStickyError(outcome.status) && sticky_ == CUDA_SUCCESS &&
+        skipWith == CUDA_SUCCESS) {
+      sticky_ = outcome.status;
+      stickyDetail_ = outcome.detail;
+      spdlog::error("sim device {}: {} faulted with {}{}; the device is poisoned until reset",
+                    index_, describeOp(op), describe(outcome.status),
+                    outcome.detail.empty() ? "" : ": " + outcome.detail);
+    }
+    // A host callback is part of its stream's work, as in CUDA: the stream is not idle until
+    // the callback has returned.
+    const bool hostCallback = std::holds_alternative<CallbackOp>(op.body);
+    if (!hostCallback) finishRunningLocked(running);
+    const bool idle = !hostCallback && idleLocked();
+    lock.unlock();
+
+    // Callbacks run without the lock: they may query streams and events.
+    if (idle) idleCv_.notify_all();
+    complete(op, outcome, waiters);
+    lock.lock();
+    if (hostCallback) {
+      finishRunningLocked(running);
+      if (idleLocked()) idleCv_.notify_all();
+    }
+  }
+
+  void finishRunningLocked(Running& running) {
+    std::erase(running_, &running);
+    StreamQueue& queue = *running.queue;
+    queue.running = false;
     scheduleHeadLocked(queue);
     dropIfDoneLocked(queue);
   }
@@ -604,14 +661,22 @@ private:
   }
 
   // Executes one op on the engine thread, without the core lock held.
-  Outcome run(Op& op, CUresult skipWith) {
+  Outcome run(Op& op, CUresult skipWith, Running& running) {
     Outcome outcome;
     outcome.time = Clock::now();
     if (skipWith != CUDA_SUCCESS) {
       outcome.status = skipWith;
       return outcome;
     }
-    outcome.status = std::visit([&](auto& body) { return execute(body, outcome); }, op.body);
+    outcome.status = std::visit(
+        [&](auto& body) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(body)>, LaunchOp>) {
+            return execute(body, outcome, running);
+          } else {
+            return execute(body, outcome);
+          }
+        },
+        op.body);
     return outcome;
   }
 
@@ -677,21 +742,24 @@ private:
     }
   }
 
-  CUresult execute(LaunchOp& launch, Outcome& outcome);
+  class MoreUrgentWork;
+  CUresult execute(LaunchOp& launch, Outcome& outcome, Running& running);
 
   CUresult execute(RecordOp&, Outcome&) { return CUDA_SUCCESS; }
   CUresult execute(WaitOp&, Outcome&) { return CUDA_SUCCESS; }
   CUresult execute(CallbackOp&, Outcome&) { return CUDA_SUCCESS; }
 
-  // The memory map of an owner's launches, rebuilt only when the owner's memory changed.
-  const ptx::MemoryMap& memoryFor(backend::AddressSpace owner, const DeviceArena::Access& access);
+  // The memory map of an owner's launches, rebuilt only when the owner's memory changed. Shared:
+  // a kernel run between the blocks of another may rebuild the map that one still reads.
+  std::shared_ptr<const ptx::MemoryMap> memoryFor(backend::AddressSpace owner,
+                                                  const DeviceArena::Access& access);
 
   const int index_;
   const std::unique_ptr<DeviceArena> arena_;
   const std::shared_ptr<ptx::Interpreter> interpreter_;
   struct CachedMap {
     std::uint64_t version = 0;
-    ptx::MemoryMap map;
+    std::shared_ptr<const ptx::MemoryMap> map;
   };
   std::map<backend::AddressSpace, CachedMap> memoryMaps_;  // engine thread only
 
@@ -700,9 +768,14 @@ private:
   std::condition_variable idleCv_;                  // the engine has drained (reset waits for it)
   std::list<std::shared_ptr<StreamQueue>> queues_;  // every stream's, until released and drained
   std::set<std::pair<std::uint64_t, StreamQueue*>> ready_;  // runnable heads, by sequence
-  std::unordered_set<StreamQueue*> blocked_;                // heads waiting for a record
-  std::size_t queuedOps_ = 0;               // ops in all queues, not counting the running one
-  const StreamQueue* executing_ = nullptr;  // the queue whose op runs now
+  std::multiset<int> readyPriorities_;                      // their streams' priorities
+  // The least of readyPriorities_ (INT_MAX when none), read between a kernel's blocks.
+  std::atomic<int> mostUrgentReady_{std::numeric_limits<int>::max()};
+  std::unordered_set<StreamQueue*> blocked_;  // heads waiting for a record
+  std::size_t queuedOps_ = 0;                 // ops in all queues, not counting running ones
+  // The ops running now, innermost last: more than one while more urgent work runs between the
+  // blocks of a kernel. Each lives on the engine thread's stack while it runs.
+  std::vector<Running*> running_;
   std::uint64_t nextSequence_ = 0;
   std::uint64_t abandonBefore_ = 0;  // ops with a lower sequence are dropped, not run
   CUresult abandonStatus_ = CUDA_ERROR_CONTEXT_IS_DESTROYED;
@@ -711,9 +784,6 @@ private:
   bool stopping_ = false;
   // A reset or shutdown is under way: kernels stop.
   std::atomic<bool> stop_{false};
-  // Tells the running kernel to stop (a reset or shutdown, or its client is gone), without the
-  // engine lock.
-  std::atomic<bool> launchStop_{false};
   std::unordered_map<backend::AddressSpace, std::size_t> queuesPerOwner_;
   std::unordered_set<backend::AddressSpace> abandonedOwners_;
 
@@ -745,24 +815,48 @@ private:
   std::thread engine_;  // last: starts after everything it uses is constructed
 };
 
-const ptx::MemoryMap& DeviceCore::memoryFor(backend::AddressSpace owner,
-                                            const DeviceArena::Access& access) {
+std::shared_ptr<const ptx::MemoryMap> DeviceCore::memoryFor(backend::AddressSpace owner,
+                                                            const DeviceArena::Access& access) {
   const std::uint64_t version = access.versionOf(owner);
   auto found = memoryMaps_.find(owner);
-  if (found != memoryMaps_.end() && found->second.version == version) return found->second.map;
+  if (found != memoryMaps_.end() && found->second.version == version && found->second.map) {
+    return found->second.map;
+  }
   // Owners that hold nothing any more are forgotten, so the cache follows the live clients.
   std::erase_if(memoryMaps_, [&](const auto& entry) {
     return entry.first != owner && access.versionOf(entry.first) == 0;
   });
   CachedMap& cached = memoryMaps_[owner];
   std::uint64_t current = 0;
-  cached.map = ptx::MemoryMap(access.rangesOf(owner, current));
+  cached.map = std::make_shared<const ptx::MemoryMap>(access.rangesOf(owner, current));
   cached.version = current;
   return cached.map;
 }
 
-CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
+// What the engine lets run between the blocks of a kernel: ready ops of more urgent streams. The
+// time they take is not the kernel's, which is charged only its own.
+class DeviceCore::MoreUrgentWork final : public ptx::BlockBoundary {
+public:
+  MoreUrgentWork(DeviceCore& core, int priority) : core_(core), priority_(priority) {}
+  bool moreUrgentWorkWaiting() const override {
+    return core_.mostUrgentReady_.load(std::memory_order_relaxed) < priority_;
+  }
+  void runMoreUrgentWork() override {
+    const Clock::time_point start = Clock::now();
+    core_.runMoreUrgentThan(priority_);
+    spent_ += Clock::now() - start;
+  }
+  Clock::duration spent() const { return spent_; }
+
+private:
+  DeviceCore& core_;
+  const int priority_;
+  Clock::duration spent_{};
+};
+
+CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome, Running& running) {
   const Clock::time_point start = Clock::now();
+  MoreUrgentWork moreUrgent(*this, running.queue->priority);
   const FunctionData& function = *launch.function;
   ptx::LaunchOutcome result;
   // Holds the heap while the kernel runs, whatever happens to the owner's settings meanwhile.
@@ -784,15 +878,20 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome) {
     request.dynamicSharedBytes = launch.config.sharedMemBytes;
     request.cooperative = launch.config.cooperative;
     request.parameters = launch.parameters;
-    request.memory = &memoryFor(launch.owner, access);
-    request.stop = &launchStop_;
+    const std::shared_ptr<const ptx::MemoryMap> memory = memoryFor(launch.owner, access);
+    request.memory = memory.get();
+    request.stop = &running.stop;
+    request.priority = running.queue->priority;
+    request.boundary = &moreUrgent;
     request.printf = &output;
     request.heap = settings.heap.get();
     request.stackBytes = settings.stackBytes;
     result = interpreter_->run(request);
   }
-  outcome.nanoseconds = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+  outcome.nanoseconds =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     Clock::now() - start - moreUrgent.spent())
+                                     .count());
   if (!output.empty()) {
     std::lock_guard lock(outputMutex_);
     std::unique_ptr<ptx::PrintfBuffer>& buffer = outputs_[launch.owner];
@@ -937,7 +1036,7 @@ class SimStream final : public Stream {
 public:
   SimStream(std::shared_ptr<DeviceCore> core, int priority, backend::AddressSpace owner)
       : core_(std::move(core)),
-        queue_(core_->addQueue(owner)),
+        queue_(core_->addQueue(owner, priority)),
         priority_(priority),
         owner_(owner) {}
   ~SimStream() override { core_->releaseQueue(queue_); }
@@ -1325,9 +1424,9 @@ public:
     return createStreamFor(backend::TenantClass::kBestEffort, flags, priority);
   }
 
-  // The class is not modelled (there is no SM partition on sim), and neither is the priority:
-  // the engine runs ops in submission order. The priority is clamped and kept, as CUDA keeps it,
-  // so that what the dispatcher chose can be seen.
+  // The class is not modelled (there is no SM partition on sim). The priority is clamped, as
+  // CUDA clamps it, and the engine runs a more urgent stream's ready work first, between the
+  // blocks of a less urgent kernel too (DeviceCore::runMoreUrgentThan).
   Result<std::unique_ptr<Stream>> createStreamFor(backend::TenantClass /*workClass*/,
                                                   unsigned flags, int priority,
                                                   backend::AddressSpace owner) override {

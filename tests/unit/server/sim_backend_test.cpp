@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -464,6 +465,113 @@ TEST_F(SimTest, StreamsInterleaveInSubmissionOrder) {
   ASSERT_EQ(synchronize(*other), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
   EXPECT_EQ(order, (std::vector<std::string>{"a1", "b1", "spin", "b2", "a2"}));
+}
+
+// A GPU dispatches a higher-priority stream's kernels first, and gives the SMs that free up to
+// their blocks before a running lower-priority kernel's next ones (cuStreamCreateWithPriority).
+// Copies and the like go in submission order whatever their stream's priority, as a GPU's copy
+// engines run them beside kernels: an urgent kernel never overtakes the copy of its input that a
+// pageable cudaMemcpy left on the NULL stream.
+TEST_F(SimTest, AMoreUrgentStreamsReadyKernelGoesFirstButNotBeforeEarlierCopies) {
+  auto lessUrgent = device_->createStream(CU_STREAM_NON_BLOCKING, 0);
+  auto moreUrgent = device_->createStream(CU_STREAM_NON_BLOCKING, -3);
+  auto other = newStream();
+  ASSERT_TRUE(lessUrgent.ok() && moreUrgent.ok() && other);
+  const CUdeviceptr input = allocate(4);
+  std::vector<std::string> order;
+  std::mutex mutex;
+  auto note = [&](std::string step) {
+    return [&, step](CUresult status, std::uint64_t = 0) {
+      EXPECT_EQ(status, CUDA_SUCCESS) << step;
+      std::lock_guard lock(mutex);
+      order.push_back(step);
+    };
+  };
+  {
+    EngineGate gate(*stream_);
+    ASSERT_EQ(launchSpin(*lessUrgent.value(), 1000, note("less urgent kernel")), CUDA_SUCCESS);
+    ASSERT_EQ(other->memset(input, 5, 4, 1), CUDA_SUCCESS);
+    ASSERT_EQ(other->addCallback([&](CUresult status) { note("copy")(status); }), CUDA_SUCCESS);
+    ASSERT_EQ(launchSpin(*moreUrgent.value(), 1000, note("more urgent kernel")), CUDA_SUCCESS);
+  }
+  ASSERT_EQ(synchronize(*lessUrgent.value()), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*moreUrgent.value()), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*other), CUDA_SUCCESS);
+  EXPECT_EQ(order, (std::vector<std::string>{"copy", "more urgent kernel", "less urgent kernel"}));
+}
+
+TEST_F(SimTest, AMoreUrgentStreamsKernelRunsBetweenTheBlocksOfALessUrgentOne) {
+  // Each block of `hold` says it started and waits for the host's go: the less urgent kernel is
+  // surely running, with most of its blocks still to start, when the more urgent one is launched.
+  const std::string ptx = std::string(".version 8.0\n.target sm_75\n.address_size 64\n") + R"(
+.visible .entry hold(.param .u64 started, .param .u64 go)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<3>;
+  .reg .pred %p<2>;
+  mov.u32 %r1, %tid.x;
+  setp.ne.u32 %p1, %r1, 0;
+  @%p1 bra $done;
+  ld.param.u64 %rd1, [started];
+  ld.param.u64 %rd2, [go];
+  mov.u32 %r2, 1;
+  st.volatile.global.u32 [%rd1], %r2;
+$wait:
+  ld.volatile.global.u32 %r2, [%rd2];
+  setp.eq.u32 %p1, %r2, 0;
+  @%p1 bra $wait;
+$done:
+  ret;
+}
+)";
+  auto module = device_->loadModule(bytesOf(ptx));
+  ASSERT_TRUE(module.ok()) << module.code();
+  Function& hold = *module.value()->function("hold").value();
+  alignas(4096) static std::uint32_t flags[1024];  // [0]: a block started; [1]: go
+  ASSERT_EQ(device_->registerHostMemory(flags, sizeof(flags)), CUDA_SUCCESS);
+  std::atomic_ref<std::uint32_t> started(flags[0]);
+  std::atomic_ref<std::uint32_t> go(flags[1]);
+  started.store(0);
+  go.store(0);
+  auto lessUrgent = device_->createStream(CU_STREAM_NON_BLOCKING, 0);
+  auto moreUrgent = device_->createStream(CU_STREAM_NON_BLOCKING, -5);
+  ASSERT_TRUE(lessUrgent.ok() && moreUrgent.ok());
+  std::vector<std::string> order;
+  std::mutex mutex;
+  auto note = [&](std::string step) {
+    return [&, step](CUresult status, std::uint64_t) {
+      EXPECT_EQ(status, CUDA_SUCCESS) << step;
+      std::lock_guard lock(mutex);
+      order.push_back(step);
+    };
+  };
+  ASSERT_EQ(lessUrgent.value()->launch(hold, config(64, 32),
+                                       pack(hold, reinterpret_cast<CUdeviceptr>(&flags[0]),
+                                            reinterpret_cast<CUdeviceptr>(&flags[1])),
+                                       note("less urgent")),
+            CUDA_SUCCESS);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (started.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  if (started.load() == 0) {
+    go.store(1);
+    FAIL() << "the less urgent kernel never started";
+  }
+  const CUdeviceptr buffer = allocate(32 * 4);
+  Function& fill = kernel("fill_u32");
+  ASSERT_EQ(moreUrgent.value()->launch(fill, config(1, 32), pack(fill, buffer, 7u, 32ull),
+                                       note("more urgent")),
+            CUDA_SUCCESS);
+  go.store(1);
+  ASSERT_EQ(synchronize(*lessUrgent.value()), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*moreUrgent.value()), CUDA_SUCCESS);
+  EXPECT_EQ(order, (std::vector<std::string>{"more urgent", "less urgent"}));
+  std::uint32_t filled = 0;
+  ASSERT_EQ(stream_->copyDeviceToHost(&filled, buffer + 31 * 4, 4), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_EQ(filled, 7u);
+  EXPECT_EQ(device_->unregisterHostMemory(flags), CUDA_SUCCESS);
 }
 
 TEST_F(SimTest, QueryReportsPendingWork) {
