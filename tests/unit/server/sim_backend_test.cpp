@@ -93,6 +93,89 @@ private:
   bool isOpen_ = false;
 };
 
+// Hand-written kernels that hold the engine. `hold`: each block's first thread sets *started and
+// waits until *go is not 0. `forever`: sets *started (when not null), then never ends on its own.
+const std::string kHoldingKernelsPtx = R"(.version 8.0
+.target sm_75
+.address_size 64
+.visible .entry hold(.param .u64 started, .param .u64 go)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<3>;
+  .reg .pred %p<2>;
+  mov.u32 %r1, %tid.x;
+  setp.ne.u32 %p1, %r1, 0;
+  @%p1 bra $done;
+  ld.param.u64 %rd1, [started];
+  ld.param.u64 %rd2, [go];
+  mov.u32 %r2, 1;
+  st.volatile.global.u32 [%rd1], %r2;
+$wait:
+  ld.volatile.global.u32 %r2, [%rd2];
+  setp.eq.u32 %p1, %r2, 0;
+  @%p1 bra $wait;
+$done:
+  ret;
+}
+.visible .entry forever(.param .u64 started)
+{
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<2>;
+  .reg .pred %p<2>;
+  ld.param.u64 %rd1, [started];
+  mov.u32 %r1, 1;
+  setp.eq.u64 %p1, %rd1, 0;
+  @%p1 bra $again;
+  st.volatile.global.u32 [%rd1], %r1;
+$again:
+  add.u32 %r1, %r1, 1;
+  bra.uni $again;
+}
+)";
+
+// A launch of `hold`, whose flags are host memory registered for `owner`: launch() returns once
+// one of its blocks runs, go() lets them all end (the destructor does, too).
+class HeldKernel {
+public:
+  HeldKernel(Device& device, backend::AddressSpace owner) : device_(device) {
+    auto module = device.loadModule(bytesOf(kHoldingKernelsPtx));
+    EXPECT_TRUE(module.ok()) << module.code();
+    if (module.ok()) module_ = std::move(module).value();
+    EXPECT_EQ(device.registerHostMemory(flags_, sizeof(flags_), owner), CUDA_SUCCESS);
+  }
+  ~HeldKernel() {
+    go();
+    EXPECT_EQ(device_.unregisterHostMemory(flags_), CUDA_SUCCESS);
+  }
+  HeldKernel(const HeldKernel&) = delete;
+  HeldKernel& operator=(const HeldKernel&) = delete;
+
+  // False (and let go) when the launch fails or none of its blocks runs within a minute.
+  bool launch(Stream& stream, unsigned blocks, backend::KernelCallback done) {
+    if (!module_) return false;
+    Function& hold = *module_->function("hold").value();
+    const CUresult launched = stream.launch(hold, config(blocks, 32),
+                                            pack(hold, reinterpret_cast<CUdeviceptr>(&flags_[0]),
+                                                 reinterpret_cast<CUdeviceptr>(&flags_[1])),
+                                            std::move(done));
+    if (launched != CUDA_SUCCESS) return false;
+    std::atomic_ref<std::uint32_t> started(flags_[0]);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (started.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    if (started.load() != 0) return true;
+    go();
+    return false;
+  }
+  void go() { std::atomic_ref<std::uint32_t>(flags_[1]).store(1); }
+
+private:
+  Device& device_;
+  std::unique_ptr<Module> module_;
+  alignas(4096) std::uint32_t flags_[1024] = {};  // [0]: a block started; [1]: go
+};
+
 std::uint64_t residentBytes() {
   std::ifstream statm("/proc/self/statm");
   std::uint64_t size = 0;
@@ -501,38 +584,6 @@ TEST_F(SimTest, AMoreUrgentStreamsReadyKernelGoesFirstButNotBeforeEarlierCopies)
 }
 
 TEST_F(SimTest, AMoreUrgentStreamsKernelRunsBetweenTheBlocksOfALessUrgentOne) {
-  // Each block of `hold` says it started and waits for the host's go: the less urgent kernel is
-  // surely running, with most of its blocks still to start, when the more urgent one is launched.
-  const std::string ptx = std::string(".version 8.0\n.target sm_75\n.address_size 64\n") + R"(
-.visible .entry hold(.param .u64 started, .param .u64 go)
-{
-  .reg .b32 %r<3>;
-  .reg .b64 %rd<3>;
-  .reg .pred %p<2>;
-  mov.u32 %r1, %tid.x;
-  setp.ne.u32 %p1, %r1, 0;
-  @%p1 bra $done;
-  ld.param.u64 %rd1, [started];
-  ld.param.u64 %rd2, [go];
-  mov.u32 %r2, 1;
-  st.volatile.global.u32 [%rd1], %r2;
-$wait:
-  ld.volatile.global.u32 %r2, [%rd2];
-  setp.eq.u32 %p1, %r2, 0;
-  @%p1 bra $wait;
-$done:
-  ret;
-}
-)";
-  auto module = device_->loadModule(bytesOf(ptx));
-  ASSERT_TRUE(module.ok()) << module.code();
-  Function& hold = *module.value()->function("hold").value();
-  alignas(4096) static std::uint32_t flags[1024];  // [0]: a block started; [1]: go
-  ASSERT_EQ(device_->registerHostMemory(flags, sizeof(flags)), CUDA_SUCCESS);
-  std::atomic_ref<std::uint32_t> started(flags[0]);
-  std::atomic_ref<std::uint32_t> go(flags[1]);
-  started.store(0);
-  go.store(0);
   auto lessUrgent = device_->createStream(CU_STREAM_NON_BLOCKING, 0);
   auto moreUrgent = device_->createStream(CU_STREAM_NON_BLOCKING, -5);
   ASSERT_TRUE(lessUrgent.ok() && moreUrgent.ok());
@@ -545,25 +596,15 @@ $done:
       order.push_back(step);
     };
   };
-  ASSERT_EQ(lessUrgent.value()->launch(hold, config(64, 32),
-                                       pack(hold, reinterpret_cast<CUdeviceptr>(&flags[0]),
-                                            reinterpret_cast<CUdeviceptr>(&flags[1])),
-                                       note("less urgent")),
-            CUDA_SUCCESS);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (started.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  if (started.load() == 0) {
-    go.store(1);
-    FAIL() << "the less urgent kernel never started";
-  }
+  HeldKernel held(*device_, backend::kDaemonAddressSpace);
+  // Surely running, with most of its blocks still to start, when the more urgent one is launched.
+  ASSERT_TRUE(held.launch(*lessUrgent.value(), 64, note("less urgent")));
   const CUdeviceptr buffer = allocate(32 * 4);
   Function& fill = kernel("fill_u32");
   ASSERT_EQ(moreUrgent.value()->launch(fill, config(1, 32), pack(fill, buffer, 7u, 32ull),
                                        note("more urgent")),
             CUDA_SUCCESS);
-  go.store(1);
+  held.go();
   ASSERT_EQ(synchronize(*lessUrgent.value()), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*moreUrgent.value()), CUDA_SUCCESS);
   EXPECT_EQ(order, (std::vector<std::string>{"more urgent", "less urgent"}));
@@ -571,7 +612,49 @@ $done:
   ASSERT_EQ(stream_->copyDeviceToHost(&filled, buffer + 31 * 4, 4), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
   EXPECT_EQ(filled, 7u);
-  EXPECT_EQ(device_->unregisterHostMemory(flags), CUDA_SUCCESS);
+}
+
+// A client that goes while its kernel runs between the blocks of another client's kernel has that
+// kernel stopped, and only that one: the kernel it interrupted goes on to its end.
+TEST_F(SimTest, AGoneClientsKernelStopsButNotTheKernelItInterrupted) {
+  constexpr backend::AddressSpace kStaying = 1;
+  constexpr backend::AddressSpace kGoing = 2;
+  auto staying = device_->createStreamFor(backend::TenantClass::kBestEffort, CU_STREAM_NON_BLOCKING,
+                                          0, kStaying);
+  auto going = device_->createStreamFor(backend::TenantClass::kBestEffort, CU_STREAM_NON_BLOCKING,
+                                        -5, kGoing);
+  ASSERT_TRUE(staying.ok() && going.ok());
+  auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
+  ASSERT_TRUE(module.ok()) << module.code();
+  Function& forever = *module.value()->function("forever").value();
+  alignas(4096) static std::uint32_t goingStarted[1024];
+  ASSERT_EQ(device_->registerHostMemory(goingStarted, sizeof(goingStarted), kGoing), CUDA_SUCCESS);
+  std::atomic_ref<std::uint32_t> started(goingStarted[0]);
+  started.store(0);
+  auto stayingDone = std::make_shared<std::promise<CUresult>>();
+  auto goingDone = std::make_shared<std::promise<CUresult>>();
+  HeldKernel held(*device_, kStaying);
+  ASSERT_TRUE(held.launch(*staying.value(), 64, [stayingDone](CUresult status, std::uint64_t) {
+    stayingDone->set_value(status);
+  }));
+  ASSERT_EQ(going.value()->launch(
+                forever, config(1, 1), pack(forever, reinterpret_cast<CUdeviceptr>(goingStarted)),
+                [goingDone](CUresult status, std::uint64_t) { goingDone->set_value(status); }),
+            CUDA_SUCCESS);
+  held.go();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (started.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(started.load(), 1u) << "the more urgent kernel never ran";
+  device_->abandonWorkOf(kGoing);
+  std::future<CUresult> goingStatus = goingDone->get_future();
+  std::future<CUresult> stayingStatus = stayingDone->get_future();
+  ASSERT_EQ(goingStatus.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(goingStatus.get(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  ASSERT_EQ(stayingStatus.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(stayingStatus.get(), CUDA_SUCCESS);
+  EXPECT_EQ(device_->unregisterHostMemory(goingStarted), CUDA_SUCCESS);
 }
 
 TEST_F(SimTest, QueryReportsPendingWork) {
@@ -1095,18 +1178,8 @@ TEST_F(SimTest, IdleStreamsCostTheEngineNothing) {
 // shutdown) or reset (a reclaim after a fault): the interpreter checks for a stop at every
 // backward branch.
 TEST_F(SimTest, AKernelInAnInfiniteLoopIsStoppedByShutdownAndReset) {
-  const std::string ptx = std::string(".version 8.0\n.target sm_75\n.address_size 64\n") + R"(
-.visible .entry forever(.param .u64 p)
-{
-  .reg .b32 %r<2>;
-  mov.u32 %r1, 0;
-$again:
-  add.u32 %r1, %r1, 1;
-  bra.uni $again;
-}
-)";
   for (const bool reset : {true, false}) {
-    auto module = device_->loadModule(bytesOf(ptx));
+    auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
     ASSERT_TRUE(module.ok()) << module.code();
     Function& forever = *module.value()->function("forever").value();
     auto finished = std::make_shared<std::promise<CUresult>>();
