@@ -819,9 +819,7 @@ std::shared_ptr<const ptx::MemoryMap> DeviceCore::memoryFor(backend::AddressSpac
                                                             const DeviceArena::Access& access) {
   const std::uint64_t version = access.versionOf(owner);
   auto found = memoryMaps_.find(owner);
-  if (found != memoryMaps_.end() && found->second.version == version && found->second.map) {
-    return found->second.map;
-  }
+  if (found != memoryMaps_.end() && found->second.version == version) return found->second.map;
   // Owners that hold nothing any more are forgotten, so the cache follows the live clients.
   std::erase_if(memoryMaps_, [&](const auto& entry) {
     return entry.first != owner && access.versionOf(entry.first) == 0;
