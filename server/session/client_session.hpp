@@ -13,6 +13,7 @@
 #include "server/data_plane/client_channel.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_client.hpp"
+#include "server/gpu/live_pinned_allocations.hpp"
 #include "server/session/pod_identity.hpp"
 #include "server/session/session_services.hpp"
 
@@ -227,9 +228,10 @@ private:
   // Pinned allocations in the channel's pinned heap: offset -> bytes. Each is charged to the
   // tenant and registered with every GPU (registering_ while the GPUs' blocking-call threads do
   // it) until it is unregistered and the work before that has drained (retiring_ meanwhile), or
-  // the session ends.
+  // the session ends. Command records are checked against the live ones (pinned_), a table any
+  // thread may read, so that whichever thread executes a GPU's records can check them.
   std::map<std::uint64_t, std::uint64_t> registering_;
-  std::map<std::uint64_t, std::uint64_t> pinned_;
+  std::shared_ptr<LivePinnedAllocations> pinned_ = std::make_shared<LivePinnedAllocations>();
   std::map<std::uint64_t, std::uint64_t> retiring_;
   // A stream held on its GPU for another GPU's event (GpuClient::holdStream). Those held for a
   // host function are the GPU's own (GpuClient::holdStreamForHostFunction).
@@ -247,8 +249,6 @@ private:
     State state = State::kRegistering;
   };
   std::map<std::uint64_t, HostWindow> hostWindows_;
-  // Whether [offset, offset + bytes) of the pinned heap lies inside one live allocation of pinned_.
-  bool pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const;
   // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -489,7 +489,7 @@ void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& po
   // those pages the client has faulted in (its cgroup pays for them) and its tenant is charged
   // for. Any other range is refused as a bad pointer, and the daemon never touches it.
   if (const auto range = pinnedHeapRangeOf(command);
-      range && !pinnedRangeIsLive(range->first, range->second)) {
+      range && !pinned_->holds(range->first, range->second)) {
     failCommand(port, CUDA_ERROR_INVALID_VALUE, command);
     return;
   }

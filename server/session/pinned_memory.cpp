@@ -16,34 +16,13 @@
 #include <unistd.h>
 
 #include <system_error>
-#include <type_traits>
 
-#include <iterator>
 #include <utility>
 #include <vector>
 
 namespace gpuproxy::server {
 
 namespace {
-
-// Whether [start, start + bytes) overlaps a range of `ranges` (start -> its bytes, or -> an entry
-// with its `bytes`).
-template <typename Entry>
-bool overlapsAny(const std::map<std::uint64_t, Entry>& ranges, std::uint64_t start,
-                 std::uint64_t bytes) {
-  auto lengthOf = [](const Entry& entry) -> std::uint64_t {
-    if constexpr (std::is_integral_v<Entry>) {
-      return entry;
-    } else {
-      return entry.bytes;
-    }
-  };
-  auto next = ranges.lower_bound(start);
-  if (next != ranges.end() && next->first < start + bytes) return true;
-  if (next == ranges.begin()) return false;
-  auto previous = std::prev(next);
-  return previous->first + lengthOf(previous->second) > start;
-}
 
 // Unregisters `host` from the GPUs in `gpus` (all of them had it registered), on their
 // blocking-call threads; resolves once every one has.
@@ -85,8 +64,8 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   const std::uint64_t page = ipc::pageSize();
   if (bytes == 0 || offset % page != 0 || bytes % page != 0) return CUDA_ERROR_INVALID_VALUE;
   if (offset > heap.size() || bytes > heap.size() - offset) return CUDA_ERROR_INVALID_VALUE;
-  if (overlapsAny(pinned_, offset, bytes) || overlapsAny(retiring_, offset, bytes) ||
-      overlapsAny(registering_, offset, bytes)) {
+  if (pinned_->overlaps(offset, bytes) || overlapsAnyRange(retiring_, offset, bytes) ||
+      overlapsAnyRange(registering_, offset, bytes)) {
     return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   }
   if (!chargePinned(bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -94,7 +73,7 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   registering_.emplace(offset, bytes);
   return pinForEveryGpu(host, bytes, channel_->keepAlive(), [this, offset, bytes](bool registered) {
     registering_.erase(offset);
-    if (registered) pinned_.emplace(offset, bytes);
+    if (registered) pinned_->add(offset, bytes);
   });
 }
 
@@ -165,13 +144,12 @@ kj::Promise<void> ClientSession::registerPinned(RegisterPinnedContext context) {
 
 kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext context) {
   const std::uint64_t offset = context.getParams().getOffset();
-  auto found = pinned_.find(offset);
-  if (found == pinned_.end()) {
+  const std::optional<std::uint64_t> removed = pinned_->remove(offset);
+  if (!removed) {
     context.getResults().setResult(CUDA_ERROR_INVALID_VALUE);
     return kj::READY_NOW;
   }
-  const std::uint64_t bytes = found->second;
-  pinned_.erase(found);
+  const std::uint64_t bytes = *removed;
   retiring_.emplace(offset, bytes);
   // Work queued before this call may still read or write the range: as cuMemFreeHost does, wait
   // for all of it. If the session ends meanwhile, its teardown releases the range instead.
@@ -206,7 +184,7 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
     return kj::READY_NOW;
   }
   // Overlapping another of its ranges; the pinned heap cannot be overlapped, being mapped here.
-  if (overlapsAny(hostWindows_, address, bytes)) {
+  if (overlapsAnyRange(hostWindows_, address, bytes)) {
     answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     return kj::READY_NOW;
   }
@@ -232,7 +210,7 @@ kj::Promise<void> ClientSession::registerHostRange(RegisterHostRangeContext cont
       return kj::READY_NOW;
     }
     // The range may have been taken while the descriptor arrived.
-    if (overlapsAny(hostWindows_, address, bytes)) {
+    if (overlapsAnyRange(hostWindows_, address, bytes)) {
       ::close(fd);
       answer(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
       return kj::READY_NOW;
@@ -301,14 +279,14 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
     std::shared_ptr<const void> mapping;
   };
   std::vector<Held> held;
+  LivePinnedAllocations::Ranges live = pinned_->removeAll();
   if (channel_) {
-    for (const auto* table : {&pinned_, &retiring_}) {
+    for (const auto* table : {&live, &retiring_}) {
       for (const auto& [offset, bytes] : *table) {
         held.push_back(Held{channel_->pinnedHeap().data() + offset, bytes, channel_->keepAlive()});
       }
     }
   }
-  pinned_.clear();
   retiring_.clear();
   for (auto& [address, window] : hostWindows_) {
     // One still registering is released where its registration ends (pinForEveryGpu).
@@ -331,15 +309,6 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
                            stats->identity.pid);
             });
       }));
-}
-
-bool ClientSession::pinnedRangeIsLive(std::uint64_t offset, std::uint64_t bytes) const {
-  // The allocation that starts at or before `offset` must hold the whole range.
-  auto after = pinned_.upper_bound(offset);
-  if (after == pinned_.begin()) return false;
-  const auto& [start, length] = *std::prev(after);
-  const std::uint64_t into = offset - start;
-  return into < length && bytes <= length - into;
 }
 
 }  // namespace gpuproxy::server
