@@ -12,6 +12,10 @@
 //      backend) after a warm-up of 10%, its share, Jain's index of share/weight, worst share error.
 //   2. latency: the same three plus a latency-critical tenant that launches one 0.2 ms kernel every
 //      5 ms; p50/p99 of its launch-to-completion latency, against the same tenant running alone.
+//   3. copies: a tenant that copies 4 KiB from device to host every 5 ms, beside another tenant
+//      that keeps kernels of 64 one-millisecond blocks queued, against the same copies on an idle
+//      GPU: p50/p99 from submission to completion. On a GPU the copy engines copy while the SMs
+//      compute; the sim runs other streams' copies between a kernel's blocks.
 //
 // Targets: Jain >= 0.99 and every share within 5% of its weight; latency-critical p99
 // <= isolated p99 + the largest admitted best-effort item (5 ms here).
@@ -61,6 +65,10 @@ constexpr BestEffortSpec kBestEffort[] = {
 constexpr std::int64_t kLcKernelNs = kMs / 5;
 constexpr std::int64_t kLcPeriodNs = 5 * kMs;
 constexpr std::int64_t kQueuedNs = 40 * kMs;  // work each best-effort tenant keeps queued
+constexpr unsigned kWideBlocks = 64;          // blocks of the wide kernels of part 3
+constexpr std::int64_t kWideBlockNs = kMs;    // each block's spin
+constexpr std::int64_t kCopyPeriodNs = 5 * kMs;
+constexpr std::size_t kCopyBytes = 4096;
 
 // Counters the backend's completion callbacks update from its own thread.
 struct Counters {
@@ -106,7 +114,10 @@ public:
   ~Phase() {
     // Streams first, then the device: work still held is dropped, the running kernel interrupted.
     for (Workload& workload : bestEffort_) workload.stream.reset();
-    if (lc_) lc_->stream.reset();
+    for (Workload* workload : {lc_.get(), wide_.get(), copier_.get()}) {
+      if (workload != nullptr) workload->stream.reset();
+    }
+    if (copySource_ != 0) device_->free(copySource_);
     module_.reset();
     device_.reset();
   }
@@ -125,6 +136,24 @@ public:
     lc_->kernelNs = kLcKernelNs;
   }
 
+  // Part 3: a tenant keeping two kernels of kWideBlocks blocks queued.
+  void addWideKernels() {
+    wide_ = std::make_unique<Workload>();
+    wide_->tenant = tenant("wide", 1, server::TenantClass::kBestEffort);
+    wide_->stream = stream(wide_->tenant);
+    wide_->kernelNs = kWideBlockNs;
+  }
+
+  // Part 3: a tenant copying kCopyBytes from device to host every kCopyPeriodNs.
+  void addCopier() {
+    copier_ = std::make_unique<Workload>();
+    copier_->tenant = tenant("copier", 1, server::TenantClass::kBestEffort);
+    copier_->stream = stream(copier_->tenant);
+    auto allocated = device_->allocate(kCopyBytes);
+    if (!allocated.ok()) fail("allocate", allocated.code());
+    copySource_ = allocated.value();
+  }
+
   PhaseResult run(double seconds) {
     const std::int64_t start = nowNs();
     const std::int64_t warmupEnd = start + static_cast<std::int64_t>(seconds * 0.1e9);
@@ -132,6 +161,7 @@ public:
     log_->recordFrom = warmupEnd;
     bool warm = false;
     std::int64_t nextLc = start;
+    std::int64_t nextCopy = start;
     for (std::int64_t now = start; now < end; now = nowNs()) {
       if (!warm && now >= warmupEnd) {
         warm = true;
@@ -144,8 +174,15 @@ public:
         launchLatencyCritical();
         nextLc += kLcPeriodNs;
       }
+      if (wide_) topUpWide();
+      if (copier_ && now >= nextCopy) {
+        // One copy at a time: a copy still waiting is not joined by more behind it.
+        if (copier_->counters->outstanding.load() == 0) copy();
+        nextCopy += kCopyPeriodNs;
+      }
       // Turns the event loop: completions reach the dispatcher, which submits what is next.
-      const std::int64_t sleep = lc_ ? std::clamp<std::int64_t>(nextLc - nowNs(), 0, kMs) : kMs;
+      const std::int64_t next = lc_ ? nextLc : copier_ ? nextCopy : nowNs() + kMs;
+      const std::int64_t sleep = std::clamp<std::int64_t>(next - nowNs(), 0, kMs);
       io_.provider->getTimer().afterDelay(sleep * kj::NANOSECONDS).wait(io_.waitScope);
     }
     PhaseResult result;
@@ -153,7 +190,7 @@ public:
       result.gpuSeconds.push_back(
           static_cast<double>(workload.counters->gpuNs.load() - workload.gpuNsAtWarmup) / 1e9);
     }
-    if (lc_) {
+    if (lc_ || copier_) {
       std::lock_guard lock(log_->mutex);
       result.latency = bench::summarize(log_->latenciesNs);
     }
@@ -214,6 +251,39 @@ private:
     if (launched != CUDA_SUCCESS) fail("launch", launched);
   }
 
+  void topUpWide() {
+    const auto parameters = spinParameters(wide_->kernelNs);
+    server::backend::LaunchConfig wide;
+    wide.grid.x = kWideBlocks;
+    while (wide_->counters->outstanding.load() < 2) {
+      ++wide_->counters->outstanding;
+      std::shared_ptr<Counters> counters = wide_->counters;
+      CUresult launched =
+          wide_->stream->launch(*spin_, wide, parameters,
+                                [counters](CUresult, std::uint64_t) { --counters->outstanding; });
+      if (launched != CUDA_SUCCESS) fail("launch", launched);
+    }
+  }
+
+  void copy() {
+    const std::int64_t submittedAt = nowNs();
+    ++copier_->counters->outstanding;
+    CUresult copied = copier_->stream->copyDeviceToHost(copyDestination_.data(), copySource_,
+                                                        copyDestination_.size());
+    if (copied != CUDA_SUCCESS) fail("copyDeviceToHost", copied);
+    std::shared_ptr<LatencyLog> log = log_;
+    std::shared_ptr<Counters> counters = copier_->counters;
+    copied = copier_->stream->addCallback([log, counters, submittedAt](CUresult) {
+      const std::int64_t done = nowNs();
+      --counters->outstanding;
+      std::lock_guard lock(log->mutex);
+      if (submittedAt >= log->recordFrom) {
+        log->latenciesNs.push_back(static_cast<double>(done - submittedAt));
+      }
+    });
+    if (copied != CUDA_SUCCESS) fail("addCallback", copied);
+  }
+
   static server::backend::LaunchConfig config() { return {}; }
 
   kj::AsyncIoContext& io_;
@@ -223,6 +293,10 @@ private:
   server::backend::Function* spin_ = nullptr;
   std::vector<Workload> bestEffort_;
   std::unique_ptr<Workload> lc_;
+  std::unique_ptr<Workload> wide_;
+  std::unique_ptr<Workload> copier_;
+  CUdeviceptr copySource_ = 0;
+  std::vector<std::byte> copyDestination_ = std::vector<std::byte>(kCopyBytes);
   std::shared_ptr<LatencyLog> log_ = std::make_shared<LatencyLog>();
 };
 
@@ -271,7 +345,7 @@ int main(int argc, char** argv) {
     } else if (args.is("--help") || args.is("-h")) {
       std::printf(
           "usage: fairness [--seconds N] [--smoke]\n"
-          "  --seconds N   length of each phase (default 10); five phases run\n"
+          "  --seconds N   length of each phase (default 10); seven phases run\n"
           "  --smoke       0.3 s phases, to check that it runs\n");
       return 0;
     } else {
@@ -283,7 +357,8 @@ int main(int argc, char** argv) {
   std::printf("## fairness\n\n");
   std::printf(
       "Dispatcher + scheduler in process over the sim backend (one engine, kernels run to\n"
-      "completion in submission order). %.1f s per phase, first 10%% not counted.\n\n",
+      "completion in submission order, other streams' copies between their blocks). %.1f s per\n"
+      "phase, first 10%% not counted.\n\n",
       options.seconds);
 
   // 1. Shares.
@@ -342,6 +417,31 @@ int main(int argc, char** argv) {
   }
   std::printf("### 2. Latency-critical tenant: 0.2 ms kernel every 5 ms\n\n");
   latency.print();
+  std::printf("\n");
+
+  // 3. Copies beside another tenant's kernels, and on an idle GPU.
+  bench::Table copies({"run", "copies", "p50 ms", "p99 ms", "p50 / idle p50"});
+  bench::LatencySummary idle;
+  {
+    Phase phase(io, "fair");
+    phase.addCopier();
+    idle = phase.run(options.seconds).latency;
+  }
+  bench::LatencySummary beside;
+  {
+    Phase phase(io, "fair");
+    phase.addWideKernels();
+    phase.addCopier();
+    beside = phase.run(options.seconds).latency;
+  }
+  copies.add(
+      {"copies, idle GPU", std::to_string(idle.samples), ms(idle.median), ms(idle.p99), "-"});
+  copies.add({"copies beside 64-block kernels", std::to_string(beside.samples), ms(beside.median),
+              ms(beside.p99),
+              bench::format("%.1f", idle.median > 0 ? beside.median / idle.median : 0.0)});
+  std::printf(
+      "### 3. A tenant's 4 KiB device-to-host copy every 5 ms, beside another's kernels\n\n");
+  copies.print();
   std::printf("\n");
   return 0;
 }

@@ -1231,7 +1231,7 @@ void Interpreter::work(Launch& launch, BlockRunner& runner, unsigned workerIndex
   if (!runner.prepare(launch, workerIndex)) return;
   BlockBoundary* boundary = caller ? launch.request->boundary : nullptr;
   while (!launch.shouldStop()) {
-    if (boundary != nullptr && boundary->moreUrgentWorkWaiting()) boundary->runMoreUrgentWork();
+    if (boundary != nullptr && boundary->workWaiting()) boundary->runWaitingWork();
     if (!caller && mostUrgentActive_.load(std::memory_order_relaxed) < launch.request->priority &&
         moreUrgentLaunchWaiting(launch)) {
       break;

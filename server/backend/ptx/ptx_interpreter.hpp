@@ -129,17 +129,18 @@ private:
   std::map<std::uint64_t, std::uint64_t> used_;
 };
 
-// What a device lets run between two blocks of a launch: its work more urgent than the launch
-// (a higher-priority stream's), as a GPU's block scheduler gives the SMs that free up to a
-// higher-priority stream's blocks before the running kernel's next ones. Called by the thread
+// What a device lets run between two blocks of a launch, as a GPU would run it beside the launch:
+// work more urgent than the launch (a GPU's block scheduler gives the SMs that free up to a
+// higher-priority stream's blocks before the running kernel's next ones), and other streams' work
+// that is not a kernel (a GPU's copy engines copy while its SMs compute). Called by the thread
 // that called Interpreter::run, between blocks it runs, never inside one.
 class BlockBoundary {
 public:
   virtual ~BlockBoundary() = default;
-  // Cheap, read before every block: whether more urgent work is waiting.
-  virtual bool moreUrgentWorkWaiting() const = 0;
-  // Runs that work to its end on the calling thread; the launch then goes on.
-  virtual void runMoreUrgentWork() = 0;
+  // Cheap, read before every block: whether such work is waiting.
+  virtual bool workWaiting() const = 0;
+  // Runs that work on the calling thread; the launch then goes on.
+  virtual void runWaitingWork() = 0;
 };
 
 struct LaunchRequest {

@@ -494,6 +494,7 @@ private:
     queue.ready = true;
     ready_.emplace(head.sequence, &queue);
     readyPriorities_.insert(queue.priority);
+    if (!isKernel(head)) ++readyBesideKernels_;
     noteReadyChangedLocked();
   }
 
@@ -501,6 +502,21 @@ private:
     mostUrgentReady_.store(
         readyPriorities_.empty() ? std::numeric_limits<int>::max() : *readyPriorities_.begin(),
         std::memory_order_relaxed);
+    besideKernelsReady_.store(readyBesideKernels_ > 0, std::memory_order_relaxed);
+  }
+
+  static bool isKernel(const Op& op) { return std::holds_alternative<LaunchOp>(op.body); }
+
+  // Takes `chosen` out of the runnable heads.
+  std::shared_ptr<StreamQueue> takeReadyLocked(
+      std::set<std::pair<std::uint64_t, StreamQueue*>>::iterator chosen) {
+    StreamQueue* queue = chosen->second;
+    ready_.erase(chosen);
+    readyPriorities_.erase(readyPriorities_.find(queue->priority));
+    if (!isKernel(queue->ops.front())) --readyBesideKernels_;
+    noteReadyChangedLocked();
+    queue->ready = false;
+    return *queue->self;
   }
 
   // A record completed: the streams waiting for it may go on.
@@ -536,16 +552,19 @@ private:
     if (ready_.empty()) return nullptr;
     const int mostUrgent = *readyPriorities_.begin();
     auto chosen = ready_.begin();
-    while (chosen->second->priority != mostUrgent &&
-           std::holds_alternative<LaunchOp>(chosen->second->ops.front().body)) {
+    while (chosen->second->priority != mostUrgent && isKernel(chosen->second->ops.front())) {
       ++chosen;  // the most urgent head is further on: the loop ends there at the latest
     }
-    StreamQueue* queue = chosen->second;
-    ready_.erase(chosen);
-    readyPriorities_.erase(readyPriorities_.find(queue->priority));
-    noteReadyChangedLocked();
-    queue->ready = false;
-    return *queue->self;
+    return takeReadyLocked(chosen);
+  }
+
+  // The runnable head submitted first that is not a kernel (a copy, memset, event record or wait,
+  // callback), whatever its stream's priority; null when there is none.
+  std::shared_ptr<StreamQueue> pickBesideKernelsLocked() {
+    if (readyBesideKernels_ == 0) return nullptr;
+    auto chosen = ready_.begin();
+    while (isKernel(chosen->second->ops.front())) ++chosen;  // one is further on
+    return takeReadyLocked(chosen);
   }
 
   void engineMain() {
@@ -561,15 +580,26 @@ private:
     }
   }
 
-  // Between two blocks of a kernel (on the engine thread, which runs blocks too): while a stream
-  // more urgent than the kernel's has work ready, runs what pickLocked picks (that work, and the
-  // copies and records submitted before it), as a GPU gives the SMs that free up to a
-  // higher-priority stream's blocks before the running kernel's next ones. A kernel run here may
-  // let still more urgent work run between its own blocks.
-  void runMoreUrgentThan(int priority) {
+  // Between two blocks of a kernel (on the engine thread, which runs blocks too), what a GPU runs
+  // beside that kernel:
+  // - while a stream more urgent than the kernel's has work ready, what pickLocked picks (that
+  //   work, and the copies and records submitted before it), as a GPU gives the SMs that free up
+  //   to a higher-priority stream's blocks before the running kernel's next ones;
+  // - then the other streams' work that is not a kernel, in submission order, as a GPU's copy
+  //   engines copy while its SMs compute: a copy, or the synchronisation of a stream that has
+  //   only copies left, does not wait for another stream's long kernel. As many of those as were
+  //   ready on arrival, so that a stream of copies interleaves with the kernel's blocks instead
+  //   of holding its engine-thread share for as long as copies keep coming.
+  // A kernel run here may let still more urgent work, and copies, run between its own blocks.
+  void runBetweenBlocks(int priority) {
     std::unique_lock lock(mutex_);
     while (!readyPriorities_.empty() && *readyPriorities_.begin() < priority) {
       runHeadLocked(lock, pickLocked());
+    }
+    for (std::size_t beside = readyBesideKernels_; beside > 0; --beside) {
+      std::shared_ptr<StreamQueue> queue = pickBesideKernelsLocked();
+      if (!queue) return;
+      runHeadLocked(lock, queue);
     }
   }
 
@@ -742,7 +772,7 @@ private:
     }
   }
 
-  class MoreUrgentWork;
+  class WorkBetweenBlocks;
   CUresult execute(LaunchOp& launch, Outcome& outcome, Running& running);
 
   CUresult execute(RecordOp&, Outcome&) { return CUDA_SUCCESS; }
@@ -771,6 +801,10 @@ private:
   std::multiset<int> readyPriorities_;                      // their streams' priorities
   // The least of readyPriorities_ (INT_MAX when none), read between a kernel's blocks.
   std::atomic<int> mostUrgentReady_{std::numeric_limits<int>::max()};
+  // How many runnable heads are not kernels, and whether that is more than none (read between a
+  // kernel's blocks).
+  std::size_t readyBesideKernels_ = 0;
+  std::atomic<bool> besideKernelsReady_{false};
   std::unordered_set<StreamQueue*> blocked_;  // heads waiting for a record
   std::size_t queuedOps_ = 0;                 // ops in all queues, not counting running ones
   // The ops running now, innermost last: more than one while more urgent work runs between the
@@ -831,17 +865,19 @@ std::shared_ptr<const ptx::MemoryMap> DeviceCore::memoryFor(backend::AddressSpac
   return cached.map;
 }
 
-// What the engine lets run between the blocks of a kernel: ready ops of more urgent streams. The
-// time they take is not the kernel's, which is charged only its own.
-class DeviceCore::MoreUrgentWork final : public ptx::BlockBoundary {
+// What the engine lets run between the blocks of a kernel (DeviceCore::runBetweenBlocks): ready
+// ops of more urgent streams, and other streams' ready ops that are not kernels. The time they
+// take is not the kernel's, which is charged only its own.
+class DeviceCore::WorkBetweenBlocks final : public ptx::BlockBoundary {
 public:
-  MoreUrgentWork(DeviceCore& core, int priority) : core_(core), priority_(priority) {}
-  bool moreUrgentWorkWaiting() const override {
-    return core_.mostUrgentReady_.load(std::memory_order_relaxed) < priority_;
+  WorkBetweenBlocks(DeviceCore& core, int priority) : core_(core), priority_(priority) {}
+  bool workWaiting() const override {
+    return core_.mostUrgentReady_.load(std::memory_order_relaxed) < priority_ ||
+           core_.besideKernelsReady_.load(std::memory_order_relaxed);
   }
-  void runMoreUrgentWork() override {
+  void runWaitingWork() override {
     const Clock::time_point start = Clock::now();
-    core_.runMoreUrgentThan(priority_);
+    core_.runBetweenBlocks(priority_);
     spent_ += Clock::now() - start;
   }
   Clock::duration spent() const { return spent_; }
@@ -854,7 +890,7 @@ private:
 
 CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome, Running& running) {
   const Clock::time_point start = Clock::now();
-  MoreUrgentWork moreUrgent(*this, running.queue->priority);
+  WorkBetweenBlocks between(*this, running.queue->priority);
   const FunctionData& function = *launch.function;
   ptx::LaunchOutcome result;
   // Holds the heap while the kernel runs, whatever happens to the owner's settings meanwhile.
@@ -880,16 +916,15 @@ CUresult DeviceCore::execute(LaunchOp& launch, Outcome& outcome, Running& runnin
     request.memory = memory.get();
     request.stop = &running.stop;
     request.priority = running.queue->priority;
-    request.boundary = &moreUrgent;
+    request.boundary = &between;
     request.printf = &output;
     request.heap = settings.heap.get();
     request.stackBytes = settings.stackBytes;
     result = interpreter_->run(request);
   }
-  outcome.nanoseconds =
-      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     Clock::now() - start - moreUrgent.spent())
-                                     .count());
+  outcome.nanoseconds = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start - between.spent())
+          .count());
   if (!output.empty()) {
     std::lock_guard lock(outputMutex_);
     std::unique_ptr<ptx::PrintfBuffer>& buffer = outputs_[launch.owner];
@@ -1424,7 +1459,7 @@ public:
 
   // The class is not modelled (there is no SM partition on sim). The priority is clamped, as
   // CUDA clamps it, and the engine runs a more urgent stream's ready work first, between the
-  // blocks of a less urgent kernel too (DeviceCore::runMoreUrgentThan).
+  // blocks of a less urgent kernel too (DeviceCore::runBetweenBlocks).
   Result<std::unique_ptr<Stream>> createStreamFor(backend::TenantClass /*workClass*/,
                                                   unsigned flags, int priority,
                                                   backend::AddressSpace owner) override {

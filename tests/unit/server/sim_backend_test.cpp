@@ -94,7 +94,9 @@ private:
 };
 
 // Hand-written kernels that hold the engine. `hold`: each block's first thread sets *started and
-// waits until *go is not 0. `forever`: sets *started (when not null), then never ends on its own.
+// waits until *go is not 0. `count_until_signal`: each block's first thread sets *started and,
+// while *signal is still 0, counts the block in *before and sleeps a millisecond. `forever`: sets
+// *started (when not null), then never ends on its own.
 const std::string kHoldingKernelsPtx = R"(.version 8.0
 .target sm_75
 .address_size 64
@@ -115,6 +117,27 @@ $wait:
   setp.eq.u32 %p1, %r2, 0;
   @%p1 bra $wait;
 $done:
+  ret;
+}
+.visible .entry count_until_signal(.param .u64 started, .param .u64 signal, .param .u64 before)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<4>;
+  .reg .pred %p<2>;
+  mov.u32 %r1, %tid.x;
+  setp.ne.u32 %p1, %r1, 0;
+  @%p1 bra $end;
+  ld.param.u64 %rd1, [started];
+  ld.param.u64 %rd2, [signal];
+  ld.param.u64 %rd3, [before];
+  mov.u32 %r2, 1;
+  st.volatile.global.u32 [%rd1], %r2;
+  ld.volatile.global.u32 %r2, [%rd2];
+  setp.ne.u32 %p1, %r2, 0;
+  @%p1 bra $end;
+  atom.global.add.u32 %r2, [%rd3], 1;
+  nanosleep.u32 1000000;
+$end:
   ret;
 }
 .visible .entry forever(.param .u64 started)
@@ -538,8 +561,8 @@ TEST_F(SimTest, StreamsInterleaveInSubmissionOrder) {
     EngineGate gate(*stream_);
     ASSERT_EQ(stream_->addCallback(note("a1")), CUDA_SUCCESS);
     ASSERT_EQ(other->addCallback(note("b1")), CUDA_SUCCESS);
-    // A long kernel on one stream is not preempted, and does not let the other stream's later
-    // work jump ahead of it either.
+    // A long kernel on one stream holds up its own stream's later work, not the other stream's,
+    // which runs beside it as on a GPU (before its one block, here).
     ASSERT_EQ(launchSpin(*stream_, 10'000'000, [&](CUresult, std::uint64_t) { note("spin")({}); }),
               CUDA_SUCCESS);
     ASSERT_EQ(other->addCallback(note("b2")), CUDA_SUCCESS);
@@ -547,7 +570,7 @@ TEST_F(SimTest, StreamsInterleaveInSubmissionOrder) {
   }
   ASSERT_EQ(synchronize(*other), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
-  EXPECT_EQ(order, (std::vector<std::string>{"a1", "b1", "spin", "b2", "a2"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"a1", "b1", "b2", "spin", "a2"}));
 }
 
 // A GPU dispatches a higher-priority stream's kernels first, and gives the SMs that free up to
@@ -655,6 +678,63 @@ TEST_F(SimTest, AGoneClientsKernelStopsButNotTheKernelItInterrupted) {
   ASSERT_EQ(stayingStatus.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_EQ(stayingStatus.get(), CUDA_SUCCESS);
   EXPECT_EQ(device_->unregisterHostMemory(goingStarted), CUDA_SUCCESS);
+}
+
+// A GPU's copy engines copy while its SMs run another stream's kernel: another stream's memset,
+// its copy to the host and its callback all run between the blocks of a long kernel, and the
+// kernel's later blocks see what the memset wrote.
+TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
+  auto copying = newStream();
+  auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
+  ASSERT_TRUE(module.ok()) << module.code();
+  Function& count = *module.value()->function("count_until_signal").value();
+  alignas(4096) static std::uint32_t started[1024];
+  ASSERT_EQ(device_->registerHostMemory(started, sizeof(started), backend::kDaemonAddressSpace),
+            CUDA_SUCCESS);
+  std::atomic_ref<std::uint32_t> kernelStarted(started[0]);
+  kernelStarted.store(0);
+  const CUdeviceptr signal = allocate(4);
+  const CUdeviceptr before = allocate(4);
+  ASSERT_EQ(stream_->memset(signal, 0, 4, 1), CUDA_SUCCESS);
+  ASSERT_EQ(stream_->memset(before, 0, 4, 1), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+
+  // At least 16 s of blocks (8 on each of two cores) unless the memset comes between them.
+  constexpr unsigned kBlocks = 1u << 14;
+  auto kernelDone = std::make_shared<std::promise<CUresult>>();
+  ASSERT_EQ(stream_->launch(
+                count, config(kBlocks, 32),
+                pack(count, reinterpret_cast<CUdeviceptr>(started), signal, before),
+                [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
+            CUDA_SUCCESS);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (kernelStarted.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(kernelStarted.load(), 1u) << "the kernel never ran";
+
+  std::uint32_t signalSeen = 0;
+  auto copiesDone = std::make_shared<std::promise<CUresult>>();
+  ASSERT_EQ(copying->memset(signal, 1, 4, 1), CUDA_SUCCESS);
+  ASSERT_EQ(copying->copyDeviceToHost(&signalSeen, signal, 4), CUDA_SUCCESS);
+  ASSERT_EQ(copying->addCallback([copiesDone](CUresult status) { copiesDone->set_value(status); }),
+            CUDA_SUCCESS);
+  std::future<CUresult> copies = copiesDone->get_future();
+  std::future<CUresult> kernel = kernelDone->get_future();
+  ASSERT_EQ(copies.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const bool kernelStillRan = kernel.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  EXPECT_EQ(copies.get(), CUDA_SUCCESS);
+  EXPECT_EQ(signalSeen, 1u);
+  EXPECT_TRUE(kernelStillRan) << "the copies waited for the other stream's kernel to end";
+
+  ASSERT_EQ(kernel.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
+  std::uint32_t blocksBefore = 0;
+  ASSERT_EQ(stream_->copyDeviceToHost(&blocksBefore, before, 4), CUDA_SUCCESS);
+  ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
+  EXPECT_GT(blocksBefore, 0u);
+  EXPECT_LT(blocksBefore, kBlocks) << "no block of the kernel saw the memset's value";
+  EXPECT_EQ(device_->unregisterHostMemory(started), CUDA_SUCCESS);
 }
 
 TEST_F(SimTest, QueryReportsPendingWork) {
@@ -973,7 +1053,9 @@ TEST_F(SimTest, TrapPoisonsTheDeviceUntilReset) {
                            trapDone.set_value({status, ns});
                          }),
               CUDA_SUCCESS);
-    // Queued before the fault, on another stream: completes with the fault and does nothing.
+    // Queued before the fault, on another stream, behind a kernel (a copy alone might run beside
+    // the faulting kernel, as on a GPU): completes with the fault and does nothing.
+    ASSERT_EQ(launchSpin(*other, 1), CUDA_SUCCESS);
     ASSERT_EQ(other->copyDeviceToHost(&seen, value, 4), CUDA_SUCCESS);
     ASSERT_EQ(other->record(*event), CUDA_SUCCESS);
     ASSERT_EQ(other->addCallback([&](CUresult status) { laterDone.set_value(status); }),
