@@ -192,8 +192,10 @@ struct StreamQueue {
 // An op the engine runs now. Its stop flag tells its kernel to stop (a reset or shutdown, or its
 // client is gone) without the engine lock.
 struct Running {
-  explicit Running(StreamQueue* queue) : queue(queue) {}
+  Running(StreamQueue* queue, bool besideKernel) : queue(queue), besideKernel(besideKernel) {}
   StreamQueue* queue;
+  // Run between the blocks of a kernel, which other threads may still be running.
+  const bool besideKernel;
   std::atomic<bool> stop{false};
 };
 
@@ -203,6 +205,97 @@ struct Outcome {
   Clock::time_point time;
   std::string detail;  // a kernel fault: what, where, whose
 };
+
+// How a memory operation moves bytes: plainly while it is the only op running on the device, and
+// with relaxed atomic accesses when it runs between the blocks of a kernel, whose threads may be
+// reading or writing the same device or mapped host memory meanwhile, as the interpreter's own
+// accesses are atomic (ptx_ops_memory.cpp). A program's race between a copy and another stream's
+// kernel then has the outcomes a GPU allows, and is never a data race in the daemon.
+struct ByteMoves {
+  // memmove's semantics: the ranges may overlap.
+  void (*copy)(std::byte* destination, const std::byte* source, std::size_t bytes);
+  // `count` elements of `elementSize` bytes (1, 2 or 4), each the low bytes of `value`,
+  // little-endian as the GPU stores them.
+  void (*fill)(std::byte* destination, std::uint32_t value, unsigned elementSize,
+               std::size_t count);
+};
+
+void copyPlainly(std::byte* destination, const std::byte* source, std::size_t bytes) {
+  std::memmove(destination, source, bytes);
+}
+
+void fillPlainly(std::byte* destination, std::uint32_t value, unsigned elementSize,
+                 std::size_t count) {
+  if (elementSize == 1) {
+    std::memset(destination, static_cast<int>(value & 0xff), count);
+    return;
+  }
+  std::byte pattern[4];
+  std::memcpy(pattern, &value, sizeof(pattern));
+  for (std::size_t i = 0; i < count; ++i) {
+    std::memcpy(destination + i * elementSize, pattern, elementSize);
+  }
+}
+
+template <typename Word>
+Word loadRelaxed(const std::byte* at) {
+  return std::atomic_ref<Word>(*reinterpret_cast<Word*>(const_cast<std::byte*>(at)))
+      .load(std::memory_order_relaxed);
+}
+
+template <typename Word>
+void storeRelaxed(std::byte* at, Word value) {
+  std::atomic_ref<Word>(*reinterpret_cast<Word*>(at)).store(value, std::memory_order_relaxed);
+}
+
+bool aligned8(const std::byte* at) {
+  return (reinterpret_cast<std::uintptr_t>(at) & 7) == 0;
+}
+
+void copyRelaxed(std::byte* destination, const std::byte* source, std::size_t bytes) {
+  if (destination > source && destination < source + bytes) {
+    // Overlapping, the destination after the source: from the end, as memmove does. Rare enough
+    // to go byte by byte.
+    for (std::size_t i = bytes; i-- > 0;) {
+      storeRelaxed(destination + i, loadRelaxed<unsigned char>(source + i));
+    }
+    return;
+  }
+  std::size_t i = 0;
+  if (((reinterpret_cast<std::uintptr_t>(destination) ^ reinterpret_cast<std::uintptr_t>(source)) &
+       7) == 0) {
+    for (; i < bytes && !aligned8(destination + i); ++i) {
+      storeRelaxed(destination + i, loadRelaxed<unsigned char>(source + i));
+    }
+    for (; i + 8 <= bytes; i += 8) {
+      storeRelaxed(destination + i, loadRelaxed<std::uint64_t>(source + i));
+    }
+  }
+  for (; i < bytes; ++i) storeRelaxed(destination + i, loadRelaxed<unsigned char>(source + i));
+}
+
+void fillRelaxed(std::byte* destination, std::uint32_t value, unsigned elementSize,
+                 std::size_t count) {
+  unsigned char pattern[4];
+  std::memcpy(pattern, &value, sizeof(pattern));
+  const std::size_t bytes = count * elementSize;
+  std::size_t i = 0;
+  for (; i < bytes && !aligned8(destination + i); ++i) {
+    storeRelaxed(destination + i, pattern[i % elementSize]);
+  }
+  if (i + 8 <= bytes) {
+    // The element size divides 8, so every aligned word from here holds the same bytes.
+    unsigned char bytesOfWord[8];
+    for (std::size_t k = 0; k < 8; ++k) bytesOfWord[k] = pattern[(i + k) % elementSize];
+    std::uint64_t word = 0;
+    std::memcpy(&word, bytesOfWord, sizeof(word));
+    for (; i + 8 <= bytes; i += 8) storeRelaxed(destination + i, word);
+  }
+  for (; i < bytes; ++i) storeRelaxed(destination + i, pattern[i % elementSize]);
+}
+
+constexpr ByteMoves kPlainMoves{copyPlainly, fillPlainly};
+constexpr ByteMoves kRelaxedMoves{copyRelaxed, fillRelaxed};
 
 std::string describe(CUresult status) {
   const char* name = nullptr;
@@ -576,7 +669,7 @@ private:
         workCv_.wait(lock);
         continue;
       }
-      runHeadLocked(lock, queue);
+      runHeadLocked(lock, queue, /*besideKernel=*/false);
     }
   }
 
@@ -594,23 +687,23 @@ private:
   void runBetweenBlocks(int priority) {
     std::unique_lock lock(mutex_);
     while (!readyPriorities_.empty() && *readyPriorities_.begin() < priority) {
-      runHeadLocked(lock, pickLocked());
+      runHeadLocked(lock, pickLocked(), /*besideKernel=*/true);
     }
     for (std::size_t beside = readyBesideKernels_; beside > 0; --beside) {
       std::shared_ptr<StreamQueue> queue = pickBesideKernelsLocked();
       if (!queue) return;
-      runHeadLocked(lock, queue);
+      runHeadLocked(lock, queue, /*besideKernel=*/true);
     }
   }
 
   // Runs the head of `queue` (just picked) and its completion; the lock is let go meanwhile.
-  void runHeadLocked(std::unique_lock<std::mutex>& lock,
-                     const std::shared_ptr<StreamQueue>& queue) {
+  void runHeadLocked(std::unique_lock<std::mutex>& lock, const std::shared_ptr<StreamQueue>& queue,
+                     bool besideKernel) {
     Op op = std::move(queue->ops.front());
     queue->ops.pop_front();
     --queuedOps_;
     queue->running = true;
-    Running running{queue.get()};
+    Running running{queue.get(), besideKernel};
     running_.push_back(&running);
     CUresult skipWith = op.sequence < abandonBefore_ ? abandonStatus_ : sticky_;
     if (skipWith == CUDA_SUCCESS && abandonedOwners_.count(queue->owner) != 0) {
@@ -700,8 +793,11 @@ private:
     }
     outcome.status = std::visit(
         [&](auto& body) {
-          if constexpr (std::is_same_v<std::decay_t<decltype(body)>, LaunchOp>) {
+          using Body = std::decay_t<decltype(body)>;
+          if constexpr (std::is_same_v<Body, LaunchOp>) {
             return execute(body, outcome, running);
+          } else if constexpr (std::is_same_v<Body, backend::MemoryOperation>) {
+            return execute(body, running.besideKernel ? kRelaxedMoves : kPlainMoves);
           } else {
             return execute(body, outcome);
           }
@@ -710,66 +806,55 @@ private:
     return outcome;
   }
 
-  CUresult execute(backend::MemoryOperation& operation, Outcome&) {
+  CUresult execute(backend::MemoryOperation& operation, const ByteMoves& moves) {
     if (backend::isEmpty(operation)) return CUDA_SUCCESS;
     const DeviceArena::Access access = arena_->access();
-    return std::visit([&](auto& body) { return execute(access, body); }, operation);
+    return std::visit([&](auto& body) { return execute(access, moves, body); }, operation);
   }
 
-  static CUresult execute(const DeviceArena::Access& access, backend::CopyHostToDevice& copy) {
+  static CUresult execute(const DeviceArena::Access& access, const ByteMoves& moves,
+                          backend::CopyHostToDevice& copy) {
     std::byte* destination = access.translate(copy.destination, copy.bytes);
     if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    std::memcpy(destination, copy.source, copy.bytes);
+    moves.copy(destination, static_cast<const std::byte*>(copy.source), copy.bytes);
     return CUDA_SUCCESS;
   }
 
-  static CUresult execute(const DeviceArena::Access& access, backend::CopyDeviceToHost& copy) {
+  static CUresult execute(const DeviceArena::Access& access, const ByteMoves& moves,
+                          backend::CopyDeviceToHost& copy) {
     const std::byte* source = access.translate(copy.source, copy.bytes);
     if (source == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    std::memcpy(copy.destination, source, copy.bytes);
+    moves.copy(static_cast<std::byte*>(copy.destination), source, copy.bytes);
     return CUDA_SUCCESS;
   }
 
-  static CUresult execute(const DeviceArena::Access& access, backend::CopyDeviceToDevice& copy) {
+  static CUresult execute(const DeviceArena::Access& access, const ByteMoves& moves,
+                          backend::CopyDeviceToDevice& copy) {
     std::byte* destination = access.translate(copy.destination, copy.bytes);
     const std::byte* source = access.translate(copy.source, copy.bytes);
     if (destination == nullptr || source == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    std::memmove(destination, source, copy.bytes);
+    moves.copy(destination, source, copy.bytes);
     return CUDA_SUCCESS;
   }
 
-  static CUresult execute(const DeviceArena::Access& access, backend::Memset& memset) {
+  static CUresult execute(const DeviceArena::Access& access, const ByteMoves& moves,
+                          backend::Memset& memset) {
     std::byte* destination =
         access.translate(memset.destination, memset.count * memset.elementSize);
     if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    fillElements(destination, memset.value, memset.elementSize, memset.count);
+    moves.fill(destination, memset.value, memset.elementSize, memset.count);
     return CUDA_SUCCESS;
   }
 
-  static CUresult execute(const DeviceArena::Access& access, backend::Memset2D& memset) {
+  static CUresult execute(const DeviceArena::Access& access, const ByteMoves& moves,
+                          backend::Memset2D& memset) {
     const backend::DeviceRange extent = backend::deviceRanges(memset).ranges[0];
     std::byte* destination = access.translate(memset.destination, extent.bytes);
     if (destination == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
     for (std::size_t row = 0; row < memset.height; ++row) {
-      fillElements(destination + row * memset.pitch, memset.value, memset.elementSize,
-                   memset.width);
+      moves.fill(destination + row * memset.pitch, memset.value, memset.elementSize, memset.width);
     }
     return CUDA_SUCCESS;
-  }
-
-  // `count` elements of `elementSize` bytes, each the low bytes of `value`.
-  static void fillElements(std::byte* destination, std::uint32_t value, unsigned elementSize,
-                           std::size_t count) {
-    if (elementSize == 1) {
-      std::memset(destination, static_cast<int>(value & 0xff), count);
-      return;
-    }
-    // Little-endian element bytes, as the GPU stores them.
-    std::byte pattern[4];
-    std::memcpy(pattern, &value, sizeof(pattern));
-    for (std::size_t i = 0; i < count; ++i) {
-      std::memcpy(destination + i * elementSize, pattern, elementSize);
-    }
   }
 
   class WorkBetweenBlocks;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -680,9 +681,9 @@ TEST_F(SimTest, AGoneClientsKernelStopsButNotTheKernelItInterrupted) {
   EXPECT_EQ(device_->unregisterHostMemory(goingStarted), CUDA_SUCCESS);
 }
 
-// A GPU's copy engines copy while its SMs run another stream's kernel: another stream's memset,
-// its copy to the host and its callback all run between the blocks of a long kernel, and the
-// kernel's later blocks see what the memset wrote.
+// A GPU's copy engines copy while its SMs run another stream's kernel: another stream's copies,
+// memsets and callback all run between the blocks of a long kernel, byte-exact whatever their
+// alignment and overlap, and the kernel's later blocks see what a memset wrote.
 TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   auto copying = newStream();
   auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
@@ -695,6 +696,9 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   kernelStarted.store(0);
   const CUdeviceptr signal = allocate(4);
   const CUdeviceptr before = allocate(4);
+  constexpr std::size_t kBuffer = 4096;
+  const CUdeviceptr buffer = allocate(kBuffer);
+  ASSERT_EQ(stream_->memset(buffer, 0, 1, kBuffer), CUDA_SUCCESS);
   ASSERT_EQ(stream_->memset(signal, 0, 4, 1), CUDA_SUCCESS);
   ASSERT_EQ(stream_->memset(before, 0, 4, 1), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
@@ -713,6 +717,25 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   }
   ASSERT_EQ(kernelStarted.load(), 1u) << "the kernel never ran";
 
+  // What the copies below leave in the buffer, worked out on the host.
+  alignas(8) std::array<std::uint8_t, 1104> pattern;
+  for (std::size_t i = 0; i < pattern.size(); ++i)
+    pattern[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  std::vector<std::uint8_t> expected(kBuffer, 0);
+  std::memmove(&expected[3], &pattern[1], 1001);    // source and destination misaligned
+  std::memmove(&expected[10], &expected[3], 1001);  // overlapping, the destination after
+  std::memmove(&expected[2048], &pattern[0], 901);  // both aligned, a tail of 5 bytes
+  for (std::size_t i = 0; i < 301; ++i) {           // 16-bit elements from mid-word
+    expected[3002 + 2 * i] = 0xef;
+    expected[3002 + 2 * i + 1] = 0xbe;
+  }
+  std::vector<std::uint8_t> copied(kBuffer, 0xff);
+  ASSERT_EQ(copying->copyHostToDevice(buffer + 3, &pattern[1], 1001), CUDA_SUCCESS);
+  ASSERT_EQ(copying->copyDeviceToDevice(buffer + 10, buffer + 3, 1001), CUDA_SUCCESS);
+  ASSERT_EQ(copying->copyHostToDevice(buffer + 2048, &pattern[0], 901), CUDA_SUCCESS);
+  ASSERT_EQ(copying->memset(buffer + 3002, 0xbeef, 2, 301), CUDA_SUCCESS);
+  ASSERT_EQ(copying->copyDeviceToHost(copied.data(), buffer, kBuffer), CUDA_SUCCESS);
+
   std::uint32_t signalSeen = 0;
   auto copiesDone = std::make_shared<std::promise<CUresult>>();
   ASSERT_EQ(copying->memset(signal, 1, 4, 1), CUDA_SUCCESS);
@@ -725,6 +748,7 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   const bool kernelStillRan = kernel.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
   EXPECT_EQ(copies.get(), CUDA_SUCCESS);
   EXPECT_EQ(signalSeen, 1u);
+  EXPECT_EQ(copied, expected);
   EXPECT_TRUE(kernelStillRan) << "the copies waited for the other stream's kernel to end";
 
   ASSERT_EQ(kernel.wait_for(std::chrono::seconds(60)), std::future_status::ready);
