@@ -433,8 +433,10 @@ std::uint64_t GpuClient::abandon() {
   for (Queue& queue : queues) queue.held = dispatcher.heldMemoryOperations(*queue.stream);
   const std::size_t dropped =
       dispatcher.abandonClient(schedulingId_, CUDA_ERROR_CONTEXT_IS_DESTROYED);
-  // The host functions it was running will never say they returned; what they held back is gone.
+  // The host functions it was running will never say they returned, and what they and other
+  // GPUs' events held back is gone.
   hostFunctions_.clear();
+  anotherGpusEvents_.clear();
   // Where the device can, the work it already has is dropped too and a running kernel stops (the
   // sim): what drain() waits for then ends soon, even a kernel that would never have.
   dispatcher.abandonWorkOf(stats_->addressSpace);
@@ -856,8 +858,9 @@ CUresult GpuClient::enqueue(Handle context, Handle stream,
   return countUntilDone(*target->stream, 0);
 }
 
-GpuClient::StreamHold GpuClient::holdStream(Handle context, Handle stream) {
-  auto refused = [](CUresult error) { return StreamHold{error, CUDA_SUCCESS, nullptr}; };
+GpuClient::StreamHold GpuClient::holdStream(Handle context, Handle stream, Gates& gates,
+                                            std::uint64_t name) {
+  auto refused = [](CUresult error) { return StreamHold{error, CUDA_SUCCESS}; };
   auto target = resolveStream(context, stream);
   if (!target) {
     return refused(stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE);
@@ -875,33 +878,40 @@ GpuClient::StreamHold GpuClient::holdStream(Handle context, Handle stream) {
     shard_.dispatcher().openHostGate(*gate.value());
     return refused(counted);
   }
-  return StreamHold{CUDA_SUCCESS, kj::mv(reached.promise), std::move(gate).value()};
+  gates.emplace(name, std::move(gate).value());
+  return StreamHold{CUDA_SUCCESS, kj::mv(reached.promise)};
 }
 
-void GpuClient::openHostGate(dispatch::ScheduledDevice::HostGate& gate) {
+bool GpuClient::openGate(Gates& gates, std::uint64_t name) {
   shard_.owner().check();
-  shard_.dispatcher().openHostGate(gate);
+  auto found = gates.find(name);
+  if (found == gates.end()) return false;
+  const std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate = std::move(found->second);
+  gates.erase(found);
+  shard_.dispatcher().openHostGate(*gate);
+  return true;
 }
 
 GpuClient::StreamHold GpuClient::holdStreamForHostFunction(Handle context, Handle stream,
                                                            std::uint64_t token) {
   shard_.owner().check();
-  if (holdsForHostFunction(token)) {
-    return StreamHold{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, nullptr};
-  }
-  StreamHold hold = holdStream(context, stream);
-  if (hold.result == CUDA_SUCCESS) hostFunctions_.emplace(token, hold.gate);
-  return hold;
+  if (holdsForHostFunction(token)) return StreamHold{CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+  return holdStream(context, stream, hostFunctions_, token);
 }
 
 bool GpuClient::hostFunctionReturned(std::uint64_t token) {
+  return openGate(hostFunctions_, token);
+}
+
+GpuClient::HoldForAnotherGpu GpuClient::holdStreamForAnotherGpu(Handle context, Handle stream) {
   shard_.owner().check();
-  auto found = hostFunctions_.find(token);
-  if (found == hostFunctions_.end()) return false;
-  const std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate = std::move(found->second);
-  hostFunctions_.erase(found);
-  shard_.dispatcher().openHostGate(*gate);
-  return true;
+  const std::uint64_t hold = ++lastHold_;
+  // When the stream reaches the hold does not matter: what lets it go on is the other GPU's.
+  return HoldForAnotherGpu{holdStream(context, stream, anotherGpusEvents_, hold).result, hold};
+}
+
+void GpuClient::anotherGpusEventDone(std::uint64_t hold) {
+  openGate(anotherGpusEvents_, hold);
 }
 
 std::size_t GpuClient::collectDeviceOutput() {

@@ -110,24 +110,31 @@ public:
   CUresult enqueue(Handle context, Handle stream, const backend::MemoryOperation& operation);
   // Holds (context, stream) for something outside this GPU: host work the client runs itself
   // (cuLaunchHostFunc), or another GPU's event the stream waits for. `reached` resolves with the
-  // stream's status once its earlier work is done, and the stream's later work waits until
-  // openHostGate(gate) (ScheduledDevice::pushHostGate). Ordered with the legacy NULL stream and
-  // counted as queued work, as any stream operation.
+  // stream's status once its earlier work is done, and the stream's later work waits until the
+  // hold is let go (ScheduledDevice::pushHostGate). Ordered with the legacy NULL stream and
+  // counted as queued work, as any stream operation. The gate is kept here, by this GPU, under a
+  // name: whoever lets the stream go on names it and needs nothing of this GPU's.
   struct StreamHold {
     CUresult result = CUDA_SUCCESS;  // an error: nothing is held
     kj::Promise<CUresult> reached = CUDA_SUCCESS;
-    std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;
   };
-  StreamHold holdStream(Handle context, Handle stream);
-  void openHostGate(dispatch::ScheduledDevice::HostGate& gate);
-  // A host function the client runs itself (cuLaunchHostFunc), named by the client's `token`:
-  // (context, stream) is held as holdStream does until hostFunctionReturned(token). Its gate is
-  // kept here, by this GPU, so that nothing of another GPU's is needed to let the stream go on.
-  // CUDA_ERROR_INVALID_VALUE for a token this GPU already holds a stream for.
+  // A host function the client runs itself (cuLaunchHostFunc), named by the client's `token`;
+  // let go by hostFunctionReturned(token). CUDA_ERROR_INVALID_VALUE for a token this GPU already
+  // holds a stream for.
   StreamHold holdStreamForHostFunction(Handle context, Handle stream, std::uint64_t token);
   // Lets the stream held for `token` go on; false when this GPU holds none for it (answered with
   // an error, let go already, or another GPU's).
   bool hostFunctionReturned(std::uint64_t token);
+  // Another GPU's event the stream waits for (cuStreamWaitEvent across GPUs), named by the `hold`
+  // this GPU gives back; let go by anotherGpusEventDone(hold), from whatever learns that the
+  // event's record is done there.
+  struct HoldForAnotherGpu {
+    CUresult result = CUDA_SUCCESS;  // an error: nothing is held
+    std::uint64_t hold = 0;
+  };
+  HoldForAnotherGpu holdStreamForAnotherGpu(Handle context, Handle stream);
+  // Lets the stream held as `hold` go on; one let go already, or dropped by abandon(), is nothing.
+  void anotherGpusEventDone(std::uint64_t hold);
   std::size_t hostFunctionsPending() const { return hostFunctions_.size(); }
   bool holdsForHostFunction(std::uint64_t token) const { return hostFunctions_.count(token) != 0; }
 
@@ -411,9 +418,17 @@ private:
   ClientVirtualMemory virtualMemory_;
   DeviceOutput deviceOutput_;  // collected, not yet taken
   // Streams held for host functions the client is running, by their tokens
-  // (holdStreamForHostFunction). Dropped, unopened, by abandon(): the work they hold back never
+  // (holdStreamForHostFunction), and for other GPUs' events, by the holds this GPU named
+  // (holdStreamForAnotherGpu). Dropped, unopened, by abandon(): the work they hold back never
   // runs.
-  std::map<std::uint64_t, std::shared_ptr<dispatch::ScheduledDevice::HostGate>> hostFunctions_;
+  using Gates = std::map<std::uint64_t, std::shared_ptr<dispatch::ScheduledDevice::HostGate>>;
+  Gates hostFunctions_;
+  Gates anotherGpusEvents_;
+  std::uint64_t lastHold_ = 0;
+  // Holds (context, stream) as both kinds of hold do; the gate goes into `gates` under `name`.
+  StreamHold holdStream(Handle context, Handle stream, Gates& gates, std::uint64_t name);
+  // Opens and forgets the gate of `gates` named `name`; false when there is none.
+  bool openGate(Gates& gates, std::uint64_t name);
 };
 
 }  // namespace gpuproxy::server

@@ -156,9 +156,7 @@ private:
   void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
   // The host function `token` names has returned: the GPU holding its stream lets it go on.
   void openHostGate(std::uint64_t token);
-  struct HeldStream;
   // Lets the stream `held` names go on, if its GpuClient is still there.
-  void openGate(const HeldStream& held);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   // A wait of a stream of `waiter`'s GPU for an event of `owner`'s, another GPU.
   CUresult waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& owner,
@@ -233,12 +231,6 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::shared_ptr<LivePinnedAllocations> pinned_ = std::make_shared<LivePinnedAllocations>();
   std::map<std::uint64_t, std::uint64_t> retiring_;
-  // A stream held on its GPU for another GPU's event (GpuClient::holdStream). Those held for a
-  // host function are the GPU's own (GpuClient::holdStreamForHostFunction).
-  struct HeldStream {
-    std::uint32_t device = 0;  // the GpuClient's daemon device index
-    std::shared_ptr<dispatch::ScheduledDevice::HostGate> gate;
-  };
   // Host memory of the client's own that it registered (cuMemHostRegister) from a shared memfd
   // mapping: mapped here at the same address, by address. Charged and registered with every GPU
   // as the pinned heap's allocations are.

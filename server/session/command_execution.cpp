@@ -678,12 +678,6 @@ void ClientSession::openHostGate(std::uint64_t token) {
   }
 }
 
-void ClientSession::openGate(const HeldStream& held) {
-  if (auto client = clients_.find(held.device); client != clients_.end()) {
-    client->second->openHostGate(*held.gate);
-  }
-}
-
 void ClientSession::executeSynchronize(const ring::Synchronize& sync, CommandPort& port) {
   const std::uint64_t token = sync.completionToken;
   // Answers `token` once `promise` resolves.
@@ -753,12 +747,18 @@ CUresult ClientSession::waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& ow
   kj::Promise<CUresult> recorded = owner.synchronizeEvent(wait.event);
   // The waiting stream is held on its own GPU as for a host function, and let go once the record
   // is done on the event's GPU. It goes on whether that work succeeded or not: an error of the
-  // other GPU's work is that context's, reported there.
-  GpuClient::StreamHold hold = waiter.holdStream(wait.context, wait.stream);
-  if (hold.result != CUDA_SUCCESS) return hold.result;
-  const HeldStream held{waiter.deviceIndex(), std::move(hold.gate)};
-  ringTasks_->add(recorded.then([this, held](CUresult) { openGate(held); },
-                                [this, held](kj::Exception&&) { openGate(held); }));
+  // other GPU's work is that context's, reported there. The session keeps only the hold's name:
+  // each GPU's state stays its own.
+  const GpuClient::HoldForAnotherGpu held =
+      waiter.holdStreamForAnotherGpu(wait.context, wait.stream);
+  if (held.result != CUDA_SUCCESS) return held.result;
+  auto letGo = [this, device = waiter.deviceIndex(), hold = held.hold]() {
+    if (auto client = clients_.find(device); client != clients_.end()) {
+      client->second->anotherGpusEventDone(hold);
+    }
+  };
+  ringTasks_->add(
+      recorded.then([letGo](CUresult) { letGo(); }, [letGo](kj::Exception&&) { letGo(); }));
   return CUDA_SUCCESS;
 }
 

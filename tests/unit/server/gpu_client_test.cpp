@@ -403,6 +403,39 @@ TEST_F(GpuClientTest, AHostFunctionHoldsItsStreamUntilItReturns) {
   EXPECT_FALSE(client->hostFunctionReturned(9));
 }
 
+// A stream waiting for another GPU's event is held on its own GPU under a name the GPU gives,
+// until whoever saw the event's record done lets it go by that name; the names are not the
+// client's host-function tokens, so a client's token can never let such a stream go.
+TEST_F(GpuClientTest, AStreamWaitingForAnotherGpusEventIsHeldUntilLetGoByItsName) {
+  auto client = newClient();
+  auto context = client->createContext(0);
+  auto stream = client->createStream(context.value(), CU_STREAM_NON_BLOCKING, 0);
+  EXPECT_EQ(client->holdStreamForAnotherGpu(context.value(), 0xdead).result,
+            CUDA_ERROR_INVALID_HANDLE);
+  const GpuClient::HoldForAnotherGpu held =
+      client->holdStreamForAnotherGpu(context.value(), stream.value());
+  ASSERT_EQ(held.result, CUDA_SUCCESS);
+  auto after = client->createEvent(context.value(), CU_EVENT_DISABLE_TIMING);
+  ASSERT_EQ(client->recordEvent(context.value(), after.value(), stream.value()), CUDA_SUCCESS);
+  // Time enough for the record to run, were it not held.
+  io_->provider->getTimer().afterDelay(50 * kj::MILLISECONDS).wait(io_->waitScope);
+  EXPECT_EQ(client->queryEvent(after.value()), CUDA_ERROR_NOT_READY);
+  EXPECT_FALSE(client->hostFunctionReturned(held.hold)) << "a client's token let it go";
+  client->anotherGpusEventDone(held.hold + 1);  // no such hold: nothing
+  EXPECT_EQ(client->queryEvent(after.value()), CUDA_ERROR_NOT_READY);
+  client->anotherGpusEventDone(held.hold);
+  EXPECT_EQ(wait(client->synchronizeEvent(after.value())), CUDA_SUCCESS);
+  client->anotherGpusEventDone(held.hold);  // once: nothing more
+
+  // A gone client's holds go with it, and letting one go later finds nothing.
+  const GpuClient::HoldForAnotherGpu dropped =
+      client->holdStreamForAnotherGpu(context.value(), stream.value());
+  ASSERT_EQ(dropped.result, CUDA_SUCCESS);
+  EXPECT_NE(dropped.hold, held.hold);
+  client->abandon();
+  client->anotherGpusEventDone(dropped.hold);
+}
+
 TEST_F(GpuClientTest, HandlesOfTheWrongKindOrOfAnotherClientAreRejected) {
   auto alice = newClient(1);
   auto bob = newClient(2);
