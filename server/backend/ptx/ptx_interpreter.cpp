@@ -352,7 +352,8 @@ public:
 
   bool prepare(Interpreter::Launch& launch, unsigned workerIndex);
   // Runs one block to its end; false when it faulted or the launch is to stop.
-  bool runBlock(std::uint64_t linearIndex);
+  // `beside`, when not null, may run work beside the block between two turns of its warps.
+  bool runBlock(std::uint64_t linearIndex, BlockBoundary* beside);
 
   // A block run in turns, beside others (a cooperative launch): started, stepped until it is done
   // or failed, finished.
@@ -666,10 +667,12 @@ void BlockRunner::finishBlock() {
   }
 }
 
-bool BlockRunner::runBlock(std::uint64_t linearIndex) {
+bool BlockRunner::runBlock(std::uint64_t linearIndex, BlockBoundary* beside) {
   startBlock(linearIndex);
   BlockState state = BlockState::kRunning;
   while (state == BlockState::kRunning || state == BlockState::kSleeping) {
+    // No warp is in the middle of an instruction here, and what runs touches no state of ours.
+    if (beside != nullptr && beside->besideWorkWaiting()) beside->runBesideWork();
     state = stepBlock(/*alone=*/true);
   }
   finishBlock();
@@ -1238,7 +1241,7 @@ void Interpreter::work(Launch& launch, BlockRunner& runner, unsigned workerIndex
     }
     const std::uint64_t block = launch.nextBlock.fetch_add(1, std::memory_order_relaxed);
     if (block >= launch.totalBlocks) break;
-    if (!runner.runBlock(block)) break;
+    if (!runner.runBlock(block, boundary)) break;
   }
   launch.threadInstructions.fetch_add(runner.takeInstructionCount(), std::memory_order_relaxed);
 }

@@ -129,18 +129,24 @@ private:
   std::map<std::uint64_t, std::uint64_t> used_;
 };
 
-// What a device lets run between two blocks of a launch, as a GPU would run it beside the launch:
-// work more urgent than the launch (a GPU's block scheduler gives the SMs that free up to a
-// higher-priority stream's blocks before the running kernel's next ones), and other streams' work
-// that is not a kernel (a GPU's copy engines copy while its SMs compute). Called by the thread
-// that called Interpreter::run, between blocks it runs, never inside one.
+// What a device lets run beside a launch, as a GPU would: between two blocks, work more urgent
+// than the launch (a GPU's block scheduler gives the SMs that free up to a higher-priority
+// stream's blocks before the running kernel's next ones) and other streams' work that is not a
+// kernel (a GPU's copy engines copy while its SMs compute); between two turns of a block's warps,
+// only the latter, so that a kernel of one long block (or one that waits for what another
+// stream's copy writes) does not hold copies up. Called only by the thread that called
+// Interpreter::run, for blocks it runs.
 class BlockBoundary {
 public:
   virtual ~BlockBoundary() = default;
-  // Cheap, read before every block: whether such work is waiting.
+  // Cheap, read before every block: whether either kind of work is waiting.
   virtual bool workWaiting() const = 0;
   // Runs that work on the calling thread; the launch then goes on.
   virtual void runWaitingWork() = 0;
+  // Cheap, read between two turns of a block's warps: whether work that is not a kernel waits.
+  virtual bool besideWorkWaiting() const = 0;
+  // Runs that work on the calling thread, in the middle of a block; never a kernel.
+  virtual void runBesideWork() = 0;
 };
 
 struct LaunchRequest {

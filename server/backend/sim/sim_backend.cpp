@@ -680,15 +680,26 @@ private:
   //   to a higher-priority stream's blocks before the running kernel's next ones;
   // - then the other streams' work that is not a kernel, in submission order, as a GPU's copy
   //   engines copy while its SMs compute: a copy, or the synchronisation of a stream that has
-  //   only copies left, does not wait for another stream's long kernel. As many of those as were
-  //   ready on arrival, so that a stream of copies interleaves with the kernel's blocks instead
-  //   of holding its engine-thread share for as long as copies keep coming.
+  //   only copies left, does not wait for another stream's long kernel (runBesideKernels).
   // A kernel run here may let still more urgent work, and copies, run between its own blocks.
   void runBetweenBlocks(int priority) {
     std::unique_lock lock(mutex_);
     while (!readyPriorities_.empty() && *readyPriorities_.begin() < priority) {
       runHeadLocked(lock, pickLocked(), /*besideKernel=*/true);
     }
+    runBesideKernelsLocked(lock);
+  }
+
+  // Between two turns of a block's warps, and after the more urgent work between two blocks: the
+  // other streams' ready work that is not a kernel. As many ops as were ready on arrival, so that
+  // a stream of copies interleaves with the kernel instead of holding the engine thread for as
+  // long as copies keep coming.
+  void runBesideKernels() {
+    std::unique_lock lock(mutex_);
+    runBesideKernelsLocked(lock);
+  }
+
+  void runBesideKernelsLocked(std::unique_lock<std::mutex>& lock) {
     for (std::size_t beside = readyBesideKernels_; beside > 0; --beside) {
       std::shared_ptr<StreamQueue> queue = pickBesideKernelsLocked();
       if (!queue) return;
@@ -950,9 +961,10 @@ std::shared_ptr<const ptx::MemoryMap> DeviceCore::memoryFor(backend::AddressSpac
   return cached.map;
 }
 
-// What the engine lets run between the blocks of a kernel (DeviceCore::runBetweenBlocks): ready
-// ops of more urgent streams, and other streams' ready ops that are not kernels. The time they
-// take is not the kernel's, which is charged only its own.
+// What the engine lets run beside a kernel: between its blocks, ready ops of more urgent streams
+// and other streams' ready ops that are not kernels (DeviceCore::runBetweenBlocks); between two
+// turns of a block's warps, only the latter (runBesideKernels). The time they take is not the
+// kernel's, which is charged only its own.
 class DeviceCore::WorkBetweenBlocks final : public ptx::BlockBoundary {
 public:
   WorkBetweenBlocks(DeviceCore& core, int priority) : core_(core), priority_(priority) {}
@@ -963,6 +975,14 @@ public:
   void runWaitingWork() override {
     const Clock::time_point start = Clock::now();
     core_.runBetweenBlocks(priority_);
+    spent_ += Clock::now() - start;
+  }
+  bool besideWorkWaiting() const override {
+    return core_.besideKernelsReady_.load(std::memory_order_relaxed);
+  }
+  void runBesideWork() override {
+    const Clock::time_point start = Clock::now();
+    core_.runBesideKernels();
     spent_ += Clock::now() - start;
   }
   Clock::duration spent() const { return spent_; }

@@ -729,8 +729,9 @@ TEST_F(GpuClientTest, AGoneClientGetsBackAtOnceWhatNoWorkOnTheDeviceCanTouch) {
   client.reset();
   EXPECT_EQ(shard_.memoryUsed(), others);
   EXPECT_EQ(stats_[1]->gpuTimeNs, 0u);  // its kernel never ran
-  EXPECT_GT(stats_[0]->gpuTimeNs, 0u);  // the other client's did
+  // The other client's did (the copy may have ended before it, beside it, as on a GPU).
   wait(busy->drain());
+  EXPECT_GT(stats_[0]->gpuTimeNs, 0u);
   busy.reset();
   EXPECT_EQ(shard_.memoryUsed(), 0u);
 }

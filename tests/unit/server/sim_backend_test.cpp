@@ -95,8 +95,9 @@ private:
 };
 
 // Hand-written kernels that hold the engine. `hold`: each block's first thread sets *started and
-// waits until *go is not 0. `count_until_signal`: each block's first thread sets *started and,
-// while *signal is still 0, counts the block in *before and sleeps a millisecond. `forever`: sets
+// waits until *go is not 0. `count_before_signal`: each block's first thread sets *started,
+// counts the block in *before if *signal is still 0, and sleeps a millisecond while *go is 0.
+// `until_flag`: sets *started, then spins (no nanosleep) until *flag is not 0. `forever`: sets
 // *started (when not null), then never ends on its own.
 const std::string kHoldingKernelsPtx = R"(.version 8.0
 .target sm_75
@@ -120,10 +121,10 @@ $wait:
 $done:
   ret;
 }
-.visible .entry count_until_signal(.param .u64 started, .param .u64 signal, .param .u64 before)
+.visible .entry count_before_signal(.param .u64 started, .param .u64 signal, .param .u64 before, .param .u64 go)
 {
   .reg .b32 %r<3>;
-  .reg .b64 %rd<4>;
+  .reg .b64 %rd<5>;
   .reg .pred %p<2>;
   mov.u32 %r1, %tid.x;
   setp.ne.u32 %p1, %r1, 0;
@@ -131,14 +132,34 @@ $done:
   ld.param.u64 %rd1, [started];
   ld.param.u64 %rd2, [signal];
   ld.param.u64 %rd3, [before];
+  ld.param.u64 %rd4, [go];
   mov.u32 %r2, 1;
   st.volatile.global.u32 [%rd1], %r2;
   ld.volatile.global.u32 %r2, [%rd2];
   setp.ne.u32 %p1, %r2, 0;
-  @%p1 bra $end;
+  @%p1 bra $counted;
   atom.global.add.u32 %r2, [%rd3], 1;
+$counted:
+  ld.volatile.global.u32 %r2, [%rd4];
+  setp.ne.u32 %p1, %r2, 0;
+  @%p1 bra $end;
   nanosleep.u32 1000000;
 $end:
+  ret;
+}
+.visible .entry until_flag(.param .u64 started, .param .u64 flag)
+{
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<3>;
+  .reg .pred %p<2>;
+  ld.param.u64 %rd2, [started];
+  mov.u32 %r1, 1;
+  st.volatile.global.u32 [%rd2], %r1;
+  ld.param.u64 %rd1, [flag];
+$poll:
+  ld.volatile.global.u32 %r1, [%rd1];
+  setp.eq.u32 %p1, %r1, 0;
+  @%p1 bra $poll;
   ret;
 }
 .visible .entry forever(.param .u64 started)
@@ -688,12 +709,14 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   auto copying = newStream();
   auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
   ASSERT_TRUE(module.ok()) << module.code();
-  Function& count = *module.value()->function("count_until_signal").value();
+  Function& count = *module.value()->function("count_before_signal").value();
   alignas(4096) static std::uint32_t started[1024];
   ASSERT_EQ(device_->registerHostMemory(started, sizeof(started), backend::kDaemonAddressSpace),
             CUDA_SUCCESS);
   std::atomic_ref<std::uint32_t> kernelStarted(started[0]);
+  std::atomic_ref<std::uint32_t> go(started[1]);
   kernelStarted.store(0);
+  go.store(0);
   const CUdeviceptr signal = allocate(4);
   const CUdeviceptr before = allocate(4);
   constexpr std::size_t kBuffer = 4096;
@@ -703,12 +726,13 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   ASSERT_EQ(stream_->memset(before, 0, 4, 1), CUDA_SUCCESS);
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
 
-  // At least 16 s of blocks (8 on each of two cores) unless the memset comes between them.
+  // At least 16 s of blocks (8 on each of two cores) until the test lets them go.
   constexpr unsigned kBlocks = 1u << 14;
   auto kernelDone = std::make_shared<std::promise<CUresult>>();
   ASSERT_EQ(stream_->launch(
                 count, config(kBlocks, 32),
-                pack(count, reinterpret_cast<CUdeviceptr>(started), signal, before),
+                pack(count, reinterpret_cast<CUdeviceptr>(&started[0]), signal, before,
+                     reinterpret_cast<CUdeviceptr>(&started[1])),
                 [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
             CUDA_SUCCESS);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -751,6 +775,7 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   EXPECT_EQ(copied, expected);
   EXPECT_TRUE(kernelStillRan) << "the copies waited for the other stream's kernel to end";
 
+  go.store(1);
   ASSERT_EQ(kernel.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
   std::uint32_t blocksBefore = 0;
@@ -758,6 +783,41 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
   EXPECT_GT(blocksBefore, 0u);
   EXPECT_LT(blocksBefore, kBlocks) << "no block of the kernel saw the memset's value";
+  EXPECT_EQ(device_->unregisterHostMemory(started), CUDA_SUCCESS);
+}
+
+// A kernel of one block that waits for what another stream's memset writes ends, as on a GPU,
+// whose copy engines need no SM: the memset runs between two turns of the block's warps.
+TEST_F(SimTest, AOneBlockKernelWaitingForAnotherStreamsMemsetEnds) {
+  auto setting = newStream();
+  auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
+  ASSERT_TRUE(module.ok()) << module.code();
+  Function& wait = *module.value()->function("until_flag").value();
+  alignas(4096) static std::uint32_t started[1024];
+  ASSERT_EQ(device_->registerHostMemory(started, sizeof(started), backend::kDaemonAddressSpace),
+            CUDA_SUCCESS);
+  std::atomic_ref<std::uint32_t> kernelStarted(started[0]);
+  kernelStarted.store(0);
+  const CUdeviceptr flag = allocate(4);
+  ASSERT_EQ(stream_->memset(flag, 0, 4, 1), CUDA_SUCCESS);
+  auto kernelDone = std::make_shared<std::promise<CUresult>>();
+  ASSERT_EQ(stream_->launch(
+                wait, config(1, 1), pack(wait, reinterpret_cast<CUdeviceptr>(started), flag),
+                [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
+            CUDA_SUCCESS);
+  // Spinning inside its one block before the memset is queued.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (kernelStarted.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(kernelStarted.load(), 1u) << "the kernel never ran";
+  ASSERT_EQ(setting->memset(flag, 1, 4, 1), CUDA_SUCCESS);
+  std::future<CUresult> kernel = kernelDone->get_future();
+  const bool ended = kernel.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  if (!ended) device_->abandonWorkOf(backend::kDaemonAddressSpace);  // stops it, to end the test
+  ASSERT_TRUE(ended) << "the memset waited for the kernel that waited for it";
+  EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(*setting), CUDA_SUCCESS);
   EXPECT_EQ(device_->unregisterHostMemory(started), CUDA_SUCCESS);
 }
 
