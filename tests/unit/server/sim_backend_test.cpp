@@ -178,20 +178,45 @@ $again:
 }
 )";
 
+// A page of host memory registered for `owner`'s kernels, whose words are flags kernels and the
+// test set for each other: address(i) is word i for a kernel, word(i) for the test.
+class HostFlags {
+public:
+  HostFlags(Device& device, backend::AddressSpace owner) : device_(device) {
+    EXPECT_EQ(device.registerHostMemory(words_, sizeof(words_), owner), CUDA_SUCCESS);
+  }
+  ~HostFlags() { EXPECT_EQ(device_.unregisterHostMemory(words_), CUDA_SUCCESS); }
+  HostFlags(const HostFlags&) = delete;
+  HostFlags& operator=(const HostFlags&) = delete;
+
+  CUdeviceptr address(std::size_t index) { return reinterpret_cast<CUdeviceptr>(&words_[index]); }
+  std::atomic_ref<std::uint32_t> word(std::size_t index) {
+    return std::atomic_ref<std::uint32_t>(words_[index]);
+  }
+  // Whether a kernel set word `index` within a minute.
+  bool waitUntilSet(std::size_t index) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (word(index).load() == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    return word(index).load() != 0;
+  }
+
+private:
+  Device& device_;
+  alignas(4096) std::uint32_t words_[1024] = {};
+};
+
 // A launch of `hold`, whose flags are host memory registered for `owner`: launch() returns once
 // one of its blocks runs, go() lets them all end (the destructor does, too).
 class HeldKernel {
 public:
-  HeldKernel(Device& device, backend::AddressSpace owner) : device_(device) {
+  HeldKernel(Device& device, backend::AddressSpace owner) : flags_(device, owner) {
     auto module = device.loadModule(bytesOf(kHoldingKernelsPtx));
     EXPECT_TRUE(module.ok()) << module.code();
     if (module.ok()) module_ = std::move(module).value();
-    EXPECT_EQ(device.registerHostMemory(flags_, sizeof(flags_), owner), CUDA_SUCCESS);
   }
-  ~HeldKernel() {
-    go();
-    EXPECT_EQ(device_.unregisterHostMemory(flags_), CUDA_SUCCESS);
-  }
+  ~HeldKernel() { go(); }
   HeldKernel(const HeldKernel&) = delete;
   HeldKernel& operator=(const HeldKernel&) = delete;
 
@@ -199,26 +224,21 @@ public:
   bool launch(Stream& stream, unsigned blocks, backend::KernelCallback done) {
     if (!module_) return false;
     Function& hold = *module_->function("hold").value();
-    const CUresult launched = stream.launch(hold, config(blocks, 32),
-                                            pack(hold, reinterpret_cast<CUdeviceptr>(&flags_[0]),
-                                                 reinterpret_cast<CUdeviceptr>(&flags_[1])),
-                                            std::move(done));
+    const CUresult launched =
+        stream.launch(hold, config(blocks, 32),
+                      pack(hold, flags_.address(kStarted), flags_.address(kGo)), std::move(done));
     if (launched != CUDA_SUCCESS) return false;
-    std::atomic_ref<std::uint32_t> started(flags_[0]);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (started.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::yield();
-    }
-    if (started.load() != 0) return true;
+    if (flags_.waitUntilSet(kStarted)) return true;
     go();
     return false;
   }
-  void go() { std::atomic_ref<std::uint32_t>(flags_[1]).store(1); }
+  void go() { flags_.word(kGo).store(1); }
 
 private:
-  Device& device_;
+  static constexpr std::size_t kStarted = 0;  // a block started
+  static constexpr std::size_t kGo = 1;
+  HostFlags flags_;  // destroyed after the module: the kernel's last blocks may still read it
   std::unique_ptr<Module> module_;
-  alignas(4096) std::uint32_t flags_[1024] = {};  // [0]: a block started; [1]: go
 };
 
 std::uint64_t residentBytes() {
@@ -672,10 +692,7 @@ TEST_F(SimTest, AGoneClientsKernelStopsButNotTheKernelItInterrupted) {
   auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
   ASSERT_TRUE(module.ok()) << module.code();
   Function& forever = *module.value()->function("forever").value();
-  alignas(4096) static std::uint32_t goingStarted[1024];
-  ASSERT_EQ(device_->registerHostMemory(goingStarted, sizeof(goingStarted), kGoing), CUDA_SUCCESS);
-  std::atomic_ref<std::uint32_t> started(goingStarted[0]);
-  started.store(0);
+  HostFlags goingStarted(*device_, kGoing);
   auto stayingDone = std::make_shared<std::promise<CUresult>>();
   auto goingDone = std::make_shared<std::promise<CUresult>>();
   HeldKernel held(*device_, kStaying);
@@ -683,15 +700,11 @@ TEST_F(SimTest, AGoneClientsKernelStopsButNotTheKernelItInterrupted) {
     stayingDone->set_value(status);
   }));
   ASSERT_EQ(going.value()->launch(
-                forever, config(1, 1), pack(forever, reinterpret_cast<CUdeviceptr>(goingStarted)),
+                forever, config(1, 1), pack(forever, goingStarted.address(0)),
                 [goingDone](CUresult status, std::uint64_t) { goingDone->set_value(status); }),
             CUDA_SUCCESS);
   held.go();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (started.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  EXPECT_EQ(started.load(), 1u) << "the more urgent kernel never ran";
+  EXPECT_TRUE(goingStarted.waitUntilSet(0)) << "the more urgent kernel never ran";
   device_->abandonWorkOf(kGoing);
   std::future<CUresult> goingStatus = goingDone->get_future();
   std::future<CUresult> stayingStatus = stayingDone->get_future();
@@ -699,7 +712,6 @@ TEST_F(SimTest, AGoneClientsKernelStopsButNotTheKernelItInterrupted) {
   EXPECT_EQ(goingStatus.get(), CUDA_ERROR_CONTEXT_IS_DESTROYED);
   ASSERT_EQ(stayingStatus.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_EQ(stayingStatus.get(), CUDA_SUCCESS);
-  EXPECT_EQ(device_->unregisterHostMemory(goingStarted), CUDA_SUCCESS);
 }
 
 // A GPU's copy engines copy while its SMs run another stream's kernel: another stream's copies,
@@ -710,13 +722,7 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
   ASSERT_TRUE(module.ok()) << module.code();
   Function& count = *module.value()->function("count_before_signal").value();
-  alignas(4096) static std::uint32_t started[1024];
-  ASSERT_EQ(device_->registerHostMemory(started, sizeof(started), backend::kDaemonAddressSpace),
-            CUDA_SUCCESS);
-  std::atomic_ref<std::uint32_t> kernelStarted(started[0]);
-  std::atomic_ref<std::uint32_t> go(started[1]);
-  kernelStarted.store(0);
-  go.store(0);
+  HostFlags flags(*device_, backend::kDaemonAddressSpace);  // [0]: a block started; [1]: go
   const CUdeviceptr signal = allocate(4);
   const CUdeviceptr before = allocate(4);
   constexpr std::size_t kBuffer = 4096;
@@ -731,15 +737,10 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   auto kernelDone = std::make_shared<std::promise<CUresult>>();
   ASSERT_EQ(stream_->launch(
                 count, config(kBlocks, 32),
-                pack(count, reinterpret_cast<CUdeviceptr>(&started[0]), signal, before,
-                     reinterpret_cast<CUdeviceptr>(&started[1])),
+                pack(count, flags.address(0), signal, before, flags.address(1)),
                 [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
             CUDA_SUCCESS);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (kernelStarted.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(kernelStarted.load(), 1u) << "the kernel never ran";
+  ASSERT_TRUE(flags.waitUntilSet(0)) << "the kernel never ran";
 
   // What the copies below leave in the buffer, worked out on the host.
   alignas(8) std::array<std::uint8_t, 1104> pattern;
@@ -775,7 +776,7 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   EXPECT_EQ(copied, expected);
   EXPECT_TRUE(kernelStillRan) << "the copies waited for the other stream's kernel to end";
 
-  go.store(1);
+  flags.word(1).store(1);
   ASSERT_EQ(kernel.wait_for(std::chrono::seconds(60)), std::future_status::ready);
   EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
   std::uint32_t blocksBefore = 0;
@@ -783,7 +784,6 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
   ASSERT_EQ(synchronize(*stream_), CUDA_SUCCESS);
   EXPECT_GT(blocksBefore, 0u);
   EXPECT_LT(blocksBefore, kBlocks) << "no block of the kernel saw the memset's value";
-  EXPECT_EQ(device_->unregisterHostMemory(started), CUDA_SUCCESS);
 }
 
 // A kernel of one block that waits for what another stream's memset writes ends, as on a GPU,
@@ -793,24 +793,16 @@ TEST_F(SimTest, AOneBlockKernelWaitingForAnotherStreamsMemsetEnds) {
   auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
   ASSERT_TRUE(module.ok()) << module.code();
   Function& wait = *module.value()->function("until_flag").value();
-  alignas(4096) static std::uint32_t started[1024];
-  ASSERT_EQ(device_->registerHostMemory(started, sizeof(started), backend::kDaemonAddressSpace),
-            CUDA_SUCCESS);
-  std::atomic_ref<std::uint32_t> kernelStarted(started[0]);
-  kernelStarted.store(0);
+  HostFlags started(*device_, backend::kDaemonAddressSpace);
   const CUdeviceptr flag = allocate(4);
   ASSERT_EQ(stream_->memset(flag, 0, 4, 1), CUDA_SUCCESS);
   auto kernelDone = std::make_shared<std::promise<CUresult>>();
   ASSERT_EQ(stream_->launch(
-                wait, config(1, 1), pack(wait, reinterpret_cast<CUdeviceptr>(started), flag),
+                wait, config(1, 1), pack(wait, started.address(0), flag),
                 [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
             CUDA_SUCCESS);
   // Spinning inside its one block before the memset is queued.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (kernelStarted.load() == 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(kernelStarted.load(), 1u) << "the kernel never ran";
+  ASSERT_TRUE(started.waitUntilSet(0)) << "the kernel never ran";
   ASSERT_EQ(setting->memset(flag, 1, 4, 1), CUDA_SUCCESS);
   std::future<CUresult> kernel = kernelDone->get_future();
   const bool ended = kernel.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
@@ -818,7 +810,6 @@ TEST_F(SimTest, AOneBlockKernelWaitingForAnotherStreamsMemsetEnds) {
   ASSERT_TRUE(ended) << "the memset waited for the kernel that waited for it";
   EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
   EXPECT_EQ(synchronize(*setting), CUDA_SUCCESS);
-  EXPECT_EQ(device_->unregisterHostMemory(started), CUDA_SUCCESS);
 }
 
 TEST_F(SimTest, QueryReportsPendingWork) {
