@@ -1307,7 +1307,10 @@ void Interpreter::runCooperatively(Launch& launch) {
   using State = BlockRunner::BlockState;
   std::vector<State> states(blocks.size(), State::kRunning);
   bool failed = blocks.size() != launch.totalBlocks;
+  BlockBoundary* beside = launch.request->boundary;
   for (std::size_t left = blocks.size(); left > 0 && !failed;) {
+    // Between two rounds of turns no block is in the middle of an instruction (runBlock's rule).
+    if (beside != nullptr && beside->besideWorkWaiting()) beside->runBesideWork();
     bool ran = false;
     for (std::size_t index = 0; index < blocks.size() && !failed; ++index) {
       if (states[index] == State::kDone) continue;

@@ -145,7 +145,8 @@ public:
   virtual void runWaitingWork() = 0;
   // Cheap, read between two turns of a block's warps: whether work that is not a kernel waits.
   virtual bool besideWorkWaiting() const = 0;
-  // Runs that work on the calling thread, in the middle of a block; never a kernel.
+  // Runs that work on the calling thread, in the middle of a block; never a kernel. Asked between
+  // two rounds of a cooperative launch's blocks too, whose blocks are all resident at once.
   virtual void runBesideWork() = 0;
 };
 
@@ -172,7 +173,8 @@ struct LaunchRequest {
   // The priority of the launch's stream on its device, lower more urgent (CUDA's order): a worker
   // thread between two blocks leaves it for an active launch more urgent than it.
   int priority = 0;
-  // May be null. Not asked during a cooperative launch, whose blocks are all resident at once.
+  // May be null. A cooperative launch, whose blocks are all resident at once, asks it only for
+  // work beside its blocks (besideWorkWaiting).
   BlockBoundary* boundary = nullptr;
 };
 

@@ -787,29 +787,36 @@ TEST_F(SimTest, AnotherStreamsCopiesRunBesideALongKernel) {
 }
 
 // A kernel of one block that waits for what another stream's memset writes ends, as on a GPU,
-// whose copy engines need no SM: the memset runs between two turns of the block's warps.
-TEST_F(SimTest, AOneBlockKernelWaitingForAnotherStreamsMemsetEnds) {
+// whose copy engines need no SM: the memset runs between two turns of the block's warps. So does
+// a cooperative kernel's, between two rounds of its blocks' turns.
+TEST_F(SimTest, AKernelWaitingForAnotherStreamsMemsetEnds) {
   auto setting = newStream();
   auto module = device_->loadModule(bytesOf(kHoldingKernelsPtx));
   ASSERT_TRUE(module.ok()) << module.code();
   Function& wait = *module.value()->function("until_flag").value();
   HostFlags started(*device_, backend::kDaemonAddressSpace);
   const CUdeviceptr flag = allocate(4);
-  ASSERT_EQ(stream_->memset(flag, 0, 4, 1), CUDA_SUCCESS);
-  auto kernelDone = std::make_shared<std::promise<CUresult>>();
-  ASSERT_EQ(stream_->launch(
-                wait, config(1, 1), pack(wait, started.address(0), flag),
-                [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
-            CUDA_SUCCESS);
-  // Spinning inside its one block before the memset is queued.
-  ASSERT_TRUE(started.waitUntilSet(0)) << "the kernel never ran";
-  ASSERT_EQ(setting->memset(flag, 1, 4, 1), CUDA_SUCCESS);
-  std::future<CUresult> kernel = kernelDone->get_future();
-  const bool ended = kernel.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
-  if (!ended) device_->abandonWorkOf(backend::kDaemonAddressSpace);  // stops it, to end the test
-  ASSERT_TRUE(ended) << "the memset waited for the kernel that waited for it";
-  EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
-  EXPECT_EQ(synchronize(*setting), CUDA_SUCCESS);
+  for (const bool cooperative : {false, true}) {
+    SCOPED_TRACE(cooperative ? "cooperative, two blocks" : "one block");
+    started.word(0).store(0);
+    ASSERT_EQ(stream_->memset(flag, 0, 4, 1), CUDA_SUCCESS);
+    backend::LaunchConfig launch = config(cooperative ? 2 : 1, 1);
+    launch.cooperative = cooperative;
+    auto kernelDone = std::make_shared<std::promise<CUresult>>();
+    ASSERT_EQ(stream_->launch(
+                  wait, launch, pack(wait, started.address(0), flag),
+                  [kernelDone](CUresult status, std::uint64_t) { kernelDone->set_value(status); }),
+              CUDA_SUCCESS);
+    // Spinning inside the kernel before the memset is queued.
+    ASSERT_TRUE(started.waitUntilSet(0)) << "the kernel never ran";
+    ASSERT_EQ(setting->memset(flag, 1, 4, 1), CUDA_SUCCESS);
+    std::future<CUresult> kernel = kernelDone->get_future();
+    const bool ended = kernel.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+    if (!ended) device_->abandonWorkOf(backend::kDaemonAddressSpace);  // stops it, to end the test
+    ASSERT_TRUE(ended) << "the memset waited for the kernel that waited for it";
+    EXPECT_EQ(kernel.get(), CUDA_SUCCESS);
+    EXPECT_EQ(synchronize(*setting), CUDA_SUCCESS);
+  }
 }
 
 TEST_F(SimTest, QueryReportsPendingWork) {
