@@ -13,6 +13,7 @@
 
 #include "server/backend/ptx/ptx_bind_support.hpp"
 #include "server/backend/ptx/ptx_ops_common.hpp"
+#include "server/backend/ptx/relaxed_memory.hpp"
 
 namespace gpuproxy::server::ptx {
 
@@ -160,22 +161,17 @@ inline std::uint64_t extended(Word<Bytes> value) {
   }
 }
 
-// Global memory is shared by every thread of a launch (blocks run on several workers) and pinned
-// host memory with the application, and kernels race on it as they may on a GPU. Each access is a
-// relaxed atomic of its own width (translate() has checked the alignment): one plain move on
-// x86, and a racing kernel stays defined behaviour in the interpreter.
+// Each access is a relaxed atomic of its own width (relaxed_memory.hpp says why; translate() has
+// checked the alignment).
 template <unsigned Bytes, bool Signed>
 inline std::uint64_t loadValue(const std::byte* where) {
-  auto* word = reinterpret_cast<Word<Bytes>*>(const_cast<std::byte*>(where));
-  return extended<Bytes, Signed>(
-      std::atomic_ref<Word<Bytes>>(*word).load(std::memory_order_relaxed));
+  return extended<Bytes, Signed>(loadRelaxed<Word<Bytes>>(where));
 }
 
 template <unsigned Bytes>
 inline void storeValue(std::byte* where, std::uint64_t value) {
   // Little-endian: a narrower store writes the register's low bytes.
-  std::atomic_ref<Word<Bytes>>(*reinterpret_cast<Word<Bytes>*>(where))
-      .store(static_cast<Word<Bytes>>(value), std::memory_order_relaxed);
+  storeRelaxed(where, static_cast<Word<Bytes>>(value));
 }
 
 // A vector access (ld.v2, st.v4, ...) is one memory access on a GPU: another thread never sees

@@ -30,6 +30,7 @@
 #include "server/backend/ptx/ptx_frontend.hpp"
 #include "server/backend/ptx/ptx_interpreter.hpp"
 #include "server/backend/ptx/ptx_parser.hpp"
+#include "server/backend/ptx/relaxed_memory.hpp"
 #include "server/backend/sim/device_arena.hpp"
 #include "server/backend/sim/device_attributes.hpp"
 
@@ -207,10 +208,8 @@ struct Outcome {
 };
 
 // How a memory operation moves bytes: plainly while it is the only op running on the device, and
-// with relaxed atomic accesses when it runs between the blocks of a kernel, whose threads may be
-// reading or writing the same device or mapped host memory meanwhile, as the interpreter's own
-// accesses are atomic (ptx_ops_memory.cpp). A program's race between a copy and another stream's
-// kernel then has the outcomes a GPU allows, and is never a data race in the daemon.
+// with relaxed atomic accesses (ptx/relaxed_memory.hpp) when it runs beside a kernel, whose
+// threads may be reading or writing the same device or mapped host memory meanwhile.
 struct ByteMoves {
   // memmove's semantics: the ranges may overlap.
   void (*copy)(std::byte* destination, const std::byte* source, std::size_t bytes);
@@ -237,65 +236,8 @@ void fillPlainly(std::byte* destination, std::uint32_t value, unsigned elementSi
   }
 }
 
-template <typename Word>
-Word loadRelaxed(const std::byte* at) {
-  return std::atomic_ref<Word>(*reinterpret_cast<Word*>(const_cast<std::byte*>(at)))
-      .load(std::memory_order_relaxed);
-}
-
-template <typename Word>
-void storeRelaxed(std::byte* at, Word value) {
-  std::atomic_ref<Word>(*reinterpret_cast<Word*>(at)).store(value, std::memory_order_relaxed);
-}
-
-bool aligned8(const std::byte* at) {
-  return (reinterpret_cast<std::uintptr_t>(at) & 7) == 0;
-}
-
-void copyRelaxed(std::byte* destination, const std::byte* source, std::size_t bytes) {
-  if (destination > source && destination < source + bytes) {
-    // Overlapping, the destination after the source: from the end, as memmove does. Rare enough
-    // to go byte by byte.
-    for (std::size_t i = bytes; i-- > 0;) {
-      storeRelaxed(destination + i, loadRelaxed<unsigned char>(source + i));
-    }
-    return;
-  }
-  std::size_t i = 0;
-  if (((reinterpret_cast<std::uintptr_t>(destination) ^ reinterpret_cast<std::uintptr_t>(source)) &
-       7) == 0) {
-    for (; i < bytes && !aligned8(destination + i); ++i) {
-      storeRelaxed(destination + i, loadRelaxed<unsigned char>(source + i));
-    }
-    for (; i + 8 <= bytes; i += 8) {
-      storeRelaxed(destination + i, loadRelaxed<std::uint64_t>(source + i));
-    }
-  }
-  for (; i < bytes; ++i) storeRelaxed(destination + i, loadRelaxed<unsigned char>(source + i));
-}
-
-void fillRelaxed(std::byte* destination, std::uint32_t value, unsigned elementSize,
-                 std::size_t count) {
-  unsigned char pattern[4];
-  std::memcpy(pattern, &value, sizeof(pattern));
-  const std::size_t bytes = count * elementSize;
-  std::size_t i = 0;
-  for (; i < bytes && !aligned8(destination + i); ++i) {
-    storeRelaxed(destination + i, pattern[i % elementSize]);
-  }
-  if (i + 8 <= bytes) {
-    // The element size divides 8, so every aligned word from here holds the same bytes.
-    unsigned char bytesOfWord[8];
-    for (std::size_t k = 0; k < 8; ++k) bytesOfWord[k] = pattern[(i + k) % elementSize];
-    std::uint64_t word = 0;
-    std::memcpy(&word, bytesOfWord, sizeof(word));
-    for (; i + 8 <= bytes; i += 8) storeRelaxed(destination + i, word);
-  }
-  for (; i < bytes; ++i) storeRelaxed(destination + i, pattern[i % elementSize]);
-}
-
 constexpr ByteMoves kPlainMoves{copyPlainly, fillPlainly};
-constexpr ByteMoves kRelaxedMoves{copyRelaxed, fillRelaxed};
+constexpr ByteMoves kRelaxedMoves{ptx::copyRelaxed, ptx::fillRelaxed};
 
 std::string describe(CUresult status) {
   const char* name = nullptr;
@@ -587,7 +529,7 @@ private:
     queue.ready = true;
     ready_.emplace(head.sequence, &queue);
     readyPriorities_.insert(queue.priority);
-    if (!isKernel(head)) ++readyBesideKernels_;
+    if (!isKernel(head)) readyBesideKernels_.fetch_add(1, std::memory_order_relaxed);
     noteReadyChangedLocked();
   }
 
@@ -595,7 +537,6 @@ private:
     mostUrgentReady_.store(
         readyPriorities_.empty() ? std::numeric_limits<int>::max() : *readyPriorities_.begin(),
         std::memory_order_relaxed);
-    besideKernelsReady_.store(readyBesideKernels_ > 0, std::memory_order_relaxed);
   }
 
   static bool isKernel(const Op& op) { return std::holds_alternative<LaunchOp>(op.body); }
@@ -606,7 +547,7 @@ private:
     StreamQueue* queue = chosen->second;
     ready_.erase(chosen);
     readyPriorities_.erase(readyPriorities_.find(queue->priority));
-    if (!isKernel(queue->ops.front())) --readyBesideKernels_;
+    if (!isKernel(queue->ops.front())) readyBesideKernels_.fetch_sub(1, std::memory_order_relaxed);
     noteReadyChangedLocked();
     queue->ready = false;
     return *queue->self;
@@ -654,7 +595,7 @@ private:
   // The runnable head submitted first that is not a kernel (a copy, memset, event record or wait,
   // callback), whatever its stream's priority; null when there is none.
   std::shared_ptr<StreamQueue> pickBesideKernelsLocked() {
-    if (readyBesideKernels_ == 0) return nullptr;
+    if (readyBesideKernels_.load(std::memory_order_relaxed) == 0) return nullptr;
     auto chosen = ready_.begin();
     while (isKernel(chosen->second->ops.front())) ++chosen;  // one is further on
     return takeReadyLocked(chosen);
@@ -700,7 +641,8 @@ private:
   }
 
   void runBesideKernelsLocked(std::unique_lock<std::mutex>& lock) {
-    for (std::size_t beside = readyBesideKernels_; beside > 0; --beside) {
+    for (std::size_t beside = readyBesideKernels_.load(std::memory_order_relaxed); beside > 0;
+         --beside) {
       std::shared_ptr<StreamQueue> queue = pickBesideKernelsLocked();
       if (!queue) return;
       runHeadLocked(lock, queue, /*besideKernel=*/true);
@@ -897,10 +839,9 @@ private:
   std::multiset<int> readyPriorities_;                      // their streams' priorities
   // The least of readyPriorities_ (INT_MAX when none), read between a kernel's blocks.
   std::atomic<int> mostUrgentReady_{std::numeric_limits<int>::max()};
-  // How many runnable heads are not kernels, and whether that is more than none (read between a
-  // kernel's blocks).
-  std::size_t readyBesideKernels_ = 0;
-  std::atomic<bool> besideKernelsReady_{false};
+  // How many runnable heads are not kernels: written under mutex_, read without it beside a
+  // kernel (WorkBetweenBlocks).
+  std::atomic<std::size_t> readyBesideKernels_{0};
   std::unordered_set<StreamQueue*> blocked_;  // heads waiting for a record
   std::size_t queuedOps_ = 0;                 // ops in all queues, not counting running ones
   // The ops running now, innermost last: more than one while more urgent work runs between the
@@ -970,24 +911,28 @@ public:
   WorkBetweenBlocks(DeviceCore& core, int priority) : core_(core), priority_(priority) {}
   bool workWaiting() const override {
     return core_.mostUrgentReady_.load(std::memory_order_relaxed) < priority_ ||
-           core_.besideKernelsReady_.load(std::memory_order_relaxed);
+           besideWorkWaiting();
   }
   void runWaitingWork() override {
-    const Clock::time_point start = Clock::now();
-    core_.runBetweenBlocks(priority_);
-    spent_ += Clock::now() - start;
+    timed([&] { core_.runBetweenBlocks(priority_); });
   }
   bool besideWorkWaiting() const override {
-    return core_.besideKernelsReady_.load(std::memory_order_relaxed);
+    return core_.readyBesideKernels_.load(std::memory_order_relaxed) > 0;
   }
   void runBesideWork() override {
-    const Clock::time_point start = Clock::now();
-    core_.runBesideKernels();
-    spent_ += Clock::now() - start;
+    timed([&] { core_.runBesideKernels(); });
   }
   Clock::duration spent() const { return spent_; }
 
 private:
+  // Runs `work`, adding the time it took to spent_.
+  template <typename Work>
+  void timed(Work&& work) {
+    const Clock::time_point start = Clock::now();
+    work();
+    spent_ += Clock::now() - start;
+  }
+
   DeviceCore& core_;
   const int priority_;
   Clock::duration spent_{};
