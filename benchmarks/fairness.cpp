@@ -174,7 +174,7 @@ public:
         launchLatencyCritical();
         nextLc += kLcPeriodNs;
       }
-      if (wide_) topUpWide();
+      if (wide_) topUp(*wide_, wideConfig(), 2);
       if (copier_ && now >= nextCopy) {
         // One copy at a time: a copy still waiting is not joined by more behind it.
         if (copier_->counters->outstanding.load() == 0) copy();
@@ -222,13 +222,16 @@ private:
     return parameters;
   }
 
-  void topUp(Workload& workload) {
-    const std::int64_t depth = std::max<std::int64_t>(4, kQueuedNs / workload.kernelNs);
+  // Keeps `depth` launches of `spin` with `launch`'s shape queued (by default one block, and as
+  // many as hold kQueuedNs of work).
+  void topUp(Workload& workload, const server::backend::LaunchConfig& launch = config(),
+             std::int64_t depth = 0) {
+    if (depth == 0) depth = std::max<std::int64_t>(4, kQueuedNs / workload.kernelNs);
     const auto parameters = spinParameters(workload.kernelNs);
     while (workload.counters->outstanding.load() < depth) {
       ++workload.counters->outstanding;
       std::shared_ptr<Counters> counters = workload.counters;
-      CUresult launched = workload.stream->launch(*spin_, config(), parameters,
+      CUresult launched = workload.stream->launch(*spin_, launch, parameters,
                                                   [counters](CUresult, std::uint64_t gpuNs) {
                                                     counters->gpuNs += gpuNs;
                                                     --counters->outstanding;
@@ -251,20 +254,6 @@ private:
     if (launched != CUDA_SUCCESS) fail("launch", launched);
   }
 
-  void topUpWide() {
-    const auto parameters = spinParameters(wide_->kernelNs);
-    server::backend::LaunchConfig wide;
-    wide.grid.x = kWideBlocks;
-    while (wide_->counters->outstanding.load() < 2) {
-      ++wide_->counters->outstanding;
-      std::shared_ptr<Counters> counters = wide_->counters;
-      CUresult launched =
-          wide_->stream->launch(*spin_, wide, parameters,
-                                [counters](CUresult, std::uint64_t) { --counters->outstanding; });
-      if (launched != CUDA_SUCCESS) fail("launch", launched);
-    }
-  }
-
   void copy() {
     const std::int64_t submittedAt = nowNs();
     ++copier_->counters->outstanding;
@@ -285,6 +274,11 @@ private:
   }
 
   static server::backend::LaunchConfig config() { return {}; }
+  static server::backend::LaunchConfig wideConfig() {
+    server::backend::LaunchConfig wide;
+    wide.grid.x = kWideBlocks;
+    return wide;
+  }
 
   kj::AsyncIoContext& io_;
   std::unique_ptr<server::backend::Backend> backend_;
