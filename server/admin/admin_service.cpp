@@ -1,6 +1,7 @@
 #include "server/admin/admin_service.hpp"
 
 #include "server/dispatch/stream_priority.hpp"
+#include "server/gpu/gpu_messages.hpp"
 #include "server/session/client_session.hpp"
 #include "server/tenant/tenant_config.hpp"
 
@@ -68,8 +69,21 @@ std::optional<TenantClass> tenantClassFromWire(protocol::TenantClass wire) {
   return std::nullopt;
 }
 
-void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder status,
-                      const TenantControl* tenantControl) {
+kj::Promise<void> fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder status,
+                                   const TenantControl* tenantControl) {
+  // Each GPU's part is a value its own thread takes: a GPU busy elsewhere delays only this call.
+  kj::Vector<kj::Promise<GpuStatus>> asked;
+  for (const auto& gpu : view.gpus) {
+    asked.add(onGpu(*gpu, [](GpuShard& gpu) { return gpu.status(); }));
+  }
+  return kj::joinPromises(asked.releaseAsArray())
+      .then([&view, status, tenantControl](kj::Array<GpuStatus> gpus) mutable {
+        fillDaemonStatus(view, gpus, status, tenantControl);
+      });
+}
+
+void fillDaemonStatus(const AdminView& view, kj::ArrayPtr<const GpuStatus> gpus,
+                      protocol::DaemonStatus::Builder status, const TenantControl* tenantControl) {
   status.setBackend(view.facts.backendName);
   status.setVersion(GPUPROXY_VERSION);
   status.setPid(static_cast<std::uint32_t>(::getpid()));
@@ -77,9 +91,9 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
   status.setDriverVersion(view.facts.driverVersion);
   status.setScheduler(view.facts.schedulerName);
 
-  auto devices = status.initDevices(static_cast<unsigned>(view.gpus.size()));
-  for (unsigned i = 0; i < view.gpus.size(); ++i) {
-    const GpuStatus gpu = view.gpus[i]->status();
+  auto devices = status.initDevices(static_cast<unsigned>(gpus.size()));
+  for (unsigned i = 0; i < gpus.size(); ++i) {
+    const GpuStatus& gpu = gpus[i];
     auto device = devices[i];
     device.setIndex(gpu.index);
     device.setName(gpu.name);
@@ -213,8 +227,7 @@ void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder sta
 }
 
 kj::Promise<void> AdminService::status(StatusContext context) {
-  fillDaemonStatus(view_, context.getResults().initStatus(), &tenants_);
-  return kj::READY_NOW;
+  return fillDaemonStatus(view_, context.getResults().initStatus(), &tenants_);
 }
 
 namespace {
@@ -318,7 +331,7 @@ kj::Promise<void> AdminService::setTenantLimits(SetTenantLimitsContext context) 
   }
   tenant->setLimits(limits);
   tenants_.tenantChanged(*tenant);
-  for (auto& gpu : view_.gpus) gpu->refreshTenants();
+  refreshTenantsOnEveryGpu(view_.gpus);
   spdlog::info(
       "tenant '{}': memory limit {}, pinned memory limit {}, weight {}, class {} (set by an "
       "operator)",
@@ -358,7 +371,7 @@ kj::Promise<void> AdminService::createTenant(CreateTenantContext context) {
         tenants_.createTenant(std::move(std::get<TenantDefinition>(parsed)));
     results.setId(tenant->id());
     results.setSocket(tenant->socketPath());
-    for (auto& gpu : view_.gpus) gpu->refreshTenants();
+    refreshTenantsOnEveryGpu(view_.gpus);
   } catch (const TenantError& error) {
     spdlog::warn("refused to create a tenant: {}", error.what());
     results.setError(error.what());

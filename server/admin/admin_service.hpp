@@ -40,9 +40,15 @@ private:
   TenantControl& tenants_;
 };
 
-// Fills `status` from the daemon's live state (also used by tests and the demo's logs). Each
-// tenant's connection limit comes from `tenants` (left 0 without it).
-void fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder status,
+// Fills `status` from the daemon's live state (also used by the metrics endpoint): each GPU's
+// part is a GpuStatus taken on the GPU's own thread (a message to each, joined), the rest here.
+// Each tenant's connection limit comes from `tenants` (left 0 without it). `status` must live
+// until the promise resolves.
+kj::Promise<void> fillDaemonStatus(const AdminView& view, protocol::DaemonStatus::Builder status,
+                                   const TenantControl* tenants = nullptr);
+// The same, once every GPU's status has been taken (`gpus`, by daemon device index).
+void fillDaemonStatus(const AdminView& view, kj::ArrayPtr<const GpuStatus> gpus,
+                      protocol::DaemonStatus::Builder status,
                       const TenantControl* tenants = nullptr);
 
 // A tenant class from the wire: nullopt for a value this daemon does not know.

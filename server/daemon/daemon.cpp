@@ -8,6 +8,7 @@
 #include "server/daemon/runtime_tenant_state.hpp"
 #include "server/daemon/tenant_sockets.hpp"
 #include "server/data_plane/data_plane.hpp"
+#include "server/gpu/gpu_messages.hpp"
 #include "server/metrics/metrics_server.hpp"
 #include "server/session/session_services.hpp"
 #include "server/tenant/tenant_config.hpp"
@@ -110,7 +111,7 @@ kj::Promise<void> reloadOnHangup(kj::AsyncIoContext& io, const DaemonOptions& op
     } else {
       try {
         sockets.applyConfig(readConfig(options, static_cast<std::uint32_t>(gpus.size())));
-        for (const auto& gpu : gpus) gpu->refreshTenants();
+        refreshTenantsOnEveryGpu(gpus);
         spdlog::info("SIGHUP: reloaded {}", options.configPath);
       } catch (const std::exception& error) {
         spdlog::error("SIGHUP: keeping the running configuration: {}", error.what());
@@ -267,7 +268,7 @@ int runDaemon(const DaemonOptions& options) {
         metrics = std::make_unique<MetricsServer>(
             io.provider->getNetwork(), io.provider->getTimer(), options.metricsAddress,
             [&adminView, &sockets](protocol::DaemonStatus::Builder status) {
-              fillDaemonStatus(adminView, status, &sockets);
+              return fillDaemonStatus(adminView, status, &sockets);
             });
         metrics->start(io.waitScope);
       }

@@ -58,6 +58,14 @@ std::uint32_t GpuClient::deviceIndex() const {
   return shard_.index();
 }
 
+const kj::Executor& GpuClient::executor() const {
+  return shard_.executor();
+}
+
+kj::Promise<void> GpuClient::whenGpuServes() {
+  return shard_.whenServing();
+}
+
 Handle GpuClient::newHandle(HandleKind kind) {
   shard_.owner().check();
   return makeHandle(kind, shard_.index(), nextSerial_++);
@@ -1129,14 +1137,14 @@ backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::st
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
   Module& state = found->second;
   if (auto known = state.functionsByName.find(name); known != state.functionsByName.end()) {
-    return FunctionHandle{known->second, &functions_.at(known->second).function->info()};
+    return FunctionHandle{known->second, functions_.at(known->second).function->info()};
   }
   auto resolved = state.module->function(name);
   if (!resolved.ok()) return resolved.code();
   Handle handle = newHandle(HandleKind::kFunction);
   functions_[handle] = Function{state.context, module, resolved.value()};
   state.functionsByName[name] = handle;
-  return FunctionHandle{handle, &resolved.value()->info()};
+  return FunctionHandle{handle, resolved.value()->info()};
 }
 
 CUresult GpuClient::launchKernel(Handle context, Handle function,

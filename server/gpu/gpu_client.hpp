@@ -37,9 +37,11 @@ struct PrimaryContextState {
   bool active = false;
 };
 
+// A function's handle and what cuFuncGetAttribute and the stub's launches need of it: a copy, so
+// that it can be an answer sent off the GPU's thread.
 struct FunctionHandle {
   Handle handle = 0;
-  const backend::FunctionInfo* info = nullptr;
+  backend::FunctionInfo info;
 };
 
 // Keeps the newest `limit` bytes of `output`, dropping whole lines from the front where it can;
@@ -54,6 +56,13 @@ public:
   GpuClient& operator=(const GpuClient&) = delete;
 
   std::uint32_t deviceIndex() const;
+  // Where messages to this client's state go: its GPU's owner thread (gpu_messages.hpp). Safe
+  // from any thread, as deviceIndex() is.
+  const kj::Executor& executor() const;
+
+  // Resolves at once, or once the reset of the GPU's context now under way has ended
+  // (GpuShard::whenServing): what makes a context, or memory outside one, waits for it first.
+  kj::Promise<void> whenGpuServes();
 
   // Contexts.
   backend::Result<Handle> createContext(unsigned flags);
@@ -69,6 +78,8 @@ public:
   // Answers once the device has the memory: the allocation runs off this thread (GpuShard).
   kj::Promise<backend::Result<CUdeviceptr>> allocate(Handle context, std::uint64_t bytes);
   bool ownsAllocation(CUdeviceptr pointer) const;
+  // Whether `pointer` lies anywhere inside one of this client's allocations on this GPU.
+  bool inAllocation(CUdeviceptr pointer) const { return allocationOf(pointer) != 0; }
   kj::Promise<CUresult> free(CUdeviceptr pointer);
   backend::Result<backend::MemoryInfo> memoryInfo(Handle context);
   // cuCtxSetLimit of CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE or CU_LIMIT_MALLOC_HEAP_SIZE

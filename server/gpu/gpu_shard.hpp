@@ -50,9 +50,11 @@ struct GpuStatus {
 };
 
 // Threading: a shard is owned by the thread that made it (the daemon's event loop), which alone
-// touches its state and that of its clients (OwnerThread checks it). Backend calls that may block
-// for long run on the shard's BlockingCallThread instead, so that a slow module load on one GPU
-// holds up no other client's commands, on this GPU or any other, nor the admin socket.
+// touches its state and that of its clients (OwnerThread checks it). Whoever is not part of the
+// GPU (a client's session, status, a tenant's change) reaches it by a message to that thread
+// (executor(), server/gpu/gpu_messages.hpp). Backend calls that may block for long run on the
+// shard's BlockingCallThread instead, so that a slow module load on one GPU holds up no other
+// client's commands, on this GPU or any other, nor the admin socket.
 class GpuShard final : private kj::TaskSet::ErrorHandler {
 public:
   // `timer` is the event loop's; the dispatcher wakes the scheduler with it. Throws
@@ -64,6 +66,8 @@ public:
   GpuShard& operator=(const GpuShard&) = delete;
 
   std::uint32_t index() const { return index_; }
+  // Where messages to this GPU go: its owner thread's. Safe from any thread.
+  const kj::Executor& executor() const { return executor_; }
   // The scheduled device: streams and events made here are the dispatcher's proxies.
   backend::Device& device() { return *device_; }
   dispatch::ScheduledDevice& dispatcher() { return *device_; }
@@ -190,6 +194,7 @@ private:
   void unload(std::unique_ptr<backend::Module> module);
 
   OwnerThread owner_;
+  const kj::Executor& executor_ = kj::getCurrentThreadExecutor();
   std::uint32_t index_;
   std::unique_ptr<dispatch::ScheduledDevice> device_;
   // Declared after the device and destroyed before it (see the destructor): its thread may be

@@ -89,18 +89,23 @@ public:
       return sendText(response, 405, "Method Not Allowed", kPlainText,
                       "method not allowed: use GET\n", true);
     }
-    std::string body;
-    try {
-      capnp::MallocMessageBuilder message;
-      auto status = message.initRoot<protocol::DaemonStatus>();
-      fill_(status);
-      body = renderPrometheus(status.asReader());
-    } catch (const kj::Exception& error) {
-      return failScrape(response, oneLine(error.getDescription()));
-    } catch (const std::exception& error) {
-      return failScrape(response, error.what());
-    }
-    return sendText(response, 200, "OK", kPrometheusContentType, std::move(body));
+    // A failure to take the snapshot, now or once every GPU has given its part, is a 500.
+    auto message = kj::heap<capnp::MallocMessageBuilder>();
+    auto status = message->initRoot<protocol::DaemonStatus>();
+    return kj::evalNow([&] { return fill_(status); })
+        .then(
+            [this, &response, status, message = kj::mv(message)]() mutable {
+              std::string body;
+              try {
+                body = renderPrometheus(status.asReader());
+              } catch (const std::exception& error) {
+                return failScrape(response, error.what());
+              }
+              return sendText(response, 200, "OK", kPrometheusContentType, std::move(body));
+            },
+            [this, &response](kj::Exception&& error) {
+              return failScrape(response, oneLine(error.getDescription()));
+            });
   }
 
 private:

@@ -28,8 +28,9 @@ public:
 
 class MetricsServer {
 public:
-  // Fills a fresh, empty status for one scrape. Runs on the event loop thread.
-  using FillStatus = std::function<void(protocol::DaemonStatus::Builder)>;
+  // Fills a fresh, empty status for one scrape, which lives until the promise resolves. Called
+  // on the event loop thread.
+  using FillStatus = std::function<kj::Promise<void>(protocol::DaemonStatus::Builder)>;
 
   // `address` is HOST:PORT: an IPv4 address or host name, or [IPv6]:PORT; port 0 picks a free
   // port. Nothing is bound until start().

@@ -1,6 +1,7 @@
 #include "server/session/client_session.hpp"
 
 #include "server/data_plane/data_plane.hpp"
+#include "server/gpu/gpu_messages.hpp"
 #include "server/session/call_answers.hpp"
 
 #include "protocol/cuda_result.hpp"
@@ -47,27 +48,30 @@ ClientSession::~ClientSession() noexcept {
   const ClientIdentity& who = stats_->identity;
   spdlog::info("client pid {} ({}) detached; reclaiming what it held", who.pid, who.command);
   for (auto& [device, client] : clients_) {
-    // What has not reached the device yet never runs; what nothing on the device can touch any
-    // more comes back now; the rest once the work that may touch it is done.
-    std::uint64_t freedNow = client->abandon();
-    std::uint64_t held = client->memoryUsed();
-    pid_t pid = who.pid;
-    std::uint32_t index = device;  // Clang 14 cannot capture structured bindings
-    if (freedNow > 0) {
-      spdlog::info("device {}: reclaimed {} bytes of pid {} at once", index, freedNow, pid);
-    }
-    auto drained = client->drain().fork();
-    drains.add(drained.addBranch());
-    services_.reaper.add(
-        drained.addBranch().then([client = std::move(client), held, pid, index]() mutable {
-          client.reset();
-          if (held > 0) {
-            spdlog::info(
-                "device {}: reclaimed {} bytes of pid {} once its work on the device was "
-                "done",
-                index, held, pid);
+    GpuClient& gone = *client;
+    // On its GPU, by a message that owns it from here on: what has not reached the device yet
+    // never runs; what nothing on the device can touch any more comes back now; the rest once
+    // the work that may touch it is done, when the GpuClient is destroyed there.
+    auto reclaimed =
+        onGpu(gone, [client = std::move(client), pid = who.pid](GpuClient&) mutable {
+          const std::uint32_t index = client->deviceIndex();
+          const std::uint64_t freedNow = client->abandon();
+          const std::uint64_t held = client->memoryUsed();
+          if (freedNow > 0) {
+            spdlog::info("device {}: reclaimed {} bytes of pid {} at once", index, freedNow, pid);
           }
-        }));
+          return client->drain().then([client = std::move(client), held, pid, index]() mutable {
+            client.reset();
+            if (held > 0) {
+              spdlog::info(
+                  "device {}: reclaimed {} bytes of pid {} once its work on the device was "
+                  "done",
+                  index, held, pid);
+            }
+          });
+        }).fork();
+    drains.add(reclaimed.addBranch());
+    services_.reaper.add(reclaimed.addBranch());
   }
   // Pinned memory stays registered (and the segment mapped) until the work that may use it is
   // over.
@@ -89,57 +93,78 @@ std::optional<std::uint32_t> ClientSession::deviceForOrdinal(std::uint32_t ordin
   return device;
 }
 
-GpuClient* ClientSession::clientForDevice(std::uint32_t ordinal) {
+kj::Promise<GpuClient*> ClientSession::openClientOnDevice(std::uint32_t ordinal) {
   const std::optional<std::uint32_t> device = deviceForOrdinal(ordinal);
-  if (!device) return nullptr;
-  auto found = clients_.find(*device);
-  if (found != clients_.end()) return found->second.get();
-  auto client = services_.gpus[*device]->openClient(stats_);
-  GpuClient* raw = client.get();
-  clients_.emplace(*device, std::move(client));
-  return raw;
+  if (!device) return static_cast<GpuClient*>(nullptr);
+  if (GpuClient* open = clientOnDevice(*device)) {
+    opening_.erase(*device);  // made; not erased in its own continuation, which it would free
+    return open;
+  }
+  auto opening = opening_.find(*device);
+  if (opening == opening_.end()) {
+    // Made on the GPU, by a message; a second call for the same device meanwhile waits for it.
+    auto opened = onGpu(*services_.gpus[*device], [stats = stats_](GpuShard& gpu) {
+                    return gpu.openClient(stats);
+                  }).then([this, device = *device](std::unique_ptr<GpuClient> client) {
+      clients_.emplace(device, std::move(client));
+    });
+    opening = opening_.emplace(*device, opened.fork()).first;
+  }
+  return opening->second.addBranch().then(
+      [this, device = *device]() -> GpuClient* { return clientOnDevice(device); });
+}
+
+GpuClient* ClientSession::clientOnDevice(std::uint32_t device) const {
+  auto found = clients_.find(device);
+  return found == clients_.end() ? nullptr : found->second.get();
 }
 
 GpuClient* ClientSession::clientFor(std::uint64_t handle, HandleKind kind) {
   auto device = deviceOf(handle, kind);
-  if (!device) return nullptr;
-  auto found = clients_.find(*device);
-  return found == clients_.end() ? nullptr : found->second.get();
+  return device ? clientOnDevice(*device) : nullptr;
 }
 
-GpuClient* ClientSession::clientOwning(CUdeviceptr pointer) {
-  for (auto& [device, client] : clients_) {
-    if (client->ownsAllocation(pointer)) return client.get();
-  }
-  return nullptr;
+kj::Promise<GpuClient*> ClientSession::clientOwning(CUdeviceptr pointer) {
+  return firstClientWhere([pointer](GpuClient& client) { return client.ownsAllocation(pointer); });
 }
 
 // ---------------------------------------------------------------------------------------------
 // Contexts
 
-kj::Promise<void> ClientSession::whenDeviceServes(std::uint32_t ordinal) {
-  const std::optional<std::uint32_t> device = deviceForOrdinal(ordinal);
-  if (!device) return kj::READY_NOW;  // the call answers CUDA_ERROR_INVALID_DEVICE
-  return services_.gpus[*device]->whenServing();
-}
-
 template <typename CallContext, typename Make>
 kj::Promise<void> ClientSession::giveContext(CallContext context, std::uint32_t ordinal,
                                              Make make) {
-  return whenDeviceServes(ordinal).then([this, context, ordinal, make]() mutable {
-    auto results = context.getResults();
-    GpuClient* client = clientForDevice(ordinal);
-    if (client == nullptr) {
-      results.setResult(CUDA_ERROR_INVALID_DEVICE);
-      return;
-    }
-    backend::Result<Handle> given = make(*client);
-    results.setResult(given.code());
-    if (given.ok()) {
-      results.setContext(given.value());
-      noteDeviceUsed(client->deviceIndex());
-    }
-  });
+  return openClientOnDevice(ordinal).then(
+      [this, context, make = std::move(make)](GpuClient* client) mutable -> kj::Promise<void> {
+        if (client == nullptr) {
+          context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
+          return kj::READY_NOW;
+        }
+        const std::uint32_t device = client->deviceIndex();
+        // Made once the GPU serves: a reset of its context under way would take a new one.
+        return onGpu(*client,
+                     [make = std::move(make)](GpuClient& client) mutable {
+                       return client.whenGpuServes().then(
+                           [&client, make = std::move(make)]() mutable { return make(client); });
+                     })
+            .then([this, context, device](backend::Result<Handle> given) mutable {
+              auto results = context.getResults();
+              results.setResult(given.code());
+              if (given.ok()) {
+                results.setContext(given.value());
+                noteDeviceUsed(device);
+              }
+            });
+      });
+}
+
+template <typename CallContext, typename Operation>
+kj::Promise<void> ClientSession::answerOnDevice(CallContext context, std::uint32_t ordinal,
+                                                Operation operation) {
+  return openClientOnDevice(ordinal).then(
+      [context, operation = std::move(operation)](GpuClient* client) mutable {
+        return answerFromGpu(context, client, CUDA_ERROR_INVALID_DEVICE, std::move(operation));
+      });
 }
 
 kj::Promise<void> ClientSession::createContext(CreateContextContext context) {
@@ -155,10 +180,9 @@ void ClientSession::noteDeviceUsed(std::uint32_t device) {
 }
 
 kj::Promise<void> ClientSession::destroyContext(DestroyContextContext context) {
-  std::uint64_t handle = context.getParams().getContext();
-  return answerWhenDone(context, clientFor(handle, HandleKind::kContext),
-                        CUDA_ERROR_INVALID_CONTEXT,
-                        [&](GpuClient& client) { return client.destroyContext(handle); });
+  const std::uint64_t handle = context.getParams().getContext();
+  return answerFromGpu(context, clientFor(handle, HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+                       [handle](GpuClient& client) { return client.destroyContext(handle); });
 }
 
 kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContext context) {
@@ -167,36 +191,37 @@ kj::Promise<void> ClientSession::retainPrimaryContext(RetainPrimaryContextContex
 }
 
 kj::Promise<void> ClientSession::releasePrimaryContext(ReleasePrimaryContextContext context) {
-  return answerWhenDone(context, clientForDevice(context.getParams().getDevice()),
-                        CUDA_ERROR_INVALID_DEVICE,
+  return answerOnDevice(context, context.getParams().getDevice(),
                         [](GpuClient& client) { return client.releasePrimaryContext(); });
 }
 
 kj::Promise<void> ClientSession::resetPrimaryContext(ResetPrimaryContextContext context) {
-  return answerWhenDone(context, clientForDevice(context.getParams().getDevice()),
-                        CUDA_ERROR_INVALID_DEVICE,
+  return answerOnDevice(context, context.getParams().getDevice(),
                         [](GpuClient& client) { return client.resetPrimaryContext(); });
 }
 
 kj::Promise<void> ClientSession::setPrimaryContextFlags(SetPrimaryContextFlagsContext context) {
-  auto params = context.getParams();
-  return answerNow(
-      context, clientForDevice(params.getDevice()), CUDA_ERROR_INVALID_DEVICE,
-      [&](GpuClient& client) { return client.setPrimaryContextFlags(params.getFlags()); });
+  const unsigned flags = context.getParams().getFlags();
+  return answerOnDevice(context, context.getParams().getDevice(), [flags](GpuClient& client) {
+    return client.setPrimaryContextFlags(flags);
+  });
 }
 
 kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateContext context) {
-  auto results = context.getResults();
-  GpuClient* client = clientForDevice(context.getParams().getDevice());
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_DEVICE);
-    return kj::READY_NOW;
-  }
-  PrimaryContextState primary = client->primaryContextState();
-  results.setResult(CUDA_SUCCESS);
-  results.setFlags(primary.flags);
-  results.setActive(primary.active);
-  return kj::READY_NOW;
+  return openClientOnDevice(context.getParams().getDevice())
+      .then([context](GpuClient* client) mutable -> kj::Promise<void> {
+        if (client == nullptr) {
+          context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
+          return kj::READY_NOW;
+        }
+        return onGpu(*client, [](GpuClient& client) { return client.primaryContextState(); })
+            .then([context](PrimaryContextState primary) mutable {
+              auto results = context.getResults();
+              results.setResult(CUDA_SUCCESS);
+              results.setFlags(primary.flags);
+              results.setActive(primary.active);
+            });
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,60 +229,48 @@ kj::Promise<void> ClientSession::getPrimaryContextState(GetPrimaryContextStateCo
 
 kj::Promise<void> ClientSession::memAlloc(MemAllocContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  return client->allocate(params.getContext(), params.getBytes())
-      .then([context](backend::Result<CUdeviceptr> pointer) mutable {
-        auto results = context.getResults();
-        results.setResult(pointer.code());
-        if (pointer.ok()) results.setPointer(pointer.value());
-      });
+  const std::uint64_t handle = params.getContext();
+  const std::uint64_t bytes = params.getBytes();
+  return answerCreated(
+      context, clientFor(handle, HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [handle, bytes](GpuClient& client) { return client.allocate(handle, bytes); },
+      [](auto& results, CUdeviceptr pointer) { results.setPointer(pointer); });
 }
 
 kj::Promise<void> ClientSession::memFree(MemFreeContext context) {
-  CUdeviceptr pointer = context.getParams().getPointer();
-  return answerWhenDone(context, clientOwning(pointer), CUDA_ERROR_INVALID_VALUE,
-                        [&](GpuClient& client) { return client.free(pointer); });
+  const CUdeviceptr pointer = context.getParams().getPointer();
+  return clientOwning(pointer).then([context, pointer](GpuClient* owner) mutable {
+    return answerFromGpu(context, owner, CUDA_ERROR_INVALID_VALUE,
+                         [pointer](GpuClient& client) { return client.free(pointer); });
+  });
 }
 
 kj::Promise<void> ClientSession::memGetInfo(MemGetInfoContext context) {
-  auto results = context.getResults();
-  std::uint64_t handle = context.getParams().getContext();
-  GpuClient* client = clientFor(handle, HandleKind::kContext);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
-  auto info = client->memoryInfo(handle);
-  results.setResult(info.code());
-  if (info.ok()) {
-    results.setFree(info.value().free);
-    results.setTotal(info.value().total);
-  }
-  return kj::READY_NOW;
+  const std::uint64_t handle = context.getParams().getContext();
+  return answerCreated(
+      context, clientFor(handle, HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [handle](GpuClient& client) { return client.memoryInfo(handle); },
+      [](auto& results, const backend::MemoryInfo& info) {
+        results.setFree(info.free);
+        results.setTotal(info.total);
+      });
 }
 
 kj::Promise<void> ClientSession::setLimit(SetLimitContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_CONTEXT);
-    return kj::READY_NOW;
-  }
+  const std::uint64_t handle = params.getContext();
   const auto limit = static_cast<CUlimit>(params.getLimit());
-  if (limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_PRINTF_FIFO_SIZE &&
+  const std::uint64_t value = params.getValue();
+  GpuClient* client = clientFor(handle, HandleKind::kContext);
+  if (client != nullptr && limit != CU_LIMIT_STACK_SIZE && limit != CU_LIMIT_PRINTF_FIFO_SIZE &&
       limit != CU_LIMIT_MALLOC_HEAP_SIZE) {
-    results.setResult(CUDA_ERROR_UNSUPPORTED_LIMIT);
+    context.getResults().setResult(CUDA_ERROR_UNSUPPORTED_LIMIT);
     return kj::READY_NOW;
   }
-  auto granted = client->setLimit(params.getContext(), limit, params.getValue());
-  results.setResult(granted.code());
-  if (granted.ok()) results.setValue(granted.value());
-  return kj::READY_NOW;
+  return answerCreated(
+      context, client, CUDA_ERROR_INVALID_CONTEXT,
+      [handle, limit, value](GpuClient& client) { return client.setLimit(handle, limit, value); },
+      [](auto& results, std::uint64_t granted) { results.setValue(granted); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,78 +278,74 @@ kj::Promise<void> ClientSession::setLimit(SetLimitContext context) {
 
 kj::Promise<void> ClientSession::loadModule(LoadModuleContext context) {
   auto params = context.getParams();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
+  const std::uint64_t handle = params.getContext();
+  GpuClient* client = clientFor(handle, HandleKind::kContext);
   if (client == nullptr) {
     context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
     return kj::READY_NOW;
   }
-  const auto image = bytesOf(params.getImage());
-  return answerLoadedModule(context,
-                            client->loadModule(params.getContext(), {image.begin(), image.end()}));
+  const auto bytes = bytesOf(params.getImage());
+  return answerLoadedModule(context, *client, handle, {bytes.begin(), bytes.end()});
 }
 
 kj::Promise<void> ClientSession::unloadModule(UnloadModuleContext context) {
-  std::uint64_t handle = context.getParams().getModule();
-  return answerWhenDone(context, clientFor(handle, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
-                        [&](GpuClient& client) { return client.unloadModule(handle); });
+  const std::uint64_t handle = context.getParams().getModule();
+  return answerFromGpu(context, clientFor(handle, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
+                       [handle](GpuClient& client) { return client.unloadModule(handle); });
 }
 
 kj::Promise<void> ClientSession::getGlobal(GetGlobalContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getModule(), HandleKind::kModule);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_HANDLE);
-    return kj::READY_NOW;
-  }
-  auto variable = client->global(params.getModule(), std::string(params.getName().cStr()));
-  results.setResult(variable.code());
-  if (variable.ok()) {
-    results.setPointer(variable.value().address);
-    results.setBytes(variable.value().bytes);
-    results.setManaged(variable.value().managed);
-  }
-  return kj::READY_NOW;
+  const std::uint64_t module = params.getModule();
+  return answerCreated(
+      context, clientFor(module, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
+      [module, name = std::string(params.getName().cStr())](GpuClient& client) {
+        return client.global(module, name);
+      },
+      [](auto& results, const backend::GlobalVariable& variable) {
+        results.setPointer(variable.address);
+        results.setBytes(variable.bytes);
+        results.setManaged(variable.managed);
+      });
 }
 
 kj::Promise<void> ClientSession::placeManagedVariable(PlaceManagedVariableContext context) {
   auto params = context.getParams();
-  return answerNow(context, clientFor(params.getModule(), HandleKind::kModule),
-                   CUDA_ERROR_INVALID_HANDLE, [&](GpuClient& client) {
-                     return client.placeManagedVariable(params.getModule(),
-                                                        std::string(params.getName().cStr()),
-                                                        params.getAddress(), params.getKeepValue());
-                   });
+  const std::uint64_t module = params.getModule();
+  return answerFromGpu(
+      context, clientFor(module, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
+      [module, name = std::string(params.getName().cStr()), address = params.getAddress(),
+       keepValue = params.getKeepValue()](GpuClient& client) {
+        return client.placeManagedVariable(module, name, address, keepValue);
+      });
 }
 
 kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getModule(), HandleKind::kModule);
-  if (client == nullptr) {
-    results.setResult(CUDA_ERROR_INVALID_HANDLE);
-    return kj::READY_NOW;
-  }
-  auto function = client->function(params.getModule(), std::string(params.getName().cStr()));
-  results.setResult(function.code());
-  if (!function.ok()) return kj::READY_NOW;
-  results.setFunction(function.value().handle);
-  const backend::FunctionInfo& info = *function.value().info;
-  auto layout = results.initLayout();
-  auto parameters = layout.initParameters(static_cast<unsigned>(info.parameters.size()));
-  for (unsigned i = 0; i < info.parameters.size(); ++i) {
-    parameters[i].setOffset(info.parameters[i].offset);
-    parameters[i].setSize(info.parameters[i].size);
-  }
-  layout.setParameterBytes(info.parameterBytes);
-  layout.setMaxThreadsPerBlock(info.maxThreadsPerBlock);
-  layout.setSharedSizeBytes(info.sharedSizeBytes);
-  layout.setNumRegs(info.numRegs);
-  layout.setLocalSizeBytes(info.localSizeBytes);
-  layout.setConstSizeBytes(info.constSizeBytes);
-  layout.setPtxVersion(info.ptxVersion);
-  layout.setBinaryVersion(info.binaryVersion);
-  return kj::READY_NOW;
+  const std::uint64_t module = params.getModule();
+  return answerCreated(
+      context, clientFor(module, HandleKind::kModule), CUDA_ERROR_INVALID_HANDLE,
+      [module, name = std::string(params.getName().cStr())](GpuClient& client) {
+        return client.function(module, name);
+      },
+      [](auto& results, const FunctionHandle& function) {
+        results.setFunction(function.handle);
+        const backend::FunctionInfo& info = function.info;
+        auto layout = results.initLayout();
+        auto parameters = layout.initParameters(static_cast<unsigned>(info.parameters.size()));
+        for (unsigned i = 0; i < info.parameters.size(); ++i) {
+          parameters[i].setOffset(info.parameters[i].offset);
+          parameters[i].setSize(info.parameters[i].size);
+        }
+        layout.setParameterBytes(info.parameterBytes);
+        layout.setMaxThreadsPerBlock(info.maxThreadsPerBlock);
+        layout.setSharedSizeBytes(info.sharedSizeBytes);
+        layout.setNumRegs(info.numRegs);
+        layout.setLocalSizeBytes(info.localSizeBytes);
+        layout.setConstSizeBytes(info.constSizeBytes);
+        layout.setPtxVersion(info.ptxVersion);
+        layout.setBinaryVersion(info.binaryVersion);
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,18 +353,19 @@ kj::Promise<void> ClientSession::getFunction(GetFunctionContext context) {
 
 kj::Promise<void> ClientSession::createStream(CreateStreamContext context) {
   auto params = context.getParams();
+  const std::uint64_t handle = params.getContext();
   return answerCreated(
-      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
-      [&](GpuClient& client) {
-        return client.createStream(params.getContext(), params.getFlags(), params.getPriority());
+      context, clientFor(handle, HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [handle, flags = params.getFlags(), priority = params.getPriority()](GpuClient& client) {
+        return client.createStream(handle, flags, priority);
       },
       [](auto& results, Handle stream) { results.setStream(stream); });
 }
 
 kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
-  std::uint64_t handle = context.getParams().getStream();
-  return answerNow(context, clientFor(handle, HandleKind::kStream), CUDA_ERROR_INVALID_HANDLE,
-                   [&](GpuClient& client) { return client.destroyStream(handle); });
+  const std::uint64_t handle = context.getParams().getStream();
+  return answerFromGpu(context, clientFor(handle, HandleKind::kStream), CUDA_ERROR_INVALID_HANDLE,
+                       [handle](GpuClient& client) { return client.destroyStream(handle); });
 }
 
 GpuClient* ClientSession::clientForStream(std::uint64_t context, std::uint64_t stream,
@@ -370,30 +380,31 @@ GpuClient* ClientSession::clientForStream(std::uint64_t context, std::uint64_t s
 
 kj::Promise<void> ClientSession::createEvent(CreateEventContext context) {
   auto params = context.getParams();
+  const std::uint64_t handle = params.getContext();
   return answerCreated(
-      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
-      [&](GpuClient& client) { return client.createEvent(params.getContext(), params.getFlags()); },
+      context, clientFor(handle, HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [handle, flags = params.getFlags()](GpuClient& client) {
+        return client.createEvent(handle, flags);
+      },
       [](auto& results, Handle event) { results.setEvent(event); });
 }
 
 kj::Promise<void> ClientSession::destroyEvent(DestroyEventContext context) {
-  std::uint64_t handle = context.getParams().getEvent();
-  return answerNow(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
-                   [&](GpuClient& client) { return client.destroyEvent(handle); });
+  const std::uint64_t handle = context.getParams().getEvent();
+  return answerFromGpu(context, clientFor(handle, HandleKind::kEvent), CUDA_ERROR_INVALID_HANDLE,
+                       [handle](GpuClient& client) { return client.destroyEvent(handle); });
 }
 
 kj::Promise<void> ClientSession::eventElapsedTime(EventElapsedTimeContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
-  GpuClient* client = clientFor(params.getStart(), HandleKind::kEvent);
-  if (client == nullptr || handleDevice(params.getEnd()) != client->deviceIndex()) {
-    results.setResult(CUDA_ERROR_INVALID_HANDLE);
-    return kj::READY_NOW;
-  }
-  auto elapsed = client->eventElapsedTime(params.getStart(), params.getEnd());
-  results.setResult(elapsed.code());
-  if (elapsed.ok()) results.setMilliseconds(elapsed.value());
-  return kj::READY_NOW;
+  const std::uint64_t start = params.getStart();
+  const std::uint64_t end = params.getEnd();
+  GpuClient* client = clientFor(start, HandleKind::kEvent);
+  if (client != nullptr && handleDevice(end) != client->deviceIndex()) client = nullptr;
+  return answerCreated(
+      context, client, CUDA_ERROR_INVALID_HANDLE,
+      [start, end](GpuClient& client) { return client.eventElapsedTime(start, end); },
+      [](auto& results, float milliseconds) { results.setMilliseconds(milliseconds); });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,9 +13,12 @@
 #include "server/data_plane/client_channel.hpp"
 #include "server/gpu/client_stats.hpp"
 #include "server/gpu/gpu_client.hpp"
+#include "server/gpu/gpu_messages.hpp"
 #include "server/gpu/live_pinned_allocations.hpp"
 #include "server/session/pod_identity.hpp"
 #include "server/session/session_services.hpp"
+
+#include <kj/vector.h>
 
 #include <map>
 #include <memory>
@@ -106,16 +109,27 @@ private:
     TenantMemoryHold charge;
   };
 
-  // Answers a call that loads a module (loadModule, loadModuleImage) once the load has ended.
+  // Loads `image` into the client's context `moduleContext` on its GPU, and answers the call
+  // (loadModule, loadModuleImage) once the load has ended.
   template <typename Context>
-  static kj::Promise<void> answerLoadedModule(Context context,
-                                              kj::Promise<backend::Result<Handle>> loaded) {
-    return loaded.then([context](backend::Result<Handle> module) mutable {
-      auto results = context.getResults();
-      results.setResult(module.code());
-      if (module.ok()) results.setModule(module.value());
-    });
+  static kj::Promise<void> answerLoadedModule(Context context, GpuClient& client,
+                                              Handle moduleContext, std::vector<std::byte> image) {
+    return onGpu(client,
+                 [moduleContext, image = std::move(image)](GpuClient& client) mutable {
+                   return client.loadModule(moduleContext, std::move(image));
+                 })
+        .then([context](backend::Result<Handle> module) mutable {
+          auto results = context.getResults();
+          results.setResult(module.code());
+          if (module.ok()) results.setModule(module.value());
+        });
   }
+
+  // The upload beginModuleImage asks for, of `bytes` into `moduleContext` on daemon device
+  // `device` (whose memory is `memory`): its id goes into `results`; returns the call's result.
+  CUresult beginUpload(const backend::Result<backend::MemoryInfo>& memory,
+                       std::uint64_t moduleContext, std::uint32_t device, std::uint64_t bytes,
+                       protocol::Session::BeginModuleImageResults::Builder results);
 
   // dispatchCall once the records ahead of the call have left the ring.
   kj::Promise<void> dispatchAfterRing(
@@ -183,27 +197,34 @@ private:
   // Unregisters what is left at teardown, once `drained` resolves.
   void releasePinnedAtTeardown(kj::Promise<void> drained);
 
-  // The client's state on its device ordinal `device`, created on first use; null for a device
-  // it cannot see.
-  GpuClient* clientForDevice(std::uint32_t device);
+  // The client's state on its visible device `ordinal`, opened on that GPU (a message) on first
+  // use; null for a device it cannot see.
+  kj::Promise<GpuClient*> openClientOnDevice(std::uint32_t ordinal);
+  // The client's state on daemon device `device` if it has been opened; else null.
+  GpuClient* clientOnDevice(std::uint32_t device) const;
   // The daemon's index of the client's visible device `ordinal`; nullopt for one it cannot see.
   std::optional<std::uint32_t> deviceForOrdinal(std::uint32_t ordinal) const;
   // The client's ordinal of daemon device `device`; nullopt for one it cannot see.
   std::optional<std::uint32_t> ordinalOf(std::uint32_t device) const;
-  // Resolves once the GPU behind visible device `ordinal` serves new contexts: at once, or when
-  // the reset of its context now under way ends (GpuShard::whenServing).
-  kj::Promise<void> whenDeviceServes(std::uint32_t ordinal);
   // Answers `context` (a call that gives a context) with the context `make` gives the client on
-  // device `ordinal`, once that GPU serves.
+  // device `ordinal`, on that GPU once it serves new contexts: at once, or when the reset of its
+  // context now under way ends (GpuShard::whenServing).
   template <typename CallContext, typename Make>
   kj::Promise<void> giveContext(CallContext context, std::uint32_t ordinal, Make make);
+  // answerFromGpu (call_answers.hpp) for a call that names a device ordinal.
+  template <typename CallContext, typename Operation>
+  kj::Promise<void> answerOnDevice(CallContext context, std::uint32_t ordinal, Operation operation);
+  // The first of the client's GPUs, in device order, for which `test(client)`, asked on every GPU
+  // at once, is true; null when none is.
+  template <typename Test>
+  kj::Promise<GpuClient*> firstClientWhere(Test test);
   void noteDeviceUsed(std::uint32_t device);
   // The client's state on the device a handle of `kind` names; null when no such state exists.
   GpuClient* clientFor(std::uint64_t handle, HandleKind kind);
-  // The GpuClient owning device pointer `pointer`, or null.
-  GpuClient* clientOwning(CUdeviceptr pointer);
+  // The GpuClient owning device pointer `pointer`, or null (firstClientWhere).
+  kj::Promise<GpuClient*> clientOwning(CUdeviceptr pointer);
   // The GpuClient holding the address reservation `address` lies in, or null.
-  GpuClient* clientReserving(CUdeviceptr address);
+  kj::Promise<GpuClient*> clientReserving(CUdeviceptr address);
   // The GpuClient of the caller's context `context` when it is on daemon device `device` and
   // `token` is a token's size; else null, and `refused` says why (ipcOpenMemory, ipcOpenEvent).
   GpuClient* clientForIpcOpen(std::uint64_t context, std::uint32_t device,
@@ -213,7 +234,10 @@ private:
   std::shared_ptr<ClientStats> stats_;
   std::vector<std::uint32_t> visibleDevices_;
   std::uint64_t connectionId_;
-  std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;  // by daemon device index
+  // By daemon device index: each made on its GPU (openClientOnDevice), and destroyed there.
+  std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;
+  // GpuClients being made, by daemon device index: resolved once in clients_.
+  std::map<std::uint32_t, kj::ForkedPromise<void>> opening_;
   std::vector<std::uint32_t> devicesUsed_;
   // The data plane, once the client asked for it. The tasks finish ring commands that answer
   // later (synchronisations, device-to-host copies) and are dropped before the channel.
@@ -244,6 +268,23 @@ private:
   // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
+
+template <typename Test>
+kj::Promise<GpuClient*> ClientSession::firstClientWhere(Test test) {
+  kj::Vector<kj::Promise<bool>> answers;
+  kj::Vector<GpuClient*> asked;
+  for (auto& [device, client] : clients_) {
+    asked.add(client.get());
+    answers.add(onGpu(*client, test));
+  }
+  return kj::joinPromises(answers.releaseAsArray())
+      .then([asked = asked.releaseAsArray()](kj::Array<bool> found) -> GpuClient* {
+        for (std::size_t i = 0; i < found.size(); ++i) {
+          if (found[i]) return asked[i];
+        }
+        return nullptr;
+      });
+}
 
 // Bootstrap capability of one client connection: knows who is on the other end from the socket.
 class ClientGateway final : public protocol::Gateway::Server {

@@ -773,19 +773,25 @@ void ClientSession::collectDeviceOutput(CommandPort& port) {
 }
 
 kj::Promise<void> ClientSession::takeDeviceOutput(TakeDeviceOutputContext context) {
-  // Each GPU's output in device order; one answer holds at most what one GPU may keep.
-  GpuClient::DeviceOutput joined;
+  // Each GPU's output, taken there, joined in device order; one answer holds at most what one
+  // GPU may keep.
+  kj::Vector<kj::Promise<GpuClient::DeviceOutput>> taken;
   for (const auto& [device, client] : clients_) {
-    GpuClient::DeviceOutput output = client->takeDeviceOutput();
-    joined.text += output.text;
-    joined.lostBytes += output.lostBytes;
+    taken.add(onGpu(*client, [](GpuClient& client) { return client.takeDeviceOutput(); }));
   }
-  joined.lostBytes += keepNewestOutput(joined.text, GpuClient::kMaxDeviceOutputBytes);
-  auto results = context.getResults();
-  results.setText(
-      kj::arrayPtr(reinterpret_cast<const capnp::byte*>(joined.text.data()), joined.text.size()));
-  results.setLostBytes(joined.lostBytes);
-  return kj::READY_NOW;
+  return kj::joinPromises(taken.releaseAsArray())
+      .then([context](kj::Array<GpuClient::DeviceOutput> outputs) mutable {
+        GpuClient::DeviceOutput joined;
+        for (const GpuClient::DeviceOutput& output : outputs) {
+          joined.text += output.text;
+          joined.lostBytes += output.lostBytes;
+        }
+        joined.lostBytes += keepNewestOutput(joined.text, GpuClient::kMaxDeviceOutputBytes);
+        auto results = context.getResults();
+        results.setText(kj::arrayPtr(reinterpret_cast<const capnp::byte*>(joined.text.data()),
+                                     joined.text.size()));
+        results.setLostBytes(joined.lostBytes);
+      });
 }
 
 }  // namespace gpuproxy::server

@@ -47,17 +47,17 @@ GpuClient* ClientSession::clientForIpcOpen(std::uint64_t context, std::uint32_t 
 
 kj::Promise<void> ClientSession::ipcExportMemory(IpcExportMemoryContext context) {
   const CUdeviceptr pointer = context.getParams().getPointer();
-  auto results = context.getResults();
-  results.setResult(CUDA_ERROR_INVALID_VALUE);
-  for (auto& [device, client] : clients_) {
-    auto token = client->exportMemory(pointer);
-    if (!token.ok()) continue;
-    results.setResult(CUDA_SUCCESS);
-    results.setDevice(device);
-    results.setToken(dataOf(token.value()));
-    break;
-  }
-  return kj::READY_NOW;
+  return firstClientWhere([pointer](GpuClient& client) { return client.inAllocation(pointer); })
+      .then([context, pointer](GpuClient* client) mutable {
+        const std::uint32_t device = client == nullptr ? 0 : client->deviceIndex();
+        return answerCreated(
+            context, client, CUDA_ERROR_INVALID_VALUE,
+            [pointer](GpuClient& exporter) { return exporter.exportMemory(pointer); },
+            [device](auto& results, const IpcToken& token) {
+              results.setDevice(device);
+              results.setToken(dataOf(token));
+            });
+      });
 }
 
 kj::Promise<void> ClientSession::ipcOpenMemory(IpcOpenMemoryContext context) {
@@ -65,10 +65,14 @@ kj::Promise<void> ClientSession::ipcOpenMemory(IpcOpenMemoryContext context) {
   CUresult refused = CUDA_SUCCESS;
   GpuClient* client =
       clientForIpcOpen(params.getContext(), params.getDevice(), params.getToken(), refused);
+  if (client == nullptr) {
+    context.getResults().setResult(refused);
+    return kj::READY_NOW;
+  }
   return answerCreated(
       context, client, refused,
-      [&](GpuClient& opener) {
-        return opener.openMemory(params.getContext(), tokenOf(params.getToken()));
+      [handle = params.getContext(), token = tokenOf(params.getToken())](GpuClient& opener) {
+        return opener.openMemory(handle, token);
       },
       [](auto& results, const IpcExports::Range& range) {
         results.setPointer(range.base);
@@ -78,22 +82,22 @@ kj::Promise<void> ClientSession::ipcOpenMemory(IpcOpenMemoryContext context) {
 
 kj::Promise<void> ClientSession::ipcCloseMemory(IpcCloseMemoryContext context) {
   const CUdeviceptr pointer = context.getParams().getPointer();
-  GpuClient* holder = nullptr;
-  for (auto& [device, client] : clients_) {
-    if (client->holdsMapping(pointer)) holder = client.get();
-  }
-  return answerWhenDone(context, holder, CUDA_ERROR_INVALID_VALUE,
-                        [&](GpuClient& client) { return client.closeMemory(pointer); });
+  return firstClientWhere([pointer](GpuClient& client) { return client.holdsMapping(pointer); })
+      .then([context, pointer](GpuClient* holder) mutable {
+        return answerFromGpu(context, holder, CUDA_ERROR_INVALID_VALUE,
+                             [pointer](GpuClient& client) { return client.closeMemory(pointer); });
+      });
 }
 
 kj::Promise<void> ClientSession::ipcExportEvent(IpcExportEventContext context) {
   const std::uint64_t event = context.getParams().getEvent();
   GpuClient* client = clientFor(event, HandleKind::kEvent);
+  const std::uint32_t device = client == nullptr ? 0 : client->deviceIndex();
   return answerCreated(
       context, client, CUDA_ERROR_INVALID_HANDLE,
-      [&](GpuClient& exporter) { return exporter.exportEvent(event); },
-      [client](auto& results, const IpcToken& token) {
-        results.setDevice(client->deviceIndex());
+      [event](GpuClient& exporter) { return exporter.exportEvent(event); },
+      [device](auto& results, const IpcToken& token) {
+        results.setDevice(device);
         results.setToken(dataOf(token));
       });
 }
@@ -103,10 +107,14 @@ kj::Promise<void> ClientSession::ipcOpenEvent(IpcOpenEventContext context) {
   CUresult refused = CUDA_SUCCESS;
   GpuClient* client =
       clientForIpcOpen(params.getContext(), params.getDevice(), params.getToken(), refused);
+  if (client == nullptr) {
+    context.getResults().setResult(refused);
+    return kj::READY_NOW;
+  }
   return answerCreated(
       context, client, refused,
-      [&](GpuClient& opener) {
-        return opener.openEvent(params.getContext(), tokenOf(params.getToken()));
+      [handle = params.getContext(), token = tokenOf(params.getToken())](GpuClient& opener) {
+        return opener.openEvent(handle, token);
       },
       [](auto& results, Handle event) { results.setEvent(event); });
 }
@@ -114,11 +122,12 @@ kj::Promise<void> ClientSession::ipcOpenEvent(IpcOpenEventContext context) {
 kj::Promise<void> ClientSession::memExport(MemExportContext context) {
   const Handle handle = context.getParams().getHandle();
   GpuClient* client = clientFor(handle, HandleKind::kPhysicalMemory);
+  const std::uint32_t device = client == nullptr ? 0 : client->deviceIndex();
   return answerCreated(
       context, client, CUDA_ERROR_INVALID_VALUE,
-      [&](GpuClient& exporter) { return exporter.exportPhysicalMemory(handle); },
-      [client](auto& results, const IpcToken& token) {
-        results.setDevice(client->deviceIndex());
+      [handle](GpuClient& exporter) { return exporter.exportPhysicalMemory(handle); },
+      [device](auto& results, const IpcToken& token) {
+        results.setDevice(device);
         results.setToken(dataOf(token));
       });
 }
@@ -135,19 +144,22 @@ kj::Promise<void> ClientSession::memImport(MemImportContext context) {
     return kj::READY_NOW;
   }
   const IpcToken token = tokenOf(params.getToken());
-  // Physical memory the client holds, as memCreate's: once the GPU serves.
-  return whenDeviceServes(*ordinal).then([this, context, ordinal = *ordinal, token]() mutable {
-    GpuClient* client = clientForDevice(ordinal);
-    if (client != nullptr) noteDeviceUsed(client->deviceIndex());
-    return answerCreated(
-        context, client, CUDA_ERROR_INVALID_DEVICE,
-        [&](GpuClient& importer) { return importer.importPhysicalMemory(token); },
-        [ordinal](auto& results, const GpuClient::ImportedMemory& imported) {
-          results.setHandle(imported.handle);
-          results.setBytes(imported.bytes);
-          results.setOrdinal(ordinal);
-        });
-  });
+  return openClientOnDevice(*ordinal).then(
+      [this, context, ordinal = *ordinal, token](GpuClient* client) mutable {
+        if (client != nullptr) noteDeviceUsed(client->deviceIndex());
+        // Physical memory the client holds, as memCreate's: once the GPU serves.
+        return answerCreated(
+            context, client, CUDA_ERROR_INVALID_DEVICE,
+            [token](GpuClient& importer) {
+              return importer.whenGpuServes().then(
+                  [&importer, token] { return importer.importPhysicalMemory(token); });
+            },
+            [ordinal](auto& results, const GpuClient::ImportedMemory& imported) {
+              results.setHandle(imported.handle);
+              results.setBytes(imported.bytes);
+              results.setOrdinal(ordinal);
+            });
+      });
 }
 
 }  // namespace gpuproxy::server

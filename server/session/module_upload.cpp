@@ -3,6 +3,8 @@
 // bytes it has not charged to the tenant.
 #include "server/session/client_session.hpp"
 
+#include "server/gpu/gpu_messages.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -12,37 +14,52 @@ namespace gpuproxy::server {
 
 kj::Promise<void> ClientSession::beginModuleImage(BeginModuleImageContext context) {
   auto params = context.getParams();
-  auto results = context.getResults();
   const std::uint64_t bytes = params.getBytes();
-  GpuClient* client = clientFor(params.getContext(), HandleKind::kContext);
-  auto answer = [&](CUresult result) {
-    results.setResult(result);
+  const std::uint64_t moduleContext = params.getContext();
+  GpuClient* client = clientFor(moduleContext, HandleKind::kContext);
+  if (client == nullptr) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_CONTEXT);
     return kj::READY_NOW;
-  };
-  if (client == nullptr) return answer(CUDA_ERROR_INVALID_CONTEXT);
-  if (bytes == 0) return answer(CUDA_ERROR_INVALID_IMAGE);
+  }
+  if (bytes == 0) {
+    context.getResults().setResult(CUDA_ERROR_INVALID_IMAGE);
+    return kj::READY_NOW;
+  }
+  const std::uint32_t device = client->deviceIndex();
+  // No image is larger than the device: the module it makes would not fit.
+  return onGpu(*client,
+               [moduleContext](GpuClient& client) { return client.memoryInfo(moduleContext); })
+      .then([this, context, bytes, moduleContext,
+             device](backend::Result<backend::MemoryInfo> memory) mutable {
+        auto results = context.getResults();
+        results.setResult(beginUpload(memory, moduleContext, device, bytes, results));
+      });
+}
+
+CUresult ClientSession::beginUpload(const backend::Result<backend::MemoryInfo>& memory,
+                                    std::uint64_t moduleContext, std::uint32_t device,
+                                    std::uint64_t bytes,
+                                    protocol::Session::BeginModuleImageResults::Builder results) {
+  if (!memory.ok()) return memory.code();
+  if (bytes > memory.value().total) return CUDA_ERROR_OUT_OF_MEMORY;
   if (uploads_.size() >= kMaxModuleUploads) {
     spdlog::info("pid {}: refused a module upload: {} are open already", stats_->identity.pid,
                  uploads_.size());
-    return answer(CUDA_ERROR_OUT_OF_MEMORY);
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  // No image is larger than the device: the module it makes would not fit.
-  auto memory = client->memoryInfo(params.getContext());
-  if (!memory.ok()) return answer(memory.code());
-  if (bytes > memory.value().total) return answer(CUDA_ERROR_OUT_OF_MEMORY);
-  auto charge = TenantMemoryHold::take(stats_->tenant, client->deviceIndex(), bytes);
+  auto charge = TenantMemoryHold::take(stats_->tenant, device, bytes);
   if (!charge) {
     spdlog::info(
         "device {}: pid {} of tenant '{}' announced a module image of {} bytes beyond "
         "its limit",
-        client->deviceIndex(), stats_->identity.pid, stats_->tenant->name(), bytes);
-    return answer(CUDA_ERROR_OUT_OF_MEMORY);
+        device, stats_->identity.pid, stats_->tenant->name(), bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const std::uint64_t id = ++lastUpload_;
   uploads_.emplace(id, std::make_unique<ModuleUpload>(
-                           ModuleUpload{params.getContext(), bytes, {}, std::move(*charge)}));
+                           ModuleUpload{moduleContext, bytes, {}, std::move(*charge)}));
   results.setUpload(id);
-  return answer(CUDA_SUCCESS);
+  return CUDA_SUCCESS;
 }
 
 kj::Promise<void> ClientSession::appendModuleImage(AppendModuleImageContext context) {
@@ -109,7 +126,7 @@ kj::Promise<void> ClientSession::loadModuleImage(LoadModuleImageContext context)
   const std::uint64_t moduleContext = upload->context;
   std::vector<std::byte> image = std::move(upload->image);
   upload.reset();
-  return answerLoadedModule(context, client->loadModule(moduleContext, std::move(image)));
+  return answerLoadedModule(context, *client, moduleContext, std::move(image));
 }
 
 }  // namespace gpuproxy::server

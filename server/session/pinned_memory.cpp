@@ -9,6 +9,7 @@
 
 #include "ipc/shared_segment.hpp"
 #include "protocol/limits.hpp"
+#include "server/gpu/gpu_messages.hpp"
 
 #include <fcntl.h>
 #include <kj/vector.h>
@@ -29,13 +30,14 @@ namespace {
 kj::Promise<void> unregisterFromAll(const std::vector<GpuShard*>& gpus, void* host) {
   kj::Vector<kj::Promise<void>> unregistered;
   for (GpuShard* gpu : gpus) {
-    unregistered.add(
-        gpu->unregisterHostMemory(host).then([index = gpu->index(), host](CUresult result) {
-          if (result != CUDA_SUCCESS) {
-            spdlog::warn("device {}: unregistering pinned host memory at {} failed: CUresult {}",
-                         index, host, static_cast<int>(result));
-          }
-        }));
+    unregistered.add(onGpu(*gpu, [host](GpuShard& gpu) {
+                       return gpu.unregisterHostMemory(host);
+                     }).then([index = gpu->index(), host](CUresult result) {
+      if (result != CUDA_SUCCESS) {
+        spdlog::warn("device {}: unregistering pinned host memory at {} failed: CUresult {}", index,
+                     host, static_cast<int>(result));
+      }
+    }));
   }
   return kj::joinPromises(unregistered.releaseAsArray());
 }
@@ -83,7 +85,9 @@ kj::Promise<CUresult> ClientSession::pinForEveryGpu(void* host, std::uint64_t by
   std::vector<GpuShard*> gpus = allGpus(services_.gpus);
   kj::Vector<kj::Promise<CUresult>> registrations;
   for (GpuShard* gpu : gpus) {
-    registrations.add(gpu->registerHostMemory(host, bytes, stats_->addressSpace));
+    registrations.add(onGpu(*gpu, [host, bytes, owner = stats_->addressSpace](GpuShard& gpu) {
+      return gpu.registerHostMemory(host, bytes, owner);
+    }));
   }
   // Pinning is done on each GPU's blocking-call thread. What follows must run even if the client
   // goes away meanwhile (the range is then unregistered and credited here, not by the teardown),
@@ -154,7 +158,9 @@ kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext contex
   // Work queued before this call may still read or write the range: as cuMemFreeHost does, wait
   // for all of it. If the session ends meanwhile, its teardown releases the range instead.
   kj::Vector<kj::Promise<void>> drains;
-  for (auto& [device, client] : clients_) drains.add(client->drain());
+  for (auto& [device, client] : clients_) {
+    drains.add(onGpu(*client, [](GpuClient& client) { return client.drain(); }));
+  }
   std::weak_ptr<bool> alive = alive_;
   return kj::joinPromises(drains.releaseAsArray())
       .then([this, alive, offset, bytes, context]() mutable -> kj::Promise<void> {
@@ -255,7 +261,9 @@ kj::Promise<void> ClientSession::unregisterHostRange(UnregisterHostRangeContext 
   found->second.state = HostWindow::State::kRetiring;
   // As unregisterPinned: the work queued before this call may use the range.
   kj::Vector<kj::Promise<void>> drains;
-  for (auto& [device, client] : clients_) drains.add(client->drain());
+  for (auto& [device, client] : clients_) {
+    drains.add(onGpu(*client, [](GpuClient& client) { return client.drain(); }));
+  }
   std::weak_ptr<bool> alive = alive_;
   return kj::joinPromises(drains.releaseAsArray())
       .then([this, alive, address, context]() mutable -> kj::Promise<void> {

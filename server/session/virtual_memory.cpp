@@ -11,87 +11,91 @@
 
 namespace gpuproxy::server {
 
-GpuClient* ClientSession::clientReserving(CUdeviceptr address) {
-  for (auto& [device, client] : clients_) {
-    if (client->reservesAddress(address)) return client.get();
-  }
-  return nullptr;
+kj::Promise<GpuClient*> ClientSession::clientReserving(CUdeviceptr address) {
+  return firstClientWhere([address](GpuClient& client) { return client.reservesAddress(address); });
 }
 
 kj::Promise<void> ClientSession::memAddressReserve(MemAddressReserveContext context) {
   auto params = context.getParams();
+  const std::uint64_t handle = params.getContext();
   return answerCreated(
-      context, clientFor(params.getContext(), HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
-      [&](GpuClient& client) {
-        return client.reserveAddresses(params.getContext(), params.getBytes(),
-                                       params.getAlignment());
+      context, clientFor(handle, HandleKind::kContext), CUDA_ERROR_INVALID_CONTEXT,
+      [handle, bytes = params.getBytes(), alignment = params.getAlignment()](GpuClient& client) {
+        return client.reserveAddresses(handle, bytes, alignment);
       },
       [](auto& results, CUdeviceptr pointer) { results.setPointer(pointer); });
 }
 
 kj::Promise<void> ClientSession::memAddressFree(MemAddressFreeContext context) {
   auto params = context.getParams();
-  return answerNow(context, clientReserving(params.getPointer()), CUDA_ERROR_INVALID_VALUE,
-                   [&](GpuClient& client) {
-                     return client.freeAddresses(params.getPointer(), params.getBytes());
-                   });
+  const CUdeviceptr pointer = params.getPointer();
+  const std::uint64_t bytes = params.getBytes();
+  return clientReserving(pointer).then([context, pointer, bytes](GpuClient* client) mutable {
+    return answerFromGpu(
+        context, client, CUDA_ERROR_INVALID_VALUE,
+        [pointer, bytes](GpuClient& client) { return client.freeAddresses(pointer, bytes); });
+  });
 }
 
 kj::Promise<void> ClientSession::memCreate(MemCreateContext context) {
-  auto params = context.getParams();
-  const std::uint32_t ordinal = params.getDevice();
-  const std::uint64_t bytes = params.getBytes();
-  // Made on the device, in no context; once the GPU serves, as a context is (a reset under way
-  // would take it).
-  return whenDeviceServes(ordinal).then([this, context, ordinal, bytes]() mutable {
-    GpuClient* client = clientForDevice(ordinal);
-    if (client == nullptr) {
-      context.getResults().setResult(CUDA_ERROR_INVALID_DEVICE);
-      return kj::Promise<void>(kj::READY_NOW);
-    }
-    noteDeviceUsed(client->deviceIndex());
-    return client->createPhysicalMemory(bytes).then(
-        [context](backend::Result<Handle> handle) mutable {
-          auto results = context.getResults();
-          results.setResult(handle.code());
-          if (handle.ok()) results.setHandle(handle.value());
-        });
-  });
+  const std::uint64_t bytes = context.getParams().getBytes();
+  return openClientOnDevice(context.getParams().getDevice())
+      .then([this, context, bytes](GpuClient* client) mutable {
+        if (client != nullptr) noteDeviceUsed(client->deviceIndex());
+        // Made on the device, in no context; once the GPU serves, as a context is (a reset under
+        // way would take it).
+        return answerCreated(
+            context, client, CUDA_ERROR_INVALID_DEVICE,
+            [bytes](GpuClient& client) {
+              return client.whenGpuServes().then(
+                  [&client, bytes] { return client.createPhysicalMemory(bytes); });
+            },
+            [](auto& results, Handle handle) { results.setHandle(handle); });
+      });
 }
 
 kj::Promise<void> ClientSession::memRelease(MemReleaseContext context) {
   const Handle handle = context.getParams().getHandle();
-  return answerNow(context, clientFor(handle, HandleKind::kPhysicalMemory),
-                   CUDA_ERROR_INVALID_VALUE,
-                   [&](GpuClient& client) { return client.releasePhysicalMemory(handle); });
+  return answerFromGpu(
+      context, clientFor(handle, HandleKind::kPhysicalMemory), CUDA_ERROR_INVALID_VALUE,
+      [handle](GpuClient& client) { return client.releasePhysicalMemory(handle); });
 }
 
 kj::Promise<void> ClientSession::memMap(MemMapContext context) {
   auto params = context.getParams();
-  GpuClient* owner = clientFor(params.getHandle(), HandleKind::kPhysicalMemory);
-  GpuClient* reserving = clientReserving(params.getPointer());
-  if (owner != nullptr && reserving != nullptr && owner != reserving) {
-    // Memory of one GPU behind addresses reserved on another: through gpuproxy no two devices are
-    // peers, so no kernel could reach it where it is mapped.
-    spdlog::info(
-        "pid {}: mapping memory of device {} into addresses reserved on device {} is not "
-        "supported (through gpuproxy no two devices are peers)",
-        stats_->identity.pid, owner->deviceIndex(), reserving->deviceIndex());
-    context.getResults().setResult(CUDA_ERROR_NOT_SUPPORTED);
-    return kj::READY_NOW;
-  }
-  return answerNow(context, owner, CUDA_ERROR_INVALID_VALUE, [&](GpuClient& client) {
-    return client.mapMemory(params.getPointer(), params.getBytes(), params.getOffset(),
-                            params.getHandle());
-  });
+  const Handle handle = params.getHandle();
+  const CUdeviceptr pointer = params.getPointer();
+  const std::uint64_t bytes = params.getBytes();
+  const std::uint64_t offset = params.getOffset();
+  GpuClient* owner = clientFor(handle, HandleKind::kPhysicalMemory);
+  return clientReserving(pointer).then(
+      [this, context, owner, handle, pointer, bytes, offset](GpuClient* reserving) mutable {
+        if (owner != nullptr && reserving != nullptr && owner != reserving) {
+          // Memory of one GPU behind addresses reserved on another: through gpuproxy no two devices
+          // are peers, so no kernel could reach it where it is mapped.
+          spdlog::info(
+              "pid {}: mapping memory of device {} into addresses reserved on device {} is not "
+              "supported (through gpuproxy no two devices are peers)",
+              stats_->identity.pid, owner->deviceIndex(), reserving->deviceIndex());
+          context.getResults().setResult(CUDA_ERROR_NOT_SUPPORTED);
+          return kj::Promise<void>(kj::READY_NOW);
+        }
+        return answerFromGpu(context, owner, CUDA_ERROR_INVALID_VALUE,
+                             [handle, pointer, bytes, offset](GpuClient& client) {
+                               return client.mapMemory(pointer, bytes, offset, handle);
+                             });
+      });
 }
 
 kj::Promise<void> ClientSession::memUnmap(MemUnmapContext context) {
   auto params = context.getParams();
-  return answerWhenDone(context, clientReserving(params.getPointer()), CUDA_ERROR_INVALID_VALUE,
-                        [&](GpuClient& client) {
-                          return client.unmapMemory(params.getPointer(), params.getBytes());
-                        });
+  const CUdeviceptr pointer = params.getPointer();
+  const std::uint64_t bytes = params.getBytes();
+  return clientReserving(pointer).then([context, pointer, bytes](GpuClient* client) mutable {
+    return answerFromGpu(
+        context, client, CUDA_ERROR_INVALID_VALUE,
+        [pointer, bytes](GpuClient& client) { return client.unmapMemory(pointer, bytes); });
+  });
 }
 
 kj::Promise<void> ClientSession::memSetAccess(MemSetAccessContext context) {
@@ -103,11 +107,16 @@ kj::Promise<void> ClientSession::memSetAccess(MemSetAccessContext context) {
                                        : CUDA_ERROR_INVALID_VALUE);
     return kj::READY_NOW;
   }
-  return answerNow(context, clientReserving(params.getPointer()), CUDA_ERROR_INVALID_VALUE,
-                   [&](GpuClient& client) {
-                     return client.setMemoryAccess(params.getPointer(), params.getBytes(),
-                                                   flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-                   });
+  const CUdeviceptr pointer = params.getPointer();
+  const std::uint64_t bytes = params.getBytes();
+  const bool readWrite = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return clientReserving(pointer).then(
+      [context, pointer, bytes, readWrite](GpuClient* client) mutable {
+        return answerFromGpu(context, client, CUDA_ERROR_INVALID_VALUE,
+                             [pointer, bytes, readWrite](GpuClient& client) {
+                               return client.setMemoryAccess(pointer, bytes, readWrite);
+                             });
+      });
 }
 
 }  // namespace gpuproxy::server

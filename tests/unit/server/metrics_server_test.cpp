@@ -28,7 +28,10 @@ protected:
       : io_(kj::setupAsyncIo()),
         headerTable_(makeHeaderTable(allowHeader_)),
         server_(io_.provider->getNetwork(), io_.provider->getTimer(), "127.0.0.1:0",
-                [this](protocol::DaemonStatus::Builder status) { fill(status); }) {}
+                [this](protocol::DaemonStatus::Builder status) {
+                  fill(status);
+                  return kj::READY_NOW;
+                }) {}
 
   // kj's Own and Promise destructors may throw; gtest's fixture destructor may not.
   ~MetricsServerTest() noexcept override {}
@@ -180,7 +183,7 @@ TEST_F(MetricsServerTest, WireFormat) {
 
 TEST(MetricsServer, BadAddressesAreRejectedClearly) {
   auto io = kj::setupAsyncIo();
-  auto fill = [](protocol::DaemonStatus::Builder) {};
+  auto fill = [](protocol::DaemonStatus::Builder) -> kj::Promise<void> { return kj::READY_NOW; };
   struct Case {
     const char* address;
     const char* mentions;
@@ -221,7 +224,7 @@ TEST(MetricsServer, GoodAddressesPassTheCheck) {
 
 TEST(MetricsServer, PortInUseIsAClearError) {
   auto io = kj::setupAsyncIo();
-  auto fill = [](protocol::DaemonStatus::Builder) {};
+  auto fill = [](protocol::DaemonStatus::Builder) -> kj::Promise<void> { return kj::READY_NOW; };
   MetricsServer first(io.provider->getNetwork(), io.provider->getTimer(), "127.0.0.1:0", fill);
   std::uint16_t port = first.start(io.waitScope);
   std::string address = "127.0.0.1:" + std::to_string(port);
@@ -240,7 +243,10 @@ TEST(MetricsServer, PortInUseIsAClearError) {
 TEST(MetricsServer, ServesOnIpv6Loopback) {
   auto io = kj::setupAsyncIo();
   MetricsServer server(io.provider->getNetwork(), io.provider->getTimer(), "[::1]:0",
-                       [](protocol::DaemonStatus::Builder status) { status.setBackend("sim"); });
+                       [](protocol::DaemonStatus::Builder status) -> kj::Promise<void> {
+                         status.setBackend("sim");
+                         return kj::READY_NOW;
+                       });
   std::uint16_t port = 0;
   try {
     port = server.start(io.waitScope);
