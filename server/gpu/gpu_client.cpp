@@ -63,6 +63,7 @@ const kj::Executor& GpuClient::executor() const {
 }
 
 kj::Promise<void> GpuClient::whenGpuServes() {
+  shard_.owner().check();
   return shard_.whenServing();
 }
 
@@ -87,6 +88,7 @@ std::optional<TenantObjectHold> GpuClient::holdObject(TenantObject kind) {
 }
 
 backend::Result<Handle> GpuClient::createContext(unsigned flags) {
+  shard_.owner().check();
   return createContextAs(newHandle(HandleKind::kContext), flags);
 }
 
@@ -105,6 +107,7 @@ backend::Result<Handle> GpuClient::createContextAs(Handle handle, unsigned flags
 }
 
 kj::Promise<CUresult> GpuClient::destroyContext(Handle context) {
+  shard_.owner().check();
   auto found = contexts_.find(context);
   if (found == contexts_.end() || found->second.primary) return CUDA_ERROR_INVALID_CONTEXT;
   return drainStreams(context).then([this, context](CUresult status) {
@@ -116,6 +119,7 @@ kj::Promise<CUresult> GpuClient::destroyContext(Handle context) {
 }
 
 backend::Result<Handle> GpuClient::retainPrimaryContext() {
+  shard_.owner().check();
   if (!primaryContext_) {
     // The driver's primary context keeps its handle through resets (the runtime makes it current
     // again before it retains it), so a recreated one gets the handle it had.
@@ -130,12 +134,14 @@ backend::Result<Handle> GpuClient::retainPrimaryContext() {
 }
 
 kj::Promise<CUresult> GpuClient::releasePrimaryContext() {
+  shard_.owner().check();
   if (!primaryContext_ || primaryRefcount_ == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (--primaryRefcount_ > 0) return CUDA_SUCCESS;
   return resetPrimaryContext();
 }
 
 kj::Promise<CUresult> GpuClient::resetPrimaryContext() {
+  shard_.owner().check();
   if (!primaryContext_) return CUDA_SUCCESS;  // nothing to reset, as in CUDA
   Handle context = *primaryContext_;
   return drainStreams(context).then([this, context](CUresult) {
@@ -149,6 +155,7 @@ kj::Promise<CUresult> GpuClient::resetPrimaryContext() {
 }
 
 CUresult GpuClient::setPrimaryContextFlags(unsigned flags) {
+  shard_.owner().check();
   constexpr unsigned kSchedMask = CU_CTX_SCHED_MASK | CU_CTX_LMEM_RESIZE_TO_MAX | CU_CTX_MAP_HOST |
                                   CU_CTX_COREDUMP_ENABLE | CU_CTX_USER_COREDUMP_ENABLE |
                                   CU_CTX_SYNC_MEMOPS;
@@ -159,10 +166,12 @@ CUresult GpuClient::setPrimaryContextFlags(unsigned flags) {
 }
 
 PrimaryContextState GpuClient::primaryContextState() const {
+  shard_.owner().check();
   return PrimaryContextState{primaryFlags_, primaryRefcount_ > 0};
 }
 
 kj::Promise<CUresult> GpuClient::synchronizeContext(Handle context) {
+  shard_.owner().check();
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   // Everything queued on the context's streams by now is done once this resolves.
   std::vector<std::pair<Handle, std::uint64_t>> queued;
@@ -300,10 +309,12 @@ kj::Promise<CUresult> GpuClient::drainStreams(Handle context) {
 }
 
 kj::Promise<void> GpuClient::drain() {
+  shard_.owner().check();
   return drainStreams(0).then([](CUresult) {});
 }
 
 backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, int priority) {
+  shard_.owner().check();
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if ((flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -325,11 +336,13 @@ backend::Result<Handle> GpuClient::createStream(Handle context, unsigned flags, 
 }
 
 CUresult GpuClient::destroyStream(Handle stream) {
+  shard_.owner().check();
   if (streams_.erase(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
   return CUDA_SUCCESS;
 }
 
 kj::Promise<CUresult> GpuClient::synchronizeStream(Handle context, Handle stream) {
+  shard_.owner().check();
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   // Nothing queued since the last completion this client saw: answer without a trip through the
@@ -347,6 +360,7 @@ kj::Promise<CUresult> GpuClient::synchronizeStream(Handle context, Handle stream
 }
 
 CUresult GpuClient::queryStream(Handle context, Handle stream) {
+  shard_.owner().check();
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   auto [queued, done] = workCounters(*target);
@@ -482,6 +496,7 @@ std::uint64_t GpuClient::abandon() {
 }
 
 CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event) {
+  shard_.owner().check();
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   auto found = events_.find(event);
@@ -497,6 +512,7 @@ CUresult GpuClient::streamWaitEvent(Handle context, Handle stream, Handle event)
 // Events
 
 backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
+  shard_.owner().check();
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   constexpr unsigned kKnownFlags =
       CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
@@ -515,6 +531,7 @@ backend::Result<Handle> GpuClient::createEvent(Handle context, unsigned flags) {
 }
 
 CUresult GpuClient::destroyEvent(Handle event) {
+  shard_.owner().check();
   auto found = events_.find(event);
   if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
   eraseEvent(found);
@@ -522,6 +539,7 @@ CUresult GpuClient::destroyEvent(Handle event) {
 }
 
 CUresult GpuClient::recordEvent(Handle context, Handle event, Handle stream) {
+  shard_.owner().check();
   auto found = events_.find(event);
   if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
   if (stream == 0) context = found->second.context;  // the event's own context's NULL stream
@@ -536,18 +554,21 @@ CUresult GpuClient::recordEvent(Handle context, Handle event, Handle stream) {
 }
 
 kj::Promise<CUresult> GpuClient::synchronizeEvent(Handle event) {
+  shard_.owner().check();
   auto found = events_.find(event);
   if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
   return whenEventDone(*found->second.event);
 }
 
 CUresult GpuClient::queryEvent(Handle event) {
+  shard_.owner().check();
   auto found = events_.find(event);
   if (found == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
   return found->second.event->query();
 }
 
 backend::Result<float> GpuClient::eventElapsedTime(Handle start, Handle end) {
+  shard_.owner().check();
   auto startEvent = events_.find(start);
   auto endEvent = events_.find(end);
   if (startEvent == events_.end() || endEvent == events_.end()) return CUDA_ERROR_INVALID_HANDLE;
@@ -656,6 +677,7 @@ backend::Result<Handle> GpuClient::openEvent(Handle context, const IpcToken& tok
 }
 
 bool GpuClient::ownsAllocation(CUdeviceptr pointer) const {
+  shard_.owner().check();
   return allocations_.count(pointer) != 0;
 }
 
@@ -782,6 +804,7 @@ kj::Promise<backend::Result<CUdeviceptr>> GpuClient::allocate(Handle context, st
 }
 
 kj::Promise<CUresult> GpuClient::free(CUdeviceptr pointer) {
+  shard_.owner().check();
   if (allocations_.count(pointer) == 0) return CUDA_ERROR_INVALID_VALUE;
   // cuMemFree waits for the work this client queued before it, so nothing still in flight can
   // touch memory that is handed to someone else.
@@ -849,6 +872,7 @@ void GpuClient::releaseDeviceHeap() {
 }
 
 backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
+  shard_.owner().check();
   if (contexts_.count(context) == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (CUresult sticky = shard_.stickyError(); sticky != CUDA_SUCCESS) return sticky;
   backend::MemoryInfo device = shard_.memoryInfo();
@@ -860,6 +884,7 @@ backend::Result<backend::MemoryInfo> GpuClient::memoryInfo(Handle context) {
 
 CUresult GpuClient::enqueue(Handle context, Handle stream,
                             const backend::MemoryOperation& operation) {
+  shard_.owner().check();
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (CUresult queued = enqueueOn(*target, operation); queued != CUDA_SUCCESS) return queued;
@@ -908,6 +933,7 @@ GpuClient::StreamHold GpuClient::holdStreamForHostFunction(Handle context, Handl
 }
 
 bool GpuClient::hostFunctionReturned(std::uint64_t token) {
+  shard_.owner().check();
   return openGate(hostFunctions_, token);
 }
 
@@ -919,6 +945,7 @@ GpuClient::HoldForAnotherGpu GpuClient::holdStreamForAnotherGpu(Handle context, 
 }
 
 void GpuClient::anotherGpusEventDone(std::uint64_t hold) {
+  shard_.owner().check();
   openGate(anotherGpusEvents_, hold);
 }
 
@@ -968,6 +995,7 @@ CUresult GpuClient::enqueueOn(const Target& target, const backend::MemoryOperati
 
 CUresult GpuClient::copyHostToDevice(Handle context, Handle stream, CUdeviceptr destination,
                                      std::span<const std::byte> data) {
+  shard_.owner().check();
   auto staged = std::make_shared<StagedBytes>();
   staged->bytes.assign(data.begin(), data.end());
   kj::Promise<CUresult> read = nullptr;
@@ -983,6 +1011,7 @@ kj::Promise<CUresult> GpuClient::copyHostToDeviceFrom(Handle context, Handle str
                                                       CUdeviceptr destination,
                                                       std::span<const std::byte> source,
                                                       std::shared_ptr<const void> keepAlive) {
+  shard_.owner().check();
   kj::Promise<CUresult> read = nullptr;
   CUresult queued =
       queueHostToDeviceFrom(context, stream, destination, source, std::move(keepAlive), 0, read);
@@ -994,6 +1023,7 @@ CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdevic
                                           std::span<const std::byte> source,
                                           std::shared_ptr<const void> keepAlive,
                                           std::uint64_t heldBytes, kj::Promise<CUresult>& read) {
+  shard_.owner().check();
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (source.empty()) {
@@ -1017,6 +1047,7 @@ CUresult GpuClient::queueHostToDeviceFrom(Handle context, Handle stream, CUdevic
 
 kj::Promise<backend::Result<std::vector<std::byte>>> GpuClient::copyDeviceToHost(
     Handle context, Handle stream, CUdeviceptr source, std::uint64_t bytes) {
+  shard_.owner().check();
   using Bytes = backend::Result<std::vector<std::byte>>;
   // Shared with the backend callback: the copy may land after this client has gone.
   auto landing = std::make_shared<StagedBytes>();
@@ -1032,6 +1063,7 @@ kj::Promise<CUresult> GpuClient::copyDeviceToHostInto(Handle context, Handle str
                                                       CUdeviceptr source,
                                                       std::span<std::byte> destination,
                                                       std::shared_ptr<const void> keepAlive) {
+  shard_.owner().check();
   auto target = resolveStream(context, stream);
   if (!target) return stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
   if (destination.empty()) return CUDA_SUCCESS;
@@ -1083,6 +1115,7 @@ kj::Promise<backend::Result<Handle>> GpuClient::loadModule(Handle context,
 }
 
 kj::Promise<CUresult> GpuClient::unloadModule(Handle module) {
+  shard_.owner().check();
   if (modules_.count(module) == 0) return CUDA_ERROR_INVALID_HANDLE;
   // Kernels keep their module's code alive themselves, but a queued copy or memset into one of
   // its variables does not: the memory is given back only once the client's work has drained.
@@ -1103,6 +1136,7 @@ void GpuClient::forgetModuleVariables(const Module& module) {
 }
 
 backend::Result<backend::GlobalVariable> GpuClient::global(Handle module, const std::string& name) {
+  shard_.owner().check();
   auto found = modules_.find(module);
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
   auto variable = found->second.module->global(name);
@@ -1133,6 +1167,7 @@ MemoryLedger GpuClient::ledger() {
 }
 
 backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::string& name) {
+  shard_.owner().check();
   auto found = modules_.find(module);
   if (found == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
   Module& state = found->second;
@@ -1150,6 +1185,7 @@ backend::Result<FunctionHandle> GpuClient::function(Handle module, const std::st
 CUresult GpuClient::launchKernel(Handle context, Handle function,
                                  const backend::LaunchConfig& config, Handle stream,
                                  std::span<const std::byte> parameters) {
+  shard_.owner().check();
   auto found = functions_.find(function);
   if (found == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
   auto target = resolveStream(context, stream);

@@ -7,6 +7,11 @@
 // no queued work still uses that memory (the session does this on every way a client can end).
 // Before that, abandon() drops the work the device has not been handed yet and frees at once the
 // memory that no work already on the device can still touch.
+//
+// Threading: a GpuClient is its GPU's, made, used and destroyed on the GPU's owner thread only;
+// whoever is not part of the GPU reaches it by message (server/gpu/gpu_messages.hpp). Every
+// public method but deviceIndex() and executor() checks the thread (OwnerThread), so a call from
+// elsewhere is found where it is made.
 
 #include "protocol/limits.hpp"
 #include "scheduler/scheduler.hpp"
@@ -79,7 +84,10 @@ public:
   kj::Promise<backend::Result<CUdeviceptr>> allocate(Handle context, std::uint64_t bytes);
   bool ownsAllocation(CUdeviceptr pointer) const;
   // Whether `pointer` lies anywhere inside one of this client's allocations on this GPU.
-  bool inAllocation(CUdeviceptr pointer) const { return allocationOf(pointer) != 0; }
+  bool inAllocation(CUdeviceptr pointer) const {
+    shard_.owner().check();
+    return allocationOf(pointer) != 0;
+  }
   kj::Promise<CUresult> free(CUdeviceptr pointer);
   backend::Result<backend::MemoryInfo> memoryInfo(Handle context);
   // cuCtxSetLimit of CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE or CU_LIMIT_MALLOC_HEAP_SIZE
@@ -146,8 +154,14 @@ public:
   HoldForAnotherGpu holdStreamForAnotherGpu(Handle context, Handle stream);
   // Lets the stream held as `hold` go on; one let go already, or dropped by abandon(), is nothing.
   void anotherGpusEventDone(std::uint64_t hold);
-  std::size_t hostFunctionsPending() const { return hostFunctions_.size(); }
-  bool holdsForHostFunction(std::uint64_t token) const { return hostFunctions_.count(token) != 0; }
+  std::size_t hostFunctionsPending() const {
+    shard_.owner().check();
+    return hostFunctions_.size();
+  }
+  bool holdsForHostFunction(std::uint64_t token) const {
+    shard_.owner().check();
+    return hostFunctions_.count(token) != 0;
+  }
 
   // Modules and kernels.
   // Answers once the module is loaded: its preparation (decoding, JIT) runs off this thread.
@@ -176,7 +190,10 @@ public:
   kj::Promise<CUresult> synchronizeEvent(Handle event);
   CUresult queryEvent(Handle event);
   backend::Result<float> eventElapsedTime(Handle start, Handle end);
-  bool ownsEvent(Handle event) const { return events_.count(event) != 0; }
+  bool ownsEvent(Handle event) const {
+    shard_.owner().check();
+    return events_.count(event) != 0;
+  }
 
   // Interprocess handles (cuIpc*, server/gpu/ipc_exports.hpp). The allocation holding `pointer`,
   // exported; CUDA_ERROR_INVALID_VALUE for a pointer in none of this client's allocations.
@@ -189,7 +206,10 @@ public:
   // before has drained. CUDA_ERROR_INVALID_VALUE for a pointer that starts no mapping of this
   // client's.
   kj::Promise<CUresult> closeMemory(CUdeviceptr pointer);
-  bool holdsMapping(CUdeviceptr pointer) const { return imports_.count(pointer) != 0; }
+  bool holdsMapping(CUdeviceptr pointer) const {
+    shard_.owner().check();
+    return imports_.count(pointer) != 0;
+  }
   // An event created with CU_EVENT_INTERPROCESS, exported; CUDA_ERROR_INVALID_HANDLE otherwise.
   backend::Result<IpcToken> exportEvent(Handle event);
   // Another client's exported event, as an event of this client's in `context`.
@@ -202,9 +222,15 @@ public:
   backend::Result<CUdeviceptr> reserveAddresses(Handle context, std::uint64_t bytes,
                                                 std::uint64_t alignment);
   CUresult freeAddresses(CUdeviceptr start, std::uint64_t bytes);
-  bool reservesAddress(CUdeviceptr address) const { return virtualMemory_.reserves(address); }
+  bool reservesAddress(CUdeviceptr address) const {
+    shard_.owner().check();
+    return virtualMemory_.reserves(address);
+  }
   kj::Promise<backend::Result<Handle>> createPhysicalMemory(std::uint64_t bytes);
-  CUresult releasePhysicalMemory(Handle handle) { return virtualMemory_.release(handle); }
+  CUresult releasePhysicalMemory(Handle handle) {
+    shard_.owner().check();
+    return virtualMemory_.release(handle);
+  }
   // Physical memory of this client's exported to a shareable handle
   // (cuMemExportToShareableHandle): the same token every time. CUDA_ERROR_INVALID_VALUE for a
   // handle it does not hold.
@@ -220,10 +246,12 @@ public:
   backend::Result<ImportedMemory> importPhysicalMemory(const IpcToken& token);
   CUresult mapMemory(CUdeviceptr address, std::uint64_t bytes, std::uint64_t offset,
                      Handle handle) {
+    shard_.owner().check();
     return virtualMemory_.map(address, bytes, offset, handle);
   }
   kj::Promise<CUresult> unmapMemory(CUdeviceptr address, std::uint64_t bytes);
   CUresult setMemoryAccess(CUdeviceptr address, std::uint64_t bytes, bool writable) {
+    shard_.owner().check();
     return virtualMemory_.setAccess(address, bytes, writable);
   }
 
