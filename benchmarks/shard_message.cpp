@@ -12,7 +12,9 @@
 //             threads than CPUs, else it measures the OS scheduler
 //
 // The baseline, in the same run: a turn of the caller's own loop (kj::evalLater and wait), the
-// least any message can cost.
+// least any message can cost. A row beside it sends the message to the caller's own executor
+// (kj::Executor::executeAsync on its own thread): what each control call's message to its GPU
+// costs while every GPU is the event loop's (server/gpu/gpu_messages.hpp).
 //
 //   shard_message [--iterations N] [--warmup N] [--rounds N] [--smoke]
 //
@@ -128,6 +130,9 @@ struct Row {
   unsigned shards = 0;  // 0: the baseline, a turn of the caller's own loop
   bool spinning = false;
   std::vector<double> samples;
+  // With no shards: a message to the caller's own executor instead of a turn of its loop (what
+  // a control call pays today, while every GPU is the event loop's: server/gpu/gpu_messages.hpp).
+  bool ownExecutor = false;
 };
 
 void measure(Row& row, long iterations, long warmup, kj::WaitScope& waitScope) {
@@ -136,6 +141,10 @@ void measure(Row& row, long iterations, long warmup, kj::WaitScope& waitScope) {
     shards.push_back(std::make_unique<ShardThread>(row.spinning));
   }
   auto roundTrip = [&] {
+    if (shards.empty() && row.ownExecutor) {
+      kj::getCurrentThreadExecutor().executeAsync([] {}).wait(waitScope);
+      return;
+    }
     if (shards.empty()) {
       kj::evalLater([] {}).wait(waitScope);
       return;
@@ -160,6 +169,8 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   rows.push_back({"turn of the caller's own loop (baseline)", 0, false, {}});
+  rows.push_back({"to the caller's own executor (a control call's message today)", 0, false, {},
+                  true});
   for (unsigned shards : {1u, 2u, 4u}) {
     rows.push_back(
         {"to " + std::to_string(shards) + " idle shard thread" + (shards > 1 ? "s, joined" : ""),

@@ -2,7 +2,8 @@
 // through the gpuproxy stub (cuStreamQuery, cuStreamSynchronize), against a raw Cap'n Proto
 // Session.submit carrying the same Synchronize record, made directly on the application thread (no
 // stub: what the transport and the daemon cost by themselves), and cuDriverGetVersion, which the
-// stub answers locally.
+// stub answers locally, and cuMemGetInfo, a control call (always a Cap'n Proto call) that the
+// daemon answers from the GPU's state.
 //
 //   sync_roundtrip [--iterations N] [--warmup N] [--rounds N] [--idle-us US] [--smoke]
 //
@@ -233,6 +234,11 @@ int main(int argc, char** argv) {
       "cuStreamQuery" + path, [&] { CHECK(cuStreamQuery(stream)); }, 0);
   add(
       "cuStreamSynchronize" + path, [&] { CHECK(cuStreamSynchronize(stream)); }, 0);
+  // A control call: always a Cap'n Proto call, which the daemon answers from the GPU's state.
+  std::size_t freeBytes = 0;
+  std::size_t totalBytes = 0;
+  add(
+      "cuMemGetInfo (control call)", [&] { CHECK(cuMemGetInfo(&freeBytes, &totalBytes)); }, 0);
   const std::string idle = " after " + std::to_string(options.idleUs) + " us idle";
   if (raw) {
     add(
