@@ -3,6 +3,7 @@
 # links the CUDA driver at build time.
 find_package(Threads REQUIRED)
 find_package(CapnProto CONFIG REQUIRED)
+include(GpuproxyThreadSanitizedCapnp)  # kj instrumented in TSan builds
 find_package(spdlog CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)

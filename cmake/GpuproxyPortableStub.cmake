@@ -25,70 +25,13 @@ if(NOT GPUPROXY_PORTABLE_STUB)
   return()
 endif()
 
-set(gpuproxy_sources_default /usr/local/src/gpuproxy)
-if(DEFINED ENV{GPUPROXY_SOURCES_DIR})
-  set(gpuproxy_sources_default $ENV{GPUPROXY_SOURCES_DIR})
-endif()
-set(GPUPROXY_SOURCES_DIR ${gpuproxy_sources_default} CACHE PATH
-  "Where scripts/install-deps puts the source packages the build compiles (Cap'n Proto)")
-# Parallel jobs for the Cap'n Proto build (an external CMake project, which Ninja's -j does not
-# reach); empty: its generator's default.
-set(GPUPROXY_THIRD_PARTY_JOBS "" CACHE STRING "Parallel jobs for the Cap'n Proto build")
-
-# The same upstream version as the daemon's shared libraries: the stub's own code is compiled
-# against libcapnp-dev's headers, and the protocol's generated code is capnp 0.9.2's, so the
-# archives must be that version's code (Debian's revision too, for its patches).
-file(GLOB gpuproxy_capnp_dsc ${GPUPROXY_SOURCES_DIR}/capnproto_${CapnProto_VERSION}-*.dsc)
-if(gpuproxy_capnp_dsc)
-  list(SORT gpuproxy_capnp_dsc)
-  list(GET gpuproxy_capnp_dsc -1 gpuproxy_capnp_dsc)
-else()
-  message(FATAL_ERROR
-    "Cap'n Proto ${CapnProto_VERSION}'s Debian source package is not in ${GPUPROXY_SOURCES_DIR}: "
-    "run scripts/install-deps (or -DGPUPROXY_SOURCES_DIR=..., or -DGPUPROXY_PORTABLE_STUB=OFF for "
-    "a stub that needs the build machine's libraries)")
-endif()
-find_program(GPUPROXY_DPKG_SOURCE dpkg-source REQUIRED)
-
-include(ExternalProject)
-set(gpuproxy_capnp_dir ${CMAKE_BINARY_DIR}/third_party/capnproto)
-set(gpuproxy_capnp_libs capnp-rpc capnp kj-async kj)  # in link order
-set(gpuproxy_capnp_archives "")
-foreach(lib IN LISTS gpuproxy_capnp_libs)
-  string(REGEX MATCH "^[a-z]+" folder ${lib})
-  list(APPEND gpuproxy_capnp_archives ${gpuproxy_capnp_dir}/build/src/${folder}/lib${lib}.a)
-endforeach()
-set(gpuproxy_capnp_jobs "")
-if(GPUPROXY_THIRD_PARTY_JOBS)
-  set(gpuproxy_capnp_jobs --parallel ${GPUPROXY_THIRD_PARTY_JOBS})
-endif()
-ExternalProject_Add(gpuproxy_capnproto_pic
-  PREFIX ${gpuproxy_capnp_dir}
-  SOURCE_DIR ${gpuproxy_capnp_dir}/source
-  BINARY_DIR ${gpuproxy_capnp_dir}/build
-  # dpkg-source checks the files against the .dsc and applies Debian's patches.
-  DOWNLOAD_COMMAND ${CMAKE_COMMAND} -E rm -rf <SOURCE_DIR>
-  COMMAND ${GPUPROXY_DPKG_SOURCE} --no-copy -x ${gpuproxy_capnp_dsc} <SOURCE_DIR>
-  LOG_DOWNLOAD ON
-  CMAKE_ARGS
-    -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}
-    -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
-    -DCMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER}
-    -DCMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
-    -DCMAKE_POSITION_INDEPENDENT_CODE=ON
-    -DBUILD_SHARED_LIBS=OFF
-    -DBUILD_TESTING=OFF
-    -DWITH_OPENSSL=OFF
-    -DWITH_ZLIB=OFF
-  LOG_CONFIGURE ON
-  # Only the four libraries the stub links: not the compiler, kj-http or the tests.
-  BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> ${gpuproxy_capnp_jobs} --target
-    ${gpuproxy_capnp_libs}
-  LOG_BUILD ON
-  LOG_OUTPUT_ON_FAILURE ON
-  INSTALL_COMMAND ""
-  BUILD_BYPRODUCTS ${gpuproxy_capnp_archives})
+include(GpuproxyCapnpFromSource)
+# Only the four libraries the stub links (in link order): not kj-http.
+gpuproxy_capnp_from_source(gpuproxy_capnproto_pic DIR capnproto
+  LIBS capnp-rpc capnp kj-async kj
+  CMAKE_ARGS -DCMAKE_POSITION_INDEPENDENT_CODE=ON
+  ARCHIVES gpuproxy_capnp_archives
+  HINT "-DGPUPROXY_PORTABLE_STUB=OFF for a stub that needs the build machine's libraries")
 
 # The archives, for the stub only. Its code and the protocol library are compiled against
 # libcapnp-dev's headers, the same version's.

@@ -11,9 +11,9 @@
 // begun. The work itself is destroyed on the sender's thread after it has run, so it must not
 // hold GPU state that is the GPU's to destroy.
 //
-// The hand-over of a message between threads happens inside libkj-async (its own mutex and
-// refcounts), which TSan cannot see as built by Debian: the tests that serve a GPU from a thread
-// of its own are left out of the TSan stage (tests/unit/CMakeLists.txt).
+// The hand-over of a message between threads happens inside kj (a mutex and reference counts of
+// its own), which TSan sees because its builds link a kj compiled with TSan
+// (cmake/GpuproxyThreadSanitizedCapnp.cmake).
 //
 // Today every GPU is owned by the event-loop thread, so a message is a later turn of that same
 // loop; the shape is what a thread per GPU needs (docs/architecture.md §2).
