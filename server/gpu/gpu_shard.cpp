@@ -118,6 +118,7 @@ void GpuShard::unload(std::unique_ptr<backend::Module> module) {
 }
 
 backend::MemoryInfo GpuShard::memoryInfo() {
+  owner_.check();
   // Memory stays in givingBack_ until its free has returned, since a free that waits for the
   // device gives the memory back only at its end: only in the moment between the device having
   // it and the count dropping may it be counted twice (and never past the device's total).
@@ -213,6 +214,7 @@ void GpuShard::giveBackInBackground(const char* what, std::uint64_t id, std::uin
 }
 
 void GpuShard::release(CUdeviceptr pointer, std::uint64_t bytes, pid_t pid) {
+  owner_.check();
   dispatch::ScheduledDevice* device = device_.get();
   giveBackInBackground("device memory", pointer, bytes, pid,
                        [device, pointer]() { return device->free(pointer); });
@@ -234,6 +236,7 @@ kj::Promise<backend::Result<std::uint64_t>> GpuShard::createPhysicalMemory(std::
 }
 
 void GpuShard::releasePhysicalMemory(std::uint64_t handle, std::uint64_t bytes, pid_t pid) {
+  owner_.check();
   dispatch::ScheduledDevice* device = device_.get();
   giveBackInBackground("physical memory", handle, bytes, pid,
                        [device, handle]() { return device->releasePhysicalMemory(handle); });
@@ -355,10 +358,12 @@ CUresult GpuShard::stickyError() {
 }
 
 backend::StreamPriorityRange GpuShard::streamPriorityRange() const {
+  owner_.check();
   return resetEnded_ ? resetEnded_->priorities : device_->streamPriorityRange();
 }
 
 backend::SmPartition GpuShard::smPartition() const {
+  owner_.check();
   return resetEnded_ ? resetEnded_->partition : device_->smPartition();
 }
 

@@ -71,6 +71,7 @@ public:
   // The scheduled device: streams and events made here are the dispatcher's proxies.
   backend::Device& device() { return *device_; }
   dispatch::ScheduledDevice& dispatcher() { return *device_; }
+  // Fixed once the device is open: safe from any thread.
   const backend::DeviceProperties& properties() const { return device_->properties(); }
 
   // A client's state on this GPU. The shard keeps a borrowed reference for status until the

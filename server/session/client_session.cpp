@@ -479,25 +479,34 @@ kj::Promise<void> ClientGateway::attach(AttachContext context) {
   results.setSession(kj::heap<ClientSession>(services_, std::move(stats), visible, connectionId_));
   results.setBackend(services_.facts.backendName);
   results.setDriverVersion(services_.facts.driverVersion);
-  auto devices = results.initDevices(static_cast<unsigned>(visible.size()));
-  for (unsigned i = 0; i < visible.size(); ++i) {
-    const backend::DeviceProperties& properties = services_.gpus[visible[i]]->properties();
-    auto device = devices[i];
-    device.setIndex(i);
-    device.setName(properties.name);
-    device.setUuid(kj::arrayPtr(properties.uuid.data(), properties.uuid.size()));
-    device.setTotalMemory(properties.totalMemory);
-    const backend::StreamPriorityRange priorities =
-        services_.gpus[visible[i]]->streamPriorityRange();
-    device.initStreamPriorities().setLeast(priorities.least);
-    device.getStreamPriorities().setGreatest(priorities.greatest);
-    auto attributes = device.initAttributes(static_cast<unsigned>(properties.attributes.size()));
-    for (unsigned a = 0; a < properties.attributes.size(); ++a) {
-      attributes[a].setAttribute(properties.attributes[a].first);
-      attributes[a].setValue(properties.attributes[a].second);
-    }
+  // Each GPU's stream priorities are its state (a reset under way keeps those from before it):
+  // asked of each by a message. Its properties are fixed once it is open.
+  kj::Vector<kj::Promise<backend::StreamPriorityRange>> asked;
+  for (std::uint32_t device : visible) {
+    asked.add(
+        onGpu(*services_.gpus[device], [](GpuShard& gpu) { return gpu.streamPriorityRange(); }));
   }
-  return kj::READY_NOW;
+  return kj::joinPromises(asked.releaseAsArray())
+      .then([this, context, visible = std::move(visible)](
+                kj::Array<backend::StreamPriorityRange> priorities) mutable {
+        auto devices = context.getResults().initDevices(static_cast<unsigned>(visible.size()));
+        for (unsigned i = 0; i < visible.size(); ++i) {
+          const backend::DeviceProperties& properties = services_.gpus[visible[i]]->properties();
+          auto device = devices[i];
+          device.setIndex(i);
+          device.setName(properties.name);
+          device.setUuid(kj::arrayPtr(properties.uuid.data(), properties.uuid.size()));
+          device.setTotalMemory(properties.totalMemory);
+          device.initStreamPriorities().setLeast(priorities[i].least);
+          device.getStreamPriorities().setGreatest(priorities[i].greatest);
+          auto attributes =
+              device.initAttributes(static_cast<unsigned>(properties.attributes.size()));
+          for (unsigned a = 0; a < properties.attributes.size(); ++a) {
+            attributes[a].setAttribute(properties.attributes[a].first);
+            attributes[a].setValue(properties.attributes[a].second);
+          }
+        }
+      });
 }
 
 }  // namespace gpuproxy::server

@@ -236,7 +236,9 @@ private:
   std::uint64_t connectionId_;
   // By daemon device index: each made on its GPU (openClientOnDevice), and destroyed there.
   std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;
-  // GpuClients being made, by daemon device index: resolved once in clients_.
+  // GpuClients being made, by daemon device index: resolved once in clients_. One that arrives
+  // after the session has gone is destroyed with the message's answer, on this thread: right
+  // while every GPU is the event loop's; with a thread per GPU it must go back by a message.
   std::map<std::uint32_t, kj::ForkedPromise<void>> opening_;
   std::vector<std::uint32_t> devicesUsed_;
   // The data plane, once the client asked for it. The tasks finish ring commands that answer

@@ -18,6 +18,14 @@ capnp::Data::Reader dataOf(const IpcToken& token) {
   return {reinterpret_cast<const capnp::byte*>(token.data()), token.size()};
 }
 
+// Puts a token made on daemon device `device` into the answer of the call that exported it.
+auto storeToken(std::uint32_t device) {
+  return [device](auto& results, const IpcToken& token) {
+    results.setDevice(device);
+    results.setToken(dataOf(token));
+  };
+}
+
 IpcToken tokenOf(capnp::Data::Reader data) {
   IpcToken token{};
   std::memcpy(token.data(), data.begin(), token.size());  // sized by clientForIpcOpen
@@ -53,10 +61,7 @@ kj::Promise<void> ClientSession::ipcExportMemory(IpcExportMemoryContext context)
         return answerCreated(
             context, client, CUDA_ERROR_INVALID_VALUE,
             [pointer](GpuClient& exporter) { return exporter.exportMemory(pointer); },
-            [device](auto& results, const IpcToken& token) {
-              results.setDevice(device);
-              results.setToken(dataOf(token));
-            });
+            storeToken(device));
       });
 }
 
@@ -95,11 +100,7 @@ kj::Promise<void> ClientSession::ipcExportEvent(IpcExportEventContext context) {
   const std::uint32_t device = client == nullptr ? 0 : client->deviceIndex();
   return answerCreated(
       context, client, CUDA_ERROR_INVALID_HANDLE,
-      [event](GpuClient& exporter) { return exporter.exportEvent(event); },
-      [device](auto& results, const IpcToken& token) {
-        results.setDevice(device);
-        results.setToken(dataOf(token));
-      });
+      [event](GpuClient& exporter) { return exporter.exportEvent(event); }, storeToken(device));
 }
 
 kj::Promise<void> ClientSession::ipcOpenEvent(IpcOpenEventContext context) {
@@ -126,10 +127,7 @@ kj::Promise<void> ClientSession::memExport(MemExportContext context) {
   return answerCreated(
       context, client, CUDA_ERROR_INVALID_VALUE,
       [handle](GpuClient& exporter) { return exporter.exportPhysicalMemory(handle); },
-      [device](auto& results, const IpcToken& token) {
-        results.setDevice(device);
-        results.setToken(dataOf(token));
-      });
+      storeToken(device));
 }
 
 kj::Promise<void> ClientSession::memImport(MemImportContext context) {
