@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   rows.push_back({"turn of the caller's own loop (baseline)", 0, false, {}});
-  rows.push_back({"to the caller's own executor (a control call's message today)", 0, false, {},
-                  true});
+  rows.push_back(
+      {"to the caller's own executor (a control call's message today)", 0, false, {}, true});
   for (unsigned shards : {1u, 2u, 4u}) {
     rows.push_back(
         {"to " + std::to_string(shards) + " idle shard thread" + (shards > 1 ? "s, joined" : ""),
