@@ -33,7 +33,8 @@ inline constexpr std::uint64_t kMaxPinnedHeapBytes = std::uint64_t{1} << 30;
 // the daemon, and the kernel caps a process's mappings (vm.max_map_count, 65530 by default).
 inline constexpr std::size_t kMaxHostRangesPerSession = 1024;
 // Host functions (cuLaunchHostFunc, cuStreamAddCallback) one session may have waiting to run or
-// running at once; each holds its stream in the daemon until the client says it returned.
+// running at once on one GPU; each holds its stream in the daemon until the client says it
+// returned.
 inline constexpr std::size_t kMaxPendingHostFunctions = 65536;
 
 // A context's resource limits as the driver sets them (cuCtxGetLimit before any cuCtxSetLimit).

@@ -45,7 +45,7 @@ std::uint64_t ClientChannel::segmentBytesFor(const ChannelSizes& sizes) {
 
 ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes,
                              ipc::AddressReservation* placeInto)
-    : executor_(executor) {
+    : executor_(&executor) {
   header_ = planFor(sizes);
   limits_ = ring::limitsOf(header_);
   segment_ = std::make_shared<ipc::SharedSegment>(
@@ -74,8 +74,8 @@ ClientChannel::~ClientChannel() = default;
 std::size_t ClientChannel::pump(std::size_t budget) {
   std::size_t executed = 0;
   if (!parked_.empty()) flushAnswers();
-  while (executed < budget && !broken_ && parked_.size() < kMaxParkedAnswers &&
-         executor_.readyForCommands()) {
+  while (executed < budget && executor_ != nullptr && !broken_ &&
+         parked_.size() < kMaxParkedAnswers && executor_->readyForCommands()) {
     ipc::RingStatus status = commands_->read(record_);
     if (status == ipc::RingStatus::kEmpty) break;
     if (status != ipc::RingStatus::kOk) {
@@ -84,7 +84,7 @@ std::size_t ClientChannel::pump(std::size_t budget) {
     }
     ++executed;
     ++commandsExecuted_;
-    executor_.execute(ring::decodeCommand(record_, limits_), *this);
+    executor_->execute(ring::decodeCommand(record_, limits_), *this);
   }
   return executed;
 }
@@ -97,11 +97,11 @@ void ClientChannel::pumpAll() {
 bool ClientChannel::hasWork() {
   if (broken_) return false;
   if (!parked_.empty()) return true;
-  return commands_->pending() && executor_.readyForCommands();
+  return executor_ != nullptr && commands_->pending() && executor_->readyForCommands();
 }
 
 bool ClientChannel::throttled() {
-  return !broken_ && commands_->pending() && !executor_.readyForCommands();
+  return executor_ != nullptr && !broken_ && commands_->pending() && !executor_->readyForCommands();
 }
 
 void ClientChannel::postCompletion(std::uint64_t token, CUresult result) {
@@ -138,7 +138,7 @@ std::span<std::byte> ClientChannel::hostBytes(const ring::HostLocation& location
 void ClientChannel::markBroken(std::string reason) {
   if (broken_) return;
   broken_ = std::move(reason);
-  executor_.channelBroken(*broken_);
+  if (executor_ != nullptr) executor_->channelBroken(*broken_);
 }
 
 void ClientChannel::post(Answer answer) {

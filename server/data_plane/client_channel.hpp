@@ -89,6 +89,10 @@ public:
                                  std::uint64_t bytes) override;
   std::shared_ptr<const void> keepAlive() override { return segment_; }
 
+  // The executor is going (its session ends): the channel executes nothing more and tells nobody
+  // when it breaks, while answers still posted to it go into the completion ring as ever.
+  void detachExecutor() { executor_ = nullptr; }
+
   // A framing error: the client broke the format. The channel stops reading, keeps the reason and
   // tells its executor (once).
   void markBroken(std::string reason);
@@ -103,7 +107,7 @@ private:
   // Moves parked answers into the completion ring while there is room; wakes the client once.
   void flushAnswers();
 
-  CommandExecutor& executor_;
+  CommandExecutor* executor_;  // null once detached
   std::shared_ptr<ipc::SharedSegment> segment_;
   ipc::UniqueFd doorbell_;
   protocol::ring::wire::SegmentHeader header_{};

@@ -31,17 +31,19 @@ ClientSession::ClientSession(SessionServices services, std::shared_ptr<ClientSta
     : services_(services),
       stats_(std::move(stats)),
       visibleDevices_(std::move(visibleDevices)),
-      connectionId_(connectionId),
-      ringTasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {
+      connectionId_(connectionId) {
   services_.sessions.insert(this);
   ++stats_->tenant->clients;
 }
 
 ClientSession::~ClientSession() noexcept {
   *alive_ = false;
-  // The ring first: nothing may execute a command of this client once teardown has begun.
-  if (channel_ && services_.dataPlane != nullptr) services_.dataPlane->remove(*channel_);
-  ringTasks_ = nullptr;
+  // The ring first: nothing may execute a command of this client once teardown has begun, and
+  // what answers still come (from executors not yet destroyed on their GPUs) reach no session.
+  if (channel_) {
+    if (services_.dataPlane != nullptr) services_.dataPlane->remove(*channel_);
+    channel_->detachExecutor();
+  }
   kj::Vector<kj::Promise<void>> drains;
   services_.sessions.erase(this);
   --stats_->tenant->clients;
@@ -49,11 +51,18 @@ ClientSession::~ClientSession() noexcept {
   spdlog::info("client pid {} ({}) detached; reclaiming what it held", who.pid, who.command);
   for (auto& [device, client] : clients_) {
     GpuClient& gone = *client;
-    // On its GPU, by a message that owns it from here on: what has not reached the device yet
-    // never runs; what nothing on the device can touch any more comes back now; the rest once
-    // the work that may touch it is done, when the GpuClient is destroyed there.
+    std::unique_ptr<GpuCommandExecutor> commands;
+    if (auto found = commands_.find(device); found != commands_.end()) {
+      commands = std::move(found->second);
+    }
+    // On its GPU, by a message that owns it from here on: its records' answers still to come are
+    // dropped; what has not reached the device yet never runs; what nothing on the device can
+    // touch any more comes back now; the rest once the work that may touch it is done, when the
+    // GpuClient is destroyed there.
     auto reclaimed =
-        onGpu(gone, [client = std::move(client), pid = who.pid](GpuClient&) mutable {
+        onGpu(gone, [client = std::move(client), commands = std::move(commands),
+                     pid = who.pid](GpuClient&) mutable {
+          commands.reset();
           const std::uint32_t index = client->deviceIndex();
           const std::uint64_t freedNow = client->abandon();
           const std::uint64_t held = client->memoryUsed();
@@ -103,11 +112,22 @@ kj::Promise<GpuClient*> ClientSession::openClientOnDevice(std::uint32_t ordinal)
   auto opening = opening_.find(*device);
   if (opening == opening_.end()) {
     // Made on the GPU, by a message; a second call for the same device meanwhile waits for it.
-    auto opened = onGpu(*services_.gpus[*device], [stats = stats_](GpuShard& gpu) {
-                    return gpu.openClient(stats);
-                  }).then([this, device = *device](std::unique_ptr<GpuClient> client) {
-      clients_.emplace(device, std::move(client));
-    });
+    // Its record executor is made with it, there.
+    auto opened =
+        onGpu(*services_.gpus[*device],
+              [stats = stats_, pinned = pinned_,
+               session = static_cast<CommandsBeyondOneGpu*>(this)](GpuShard& gpu) {
+                std::unique_ptr<GpuClient> client = gpu.openClient(stats);
+                auto commands =
+                    std::make_unique<GpuCommandExecutor>(client.get(), *session, stats, pinned);
+                return std::pair{std::move(client), std::move(commands)};
+              })
+            .then([this, device = *device](
+                      std::pair<std::unique_ptr<GpuClient>, std::unique_ptr<GpuCommandExecutor>>
+                          opened) {
+              commands_.emplace(device, std::move(opened.second));
+              clients_.emplace(device, std::move(opened.first));
+            });
     opening = opening_.emplace(*device, opened.fork()).first;
   }
   return opening->second.addBranch().then(
@@ -366,13 +386,6 @@ kj::Promise<void> ClientSession::destroyStream(DestroyStreamContext context) {
   const std::uint64_t handle = context.getParams().getStream();
   return answerFromGpu(context, clientFor(handle, HandleKind::kStream), CUDA_ERROR_INVALID_HANDLE,
                        [handle](GpuClient& client) { return client.destroyStream(handle); });
-}
-
-GpuClient* ClientSession::clientForStream(std::uint64_t context, std::uint64_t stream,
-                                          CUresult& missing) {
-  missing = stream == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_INVALID_HANDLE;
-  return stream == 0 ? clientFor(context, HandleKind::kContext)
-                     : clientFor(stream, HandleKind::kStream);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include "server/gpu/gpu_client.hpp"
 #include "server/gpu/gpu_messages.hpp"
 #include "server/gpu/live_pinned_allocations.hpp"
+#include "server/session/gpu_command_executor.hpp"
 #include "server/session/pod_identity.hpp"
 #include "server/session/session_services.hpp"
 
@@ -29,7 +30,7 @@ namespace gpuproxy::server {
 
 class ClientSession final : public protocol::Session::Server,
                             private CommandExecutor,
-                            private kj::TaskSet::ErrorHandler {
+                            private CommandsBeyondOneGpu {
 public:
   // `visibleDevices` maps the client's device ordinals to the daemon's devices: a tenant limited
   // to some devices sees only those, numbered from 0, as with CUDA_VISIBLE_DEVICES.
@@ -145,39 +146,16 @@ private:
   std::shared_ptr<unsigned> submitsWaiting_ = std::make_shared<unsigned>(0);
 
   // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
-  // or from submit(), is executed here.
+  // or from submit(), is routed here to the executor of the GPU it is for.
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
-  void executeChecked(const protocol::ring::DecodedCommand& command, CommandPort& port);
-  void failInternally(const protocol::ring::DecodedCommand& command, CommandPort& port,
-                      const char* what);
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
-  // kj::TaskSet::ErrorHandler, for the ring commands that answer later
-  void taskFailed(kj::Exception&& exception) override;
-
-  // One command each (command_execution.cpp).
-  // A command that only touches device memory (a device-to-device copy, a memset).
-  template <typename Command>
-  void executeOnDevice(const Command& command, CommandPort& port);
-  void executeLaunch(const protocol::ring::LaunchKernel& launch, CommandPort& port);
-  void executeCopyToDevice(const protocol::ring::CopyHostToDevice& copy, CommandPort& port);
-  void executeCopyToHost(const protocol::ring::CopyDeviceToHost& copy, CommandPort& port);
-  void executeSynchronize(const protocol::ring::Synchronize& sync, CommandPort& port);
-  // Moves what the client's kernels printed from the device to each GpuClient, and tells the
-  // client through `port` if there is any (a synchronisation is about to be answered).
-  void collectDeviceOutput(CommandPort& port);
-  // Host functions (cuLaunchHostFunc) run by the client: the stream waits for it.
-  void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
-  // The host function `token` names has returned: the GPU holding its stream lets it go on.
-  void openHostGate(std::uint64_t token);
-  // Lets the stream `held` names go on, if its GpuClient is still there.
-  CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
-  // A wait of a stream of `waiter`'s GPU for an event of `owner`'s, another GPU.
-  CUresult waitForAnotherGpusEvent(GpuClient& waiter, GpuClient& owner,
-                                   const protocol::ring::StreamWaitEvent& wait);
-  GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing);
-  // Ends this client's connection: it broke the ring format (channelBroken follows).
-  void evict(const std::string& reason);
+  // CommandsBeyondOneGpu. evict ends this client's connection: it broke the ring format
+  // (channelBroken follows). whenRecordedElsewhere asks the event's GPU directly: a message would
+  // see the event as it is when the message arrives, which may be after a later record of it
+  // (docs/architecture.md §2, what stays cross-device).
+  void evict(const std::string& reason) override;
+  std::optional<kj::Promise<CUresult>> whenRecordedElsewhere(Handle event) override;
 
   // Pinned host memory (server/session/pinned_memory.cpp).
   kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
@@ -241,10 +219,8 @@ private:
   // while every GPU is the event loop's; with a thread per GPU it must go back by a message.
   std::map<std::uint32_t, kj::ForkedPromise<void>> opening_;
   std::vector<std::uint32_t> devicesUsed_;
-  // The data plane, once the client asked for it. The tasks finish ring commands that answer
-  // later (synchronisations, device-to-host copies) and are dropped before the channel.
+  // The data plane, once the client asked for it.
   std::shared_ptr<ClientChannel> channel_;
-  kj::Own<kj::TaskSet> ringTasks_;
   // Module images being uploaded in pieces (server/session/module_upload.cpp), by upload id.
   static constexpr std::size_t kMaxModuleUploads = 4;
   std::map<std::uint64_t, std::unique_ptr<ModuleUpload>> uploads_;
@@ -257,6 +233,11 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::shared_ptr<LivePinnedAllocations> pinned_ = std::make_shared<LivePinnedAllocations>();
   std::map<std::uint64_t, std::uint64_t> retiring_;
+  // The executor of the client's command records on each GPU it uses, by daemon device index:
+  // made with its GpuClient on that GPU, destroyed there before it. noGpu_ answers the records
+  // that name no GPU of the client's.
+  std::map<std::uint32_t, std::unique_ptr<GpuCommandExecutor>> commands_;
+  GpuCommandExecutor noGpu_{nullptr, *this, stats_, pinned_};
   // Host memory of the client's own that it registered (cuMemHostRegister) from a shared memfd
   // mapping: mapped here at the same address, by address. Charged and registered with every GPU
   // as the pinned heap's allocations are.

@@ -1,5 +1,6 @@
-// Fuzz target: command records executed by a client's session (ClientSession::execute) against the
-// sim backend, as a hostile client's ring would deliver them. The decoder has its own target
+// Fuzz target: command records executed by a client's session (ClientSession::execute, which hands
+// each to its GPU's GpuCommandExecutor) against the sim backend, as a hostile client's ring would
+// deliver them. The decoder has its own target
 // (ring_record); this one goes past it, into handle and pointer checks, the dispatcher, the sim
 // and reclamation.
 //
@@ -134,7 +135,7 @@ protected:
     if (kVerbose) std::fprintf(stderr, "log: %.*s\n", static_cast<int>(text.size()), text.data());
     const bool internal =
         message.level >= spdlog::level::err ||
-        // An exception in a ring command's continuation (ClientSession::taskFailed).
+        // An exception in a ring command's continuation (GpuCommandExecutor::taskFailed).
         text.find("ring command failed") != std::string_view::npos;
     if (!internal) return;
     // The sim's and the shard's report of a kernel fault: the client's doing, and answered.

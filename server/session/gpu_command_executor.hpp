@@ -1,0 +1,104 @@
+#pragma once
+// The executor of one client's command records (protocol/RING_FORMAT.md) on one GPU: what a
+// record does with the client's state on that GPU (its GpuClient), and nothing else. A session
+// has one per GPU it uses (ClientSession routes each record to the one of the GPU its handle
+// names), so that everything a record touches, but for the two questions below, is one GPU's:
+// this is the part of a session that runs on the GPU's own thread once each GPU has one, reading
+// that GPU's command ring (docs/architecture.md §2, "Towards a thread of its own per GPU").
+//
+// What a record needs beyond its GPU it asks the session for (CommandsBeyondOneGpu): ending the
+// connection of a client that broke the format, and a wait for an event of another GPU. The
+// live pinned allocations and the client's counters (ClientStats) are readable from any thread.
+//
+// Threads: made, used and destroyed on the thread that owns its GPU. Its tasks (the answers of
+// synchronisations and copies that finish later) die with it, before its GpuClient.
+
+#include "protocol/ring_format.hpp"
+#include "server/data_plane/command_port.hpp"
+#include "server/gpu/client_stats.hpp"
+#include "server/gpu/gpu_client.hpp"
+#include "server/gpu/handles.hpp"
+#include "server/gpu/live_pinned_allocations.hpp"
+
+#include <kj/async.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace gpuproxy::server {
+
+// What a GPU's executor asks of the session it belongs to.
+class CommandsBeyondOneGpu {
+public:
+  virtual ~CommandsBeyondOneGpu() = default;
+  // The client broke the record format (a DecodeError that disconnects): its connection ends.
+  virtual void evict(const std::string& reason) = 0;
+  // Resolves once the latest record, as of now, of the client's event `event` on a GPU other than
+  // the asker's is done; nullopt when the client has no such event.
+  virtual std::optional<kj::Promise<CUresult>> whenRecordedElsewhere(Handle event) = 0;
+};
+
+class GpuCommandExecutor final : private kj::TaskSet::ErrorHandler {
+public:
+  // `client` is the client's state on this executor's GPU, borrowed, or null for the executor of
+  // records that name no GPU the client uses (each is answered as the driver answers a handle it
+  // does not know). `session` outlives every call of execute().
+  GpuCommandExecutor(GpuClient* client, CommandsBeyondOneGpu& session,
+                     std::shared_ptr<ClientStats> stats,
+                     std::shared_ptr<const LivePinnedAllocations> pinned);
+  ~GpuCommandExecutor() noexcept;
+  GpuCommandExecutor(const GpuCommandExecutor&) = delete;
+  GpuCommandExecutor& operator=(const GpuCommandExecutor&) = delete;
+
+  // The daemon device a record is for: the device of the handle its execution looks up first (a
+  // stream's, else its context's; an event's for a record or synchronisation of one). nullopt for
+  // a record that names none (a DecodeError, a null handle).
+  static std::optional<std::uint32_t> deviceOf(const protocol::ring::DecodedCommand& command);
+
+  // Acts on one decoded record and answers through `port` (at once, or from a task once the GPU
+  // has done it). A record whose handles are not this GPU's is answered as an unknown handle.
+  void execute(const protocol::ring::DecodedCommand& command, CommandPort& port);
+
+private:
+  void executeChecked(const protocol::ring::DecodedCommand& command, CommandPort& port);
+  void failInternally(const protocol::ring::DecodedCommand& command, CommandPort& port,
+                      const char* what);
+  // kj::TaskSet::ErrorHandler
+  void taskFailed(kj::Exception&& exception) override;
+
+  // One record each.
+  // A record that only touches device memory (a device-to-device copy, a memset).
+  template <typename Command>
+  void executeOnDevice(const Command& command, CommandPort& port);
+  void executeLaunch(const protocol::ring::LaunchKernel& launch, CommandPort& port);
+  void executeCopyToDevice(const protocol::ring::CopyHostToDevice& copy, CommandPort& port);
+  void executeCopyToHost(const protocol::ring::CopyDeviceToHost& copy, CommandPort& port);
+  void executeSynchronize(const protocol::ring::Synchronize& sync, CommandPort& port);
+  void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
+  // The host function `token` names has returned: its stream, if held on this GPU, goes on.
+  void openHostGate(std::uint64_t token);
+  void executeDecodeError(const protocol::ring::DecodeError& error, CommandPort& port);
+  CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
+  // A wait of a stream of this GPU for an event recorded on another: the stream is held here as
+  // for a host function and let go once the event's record is done there.
+  CUresult waitForAnotherGpusEvent(const protocol::ring::StreamWaitEvent& wait);
+  // Moves what the client's kernels printed on this GPU from the device to the GpuClient, and
+  // tells the client through `port` if there is any (a synchronisation is about to be answered).
+  void collectDeviceOutput(CommandPort& port);
+
+  // The client's GpuClient when `handle` (of `kind`) is of this GPU; else null.
+  GpuClient* clientFor(std::uint64_t handle, HandleKind kind) const;
+  // The same for a record's stream (its context's for the null stream); `missing` is what to
+  // answer when there is none.
+  GpuClient* clientForStream(std::uint64_t context, std::uint64_t stream, CUresult& missing) const;
+
+  GpuClient* client_;
+  CommandsBeyondOneGpu& session_;
+  std::shared_ptr<ClientStats> stats_;
+  std::shared_ptr<const LivePinnedAllocations> pinned_;
+  kj::Own<kj::TaskSet> tasks_;
+};
+
+}  // namespace gpuproxy::server
