@@ -1,9 +1,9 @@
 // Command records (protocol/RING_FORMAT.md) of one session, however they come: from the client's
 // command ring (its data plane, handed out here) or carried by a Session.submit call. One decoder
-// (protocol::ring::decodeCommand) and one executor (ClientSession::execute) serve both; only the
-// CommandPort differs, which says where host bytes are and where answers go. An asynchronous
-// command that fails becomes an AsyncError the stub reports at the next synchronising call; a
-// waited-for command answers its completion token.
+// (protocol::ring::decodeCommand) and one executor serve both: ClientSession::execute hands each
+// record to the executor of the GPU it is for (gpu_command_executor.hpp), which acts and answers
+// (record_answers.hpp). Only the CommandPort differs, which says where host bytes are and where
+// answers go.
 
 #include "ipc/shared_file.hpp"
 #include "protocol/limits.hpp"
