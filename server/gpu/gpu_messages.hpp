@@ -52,6 +52,15 @@ void tellGpu(GpuShard& gpu, Work work) {
   });
 }
 
+// tellGpu for the client's GPU: a message to a GpuClient nobody waits for (the other half of a
+// wait across GPUs letting it go).
+template <typename Work>
+void tellGpu(GpuClient& client, Work work) {
+  onGpu(client, std::move(work)).detach([index = client.deviceIndex()](kj::Exception&& exception) {
+    KJ_LOG(ERROR, "a message to a GPU failed", index, exception);
+  });
+}
+
 // A tenant's weight or class changed: every GPU's scheduler learns it (GpuShard::refreshTenants).
 // `gpus` holds pointers to GpuShards (the daemon's Gpus).
 template <typename GpuPointers>

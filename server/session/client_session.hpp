@@ -150,12 +150,16 @@ private:
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
-  // CommandsBeyondOneGpu. evict ends this client's connection: it broke the ring format
-  // (channelBroken follows). whenRecordedElsewhere asks the event's GPU directly: a message would
-  // see the event as it is when the message arrives, which may be after a later record of it
-  // (docs/architecture.md §2, what stays cross-device).
+  // CommandsBeyondOneGpu: ends this client's connection: it broke the ring format
+  // (channelBroken follows).
   void evict(const std::string& reason) override;
-  std::optional<kj::Promise<CUresult>> whenRecordedElsewhere(Handle event) override;
+  // A wait of a stream on daemon device `streamDevice` for an event on `eventDevice`: its two
+  // halves (GpuCommandExecutor::holdForAnotherGpu, afterLatestRecord) on the two GPUs' executors,
+  // joined by a token of the session's.
+  void waitForAnotherGpusEvent(const protocol::ring::StreamWaitEvent& wait,
+                               std::uint32_t streamDevice, std::uint32_t eventDevice,
+                               CommandPort& port);
+  std::uint64_t lastHoldToken_ = 0;
 
   // Pinned host memory (server/session/pinned_memory.cpp).
   kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);

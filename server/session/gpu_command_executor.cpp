@@ -117,19 +117,11 @@ void GpuCommandExecutor::execute(const ring::DecodedCommand& command, CommandPor
     failCommand(port, CUDA_ERROR_INVALID_VALUE, command);
     return;
   }
-  try {
-    executeChecked(command, port);
-  } catch (const kj::Exception& error) {
-    failInternally(command, port, error.getDescription().cStr());
-  } catch (const std::exception& error) {
-    failInternally(command, port, error.what());
-  }
+  guarded(command, port, [&] { executeChecked(command, port); });
 }
 
 void GpuCommandExecutor::failInternally(const ring::DecodedCommand& command, CommandPort& port,
                                         const char* what) {
-  // Our bug, not the client's input (that is answered with the driver's error before anything
-  // throws): this command fails and is logged, and this client and every other go on.
   spdlog::error("pid {}: internal error executing a command record: {}", stats_->identity.pid,
                 what);
   failCommand(port, CUDA_ERROR_UNKNOWN, command);
@@ -354,26 +346,43 @@ CUresult GpuCommandExecutor::streamWaitEvent(const ring::StreamWaitEvent& wait) 
   GpuClient* client = clientForStream(wait.context, wait.stream, missing);
   if (client == nullptr) return missing;
   if (wait.flags != 0 && wait.flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-  if (client->ownsEvent(wait.event)) {
-    return client->streamWaitEvent(wait.context, wait.stream, wait.event);
-  }
-  if (clientFor(wait.event, HandleKind::kEvent) != nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  return waitForAnotherGpusEvent(wait);
+  // Another GPU's event reaches here only as the hold half (holdForAnotherGpu).
+  if (!client->ownsEvent(wait.event)) return CUDA_ERROR_INVALID_HANDLE;
+  return client->streamWaitEvent(wait.context, wait.stream, wait.event);
 }
 
-CUresult GpuCommandExecutor::waitForAnotherGpusEvent(const ring::StreamWaitEvent& wait) {
-  // The event's latest record as of now, as CUDA promises: a later record does not count.
-  std::optional<kj::Promise<CUresult>> recorded = session_.whenRecordedElsewhere(wait.event);
-  if (!recorded) return CUDA_ERROR_INVALID_HANDLE;
-  // The waiting stream is held here as for a host function, and let go once the record is done
-  // on the event's GPU. It goes on whether that work succeeded or not: an error of the other
-  // GPU's work is that context's, reported there.
+CUresult GpuCommandExecutor::holdForAnotherGpu(const ring::StreamWaitEvent& wait,
+                                               std::uint64_t token) {
+  CUresult missing;
+  GpuClient* client = clientForStream(wait.context, wait.stream, missing);
+  if (client == nullptr) return missing;
+  if (wait.flags != 0 && wait.flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+  if (letGoEarly_.erase(token) != 0) return CUDA_SUCCESS;  // the event's record was done first
+  // Held as for a host function: the stream's later work waits behind a gate of this GPU's.
   const GpuClient::HoldForAnotherGpu held =
-      client_->holdStreamForAnotherGpu(wait.context, wait.stream);
-  if (held.result != CUDA_SUCCESS) return held.result;
-  auto letGo = [client = client_, hold = held.hold]() { client->anotherGpusEventDone(hold); };
-  tasks_->add(std::move(*recorded).then([letGo](CUresult) { letGo(); },
-                                        [letGo](kj::Exception&&) { letGo(); }));
+      client->holdStreamForAnotherGpu(wait.context, wait.stream);
+  if (held.result == CUDA_SUCCESS) heldForAnotherGpu_[token] = held.hold;
+  return held.result;
+}
+
+void GpuCommandExecutor::letGoOfHold(std::uint64_t token) {
+  if (client_ == nullptr) return;
+  auto held = heldForAnotherGpu_.find(token);
+  if (held == heldForAnotherGpu_.end()) {
+    letGoEarly_.insert(token);
+    return;
+  }
+  client_->anotherGpusEventDone(held->second);
+  heldForAnotherGpu_.erase(held);
+}
+
+CUresult GpuCommandExecutor::afterLatestRecord(Handle event, kj::Function<void()> then) {
+  GpuClient* client = clientFor(event, HandleKind::kEvent);
+  if (client == nullptr || !client->ownsEvent(event)) return CUDA_ERROR_INVALID_HANDLE;
+  // The event's latest record as of now, as CUDA promises: a later record does not count.
+  auto letGo = std::make_shared<kj::Function<void()>>(std::move(then));
+  tasks_->add(client->synchronizeEvent(event).then([letGo](CUresult) { (*letGo)(); },
+                                                   [letGo](kj::Exception&&) { (*letGo)(); }));
   return CUDA_SUCCESS;
 }
 

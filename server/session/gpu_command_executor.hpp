@@ -7,8 +7,10 @@
 // that GPU's command ring (docs/architecture.md §2, "Towards a thread of its own per GPU").
 //
 // What a record needs beyond its GPU it asks the session for (CommandsBeyondOneGpu): ending the
-// connection of a client that broke the format, and a wait for an event of another GPU. The
-// live pinned allocations and the client's counters (ClientStats) are readable from any thread.
+// connection of a client that broke the format. A stream's wait for an event of another GPU is two
+// halves, one on each GPU's executor, joined by a token and a message (holdForAnotherGpu,
+// afterLatestRecord, letGoOfHold). The live pinned allocations and the client's counters
+// (ClientStats) are readable from any thread.
 //
 // Threads: made, used and destroyed on the thread that owns its GPU. Its tasks (the answers of
 // synchronisations and copies that finish later) die with it, before its GpuClient.
@@ -21,10 +23,13 @@
 #include "server/gpu/live_pinned_allocations.hpp"
 
 #include <kj/async.h>
+#include <kj/exception.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace gpuproxy::server {
@@ -35,9 +40,6 @@ public:
   virtual ~CommandsBeyondOneGpu() = default;
   // The client broke the record format (a DecodeError that disconnects): its connection ends.
   virtual void evict(const std::string& reason) = 0;
-  // Resolves once the latest record, as of now, of the client's event `event` on a GPU other than
-  // the asker's is done; nullopt when the client has no such event.
-  virtual std::optional<kj::Promise<CUresult>> whenRecordedElsewhere(Handle event) = 0;
 };
 
 class GpuCommandExecutor final : private kj::TaskSet::ErrorHandler {
@@ -61,6 +63,36 @@ public:
   // has done it). A record whose handles are not this GPU's is answered as an unknown handle.
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port);
 
+  // Runs `work()` for `command`. What it throws is our bug, never the client's input (that is
+  // answered with the driver's error before anything throws): the command fails with
+  // CUDA_ERROR_UNKNOWN and is logged, and this client and every other go on.
+  template <typename Work>
+  void guarded(const protocol::ring::DecodedCommand& command, CommandPort& port, Work&& work) {
+    try {
+      work();
+    } catch (const kj::Exception& error) {
+      failInternally(command, port, error.getDescription().cStr());
+    } catch (const std::exception& error) {
+      failInternally(command, port, error.what());
+    }
+  }
+
+  // A wait of a stream of this GPU for an event of another (cuStreamWaitEvent across GPUs), in two
+  // halves, each on its own GPU's executor; ClientSession::execute splits the record (with a ring
+  // per GPU, each half is a record of its GPU's ring, docs/architecture.md §2):
+  // - here, the stream's GPU: holdForAnotherGpu holds `wait`'s stream under `token` until
+  //   letGoOfHold(token), which may come first, and then nothing is held;
+  // - there, the event's GPU: afterLatestRecord runs `then` on that GPU's thread once the latest
+  //   record of `event` as of now is done (whether its work failed or not: that error is the
+  //   other context's), and `then` sends letGoOfHold to the stream's GPU.
+  // The stream's GPU learns nothing of the event but the token, and the event's GPU nothing of
+  // the stream, so the halves may run on two threads in either order.
+  CUresult holdForAnotherGpu(const protocol::ring::StreamWaitEvent& wait, std::uint64_t token);
+  void letGoOfHold(std::uint64_t token);
+  // CUDA_ERROR_INVALID_HANDLE (and `then` never runs) when `event` is no event of this client's
+  // on this GPU.
+  CUresult afterLatestRecord(Handle event, kj::Function<void()> then);
+
 private:
   void executeChecked(const protocol::ring::DecodedCommand& command, CommandPort& port);
   void failInternally(const protocol::ring::DecodedCommand& command, CommandPort& port,
@@ -81,9 +113,6 @@ private:
   void openHostGate(std::uint64_t token);
   void executeDecodeError(const protocol::ring::DecodeError& error, CommandPort& port);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
-  // A wait of a stream of this GPU for an event recorded on another: the stream is held here as
-  // for a host function and let go once the event's record is done there.
-  CUresult waitForAnotherGpusEvent(const protocol::ring::StreamWaitEvent& wait);
   // Moves what the client's kernels printed on this GPU from the device to the GpuClient, and
   // tells the client through `port` if there is any (a synchronisation is about to be answered).
   void collectDeviceOutput(CommandPort& port);
@@ -98,6 +127,10 @@ private:
   CommandsBeyondOneGpu& session_;
   std::shared_ptr<ClientStats> stats_;
   std::shared_ptr<const LivePinnedAllocations> pinned_;
+  // Streams held for other GPUs' events: the session's token -> this GPU's name for the hold.
+  std::map<std::uint64_t, std::uint64_t> heldForAnotherGpu_;
+  // Tokens let go of before their hold came (the two halves ran in that order).
+  std::set<std::uint64_t> letGoEarly_;
   kj::Own<kj::TaskSet> tasks_;
 };
 

@@ -1,8 +1,8 @@
-// The executor of a client's command records on one GPU, with that GPU served by a thread of its
-// own (GpuOnItsOwnThread), as each GPU will be: records are handed to it by message and it acts,
-// and answers later, on the GPU's thread only (the GPU's owner-thread checks throw otherwise). What
-// it needs beyond its GPU, a wait for another GPU's event, it asks its session for, here a stand-in
-// whose answer comes from this test's thread.
+// The executor of a client's command records on one GPU, with each of two GPUs served by a thread
+// of its own (GpuOnItsOwnThread), as each GPU will be: records are handed to an executor by message
+// and it acts, and answers later, on its GPU's thread only (the GPU's owner-thread checks throw
+// otherwise). A stream's wait for the other GPU's event is its two halves, one on each GPU's
+// thread, joined by a message, as ClientSession joins them.
 #include "server/session/gpu_command_executor.hpp"
 
 #include "gpu_on_its_own_thread.hpp"
@@ -85,43 +85,56 @@ private:
   std::vector<std::thread::id> postedOn_;
 };
 
-// The session as the executor sees it: events of "another GPU" are those it was told of, recorded
-// once this test's thread says so.
+// The session as an executor sees it: only a client that broke the format reaches it.
 class StandInSession final : public CommandsBeyondOneGpu {
 public:
-  // kj::Own is declared noexcept(false); dropping a fulfiller only rejects its promise.
-  ~StandInSession() noexcept override {}
-
-  void evict(const std::string& reason) override {
-    std::lock_guard lock(mutex_);
-    evicted_ = reason;
-  }
-  std::optional<kj::Promise<CUresult>> whenRecordedElsewhere(Handle event) override {
-    if (event != otherGpusEvent_) return std::nullopt;
-    auto paf = kj::newPromiseAndCrossThreadFulfiller<CUresult>();
-    std::lock_guard lock(mutex_);
-    recorded_ = kj::mv(paf.fulfiller);
-    return kj::mv(paf.promise);
-  }
-
-  void setOtherGpusEvent(Handle event) { otherGpusEvent_ = event; }
-  // The event's record is done on its GPU (called from the test's thread).
-  bool finishRecord() {
-    std::lock_guard lock(mutex_);
-    if (!recorded_) return false;
-    recorded_->fulfill(CUDA_SUCCESS);
-    return true;
-  }
-  std::optional<std::string> evicted() {
-    std::lock_guard lock(mutex_);
-    return evicted_;
-  }
-
-private:
-  Handle otherGpusEvent_ = 0;
-  std::mutex mutex_;
-  kj::Own<kj::CrossThreadPromiseFulfiller<CUresult>> recorded_;
+  void evict(const std::string& reason) override { evicted_ = reason; }
   std::optional<std::string> evicted_;
+};
+
+// The client's state on one GPU, on that GPU's thread: its GpuClient, a context and 64 KiB of
+// device memory, and the executor of its records there.
+struct ClientOnGpu {
+  ClientOnGpu(backend::Backend& backend, std::uint32_t index, std::shared_ptr<ClientStats> stats,
+              CommandsBeyondOneGpu& session, std::shared_ptr<const LivePinnedAllocations> pinned,
+              kj::WaitScope& scope)
+      : gpu(backend, index) {
+    client =
+        onGpu(gpu.shard(), [stats](GpuShard& gpu) { return gpu.openClient(stats); }).wait(scope);
+    context = onGpu(*client, [](GpuClient& client) { return client.createContext(0); })
+                  .wait(scope)
+                  .value();
+    pointer =
+        onGpu(*client, [this](GpuClient& client) { return client.allocate(context, 1 << 16); })
+            .wait(scope)
+            .value();
+    executor = onGpu(*client, [&](GpuClient& client) {
+                 return std::make_unique<GpuCommandExecutor>(&client, session, stats, pinned);
+               }).wait(scope);
+  }
+
+  // On the GPU's thread: the executor, then the client after its work, as a session's teardown.
+  void destroy(kj::WaitScope& scope) {
+    GpuClient& gone = *client;
+    onGpu(gone, [executor = std::move(executor), client = std::move(client)](GpuClient&) mutable {
+      executor.reset();
+      client->abandon();
+      return client->drain().then([client = std::move(client)]() mutable { client.reset(); });
+    }).wait(scope);
+  }
+
+  // Hands `record` to the executor on the GPU's thread.
+  void execute(ring::DecodedCommand record, CommandPort& port, kj::WaitScope& scope) {
+    onGpu(*client, [this, &port, record = std::move(record)](GpuClient&) {
+      executor->execute(record, port);
+    }).wait(scope);
+  }
+
+  GpuOnItsOwnThread gpu;
+  std::unique_ptr<GpuClient> client;
+  Handle context = 0;
+  CUdeviceptr pointer = 0;
+  std::unique_ptr<GpuCommandExecutor> executor;
 };
 
 class GpuCommandExecutorTest : public ::testing::Test {
@@ -130,28 +143,15 @@ protected:
     stats_->identity.pid = 4321;
     stats_->tenant = tenant_;
     stats_->addressSpace = 1;
-    client_ = wait(
-        onGpu(gpu_.shard(), [stats = stats_](GpuShard& gpu) { return gpu.openClient(stats); }));
-    context_ =
-        wait(onGpu(*client_, [](GpuClient& client) { return client.createContext(0); })).value();
-    pointer_ = wait(onGpu(*client_, [context = context_](GpuClient& client) {
-                 return client.allocate(context, 1 << 16);
-               })).value();
-    executor_ = wait(onGpu(*client_, [this](GpuClient& client) {
-      return std::make_unique<GpuCommandExecutor>(&client, session_, stats_, pinned_);
-    }));
+    for (std::uint32_t index = 0; index < 2; ++index) {
+      gpus_.push_back(std::make_unique<ClientOnGpu>(*backend_, index, stats_, session_, pinned_,
+                                                    io_->waitScope));
+    }
   }
 
   // kj's Own and Promise destructors may throw; gtest's fixture destructor may not.
   ~GpuCommandExecutorTest() noexcept override {
-    // On the GPU's thread: the executor, then the client after its work, as a session's teardown.
-    GpuClient& gone = *client_;
-    wait(onGpu(
-        gone, [executor = std::move(executor_), client = std::move(client_)](GpuClient&) mutable {
-          executor.reset();
-          client->abandon();
-          return client->drain().then([client = std::move(client)]() mutable { client.reset(); });
-        }));
+    for (auto& gpu : gpus_) gpu->destroy(io_->waitScope);
   }
 
   template <typename T>
@@ -159,11 +159,11 @@ protected:
     return promise.wait(io_->waitScope);
   }
 
-  // Hands `record` to the executor on the GPU's thread.
-  void execute(ring::DecodedCommand record) {
-    wait(onGpu(*client_, [this, record = std::move(record)](GpuClient&) {
-      executor_->execute(record, *port_);
-    }));
+  ClientOnGpu& gpu(std::uint32_t index) { return *gpus_[index]; }
+
+  // Hands `record` to GPU `index`'s executor, on that GPU's thread.
+  void execute(ring::DecodedCommand record, std::uint32_t index = 0) {
+    gpus_[index]->execute(std::move(record), *port_, io_->waitScope);
   }
 
   // Held by pointer: kj's destructors may throw, which a gtest fixture's destructor may not.
@@ -174,25 +174,21 @@ protected:
   std::shared_ptr<ClientStats> stats_ = std::make_shared<ClientStats>();
   std::shared_ptr<const LivePinnedAllocations> pinned_ = std::make_shared<LivePinnedAllocations>();
   std::unique_ptr<backend::Backend> backend_ = sim::newSimBackend(sim::SimOptions{2, 1ull << 30});
-  GpuOnItsOwnThread gpu_{*backend_, 0};
   StandInSession session_;
   std::shared_ptr<RecordingPort> port_ = std::make_shared<RecordingPort>();
-  std::unique_ptr<GpuClient> client_;
-  Handle context_ = 0;
-  CUdeviceptr pointer_ = 0;
-  std::unique_ptr<GpuCommandExecutor> executor_;
+  std::vector<std::unique_ptr<ClientOnGpu>> gpus_;
 };
 
 TEST_F(GpuCommandExecutorTest, RecordsActAndAnswerOnTheGpusOwnThread) {
   ring::Memset memset;
-  memset.context = context_;
-  memset.destination = pointer_;
+  memset.context = gpu(0).context;
+  memset.destination = gpu(0).pointer;
   memset.count = 1024;
   memset.value = 0x5a;
   execute(memset);
   ring::CopyDeviceToHost copy;
-  copy.context = context_;
-  copy.source = pointer_;
+  copy.context = gpu(0).context;
+  copy.source = gpu(0).pointer;
   copy.destination = ring::HostLocation{ring::HostRegion::kStaging, 0};
   copy.bytes = 1024;
   copy.completionToken = 7;
@@ -203,24 +199,24 @@ TEST_F(GpuCommandExecutorTest, RecordsActAndAnswerOnTheGpusOwnThread) {
     ASSERT_EQ(port_->staging()[i], std::byte{0x5a}) << "byte " << i;
   }
   EXPECT_TRUE(port_->asyncErrors().empty());
-  for (std::thread::id thread : port_->postedOn()) EXPECT_EQ(thread, gpu_.threadId());
+  for (std::thread::id thread : port_->postedOn()) EXPECT_EQ(thread, gpu(0).gpu.threadId());
 }
 
 TEST_F(GpuCommandExecutorTest, AHandleOfAnotherGpuIsAnUnknownHandleHere) {
-  // The same serial on device 1: not this GPU's, whatever this GPU has.
-  const Handle elsewhere = makeHandle(HandleKind::kContext, 1, context_ & 0xffff'ffff'ffffull);
+  // GPU 1's context, handed to GPU 0's executor.
+  const Handle elsewhere = gpu(1).context;
   ring::Memset memset;
   memset.sequence = 3;
   memset.context = elsewhere;
-  memset.destination = pointer_;
+  memset.destination = gpu(1).pointer;
   memset.count = 16;
   EXPECT_EQ(GpuCommandExecutor::deviceOf(memset), 1u);
-  execute(memset);
+  execute(memset, 0);
   ring::Synchronize sync;
   sync.context = elsewhere;
   sync.kind = ring::SynchronizeKind::kContext;
   sync.completionToken = 8;
-  execute(sync);
+  execute(sync, 0);
 
   EXPECT_EQ(port_->answerTo(8), CUDA_ERROR_INVALID_CONTEXT);
   const auto errors = port_->asyncErrors();
@@ -232,74 +228,106 @@ TEST_F(GpuCommandExecutorTest, AHandleOfAnotherGpuIsAnUnknownHandleHere) {
 TEST_F(GpuCommandExecutorTest, TheExecutorOfNoGpuAnswersEveryRecordAsABadHandle) {
   GpuCommandExecutor noGpu(nullptr, session_, stats_, pinned_);
   ring::Synchronize sync;
-  sync.context = context_;
+  sync.context = gpu(0).context;
   sync.kind = ring::SynchronizeKind::kEvent;
   sync.handle = makeHandle(HandleKind::kEvent, 0, 1);
   sync.completionToken = 9;
   noGpu.execute(sync, *port_);
   ring::HostFunction call;
-  call.context = context_;
+  call.context = gpu(0).context;
   call.completionToken = 10;
   noGpu.execute(call, *port_);
+  ring::DecodeError broken;
+  broken.disconnect = true;
+  noGpu.execute(broken, *port_);
   EXPECT_EQ(port_->answeredYet(9), CUDA_ERROR_INVALID_HANDLE);
   EXPECT_EQ(port_->answeredYet(10), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_TRUE(session_.evicted_.has_value());
 }
 
-TEST_F(GpuCommandExecutorTest, AStreamWaitsForAnotherGpusEventUntilTheSessionSaysItIsRecorded) {
-  const Handle otherGpusEvent = makeHandle(HandleKind::kEvent, 1, 1);
-  session_.setOtherGpusEvent(otherGpusEvent);
-  ring::StreamWaitEvent waitForEvent;
-  waitForEvent.context = context_;
-  waitForEvent.event = otherGpusEvent;
-  execute(waitForEvent);
-  ring::Synchronize sync;
-  sync.context = context_;
-  sync.completionToken = 11;
-  execute(sync);
+TEST_F(GpuCommandExecutorTest, AStreamWaitsForTheOtherGpusEventByMessagesOnly) {
+  // GPU 1's event, recorded behind a host function the test holds, so that its record is done
+  // only when the test lets it.
+  const Handle event = wait(onGpu(*gpu(1).client, [context = gpu(1).context](GpuClient& client) {
+                         return client.createEvent(context, CU_EVENT_DISABLE_TIMING);
+                       })).value();
+  execute(ring::HostFunction{.context = gpu(1).context, .completionToken = 20}, 1);
+  EXPECT_EQ(port_->answerTo(20), CUDA_SUCCESS);
+  execute(ring::EventRecord{.context = gpu(1).context, .event = event}, 1);
 
-  // Every message sent before this one has run on the GPU: the synchronisation is held.
-  execute(ring::Synchronize{.context = context_,
-                            .kind = ring::SynchronizeKind::kStream,
-                            .completionToken = 12,
-                            .query = true});
+  // The halves, as ClientSession::waitForAnotherGpusEvent sends them: the hold on GPU 0, then on
+  // GPU 1 what lets it go, which tells GPU 0 by a message from GPU 1's thread.
+  const ring::StreamWaitEvent waitForEvent{.context = gpu(0).context, .event = event};
+  EXPECT_EQ(
+      wait(onGpu(*gpu(0).client,
+                 [&](GpuClient&) { return gpu(0).executor->holdForAnotherGpu(waitForEvent, 1); })),
+      CUDA_SUCCESS);
+  auto letGo = [stream = &gpu(0)]() {
+    tellGpu(*stream->client,
+            [executor = stream->executor.get()](GpuClient&) { executor->letGoOfHold(1); });
+  };
+  EXPECT_EQ(
+      wait(onGpu(*gpu(1).client,
+                 [&](GpuClient&) { return gpu(1).executor->afterLatestRecord(event, letGo); })),
+      CUDA_SUCCESS);
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 11});
+
+  // Every message sent before this one has run on GPU 0: its stream is held.
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 12, .query = true});
   EXPECT_EQ(port_->answerTo(12), CUDA_ERROR_NOT_READY);
   EXPECT_EQ(port_->answeredYet(11), std::nullopt);
 
-  ASSERT_TRUE(session_.finishRecord());
+  // The host function returns: GPU 1's record is done, and GPU 0's stream goes on.
+  execute(ring::HostFunctionReturned{.context = gpu(1).context, .token = 20}, 1);
   EXPECT_EQ(port_->answerTo(11), CUDA_SUCCESS);
   EXPECT_TRUE(port_->asyncErrors().empty());
+}
 
-  // An event the session does not know is a bad handle, and holds nothing.
-  waitForEvent.sequence = 5;
-  waitForEvent.event = makeHandle(HandleKind::kEvent, 1, 2);
-  execute(waitForEvent);
-  sync.completionToken = 13;
-  execute(sync);
+TEST_F(GpuCommandExecutorTest, TheHalvesOfAWaitMayComeInEitherOrder) {
+  // Let go first (the event's GPU was quicker): the hold then holds nothing.
+  const ring::StreamWaitEvent waitForEvent{.context = gpu(0).context,
+                                           .event = makeHandle(HandleKind::kEvent, 1, 1)};
+  EXPECT_EQ(wait(onGpu(*gpu(0).client,
+                       [&](GpuClient&) {
+                         gpu(0).executor->letGoOfHold(5);
+                         return gpu(0).executor->holdForAnotherGpu(waitForEvent, 5);
+                       })),
+            CUDA_SUCCESS);
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 13});
   EXPECT_EQ(port_->answerTo(13), CUDA_SUCCESS);
+
+  // An event the other GPU does not know: nothing to wait for, and said so.
+  EXPECT_EQ(wait(onGpu(*gpu(1).client,
+                       [&](GpuClient&) {
+                         return gpu(1).executor->afterLatestRecord(
+                             makeHandle(HandleKind::kEvent, 1, 99), [] {});
+                       })),
+            CUDA_ERROR_INVALID_HANDLE);
+  // A wait record for another GPU's event reaching a GPU as a whole is refused there.
+  execute(ring::StreamWaitEvent{
+      .sequence = 6, .context = gpu(0).context, .event = makeHandle(HandleKind::kEvent, 1, 1)});
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 14});
+  EXPECT_EQ(port_->answerTo(14), CUDA_SUCCESS);
   const auto errors = port_->asyncErrors();
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0].sequence, 5u);
+  EXPECT_EQ(errors[0].sequence, 6u);
   EXPECT_EQ(errors[0].result, CUDA_ERROR_INVALID_HANDLE);
 }
 
 TEST_F(GpuCommandExecutorTest, AnswersStillToComeGoWithTheExecutor) {
-  const Handle otherGpusEvent = makeHandle(HandleKind::kEvent, 1, 1);
-  session_.setOtherGpusEvent(otherGpusEvent);
-  ring::StreamWaitEvent waitForEvent;
-  waitForEvent.context = context_;
-  waitForEvent.event = otherGpusEvent;
-  execute(waitForEvent);
-  ring::Synchronize sync;
-  sync.context = context_;
-  sync.completionToken = 14;
-  execute(sync);
+  const ring::StreamWaitEvent waitForEvent{.context = gpu(0).context,
+                                           .event = makeHandle(HandleKind::kEvent, 1, 1)};
+  EXPECT_EQ(
+      wait(onGpu(*gpu(0).client,
+                 [&](GpuClient&) { return gpu(0).executor->holdForAnotherGpu(waitForEvent, 1); })),
+      CUDA_SUCCESS);
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 15});
 
   // The session ends while the synchronisation waits: the executor goes on its GPU first.
-  wait(onGpu(*client_, [this](GpuClient&) { executor_.reset(); }));
-  ASSERT_TRUE(session_.finishRecord());
+  wait(onGpu(*gpu(0).client, [&](GpuClient&) { gpu(0).executor.reset(); }));
   // Whatever the GPU does next, nobody answers for the executor that went.
-  wait(onGpu(*client_, [](GpuClient&) {}));
-  EXPECT_EQ(port_->answeredYet(14), std::nullopt);
+  wait(onGpu(*gpu(0).client, [](GpuClient&) {}));
+  EXPECT_EQ(port_->answeredYet(15), std::nullopt);
 }
 
 }  // namespace
