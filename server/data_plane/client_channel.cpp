@@ -96,8 +96,9 @@ void ClientChannel::pumpAll() {
 
 bool ClientChannel::hasWork() {
   if (broken_) return false;
-  if (!parked_.empty()) return true;
-  return executor_ != nullptr && commands_->pending() && executor_->readyForCommands();
+  if (!parked_.empty()) flushAnswers();
+  return executor_ != nullptr && parked_.size() < kMaxParkedAnswers && commands_->pending() &&
+         executor_->readyForCommands();
 }
 
 bool ClientChannel::throttled() {
@@ -144,6 +145,7 @@ void ClientChannel::markBroken(std::string reason) {
 void ClientChannel::post(Answer answer) {
   parked_.push_back(std::move(answer));
   flushAnswers();
+  if (!parked_.empty() && answersWaiting_) answersWaiting_();
 }
 
 void ClientChannel::flushAnswers() {

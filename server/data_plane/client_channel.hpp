@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,12 +69,18 @@ public:
   // Executes every command published so far (the session calls this before each control call, so
   // a client's calls keep their order across the two paths).
   void pumpAll();
-  // Whether a command waits in the ring that may be executed now (or answers wait for room): the
-  // loop must not sleep.
+  // Whether a command waits in the ring that may be executed now: the loop must not sleep. Moves
+  // answers that waited for room into the completion ring first, if there is room now.
   bool hasWork();
   // Whether commands wait in the ring that the executor does not take yet (the client is at its
   // bound on queued work): the loop sleeps, but looks again soon.
   bool throttled();
+  // Whether answers wait for room in the completion ring. The client makes room by reading it,
+  // which rings no doorbell, so the loop sleeps but looks again soon, as for throttled().
+  bool answersWaiting() const { return !parked_.empty(); }
+  // Called when an answer has to wait for room (set by the data-plane loop, which may be asleep:
+  // an answer posted by work that finished later finds the ring full with nobody looking).
+  void onAnswersWaiting(std::function<void()> wake) { answersWaiting_ = std::move(wake); }
 
   // The doorbell handshake around the data-plane loop's sleep (ipc/doorbell.hpp).
   void prepareToSleep() { waiter_->prepareToSleep(); }
@@ -118,6 +125,7 @@ private:
   std::optional<ipc::CompletionPublisher> publisher_;
   std::uint32_t published_ = 0;
   std::deque<Answer> parked_;
+  std::function<void()> answersWaiting_;
   std::vector<std::byte> record_;
   std::optional<std::string> broken_;
   std::uint64_t commandsExecuted_ = 0;

@@ -25,6 +25,9 @@ void DataPlane::add(ClientChannel& channel) {
   poller_->add(channel.doorbellFd(), token);
   channels_.emplace(token, &channel);
   tokens_.emplace(&channel, token);
+  channel.onAnswersWaiting([this]() {
+    if (wakeLoop_) wakeLoop_->fulfill();
+  });
   // A new client starts talking at once; do not make its first command wait for a doorbell.
   lastWork_ = std::chrono::steady_clock::now();
   if (wakeLoop_) wakeLoop_->fulfill();
@@ -34,6 +37,7 @@ void DataPlane::remove(ClientChannel& channel) {
   auto found = tokens_.find(&channel);
   if (found == tokens_.end()) return;
   poller_->remove(channel.doorbellFd());
+  channel.onAnswersWaiting(nullptr);
   channels_.erase(found->second);
   tokens_.erase(found);
 }
@@ -119,7 +123,7 @@ kj::Promise<void> DataPlane::sleep() {
   bool throttled = false;
   for (auto& [token, channel] : channels_) {
     work = work || channel->hasWork();
-    throttled = throttled || channel->throttled();
+    throttled = throttled || channel->throttled() || channel->answersWaiting();
   }
   // Arms the doorbell polls (io_uring submits them here) and takes what is already readable.
   // After this, a doorbell makes the poller's descriptor readable and watchPoller wakes us.
@@ -134,8 +138,9 @@ kj::Promise<void> DataPlane::sleep() {
   auto paf = kj::newPromiseAndFulfiller<void>();
   wakeLoop_ = kj::mv(paf.fulfiller);
   kj::Promise<void> woken = kj::mv(paf.promise);
-  // A throttled client's room comes back when its work on the GPU finishes, which rings no
-  // doorbell: look again shortly, without spinning meanwhile.
+  // A throttled client's room comes back when its work on the GPU finishes, and room for its
+  // answers when it reads its completion ring, neither of which rings a doorbell: look again
+  // shortly, without spinning meanwhile.
   if (throttled) woken = woken.exclusiveJoin(afterThrottledRecheck());
   return woken.then(kj::mv(wake));
 }

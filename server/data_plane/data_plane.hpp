@@ -32,9 +32,9 @@ struct DataPlaneOptions {
   ipc::PollerBackend poller = ipc::PollerBackend::kAuto;
   // How long the loop keeps polling after the last command before it sleeps.
   std::chrono::microseconds spinWindow{50};
-  // How often a client whose queued work is at its bound (ClientStats::queueFull) is looked at
-  // again while the loop sleeps: its commands wait in its ring meanwhile, and the loop does not
-  // spin for it.
+  // How often a client whose queued work is at its bound (ClientStats::queueFull), or whose
+  // answers wait for room in its completion ring, is looked at again while the loop sleeps: its
+  // commands (or answers) wait meanwhile, and the loop does not spin for it.
   std::chrono::microseconds throttledRecheck{1000};
 };
 
