@@ -218,9 +218,12 @@ private:
   std::uint64_t connectionId_;
   // By daemon device index: each made on its GPU (openClientOnDevice), and destroyed there.
   std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;
-  // GpuClients being made, by daemon device index: resolved once in clients_. One that arrives
-  // after the session has gone is destroyed with the message's answer, on this thread: right
-  // while every GPU is the event loop's; with a thread per GPU it must go back by a message.
+  // GpuClients being made, by daemon device index: resolved once in clients_. A call that makes
+  // one holds the session until it is answered, unless it may be cancelled: a control call that
+  // waited for a throttled ring (dispatchAfterRing) is cancelled when its client goes, and then
+  // a GpuClient (and its executor) that arrives after the session is destroyed with the
+  // message's answer, on this thread. Right while every GPU is the event loop's; with a thread
+  // per GPU it must go back to its GPU by a message.
   std::map<std::uint32_t, kj::ForkedPromise<void>> opening_;
   std::vector<std::uint32_t> devicesUsed_;
   // The data plane, once the client asked for it.
