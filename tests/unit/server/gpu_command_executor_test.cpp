@@ -161,6 +161,14 @@ protected:
 
   ClientOnGpu& gpu(std::uint32_t index) { return *gpus_[index]; }
 
+  // The client was told of exactly one failed record, the one of `sequence`, with `result`.
+  void expectOneAsyncError(std::uint64_t sequence, CUresult result) {
+    const auto errors = port_->asyncErrors();
+    ASSERT_EQ(errors.size(), 1u);
+    EXPECT_EQ(errors[0].sequence, sequence);
+    EXPECT_EQ(errors[0].result, result);
+  }
+
   // Hands `record` to GPU `index`'s executor, on that GPU's thread.
   void execute(ring::DecodedCommand record, std::uint32_t index = 0) {
     gpus_[index]->execute(std::move(record), *port_, io_->waitScope);
@@ -219,10 +227,7 @@ TEST_F(GpuCommandExecutorTest, AHandleOfAnotherGpuIsAnUnknownHandleHere) {
   execute(sync, 0);
 
   EXPECT_EQ(port_->answerTo(8), CUDA_ERROR_INVALID_CONTEXT);
-  const auto errors = port_->asyncErrors();
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0].sequence, 3u);
-  EXPECT_EQ(errors[0].result, CUDA_ERROR_INVALID_CONTEXT);
+  expectOneAsyncError(3, CUDA_ERROR_INVALID_CONTEXT);
 }
 
 TEST_F(GpuCommandExecutorTest, TheExecutorOfNoGpuAnswersEveryRecordAsABadHandle) {
@@ -308,10 +313,7 @@ TEST_F(GpuCommandExecutorTest, TheHalvesOfAWaitMayComeInEitherOrder) {
       .sequence = 6, .context = gpu(0).context, .event = makeHandle(HandleKind::kEvent, 1, 1)});
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 14});
   EXPECT_EQ(port_->answerTo(14), CUDA_SUCCESS);
-  const auto errors = port_->asyncErrors();
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0].sequence, 6u);
-  EXPECT_EQ(errors[0].result, CUDA_ERROR_INVALID_HANDLE);
+  expectOneAsyncError(6, CUDA_ERROR_INVALID_HANDLE);
 }
 
 TEST_F(GpuCommandExecutorTest, AnswersStillToComeGoWithTheExecutor) {
