@@ -353,11 +353,13 @@ CUresult GpuCommandExecutor::streamWaitEvent(const ring::StreamWaitEvent& wait) 
 
 CUresult GpuCommandExecutor::holdForAnotherGpu(const ring::StreamWaitEvent& wait,
                                                std::uint64_t token) {
+  // Taken whatever the hold's fate, so that no early let-go stays behind.
+  const bool doneAlready = letGoEarly_.erase(token) != 0;
   CUresult missing;
   GpuClient* client = clientForStream(wait.context, wait.stream, missing);
   if (client == nullptr) return missing;
   if (wait.flags != 0 && wait.flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-  if (letGoEarly_.erase(token) != 0) return CUDA_SUCCESS;  // the event's record was done first
+  if (doneAlready) return CUDA_SUCCESS;  // the event's record was done first
   // Held as for a host function: the stream's later work waits behind a gate of this GPU's.
   const GpuClient::HoldForAnotherGpu held =
       client->holdStreamForAnotherGpu(wait.context, wait.stream);
