@@ -360,7 +360,7 @@ DecodedCommand decodeSynchronize(const CommandReader& reader) {
                      body.handle,       body.completionToken, reader.flag(kSynchronizeQuery)};
 }
 
-// HostFunction and HostFunctionReturned share their body.
+// HostFunction, HostFunctionReturned and HoldForEvent share their body.
 template <typename Record>
 DecodedCommand decodeHostFunction(const CommandReader& reader) {
   if (auto error = reader.checkShape<wire::HostFunctionBody>(0)) return *error;
@@ -369,6 +369,18 @@ DecodedCommand decodeHostFunction(const CommandReader& reader) {
     return reader.valueError(DecodeFailure::kMissingCompletionToken, body.context, body.stream);
   }
   return Record{reader.sequence(), body.context, body.stream, body.completionToken};
+}
+
+DecodedCommand decodeLetGoAfterEvent(const CommandReader& reader) {
+  if (auto error = reader.checkShape<wire::LetGoAfterEventBody>(0)) return *error;
+  const auto body = load<wire::LetGoAfterEventBody>(reader.body(), 0);
+  // Told to the waiting stream, whose hold nothing can name then.
+  if (body.token == 0) {
+    return reader.valueError(DecodeFailure::kMissingCompletionToken, body.waiterContext,
+                             body.waiterStream);
+  }
+  return LetGoAfterEvent{reader.sequence(), body.context,       body.event,
+                         body.token,        body.waiterContext, body.waiterStream};
 }
 
 // Common framing of both record kinds: the header's length is the record's size, aligned and
@@ -517,6 +529,10 @@ DecodedCommand decodeCommand(std::span<const std::byte> record, const SegmentLim
       return decodeHostFunction<HostFunction>(reader);
     case Opcode::kHostFunctionReturned:
       return decodeHostFunction<HostFunctionReturned>(reader);
+    case Opcode::kHoldForEvent:
+      return decodeHostFunction<HoldForEvent>(reader);
+    case Opcode::kLetGoAfterEvent:
+      return decodeLetGoAfterEvent(reader);
   }
   return reader.shapeError(DecodeFailure::kUnknownOpcode);
 }
@@ -628,6 +644,12 @@ std::uint32_t encodedSize(const HostFunction&) {
 }
 std::uint32_t encodedSize(const HostFunctionReturned&) {
   return commandBytes(sizeof(wire::HostFunctionBody));
+}
+std::uint32_t encodedSize(const HoldForEvent&) {
+  return commandBytes(sizeof(wire::HostFunctionBody));
+}
+std::uint32_t encodedSize(const LetGoAfterEvent&) {
+  return commandBytes(sizeof(wire::LetGoAfterEventBody));
 }
 std::uint32_t encodedSize(const Completion&) {
   return sizeof(wire::CompletionHeader) + sizeof(wire::CompletionBody);
@@ -762,6 +784,17 @@ std::size_t encodeHostFunctionReturned(const HostFunctionReturned& command,
                                        std::span<std::byte> out) {
   const wire::HostFunctionBody body{command.context, command.stream, command.token};
   return writeCommand(Opcode::kHostFunctionReturned, 0, command.sequence, body, out);
+}
+
+std::size_t encodeHoldForEvent(const HoldForEvent& command, std::span<std::byte> out) {
+  const wire::HostFunctionBody body{command.context, command.stream, command.token};
+  return writeCommand(Opcode::kHoldForEvent, 0, command.sequence, body, out);
+}
+
+std::size_t encodeLetGoAfterEvent(const LetGoAfterEvent& command, std::span<std::byte> out) {
+  const wire::LetGoAfterEventBody body{command.context, command.event, command.token,
+                                       command.waiterContext, command.waiterStream};
+  return writeCommand(Opcode::kLetGoAfterEvent, 0, command.sequence, body, out);
 }
 
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out) {

@@ -29,7 +29,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // Bumped on every change that makes one side read a record or the header differently from the
 // other (RING_FORMAT.md, "Versioning").
-inline constexpr std::uint32_t kFormatVersion = 4;
+inline constexpr std::uint32_t kFormatVersion = 5;
 // "GPXYRING" as bytes in memory.
 inline constexpr std::uint64_t kSegmentMagic = 0x474E495259585047ull;
 
@@ -197,13 +197,23 @@ struct SynchronizeBody {
 static_assert(sizeof(SynchronizeBody) == 32);
 static_assert(offsetof(SynchronizeBody, kind) == 24);
 
-// HostFunction and HostFunctionReturned.
+// HostFunction, HostFunctionReturned and HoldForEvent (whose token is in `completionToken`).
 struct HostFunctionBody {
   std::uint64_t context;
   std::uint64_t stream;
   std::uint64_t completionToken;
 };
 static_assert(sizeof(HostFunctionBody) == 24);
+
+struct LetGoAfterEventBody {
+  std::uint64_t context;  // the event's
+  std::uint64_t event;
+  std::uint64_t token;  // the HoldForEvent's
+  std::uint64_t waiterContext;
+  std::uint64_t waiterStream;
+};
+static_assert(sizeof(LetGoAfterEventBody) == 40);
+static_assert(offsetof(LetGoAfterEventBody, waiterContext) == 24);
 
 // At the start of the control region. The daemon increments `completionsPublished` after every
 // completion record it writes and wakes the client with FUTEX_WAKE when `completionWaiters` is
@@ -268,6 +278,8 @@ enum class Opcode : std::uint16_t {
   kMemset2D = 9,
   kHostFunction = 10,
   kHostFunctionReturned = 11,
+  kHoldForEvent = 12,
+  kLetGoAfterEvent = 13,
 };
 
 enum class CompletionKind : std::uint16_t {
@@ -458,6 +470,31 @@ struct HostFunctionReturned {
   friend bool operator==(const HostFunctionReturned&, const HostFunctionReturned&) = default;
 };
 
+// A stream's wait for an event of another device (cuStreamWaitEvent across devices), as two
+// records, each acting on one device, joined by a token the client chose: HoldForEvent, for the
+// stream's device, holds the stream's later work until the LetGoAfterEvent of the same token,
+// for the event's device, finds the event's latest record done. Either may be executed first.
+// Nobody waits for an answer; a failure is an AsyncError of the waiting stream.
+struct HoldForEvent {
+  static constexpr Opcode kOpcode = Opcode::kHoldForEvent;
+  std::uint64_t sequence = 0;
+  Handle context = 0;
+  Handle stream = 0;
+  std::uint64_t token = 0;
+  friend bool operator==(const HoldForEvent&, const HoldForEvent&) = default;
+};
+
+struct LetGoAfterEvent {
+  static constexpr Opcode kOpcode = Opcode::kLetGoAfterEvent;
+  std::uint64_t sequence = 0;
+  Handle context = 0;  // the event's
+  Handle event = 0;
+  std::uint64_t token = 0;
+  Handle waiterContext = 0;  // the held stream's, whose device lets it go
+  Handle waiterStream = 0;
+  friend bool operator==(const LetGoAfterEvent&, const LetGoAfterEvent&) = default;
+};
+
 struct Completion {
   std::uint64_t token = 0;
   CUresult result = CUDA_SUCCESS;
@@ -551,7 +588,7 @@ struct CommandTable {
 };
 using Commands = CommandTable<LaunchKernel, CopyHostToDevice, CopyDeviceToHost, CopyDeviceToDevice,
                               Memset, EventRecord, StreamWaitEvent, Synchronize, Memset2D,
-                              HostFunction, HostFunctionReturned>;
+                              HostFunction, HostFunctionReturned, HoldForEvent, LetGoAfterEvent>;
 
 // Any one command, as the stub hands it to its command sink.
 using Command = Commands::Command;
@@ -598,6 +635,8 @@ std::uint32_t encodedSize(const Synchronize& command);
 std::uint32_t encodedSize(const Memset2D& command);
 std::uint32_t encodedSize(const HostFunction& command);
 std::uint32_t encodedSize(const HostFunctionReturned& command);
+std::uint32_t encodedSize(const HoldForEvent& command);
+std::uint32_t encodedSize(const LetGoAfterEvent& command);
 std::uint32_t encodedSize(const Completion& completion);
 std::uint32_t encodedSize(const AsyncError& completion);
 std::uint32_t encodedSize(const StagingRelease& completion);
@@ -615,6 +654,8 @@ std::size_t encodeMemset2D(const Memset2D& command, std::span<std::byte> out);
 std::size_t encodeHostFunction(const HostFunction& command, std::span<std::byte> out);
 std::size_t encodeHostFunctionReturned(const HostFunctionReturned& command,
                                        std::span<std::byte> out);
+std::size_t encodeHoldForEvent(const HoldForEvent& command, std::span<std::byte> out);
+std::size_t encodeLetGoAfterEvent(const LetGoAfterEvent& command, std::span<std::byte> out);
 std::size_t encodeCompletion(const Completion& completion, std::span<std::byte> out);
 std::size_t encodeAsyncError(const AsyncError& completion, std::span<std::byte> out);
 std::size_t encodeStagingRelease(const StagingRelease& completion, std::span<std::byte> out);
@@ -653,6 +694,12 @@ inline std::size_t encode(const HostFunction& c, std::span<std::byte> out) {
 }
 inline std::size_t encode(const HostFunctionReturned& c, std::span<std::byte> out) {
   return encodeHostFunctionReturned(c, out);
+}
+inline std::size_t encode(const HoldForEvent& c, std::span<std::byte> out) {
+  return encodeHoldForEvent(c, out);
+}
+inline std::size_t encode(const LetGoAfterEvent& c, std::span<std::byte> out) {
+  return encodeLetGoAfterEvent(c, out);
 }
 inline std::size_t encode(const Completion& c, std::span<std::byte> out) {
   return encodeCompletion(c, out);

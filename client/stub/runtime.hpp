@@ -230,6 +230,11 @@ public:
   void addEvent(std::uint64_t event, std::uint64_t context);
   std::optional<std::uint64_t> eventContext(std::uint64_t event) const;
   void forgetEvent(std::uint64_t event);
+  // A fresh token joining the two records of a stream's wait for another device's event
+  // (protocol::ring::HoldForEvent); never 0.
+  std::uint64_t newWaitToken() noexcept {
+    return nextWaitToken_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   void addModule(std::uint64_t module, std::uint64_t context);
   std::optional<std::uint64_t> moduleContext(std::uint64_t module) const;
@@ -290,6 +295,7 @@ private:
   std::vector<DeviceRecord> devices_;
 
   std::atomic<bool> lost_{false};
+  std::atomic<std::uint64_t> nextWaitToken_{1};
   std::atomic<std::uint64_t> nextGeneration_{0};
   std::atomic<std::uint64_t> tablesEpoch_{1};
   std::atomic<std::uint64_t> nextBufferId_{0};

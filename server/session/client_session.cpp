@@ -115,11 +115,11 @@ kj::Promise<GpuClient*> ClientSession::openClientOnDevice(std::uint32_t ordinal)
     // Its record executor is made with it, there.
     auto opened =
         onGpu(*services_.gpus[*device],
-              [stats = stats_, pinned = pinned_,
+              [stats = stats_, pinned = pinned_, alive = std::weak_ptr<const bool>(alive_),
                session = static_cast<CommandsBeyondOneGpu*>(this)](GpuShard& gpu) {
                 std::unique_ptr<GpuClient> client = gpu.openClient(stats);
-                auto commands =
-                    std::make_unique<GpuCommandExecutor>(client.get(), *session, stats, pinned);
+                auto commands = std::make_unique<GpuCommandExecutor>(client.get(), *session, alive,
+                                                                     stats, pinned);
                 return std::pair{std::move(client), std::move(commands)};
               })
             .then([this, device = *device](

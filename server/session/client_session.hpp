@@ -150,16 +150,10 @@ private:
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
-  // CommandsBeyondOneGpu: ends this client's connection: it broke the ring format
+  // CommandsBeyondOneGpu. evict ends this client's connection: it broke the ring format
   // (channelBroken follows).
   void evict(const std::string& reason) override;
-  // A wait of a stream on daemon device `streamDevice` for an event on `eventDevice`: its two
-  // halves (GpuCommandExecutor::holdForAnotherGpu, afterLatestRecord) on the two GPUs' executors,
-  // joined by a token of the session's.
-  void waitForAnotherGpusEvent(const protocol::ring::StreamWaitEvent& wait,
-                               std::uint32_t streamDevice, std::uint32_t eventDevice,
-                               CommandPort& port);
-  std::uint64_t lastHoldToken_ = 0;
+  void letGoElsewhere(Handle waiterContext, std::uint64_t token) override;
 
   // Pinned host memory (server/session/pinned_memory.cpp).
   kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);
@@ -240,11 +234,6 @@ private:
   std::map<std::uint64_t, std::uint64_t> registering_;
   std::shared_ptr<LivePinnedAllocations> pinned_ = std::make_shared<LivePinnedAllocations>();
   std::map<std::uint64_t, std::uint64_t> retiring_;
-  // The executor of the client's command records on each GPU it uses, by daemon device index:
-  // made with its GpuClient on that GPU, destroyed there before it. noGpu_ answers the records
-  // that name no GPU of the client's.
-  std::map<std::uint32_t, std::unique_ptr<GpuCommandExecutor>> commands_;
-  GpuCommandExecutor noGpu_{nullptr, *this, stats_, pinned_};
   // Host memory of the client's own that it registered (cuMemHostRegister) from a shared memfd
   // mapping: mapped here at the same address, by address. Charged and registered with every GPU
   // as the pinned heap's allocations are.
@@ -257,6 +246,11 @@ private:
   std::map<std::uint64_t, HostWindow> hostWindows_;
   // Tells continuations that outlive the session (an unregisterPinned's drain) that it is gone.
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // The executor of the client's command records on each GPU it uses, by daemon device index:
+  // made with its GpuClient on that GPU, destroyed there before it. noGpu_ answers the records
+  // that name no GPU of the client's.
+  std::map<std::uint32_t, std::unique_ptr<GpuCommandExecutor>> commands_;
+  GpuCommandExecutor noGpu_{nullptr, *this, alive_, stats_, pinned_};
 };
 
 template <typename Test>

@@ -373,15 +373,6 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
   // To the executor of the GPU its handle names; one naming no GPU the client uses (a decode error
   // too) to the executor without one, which answers as the driver answers a bad handle.
-  if (const auto* wait = std::get_if<ring::StreamWaitEvent>(&command)) {
-    const std::optional<std::uint32_t> streamDevice = GpuCommandExecutor::deviceOf(command);
-    const std::optional<std::uint32_t> eventDevice = deviceOf(wait->event, HandleKind::kEvent);
-    if (streamDevice && eventDevice && *streamDevice != *eventDevice) {
-      noGpu_.guarded(command, port,
-                     [&] { waitForAnotherGpusEvent(*wait, *streamDevice, *eventDevice, port); });
-      return;
-    }
-  }
   GpuCommandExecutor* executor = &noGpu_;
   if (const std::optional<std::uint32_t> device = GpuCommandExecutor::deviceOf(command)) {
     if (auto found = commands_.find(*device); found != commands_.end()) {
@@ -391,36 +382,15 @@ void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& po
   executor->execute(command, port);
 }
 
-void ClientSession::waitForAnotherGpusEvent(const ring::StreamWaitEvent& wait,
-                                            std::uint32_t streamDevice, std::uint32_t eventDevice,
-                                            CommandPort& port) {
-  auto waiter = commands_.find(streamDevice);
-  if (waiter == commands_.end()) {
-    noGpu_.execute(wait, port);  // answered as for a stream the client has not
-    return;
-  }
-  GpuCommandExecutor& streamGpu = *waiter->second;
-  const std::uint64_t token = ++lastHoldToken_;
-  CUresult result = streamGpu.holdForAnotherGpu(wait, token);
-  if (result == CUDA_SUCCESS) {
-    auto owner = commands_.find(eventDevice);
-    // Runs on the event's GPU once its record is done: the stream's GPU is told by a message
-    // (today the event loop's, as the session is; with a thread per GPU the session's side of
-    // this hand-over becomes a message to the session's thread first).
-    auto letGo = [this, alive = std::weak_ptr<bool>(alive_), streamDevice, token]() {
-      const std::shared_ptr<bool> live = alive.lock();
-      if (!live || !*live) return;
-      auto stillWaiting = commands_.find(streamDevice);
-      if (stillWaiting == commands_.end()) return;
-      tellGpu(*clients_.at(streamDevice), [executor = stillWaiting->second.get(),
-                                           token](GpuClient&) { executor->letGoOfHold(token); });
-    };
-    result = owner == commands_.end()
-                 ? CUDA_ERROR_INVALID_HANDLE
-                 : owner->second->afterLatestRecord(wait.event, std::move(letGo));
-    if (result != CUDA_SUCCESS) streamGpu.letGoOfHold(token);
-  }
-  report(port, result, wait);
+void ClientSession::letGoElsewhere(Handle waiterContext, std::uint64_t token) {
+  const std::optional<std::uint32_t> device = deviceOf(waiterContext, HandleKind::kContext);
+  if (!device) return;
+  auto waiting = commands_.find(*device);
+  if (waiting == commands_.end()) return;
+  // On the event's GPU's thread today as on the session's; with a thread per GPU this becomes a
+  // message to the session's thread first, whose state (commands_, clients_) this reads.
+  tellGpu(*clients_.at(*device),
+          [executor = waiting->second.get(), token](GpuClient&) { executor->letGoOfHold(token); });
 }
 
 kj::Promise<void> ClientSession::takeDeviceOutput(TakeDeviceOutputContext context) {

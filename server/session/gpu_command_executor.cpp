@@ -61,10 +61,12 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> pinnedHeapRangeOf(
 }  // namespace
 
 GpuCommandExecutor::GpuCommandExecutor(GpuClient* client, CommandsBeyondOneGpu& session,
+                                       std::weak_ptr<const bool> sessionAlive,
                                        std::shared_ptr<ClientStats> stats,
                                        std::shared_ptr<const LivePinnedAllocations> pinned)
     : client_(client),
       session_(session),
+      sessionAlive_(std::move(sessionAlive)),
       stats_(std::move(stats)),
       pinned_(std::move(pinned)),
       tasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {}
@@ -86,6 +88,10 @@ std::optional<std::uint32_t> GpuCommandExecutor::deviceOf(const ring::DecodedCom
           },
           [&](const ring::StreamWaitEvent& wait) { return ofStream(wait.context, wait.stream); },
           [&](const ring::HostFunction& call) { return ofStream(call.context, call.stream); },
+          [&](const ring::HoldForEvent& hold) { return ofStream(hold.context, hold.stream); },
+          [](const ring::LetGoAfterEvent& letGo) {
+            return server::deviceOf(letGo.event, HandleKind::kEvent);
+          },
           [&](const ring::Synchronize& sync) -> std::optional<std::uint32_t> {
             switch (sync.kind) {
               case ring::SynchronizeKind::kStream:
@@ -148,6 +154,10 @@ void GpuCommandExecutor::executeChecked(const ring::DecodedCommand& command, Com
           [&](const ring::Synchronize& sync) { executeSynchronize(sync, port); },
           [&](const ring::HostFunction& call) { executeHostFunction(call, port); },
           [&](const ring::HostFunctionReturned& returned) { openHostGate(returned.token); },
+          [&](const ring::HoldForEvent& hold) {
+            report(port, holdForAnotherGpu(hold.context, hold.stream, hold.token), hold);
+          },
+          [&](const ring::LetGoAfterEvent& letGo) { executeLetGoAfterEvent(letGo, port); },
           [&](const ring::DecodeError& error) { executeDecodeError(error, port); },
       },
       command);
@@ -346,23 +356,21 @@ CUresult GpuCommandExecutor::streamWaitEvent(const ring::StreamWaitEvent& wait) 
   GpuClient* client = clientForStream(wait.context, wait.stream, missing);
   if (client == nullptr) return missing;
   if (wait.flags != 0 && wait.flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
-  // Another GPU's event reaches here only as the hold half (holdForAnotherGpu).
+  // Another GPU's event is waited for as HoldForEvent and LetGoAfterEvent, never here.
   if (!client->ownsEvent(wait.event)) return CUDA_ERROR_INVALID_HANDLE;
   return client->streamWaitEvent(wait.context, wait.stream, wait.event);
 }
 
-CUresult GpuCommandExecutor::holdForAnotherGpu(const ring::StreamWaitEvent& wait,
-                                               std::uint64_t token) {
+CUresult GpuCommandExecutor::holdForAnotherGpu(Handle context, Handle stream, std::uint64_t token) {
   // Taken whatever the hold's fate, so that no early let-go stays behind.
   const bool doneAlready = letGoEarly_.erase(token) != 0;
   CUresult missing;
-  GpuClient* client = clientForStream(wait.context, wait.stream, missing);
+  GpuClient* client = clientForStream(context, stream, missing);
   if (client == nullptr) return missing;
-  if (wait.flags != 0 && wait.flags != CU_EVENT_WAIT_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
   if (doneAlready) return CUDA_SUCCESS;  // the event's record was done first
+  if (heldForAnotherGpu_.count(token) != 0) return CUDA_ERROR_INVALID_VALUE;  // a token in use
   // Held as for a host function: the stream's later work waits behind a gate of this GPU's.
-  const GpuClient::HoldForAnotherGpu held =
-      client->holdStreamForAnotherGpu(wait.context, wait.stream);
+  const GpuClient::HoldForAnotherGpu held = client->holdStreamForAnotherGpu(context, stream);
   if (held.result == CUDA_SUCCESS) heldForAnotherGpu_[token] = held.hold;
   return held.result;
 }
@@ -386,6 +394,24 @@ CUresult GpuCommandExecutor::afterLatestRecord(Handle event, kj::Function<void()
   tasks_->add(client->synchronizeEvent(event).then([letGo](CUresult) { (*letGo)(); },
                                                    [letGo](kj::Exception&&) { (*letGo)(); }));
   return CUDA_SUCCESS;
+}
+
+void GpuCommandExecutor::executeLetGoAfterEvent(const ring::LetGoAfterEvent& letGo,
+                                                CommandPort& port) {
+  auto tell = [&session = session_, alive = sessionAlive_, waiter = letGo.waiterContext,
+               token = letGo.token]() {
+    // A task may outlive the session (this executor goes later, on its GPU).
+    const std::shared_ptr<const bool> live = alive.lock();
+    if (live && *live) session.letGoElsewhere(waiter, token);
+  };
+  // A copy: kj::Function keeps a reference to an lvalue it is made from.
+  const CUresult result = afterLatestRecord(letGo.event, decltype(tell)(tell));
+  if (result == CUDA_SUCCESS) return;
+  // Nothing to wait for: the stream goes on, and hears why at its next synchronisation.
+  tell();
+  port.postAsyncError(ring::AsyncError{letGo.sequence, letGo.waiterContext, letGo.waiterStream,
+                                       result,
+                                       static_cast<std::uint16_t>(ring::LetGoAfterEvent::kOpcode)});
 }
 
 void GpuCommandExecutor::collectDeviceOutput(CommandPort& port) {

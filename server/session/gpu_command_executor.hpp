@@ -7,10 +7,10 @@
 // that GPU's command ring (docs/architecture.md §2, "Towards a thread of its own per GPU").
 //
 // What a record needs beyond its GPU it asks the session for (CommandsBeyondOneGpu): ending the
-// connection of a client that broke the format. A stream's wait for an event of another GPU is two
-// halves, one on each GPU's executor, joined by a token and a message (holdForAnotherGpu,
-// afterLatestRecord, letGoOfHold). The live pinned allocations and the client's counters
-// (ClientStats) are readable from any thread.
+// connection of a client that broke the format, and telling another GPU that a stream it holds
+// for this GPU's event may go on (a stream's wait for an event of another GPU is two records,
+// HoldForEvent and LetGoAfterEvent, one for each GPU). The live pinned allocations and the
+// client's counters (ClientStats) are readable from any thread.
 //
 // Threads: made, used and destroyed on the thread that owns its GPU. Its tasks (the answers of
 // synchronisations and copies that finish later) die with it, before its GpuClient.
@@ -40,15 +40,19 @@ public:
   virtual ~CommandsBeyondOneGpu() = default;
   // The client broke the record format (a DecodeError that disconnects): its connection ends.
   virtual void evict(const std::string& reason) = 0;
+  // A LetGoAfterEvent's event record is done (or there is none): the stream held under `token`
+  // on the device of `waiterContext` goes on (GpuCommandExecutor::letGoOfHold, by a message).
+  virtual void letGoElsewhere(Handle waiterContext, std::uint64_t token) = 0;
 };
 
 class GpuCommandExecutor final : private kj::TaskSet::ErrorHandler {
 public:
   // `client` is the client's state on this executor's GPU, borrowed, or null for the executor of
   // records that name no GPU the client uses (each is answered as the driver answers a handle it
-  // does not know). `session` outlives every call of execute().
+  // does not know). `session` outlives every call of execute(); the executor's tasks, which may
+  // outlive it, use it only while `sessionAlive` holds true.
   GpuCommandExecutor(GpuClient* client, CommandsBeyondOneGpu& session,
-                     std::shared_ptr<ClientStats> stats,
+                     std::weak_ptr<const bool> sessionAlive, std::shared_ptr<ClientStats> stats,
                      std::shared_ptr<const LivePinnedAllocations> pinned);
   ~GpuCommandExecutor() noexcept;
   GpuCommandExecutor(const GpuCommandExecutor&) = delete;
@@ -77,17 +81,16 @@ public:
     }
   }
 
-  // A wait of a stream of this GPU for an event of another (cuStreamWaitEvent across GPUs), in two
-  // halves, each on its own GPU's executor; ClientSession::execute splits the record (with a ring
-  // per GPU, each half is a record of its GPU's ring, docs/architecture.md §2):
-  // - here, the stream's GPU: holdForAnotherGpu holds `wait`'s stream under `token` until
+  // A wait of a stream for an event of another GPU (cuStreamWaitEvent across GPUs) is two records,
+  // one for each GPU (protocol/RING_FORMAT.md, HoldForEvent and LetGoAfterEvent):
+  // - on the stream's GPU, holdForAnotherGpu holds the stream under `token` until
   //   letGoOfHold(token), which may come first, and then nothing is held;
-  // - there, the event's GPU: afterLatestRecord runs `then` on that GPU's thread once the latest
+  // - on the event's GPU, afterLatestRecord runs `then` on that GPU's thread once the latest
   //   record of `event` as of now is done (whether its work failed or not: that error is the
-  //   other context's), and `then` sends letGoOfHold to the stream's GPU.
+  //   other context's); `then` tells the stream's GPU, by a message through the session.
   // The stream's GPU learns nothing of the event but the token, and the event's GPU nothing of
-  // the stream, so the halves may run on two threads in either order.
-  CUresult holdForAnotherGpu(const protocol::ring::StreamWaitEvent& wait, std::uint64_t token);
+  // the stream, so the two may run on two threads in either order.
+  CUresult holdForAnotherGpu(Handle context, Handle stream, std::uint64_t token);
   void letGoOfHold(std::uint64_t token);
   // CUDA_ERROR_INVALID_HANDLE (and `then` never runs) when `event` is no event of this client's
   // on this GPU.
@@ -111,6 +114,7 @@ private:
   void executeHostFunction(const protocol::ring::HostFunction& call, CommandPort& port);
   // The host function `token` names has returned: its stream, if held on this GPU, goes on.
   void openHostGate(std::uint64_t token);
+  void executeLetGoAfterEvent(const protocol::ring::LetGoAfterEvent& letGo, CommandPort& port);
   void executeDecodeError(const protocol::ring::DecodeError& error, CommandPort& port);
   CUresult streamWaitEvent(const protocol::ring::StreamWaitEvent& wait);
   // Moves what the client's kernels printed on this GPU from the device to the GpuClient, and
@@ -125,6 +129,7 @@ private:
 
   GpuClient* client_;
   CommandsBeyondOneGpu& session_;
+  std::weak_ptr<const bool> sessionAlive_;
   std::shared_ptr<ClientStats> stats_;
   std::shared_ptr<const LivePinnedAllocations> pinned_;
   // Streams held for other GPUs' events: the session's token -> this GPU's name for the hold.

@@ -757,9 +757,15 @@ void steerCommand(ring::DecodedCommand& command, const Objects& objects,
           if (decoded.kind == ring::SynchronizeKind::kStream) stream(decoded.handle);
           if (decoded.kind == ring::SynchronizeKind::kEvent) event(decoded.handle);
         } else if constexpr (std::is_same_v<T, ring::HostFunction> ||
-                             std::is_same_v<T, ring::HostFunctionReturned>) {
+                             std::is_same_v<T, ring::HostFunctionReturned> ||
+                             std::is_same_v<T, ring::HoldForEvent>) {
           context(decoded.context);
           stream(decoded.stream);
+        } else if constexpr (std::is_same_v<T, ring::LetGoAfterEvent>) {
+          context(decoded.context);
+          event(decoded.event);
+          context(decoded.waiterContext);
+          stream(decoded.waiterStream);
         }
         // A DecodeError is answered from its own fields; nothing of it reaches the GPU.
       },
@@ -812,6 +818,13 @@ void describe(const ring::DecodedCommand& command) {
           }
           if constexpr (requires { decoded.completionToken; }) {
             std::fprintf(stderr, " token %#llx", ull(decoded.completionToken));
+          }
+          if constexpr (requires { decoded.token; }) {
+            std::fprintf(stderr, " token %#llx", ull(decoded.token));
+          }
+          if constexpr (std::is_same_v<T, ring::LetGoAfterEvent>) {
+            std::fprintf(stderr, " waiter context %#llx stream %#llx", ull(decoded.waiterContext),
+                         ull(decoded.waiterStream));
           }
           std::fprintf(stderr, "\n");
         }
@@ -904,6 +917,10 @@ RunResult runOne(std::span<const std::byte> input) {
       }));
     };
     std::vector<std::byte> parameters;
+    // Streams held for another GPU's event: as the stub always sends a hold's let-go, the harness
+    // sends one before it synchronises for each hold whose token no let-go named.
+    std::vector<ring::HoldForEvent> holds;
+    std::set<std::uint64_t> letGoTokens;
     while (!rest.empty()) {
       // A ring leaves the client's records where they are while it is at its bound on queued
       // work and looks again every millisecond (DataPlane's throttled recheck).
@@ -913,6 +930,10 @@ RunResult runOne(std::span<const std::byte> input) {
       }
       ring::DecodedCommand command = ring::decodeCommand(nextRecord(rest), limits);
       steerCommand(command, objects, parameters);
+      if (const auto* hold = std::get_if<ring::HoldForEvent>(&command)) holds.push_back(*hold);
+      if (const auto* letGo = std::get_if<ring::LetGoAfterEvent>(&command)) {
+        letGoTokens.insert(letGo->token);
+      }
       if (kVerbose) describe(command);
       port->expect(command);
       executor.execute(command, *port);
@@ -931,6 +952,14 @@ RunResult runOne(std::span<const std::byte> input) {
     }
 
     if ((mode & kTearDownBusy) == 0 && !outcome.evicted) {
+      for (const ring::HoldForEvent& hold : holds) {
+        if (letGoTokens.count(hold.token) != 0) continue;
+        // Naming no event: nothing to wait for, so the stream goes on at once.
+        const ring::DecodedCommand letGo =
+            ring::LetGoAfterEvent{0, 0, 0, hold.token, hold.context, hold.stream};
+        port->expect(letGo);
+        executor.execute(letGo, *port);
+      }
       // cuCtxSynchronize, then every answer the client waits for.
       ring::Synchronize sync;
       sync.context = objects.context;
@@ -1184,25 +1213,25 @@ std::vector<std::pair<std::string, std::vector<std::byte>>> seeds() {
                              .add(synchronize(ring::SynchronizeKind::kStream, 1, 2)));
   // Each GPU's stream waits for an event of the other's: the second GPU's stream for a record
   // behind a kernel on the first, and the first's non-blocking stream for a record on the second.
-  ring::StreamWaitEvent onSecondGpu;
-  onSecondGpu.context = 2;
-  onSecondGpu.stream = 4;
-  onSecondGpu.event = 0;
+  // As the stub sends such a wait: a hold for the stream's GPU and a let-go for the event's.
+  const ring::HoldForEvent holdOnSecondGpu{0, 2, 4, 1};
+  const ring::LetGoAfterEvent afterFirstGpusEvent{0, 0, 0, 1, 2, 4};
   ring::EventRecord recordOnSecond;
   recordOnSecond.context = 2;
   recordOnSecond.stream = 4;
   recordOnSecond.event = 3;
-  ring::StreamWaitEvent onFirstGpu;
-  onFirstGpu.stream = 2;
-  onFirstGpu.event = 3;
+  const ring::HoldForEvent holdOnFirstGpu{0, 0, 2, 2};
+  const ring::LetGoAfterEvent afterSecondGpusEvent{0, 2, 3, 2, 0, 2};
   ring::Synchronize secondStream = synchronize(ring::SynchronizeKind::kStream, 4, 2);
   secondStream.context = 2;
   seed("waits_for_another_gpus_event", SeedWriter(0)
                                            .add(launch(0, 1, fillArgs, 2, 32))
                                            .add(record)
-                                           .add(onSecondGpu)
+                                           .add(holdOnSecondGpu)
+                                           .add(afterFirstGpusEvent)
                                            .add(recordOnSecond)
-                                           .add(onFirstGpu)
+                                           .add(holdOnFirstGpu)
+                                           .add(afterSecondGpusEvent)
                                            .add(toHost(2, a(0), 0, 256, 1))
                                            .add(secondStream)
                                            .add(synchronize(ring::SynchronizeKind::kStream, 2, 3)));

@@ -197,6 +197,20 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
         return *captured;
       }
     }
+    // An event of another device: a record for each device, so that each acts on its own GPU
+    // (protocol/RING_FORMAT.md, HoldForEvent). A capturing stream keeps the wait as one (a
+    // dependency, or a node its launches send through here again).
+    const std::optional<ContextRecord> streamContext = runtime.context(target.context);
+    const std::optional<ContextRecord> eventsContext = runtime.context(*eventContext);
+    if (streamContext && eventsContext && streamContext->device != eventsContext->device &&
+        !runtime.capturing().captures().capturing(target.stream)) {
+      const std::uint64_t token = runtime.newWaitToken();
+      ring::Command hold{ring::HoldForEvent{0, target.context, target.stream, token}};
+      if (CUresult held = runtime.commands().enqueue(hold); held != CUDA_SUCCESS) return held;
+      ring::Command letGo{
+          ring::LetGoAfterEvent{0, *eventContext, event, token, target.context, target.stream}};
+      return runtime.commands().enqueue(letGo);
+    }
     ring::Command command{ring::StreamWaitEvent{}};
     auto& wait = std::get<ring::StreamWaitEvent>(command);
     wait.context = target.context;

@@ -271,6 +271,27 @@ TEST(RingRoundTrip, Memset2D) {
   EXPECT_EQ(decodedAs<Memset2D>(encoded(oneRow)), oneRow);
 }
 
+TEST(RingRoundTrip, AWaitForAnotherDevicesEventIsTwoRecords) {
+  const HoldForEvent hold{65, 0x1000, 0x3000, 9};
+  EXPECT_EQ(encoded(hold).size(), 40u);
+  EXPECT_EQ(decodedAs<HoldForEvent>(encoded(hold)), hold);
+  const LetGoAfterEvent letGo{66, 0x2000, 0x4000, 9, 0x1000, 0x3000};
+  EXPECT_EQ(encoded(letGo).size(), 56u);
+  EXPECT_EQ(decodedAs<LetGoAfterEvent>(encoded(letGo)), letGo);
+  // Without a token neither half could find the other: the command fails, told to the waiting
+  // stream.
+  for (const auto& record : {encoded(HoldForEvent{67, 0x1000, 0x3000, 0}),
+                             encoded(LetGoAfterEvent{68, 0x2000, 0x4000, 0, 0x1000, 0x3000})}) {
+    const DecodedCommand decoded = decodeCommand(record, kLimits);
+    ASSERT_TRUE(std::holds_alternative<DecodeError>(decoded));
+    const DecodeError& error = std::get<DecodeError>(decoded);
+    EXPECT_EQ(error.failure, DecodeFailure::kMissingCompletionToken);
+    EXPECT_FALSE(error.disconnect);
+    EXPECT_EQ(error.context, 0x1000u);
+    EXPECT_EQ(error.stream, 0x3000u);
+  }
+}
+
 TEST(RingRoundTrip, HostFunctions) {
   const HostFunction call{60, 0x1000, 0x3000, 77};
   EXPECT_EQ(encoded(call).size(), 40u);
@@ -519,7 +540,7 @@ std::vector<Rejection> rejections() {
       // Framing and shape: disconnect.
       {"opcode 0", d2d, set<std::uint16_t>(0, 0), DecodeFailure::kUnknownOpcode, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
-      {"opcode 12", d2d, set<std::uint16_t>(0, 12), DecodeFailure::kUnknownOpcode, kDisconnect,
+      {"opcode 14", d2d, set<std::uint16_t>(0, 14), DecodeFailure::kUnknownOpcode, kDisconnect,
        CUDA_ERROR_NOT_SUPPORTED},
       {"opcode 0xFFFF", d2d, set<std::uint16_t>(0, 0xFFFF), DecodeFailure::kUnknownOpcode,
        kDisconnect, CUDA_ERROR_NOT_SUPPORTED},
@@ -743,7 +764,7 @@ TEST(RingDecode, TheCallsPayloadIsARegionOnlyForRecordsCarriedByACall) {
 TEST(RingRecordTable, KnowsEveryOpcodeAndNothingElse) {
   for (std::uint16_t opcode = 0; opcode < 64; ++opcode) {
     const bool listed = opcode >= static_cast<std::uint16_t>(Opcode::kLaunchKernel) &&
-                        opcode <= static_cast<std::uint16_t>(Opcode::kHostFunctionReturned);
+                        opcode <= static_cast<std::uint16_t>(Opcode::kLetGoAfterEvent);
     EXPECT_EQ(Commands::knows(opcode), listed) << opcode;
   }
   // The table's order is the variant's, so every alternative carries its own opcode.

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,18 +86,24 @@ private:
   std::vector<std::thread::id> postedOn_;
 };
 
-// The session as an executor sees it: only a client that broke the format reaches it.
+// The session as an executor sees it: a client that broke the format, and the let-go of a stream
+// held on another GPU, which the test routes (from the event's GPU's thread).
 class StandInSession final : public CommandsBeyondOneGpu {
 public:
   void evict(const std::string& reason) override { evicted_ = reason; }
+  void letGoElsewhere(Handle waiterContext, std::uint64_t token) override {
+    letGo_(waiterContext, token);
+  }
   std::optional<std::string> evicted_;
+  std::function<void(Handle, std::uint64_t)> letGo_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 // The client's state on one GPU, on that GPU's thread: its GpuClient, a context and 64 KiB of
 // device memory, and the executor of its records there.
 struct ClientOnGpu {
   ClientOnGpu(backend::Backend& backend, std::uint32_t index, std::shared_ptr<ClientStats> stats,
-              CommandsBeyondOneGpu& session, std::shared_ptr<const LivePinnedAllocations> pinned,
+              StandInSession& session, std::shared_ptr<const LivePinnedAllocations> pinned,
               kj::WaitScope& scope)
       : gpu(backend, index) {
     client =
@@ -109,7 +116,8 @@ struct ClientOnGpu {
             .wait(scope)
             .value();
     executor = onGpu(*client, [&](GpuClient& client) {
-                 return std::make_unique<GpuCommandExecutor>(&client, session, stats, pinned);
+                 return std::make_unique<GpuCommandExecutor>(&client, session, session.alive_,
+                                                             stats, pinned);
                }).wait(scope);
   }
 
@@ -147,6 +155,13 @@ protected:
       gpus_.push_back(std::make_unique<ClientOnGpu>(*backend_, index, stats_, session_, pinned_,
                                                     io_->waitScope));
     }
+    // As ClientSession::letGoElsewhere: a message to the GPU of the waiting context.
+    session_.letGo_ = [this](Handle waiterContext, std::uint64_t token) {
+      ClientOnGpu& waiting = *gpus_[handleDevice(waiterContext)];
+      tellGpu(*waiting.client, [executor = waiting.executor.get(), token](GpuClient&) {
+        executor->letGoOfHold(token);
+      });
+    };
   }
 
   // kj's Own and Promise destructors may throw; gtest's fixture destructor may not.
@@ -231,7 +246,7 @@ TEST_F(GpuCommandExecutorTest, AHandleOfAnotherGpuIsAnUnknownHandleHere) {
 }
 
 TEST_F(GpuCommandExecutorTest, TheExecutorOfNoGpuAnswersEveryRecordAsABadHandle) {
-  GpuCommandExecutor noGpu(nullptr, session_, stats_, pinned_);
+  GpuCommandExecutor noGpu(nullptr, session_, session_.alive_, stats_, pinned_);
   ring::Synchronize sync;
   sync.context = gpu(0).context;
   sync.kind = ring::SynchronizeKind::kEvent;
@@ -260,21 +275,13 @@ TEST_F(GpuCommandExecutorTest, AStreamWaitsForTheOtherGpusEventByMessagesOnly) {
   EXPECT_EQ(port_->answerTo(20), CUDA_SUCCESS);
   execute(ring::EventRecord{.context = gpu(1).context, .event = event}, 1);
 
-  // The halves, as ClientSession::waitForAnotherGpusEvent sends them: the hold on GPU 0, then on
-  // GPU 1 what lets it go, which tells GPU 0 by a message from GPU 1's thread.
-  const ring::StreamWaitEvent waitForEvent{.context = gpu(0).context, .event = event};
-  EXPECT_EQ(
-      wait(onGpu(*gpu(0).client,
-                 [&](GpuClient&) { return gpu(0).executor->holdForAnotherGpu(waitForEvent, 1); })),
-      CUDA_SUCCESS);
-  auto letGo = [stream = &gpu(0)]() {
-    tellGpu(*stream->client,
-            [executor = stream->executor.get()](GpuClient&) { executor->letGoOfHold(1); });
-  };
-  EXPECT_EQ(
-      wait(onGpu(*gpu(1).client,
-                 [&](GpuClient&) { return gpu(1).executor->afterLatestRecord(event, letGo); })),
-      CUDA_SUCCESS);
+  // The wait's two records, each to its GPU's executor: the let-go, on GPU 1's thread once the
+  // record is done, tells GPU 0 by a message.
+  execute(ring::HoldForEvent{.context = gpu(0).context, .token = 1}, 0);
+  execute(
+      ring::LetGoAfterEvent{
+          .context = gpu(1).context, .event = event, .token = 1, .waiterContext = gpu(0).context},
+      1);
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 11});
 
   // Every message sent before this one has run on GPU 0: its stream is held.
@@ -288,41 +295,30 @@ TEST_F(GpuCommandExecutorTest, AStreamWaitsForTheOtherGpusEventByMessagesOnly) {
   EXPECT_TRUE(port_->asyncErrors().empty());
 }
 
-TEST_F(GpuCommandExecutorTest, TheHalvesOfAWaitMayComeInEitherOrder) {
-  // Let go first (the event's GPU was quicker): the hold then holds nothing.
-  const ring::StreamWaitEvent waitForEvent{.context = gpu(0).context,
-                                           .event = makeHandle(HandleKind::kEvent, 1, 1)};
-  EXPECT_EQ(wait(onGpu(*gpu(0).client,
-                       [&](GpuClient&) {
-                         gpu(0).executor->letGoOfHold(5);
-                         return gpu(0).executor->holdForAnotherGpu(waitForEvent, 5);
-                       })),
-            CUDA_SUCCESS);
+TEST_F(GpuCommandExecutorTest, TheRecordsOfAWaitMayComeInEitherOrder) {
+  // The let-go first, for an event GPU 1 does not have: nothing to wait for, the stream goes on
+  // and hears why; the hold that comes after it then holds nothing.
+  execute(ring::LetGoAfterEvent{.sequence = 6,
+                                .context = gpu(1).context,
+                                .event = makeHandle(HandleKind::kEvent, 1, 99),
+                                .token = 5,
+                                .waiterContext = gpu(0).context},
+          1);
+  execute(ring::HoldForEvent{.context = gpu(0).context, .token = 5}, 0);
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 13});
   EXPECT_EQ(port_->answerTo(13), CUDA_SUCCESS);
+  expectOneAsyncError(6, CUDA_ERROR_INVALID_HANDLE);
 
-  // An event the other GPU does not know: nothing to wait for, and said so.
-  EXPECT_EQ(wait(onGpu(*gpu(1).client,
-                       [&](GpuClient&) {
-                         return gpu(1).executor->afterLatestRecord(
-                             makeHandle(HandleKind::kEvent, 1, 99), [] {});
-                       })),
-            CUDA_ERROR_INVALID_HANDLE);
-  // A wait record for another GPU's event reaching a GPU as a whole is refused there.
+  // A wait record for another GPU's event reaching a GPU whole is refused there.
   execute(ring::StreamWaitEvent{
-      .sequence = 6, .context = gpu(0).context, .event = makeHandle(HandleKind::kEvent, 1, 1)});
+      .sequence = 7, .context = gpu(0).context, .event = makeHandle(HandleKind::kEvent, 1, 1)});
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 14});
   EXPECT_EQ(port_->answerTo(14), CUDA_SUCCESS);
-  expectOneAsyncError(6, CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(port_->asyncErrors().size(), 2u);
 }
 
 TEST_F(GpuCommandExecutorTest, AnswersStillToComeGoWithTheExecutor) {
-  const ring::StreamWaitEvent waitForEvent{.context = gpu(0).context,
-                                           .event = makeHandle(HandleKind::kEvent, 1, 1)};
-  EXPECT_EQ(
-      wait(onGpu(*gpu(0).client,
-                 [&](GpuClient&) { return gpu(0).executor->holdForAnotherGpu(waitForEvent, 1); })),
-      CUDA_SUCCESS);
+  execute(ring::HoldForEvent{.context = gpu(0).context, .token = 1}, 0);
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 15});
 
   // The session ends while the synchronisation waits: the executor goes on its GPU first.
