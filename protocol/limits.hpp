@@ -36,6 +36,9 @@ inline constexpr std::size_t kMaxHostRangesPerSession = 1024;
 // running at once on one GPU; each holds its stream in the daemon until the client says it
 // returned.
 inline constexpr std::size_t kMaxPendingHostFunctions = 65536;
+// Streams one session may have held on one GPU for other GPUs' events (HoldForEvent), and
+// let-gos it may have sent ahead of their holds (LetGoAfterEvent) that one GPU remembers.
+inline constexpr std::size_t kMaxPendingWaitsForOtherGpus = 65536;
 
 // A context's resource limits as the driver sets them (cuCtxGetLimit before any cuCtxSetLimit).
 inline constexpr std::uint64_t kDefaultStackBytes = 1024;                         // per thread

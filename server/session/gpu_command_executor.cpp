@@ -368,7 +368,10 @@ CUresult GpuCommandExecutor::holdForAnotherGpu(Handle context, Handle stream, st
   GpuClient* client = clientForStream(context, stream, missing);
   if (client == nullptr) return missing;
   if (doneAlready) return CUDA_SUCCESS;  // the event's record was done first
-  if (heldForAnotherGpu_.count(token) != 0) return CUDA_ERROR_INVALID_VALUE;  // a token in use
+  if (heldForAnotherGpu_.count(token) != 0 ||
+      heldForAnotherGpu_.size() >= protocol::kMaxPendingWaitsForOtherGpus) {
+    return CUDA_ERROR_INVALID_VALUE;  // a token in use, or too many holds
+  }
   // Held as for a host function: the stream's later work waits behind a gate of this GPU's.
   const GpuClient::HoldForAnotherGpu held = client->holdStreamForAnotherGpu(context, stream);
   if (held.result == CUDA_SUCCESS) heldForAnotherGpu_[token] = held.hold;
@@ -379,6 +382,11 @@ void GpuCommandExecutor::letGoOfHold(std::uint64_t token) {
   if (client_ == nullptr) return;
   auto held = heldForAnotherGpu_.find(token);
   if (held == heldForAnotherGpu_.end()) {
+    // Remembered for a hold still to come, but only so many: past that the oldest (the stub's
+    // tokens only grow) is forgotten, and a hold that comes for it waits until the client goes.
+    if (letGoEarly_.size() >= protocol::kMaxPendingWaitsForOtherGpus) {
+      letGoEarly_.erase(letGoEarly_.begin());
+    }
     letGoEarly_.insert(token);
     return;
   }

@@ -6,6 +6,7 @@
 #include "server/session/gpu_command_executor.hpp"
 
 #include "gpu_on_its_own_thread.hpp"
+#include "protocol/limits.hpp"
 #include "server/backend/sim/sim_backend.hpp"
 #include "server/gpu/gpu_messages.hpp"
 #include "server/tenant/tenant.hpp"
@@ -326,6 +327,23 @@ TEST_F(GpuCommandExecutorTest, AnswersStillToComeGoWithTheExecutor) {
   // Whatever the GPU does next, nobody answers for the executor that went.
   wait(onGpu(*gpu(0).client, [](GpuClient&) {}));
   EXPECT_EQ(port_->answeredYet(15), std::nullopt);
+}
+
+TEST_F(GpuCommandExecutorTest, OnlySoManyLetGosAreRememberedAheadOfTheirHolds) {
+  // A client that sends let-gos for holds that never come makes a GPU remember only so many.
+  const std::uint64_t bound = protocol::kMaxPendingWaitsForOtherGpus;
+  wait(onGpu(*gpu(0).client, [&](GpuClient&) {
+    for (std::uint64_t token = 1; token <= bound + 1; ++token) {
+      gpu(0).executor->letGoOfHold(token);
+    }
+  }));
+  // The oldest was forgotten: its hold holds; the newest was not: its hold holds nothing.
+  execute(ring::HoldForEvent{.context = gpu(0).context, .token = bound + 1}, 0);
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 16, .query = true});
+  EXPECT_EQ(port_->answerTo(16), CUDA_SUCCESS);
+  execute(ring::HoldForEvent{.context = gpu(0).context, .token = 1}, 0);
+  execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 17, .query = true});
+  EXPECT_EQ(port_->answerTo(17), CUDA_ERROR_NOT_READY);
 }
 
 }  // namespace
