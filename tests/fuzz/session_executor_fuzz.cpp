@@ -918,9 +918,10 @@ RunResult runOne(std::span<const std::byte> input) {
     };
     std::vector<std::byte> parameters;
     // Streams held for another GPU's event: as the stub always sends a hold's let-go, the harness
-    // sends one before it synchronises for each hold whose token no let-go named.
-    std::vector<ring::HoldForEvent> holds;
-    std::set<std::uint64_t> letGoTokens;
+    // sends one before it synchronises for each hold no let-go of the input matched (its token,
+    // naming the hold's context as the waiter's). By (token, context): holds minus let-gos, and
+    // the stream of the last hold.
+    std::map<std::pair<std::uint64_t, std::uint64_t>, std::pair<int, std::uint64_t>> unmatched;
     while (!rest.empty()) {
       // A ring leaves the client's records where they are while it is at its bound on queued
       // work and looks again every millisecond (DataPlane's throttled recheck).
@@ -930,9 +931,13 @@ RunResult runOne(std::span<const std::byte> input) {
       }
       ring::DecodedCommand command = ring::decodeCommand(nextRecord(rest), limits);
       steerCommand(command, objects, parameters);
-      if (const auto* hold = std::get_if<ring::HoldForEvent>(&command)) holds.push_back(*hold);
+      if (const auto* hold = std::get_if<ring::HoldForEvent>(&command)) {
+        auto& entry = unmatched[{hold->token, hold->context}];
+        ++entry.first;
+        entry.second = hold->stream;
+      }
       if (const auto* letGo = std::get_if<ring::LetGoAfterEvent>(&command)) {
-        letGoTokens.insert(letGo->token);
+        --unmatched[{letGo->token, letGo->waiterContext}].first;
       }
       if (kVerbose) describe(command);
       port->expect(command);
@@ -952,13 +957,14 @@ RunResult runOne(std::span<const std::byte> input) {
     }
 
     if ((mode & kTearDownBusy) == 0 && !outcome.evicted) {
-      for (const ring::HoldForEvent& hold : holds) {
-        if (letGoTokens.count(hold.token) != 0) continue;
-        // Naming no event: nothing to wait for, so the stream goes on at once.
-        const ring::DecodedCommand letGo =
-            ring::LetGoAfterEvent{0, 0, 0, hold.token, hold.context, hold.stream};
-        port->expect(letGo);
-        executor.execute(letGo, *port);
+      for (const auto& [key, entry] : unmatched) {
+        for (int missing = 0; missing < entry.first; ++missing) {
+          // Naming no event: nothing to wait for, so the stream goes on at once.
+          const ring::DecodedCommand letGo =
+              ring::LetGoAfterEvent{0, 0, 0, key.first, key.second, entry.second};
+          port->expect(letGo);
+          executor.execute(letGo, *port);
+        }
       }
       // cuCtxSynchronize, then every answer the client waits for.
       ring::Synchronize sync;
