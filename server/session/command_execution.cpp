@@ -7,7 +7,6 @@
 
 #include "ipc/shared_file.hpp"
 #include "protocol/limits.hpp"
-#include "protocol/overloaded.hpp"
 #include "server/data_plane/data_plane.hpp"
 #include "server/session/client_session.hpp"
 #include "server/session/record_answers.hpp"

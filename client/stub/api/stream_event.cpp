@@ -185,8 +185,12 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
     }
     // The event may be of another context, on this device or another (the daemon holds the
     // stream until the event's GPU is done with the record).
-    if (*eventContext != target.context && !runtime.context(*eventContext)) {
-      return CUDA_ERROR_INVALID_HANDLE;
+    bool otherDevice = false;
+    if (*eventContext != target.context) {
+      const std::optional<ContextRecord> eventsContext = runtime.context(*eventContext);
+      if (!eventsContext) return CUDA_ERROR_INVALID_HANDLE;
+      const std::optional<ContextRecord> streamContext = runtime.context(target.context);
+      otherDevice = streamContext && streamContext->device != eventsContext->device;
     }
     // CU_EVENT_WAIT_EXTERNAL matters only in a stream capture, where the wait becomes an event wait
     // node of the graph (a wait at each of its launches for the event's latest record then)
@@ -200,10 +204,7 @@ CUresult streamWaitEvent(const char* entryPoint, CUstream hStream, CUevent hEven
     // An event of another device: a record for each device, so that each acts on its own GPU
     // (protocol/RING_FORMAT.md, HoldForEvent). A capturing stream keeps the wait as one (a
     // dependency, or a node its launches send through here again).
-    const std::optional<ContextRecord> streamContext = runtime.context(target.context);
-    const std::optional<ContextRecord> eventsContext = runtime.context(*eventContext);
-    if (streamContext && eventsContext && streamContext->device != eventsContext->device &&
-        !runtime.capturing().captures().capturing(target.stream)) {
+    if (otherDevice && !runtime.capturing().captures().capturing(target.stream)) {
       const std::uint64_t token = runtime.newWaitToken();
       ring::Command hold{ring::HoldForEvent{0, target.context, target.stream, token}};
       if (CUresult held = runtime.commands().enqueue(hold); held != CUDA_SUCCESS) return held;
