@@ -154,6 +154,7 @@ int serve(const Channel& channel, Mode mode) {
   ipc::RingWriter replies(channel.replies(), kRingCapacity);
   ipc::DoorbellWaiter waiter(requests.consumerSleeping(), channel.doorbell.get());
   ipc::CompletionPublisher completions(channel.completion());
+  std::uint32_t published = 0;
   std::vector<std::byte> record;
   for (;;) {
     ipc::RingStatus status;
@@ -168,7 +169,8 @@ int serve(const Channel& channel, Mode mode) {
     const std::uint32_t sequence = sequenceOf(record);
     if (sequence == kStop) return 0;
     if (mode == Mode::kBothAsleep) {
-      completions.publish(sequence);
+      completions.publishMore(sequence - published);
+      published = sequence;
     } else if (replies.tryWrite(record) != ipc::RingStatus::kOk) {
       return 2;
     }

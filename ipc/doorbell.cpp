@@ -107,9 +107,9 @@ long futex(std::uint32_t* word, int op, std::uint32_t value, const timespec* tim
 
 }  // namespace
 
-void CompletionPublisher::publish(std::uint32_t value) noexcept {
-  std::atomic_ref<std::uint32_t>(word_.value).store(value, std::memory_order_release);  // W1
-  std::atomic_thread_fence(std::memory_order_seq_cst);                                  // W2
+void CompletionPublisher::publishMore(std::uint32_t records) noexcept {
+  std::atomic_ref<std::uint32_t>(word_.value).fetch_add(records, std::memory_order_release);  // W1
+  std::atomic_thread_fence(std::memory_order_seq_cst);                                        // W2
   if (std::atomic_ref<std::uint32_t>(word_.waiters).load(std::memory_order_relaxed) == 0) {
     return;  // W3: nobody blocked; the spinning client sees the store by itself
   }

@@ -156,11 +156,14 @@ struct CompletionWord {
 };
 static_assert(std::atomic_ref<std::uint32_t>::is_always_lock_free);
 
-// The daemon's side: publishes a new value and wakes blocked waiters. Never blocks.
+// The daemon's side: moves the value on and wakes blocked waiters. Never blocks. Several
+// publishers may share one word (one per completion ring, each on its own thread): each adds what
+// it published, so the value only ever moves on and a waiter that saw it change drains them all.
 class CompletionPublisher {
 public:
   explicit CompletionPublisher(CompletionWord& word) : word_(word) {}
-  void publish(std::uint32_t value) noexcept;
+  // Adds `records` (wrapping) to the value.
+  void publishMore(std::uint32_t records) noexcept;
   // FUTEX_WAKE calls so far (zero while the client only spins).
   std::uint64_t wakesSent() const { return wakes_; }
 

@@ -14,7 +14,7 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("gpuproxy::protocol");
 
-const protocolVersion :UInt32 = 3;
+const protocolVersion :UInt32 = 4;
 
 # Largest payload one Session.submit carries; the stub splits larger copies.
 const maxTransferChunk :UInt64 = 4194304;
@@ -117,12 +117,13 @@ interface Session {
   submit @18 (commands :Data, payload :Data, payloadBytes :UInt64)
       -> (completions :Data, payload :Data);
 
-  # The data plane (protocol/RING_FORMAT.md): a sealed memfd segment holding the command ring,
-  # the completion ring, the control words, the staging area and the pinned host heap, and the
-  # eventfd the client writes to wake the daemon. Once per session; a second call after a
-  # successful one answers CUDA_ERROR_ALREADY_MAPPED.
+  # The data plane (protocol/RING_FORMAT.md): a sealed memfd segment holding a command ring and a
+  # completion ring per device the session can see (ring i for device ordinal i), the control
+  # words, the staging area and the pinned host heap, and for each command ring the eventfd the
+  # client writes to wake the daemon (`doorbells`, in ring order). Once per session; a second call
+  # after a successful one answers CUDA_ERROR_ALREADY_MAPPED.
   # Before answering any other call the daemon executes every command the client published in its
-  # command ring, so a client's calls keep their order across both paths.
+  # command rings, so a client's calls keep their order across both paths.
   #
   # Pinned heap: with `address` 0 there is none, and the daemon maps the segment wherever it likes.
   # Otherwise the client has reserved `reservedBytes` of its address space at `address` (page
@@ -132,7 +133,7 @@ interface Session {
   # - CUDA_ERROR_INVALID_VALUE with `segmentBytes` set: the segment needs more than `reservedBytes`;
   # - CUDA_ERROR_ALREADY_MAPPED with `segmentBytes` set: the range is taken in the daemon.
   openDataPlane @19 (pinnedHeapBytes :UInt64, address :UInt64, reservedBytes :UInt64)
-      -> (result :Int32, segment :SharedFile, doorbell :SharedFile, segmentBytes :UInt64,
+      -> (result :Int32, segment :SharedFile, doorbells :List(SharedFile), segmentBytes :UInt64,
           pinnedHeapBytes :UInt64);
 
   # Pinned host memory (cuMemHostAlloc): `[offset, offset + bytes)` of the pinned heap region is

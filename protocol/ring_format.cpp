@@ -866,8 +866,12 @@ std::optional<SegmentHeaderError> validateSegmentHeader(const wire::SegmentHeade
   if (header.commandRings.bytes % header.commandRingCount != 0) {
     return SegmentHeaderError::kMisaligned;
   }
+  if (header.completionRings.bytes % header.commandRingCount != 0) {
+    return SegmentHeaderError::kMisaligned;
+  }
   const std::uint64_t ringBytes = header.commandRings.bytes / header.commandRingCount;
-  if (ringBytes == 0 || header.completionRing.bytes == 0) return SegmentHeaderError::kEmptyRing;
+  const std::uint64_t completionRingBytes = header.completionRings.bytes / header.commandRingCount;
+  if (ringBytes == 0 || completionRingBytes == 0) return SegmentHeaderError::kEmptyRing;
 
   struct Check {
     const wire::Region& region;
@@ -875,12 +879,14 @@ std::optional<SegmentHeaderError> validateSegmentHeader(const wire::SegmentHeade
   };
   const std::array<Check, 5> regions{{
       {header.commandRings, kRegionSizeGranule},
-      {header.completionRing, kRegionSizeGranule},
+      {header.completionRings, kRegionSizeGranule},
       {header.control, kRegionSizeGranule},
       {header.staging, kRegionAlignment},
       {header.pinnedHeap, kRegionAlignment},
   }};
-  if (ringBytes % kRegionSizeGranule != 0) return SegmentHeaderError::kMisaligned;
+  if (ringBytes % kRegionSizeGranule != 0 || completionRingBytes % kRegionSizeGranule != 0) {
+    return SegmentHeaderError::kMisaligned;
+  }
   for (const Check& check : regions) {
     if (check.region.offset % kRegionAlignment != 0 ||
         check.region.bytes % check.sizeGranule != 0) {
@@ -934,7 +940,8 @@ std::optional<wire::SegmentHeader> planSegment(const SegmentPlan& plan) {
   };
   place(header.commandRings,
         roundUp(plan.commandRingBytes, kRegionSizeGranule) * plan.commandRingCount);
-  place(header.completionRing, roundUp(plan.completionRingBytes, kRegionSizeGranule));
+  place(header.completionRings,
+        roundUp(plan.completionRingBytes, kRegionSizeGranule) * plan.commandRingCount);
   place(header.control, roundUp(plan.controlBytes, kRegionSizeGranule));
   place(header.staging, roundUp(plan.stagingBytes, kRegionAlignment));
   place(header.pinnedHeap, roundUp(plan.pinnedHeapBytes, kRegionAlignment));
@@ -945,6 +952,23 @@ std::optional<wire::SegmentHeader> planSegment(const SegmentPlan& plan) {
 
 SegmentLimits limitsOf(const wire::SegmentHeader& header) {
   return SegmentLimits{header.staging.bytes, header.pinnedHeap.bytes, std::nullopt};
+}
+
+namespace {
+
+wire::Region nthOf(const wire::Region& rings, std::uint32_t count, std::uint32_t index) {
+  const std::uint64_t each = rings.bytes / count;
+  return wire::Region{rings.offset + each * index, each};
+}
+
+}  // namespace
+
+wire::Region commandRing(const wire::SegmentHeader& header, std::uint32_t index) {
+  return nthOf(header.commandRings, header.commandRingCount, index);
+}
+
+wire::Region completionRing(const wire::SegmentHeader& header, std::uint32_t index) {
+  return nthOf(header.completionRings, header.commandRingCount, index);
 }
 
 }  // namespace gpuproxy::protocol::ring

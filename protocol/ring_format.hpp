@@ -29,7 +29,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // Bumped on every change that makes one side read a record or the header differently from the
 // other (RING_FORMAT.md, "Versioning").
-inline constexpr std::uint32_t kFormatVersion = 5;
+inline constexpr std::uint32_t kFormatVersion = 6;
 // "GPXYRING" as bytes in memory.
 inline constexpr std::uint64_t kSegmentMagic = 0x474E495259585047ull;
 
@@ -65,9 +65,9 @@ struct SegmentHeader {
   std::uint64_t segmentBytes;   // the whole segment, header included
   std::uint32_t commandRingCount;
   std::uint32_t reserved0;
-  Region commandRings;  // commandRingCount rings of commandRings.bytes / commandRingCount bytes
-  Region completionRing;
-  Region control;  // doorbell and sleep words; their layout belongs to ipc/
+  Region commandRings;     // commandRingCount rings of commandRings.bytes / commandRingCount bytes
+  Region completionRings;  // as many, cut the same way: ring i answers command ring i
+  Region control;          // doorbell and sleep words; their layout belongs to ipc/
   Region staging;
   Region pinnedHeap;
   std::uint64_t reserved1[2];
@@ -77,7 +77,7 @@ static_assert(offsetof(SegmentHeader, formatVersion) == 8);
 static_assert(offsetof(SegmentHeader, segmentBytes) == 16);
 static_assert(offsetof(SegmentHeader, commandRingCount) == 24);
 static_assert(offsetof(SegmentHeader, commandRings) == 32);
-static_assert(offsetof(SegmentHeader, completionRing) == 48);
+static_assert(offsetof(SegmentHeader, completionRings) == 48);
 static_assert(offsetof(SegmentHeader, control) == 64);
 static_assert(offsetof(SegmentHeader, staging) == 80);
 static_assert(offsetof(SegmentHeader, pinnedHeap) == 96);
@@ -718,9 +718,9 @@ inline std::size_t encode(const DeviceOutput& c, std::span<std::byte> out) {
 // The segment header.
 
 struct SegmentPlan {
-  std::uint32_t commandRingCount = 1;
-  std::uint64_t commandRingBytes = 0;  // each ring, its control words included
-  std::uint64_t completionRingBytes = 0;
+  std::uint32_t commandRingCount = 1;     // and as many completion rings
+  std::uint64_t commandRingBytes = 0;     // each ring, its control words included
+  std::uint64_t completionRingBytes = 0;  // each ring
   std::uint64_t controlBytes = 0;
   std::uint64_t stagingBytes = 0;
   std::uint64_t pinnedHeapBytes = 0;
@@ -755,5 +755,10 @@ std::optional<SegmentHeaderError> validateSegmentHeader(const wire::SegmentHeade
                                                         std::uint64_t mappedBytes);
 
 SegmentLimits limitsOf(const wire::SegmentHeader& header);
+
+// Command ring `index` (< commandRingCount) of a validated header, and the completion ring that
+// answers it.
+wire::Region commandRing(const wire::SegmentHeader& header, std::uint32_t index);
+wire::Region completionRing(const wire::SegmentHeader& header, std::uint32_t index);
 
 }  // namespace gpuproxy::protocol::ring

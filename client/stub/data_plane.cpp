@@ -59,10 +59,10 @@ std::size_t ringCapacity(const char* what, std::uint64_t regionBytes) {
 
 }  // namespace
 
-DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
+DataPlane::DataPlane(ipc::SharedSegment segment, std::vector<ipc::UniqueFd> doorbells,
                      const std::atomic<bool>& lost)
     : segment_(std::move(segment)),
-      doorbell_(std::move(doorbell)),
+      doorbells_(std::move(doorbells)),
       lost_(lost),
       stagingAllocator_(0) {
   auto read = ring::readSegmentHeader(segment_.bytes());
@@ -70,15 +70,23 @@ DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
     throw std::runtime_error("segment header refused: " + std::string(ring::describe(*error)));
   }
   const ring::wire::SegmentHeader header = std::get<ring::wire::SegmentHeader>(read);
-  // All of this process's threads share command ring 0 (see the class comment); more rings are
-  // allowed by the format and simply stay empty.
-  ring::wire::Region commandRing = header.commandRings;
-  commandRing.bytes = header.commandRings.bytes / header.commandRingCount;
-  writer_ = std::make_unique<ipc::RingWriter>(regionOf(segment_, commandRing),
-                                              ringCapacity("command ring", commandRing.bytes));
-  reader_ = std::make_unique<ipc::RingReader>(
-      regionOf(segment_, header.completionRing),
-      ringCapacity("completion ring", header.completionRing.bytes));
+  if (doorbells_.size() != header.commandRingCount) {
+    throw std::runtime_error(std::to_string(doorbells_.size()) + " doorbells for " +
+                             std::to_string(header.commandRingCount) + " command rings");
+  }
+  for (std::uint32_t i = 0; i < header.commandRingCount; ++i) {
+    const ring::wire::Region commands = ring::commandRing(header, i);
+    const ring::wire::Region completions = ring::completionRing(header, i);
+    CommandRing& added = commandRings_.emplace_back();
+    added.writer = std::make_unique<ipc::RingWriter>(regionOf(segment_, commands),
+                                                     ringCapacity("command ring", commands.bytes));
+    added.ringer = std::make_unique<ipc::DoorbellRinger>(added.writer->consumerSleeping(),
+                                                         doorbells_[i].get());
+    completionRings_.push_back(std::make_unique<ipc::RingReader>(
+        regionOf(segment_, completions), ringCapacity("completion ring", completions.bytes)));
+    const std::size_t fits = added.writer->maxRecordBytes();
+    maxRecordBytes_ = i == 0 ? fits : std::min(maxRecordBytes_, fits);
+  }
   if (header.control.bytes < sizeof(ring::wire::ControlBlock)) {
     throw std::runtime_error("control region of " + std::to_string(header.control.bytes) +
                              " bytes has no control block");
@@ -92,15 +100,13 @@ DataPlane::DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell,
     chunkBytes_ = std::min(chunkBytes_, stagingAllocator_.largest());
   }
   pinnedHeap_ = std::make_unique<PinnedHeap>(regionOf(segment_, header.pinnedHeap));
-  maxRecordBytes_ = writer_->maxRecordBytes();
-  ringer_ = std::make_unique<ipc::DoorbellRinger>(writer_->consumerSleeping(), doorbell_.get());
   record_.reserve(ring::kMaxCompletionRecordBytes);
   GPUPROXY_STUB_LOG(
       kInfo,
-      "data plane: %zu-byte command ring, %zu-byte completion ring, %llu bytes of "
-      "staging, %llu bytes of pinned heap at %p",
-      writer_->capacity(), reader_->capacity(),
-      static_cast<unsigned long long>(header.staging.bytes),
+      "data plane: %u ring pairs of a %zu-byte command ring and a %zu-byte completion ring, %llu "
+      "bytes of staging, %llu bytes of pinned heap at %p",
+      header.commandRingCount, commandRings_.front().writer->capacity(),
+      completionRings_.front()->capacity(), static_cast<unsigned long long>(header.staging.bytes),
       static_cast<unsigned long long>(pinnedHeap_->usable() ? header.pinnedHeap.bytes : 0),
       static_cast<void*>(segment_.data() + header.pinnedHeap.offset));
 }
@@ -118,12 +124,18 @@ void DataPlane::markBroken(const char* why) {
 void DataPlane::drainLocked() {
   // Read before the records: a completion published meanwhile moves the word past this value.
   drainedWord_.store(completionWordValue(), std::memory_order_relaxed);
+  for (const std::unique_ptr<ipc::RingReader>& reader : completionRings_) {
+    if (!drainLocked(*reader)) return;
+  }
+}
+
+bool DataPlane::drainLocked(ipc::RingReader& reader) {
   for (;;) {
-    const ipc::RingStatus status = reader_->read(record_);
-    if (status == ipc::RingStatus::kEmpty) return;
+    const ipc::RingStatus status = reader.read(record_);
+    if (status == ipc::RingStatus::kEmpty) return true;
     if (status != ipc::RingStatus::kOk) {
       markBroken("gpuproxyd broke the completion ring's format");
-      return;
+      return false;
     }
     const ring::DecodedCompletion decoded = ring::decodeCompletion(record_, limits_);
     std::visit(protocol::Overloaded{
@@ -290,6 +302,18 @@ CUresult DataPlane::stickyErrorSlow(std::uint64_t context) {
   std::lock_guard lock(completionMutex_);
   drainLocked();
   return asyncErrors_.sticky(context);
+}
+
+void DataPlane::noteContext(std::uint64_t context, std::uint32_t ordinal) {
+  std::lock_guard lock(submitMutex_);
+  // A device without a ring of its own cannot be: the daemon makes one per device it lets the
+  // session see. Ring 0 then, where the daemon refuses the context's records.
+  contextRings_[context] = ordinal < commandRings_.size() ? ordinal : 0;
+}
+
+void DataPlane::forgetContextRing(std::uint64_t context) {
+  std::lock_guard lock(submitMutex_);
+  contextRings_.erase(context);
 }
 
 void DataPlane::forgetContext(std::uint64_t context) {

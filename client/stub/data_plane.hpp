@@ -2,18 +2,22 @@
 // The client's end of the shared-memory data plane (docs/architecture.md §3-4,
 // protocol/RING_FORMAT.md).
 //
-// One command ring for the whole process: every application thread writes its records under
-// submitMutex_, held only to encode and publish one record, so the ring's order is the order in
-// which the calls happened (a thread that records an event and then hands a lock to another
-// thread has published the record before that thread publishes its wait). Each record's
-// `sequence` is a counter bumped under the same lock.
+// A command ring per device the process can see: each record goes into the ring of its context's
+// device (noteContext), so that each GPU reads only its own records. Every application thread
+// writes under submitMutex_, held only to encode and publish one record, so each ring's order is
+// the order in which the calls happened (a thread that records an event and then hands a lock to
+// another thread has published the record before that thread publishes its wait). Each record's
+// `sequence` is a counter bumped under the same lock. Records for different devices are ordered
+// only where CUDA orders them: a stream waiting for another device's event is two records, one
+// per ring (HoldForEvent, LetGoAfterEvent), which the daemon joins.
 //
-// One completion ring, drained by whichever thread needs something from it, under
-// completionMutex_: results of Synchronize records and staged D2H chunks (by token), errors of
-// asynchronous records (kept in AsyncErrors until the call that CUDA reports them at), and
-// staging ranges the daemon is done with. A thread that needs something not there yet waits on
-// the control block's futex word, which the daemon bumps after every completion record; each
-// wait is bounded so that a dead daemon turns into CUDA_ERROR_MPS_CONNECTION_FAILED, not a hang.
+// A completion ring per command ring, all drained by whichever thread needs something from them,
+// under completionMutex_: results of Synchronize records and staged D2H chunks (by token), errors
+// of asynchronous records (kept in AsyncErrors until the call that CUDA reports them at), and
+// staging ranges the daemon is done with (from any ring). A thread that needs something not
+// there yet waits on the control block's futex word, to which the daemon adds after every
+// completion record of any ring; each wait is bounded so that a dead daemon turns into
+// CUDA_ERROR_MPS_CONNECTION_FAILED, not a hang.
 
 #include <cuda.h>
 
@@ -47,7 +51,9 @@ public:
   // Attaches to a segment the daemon sent. Throws std::runtime_error (with the reason) when the
   // segment or its rings do not follow the format. `lost` is the runtime's connection flag: every
   // wait gives up with CUDA_ERROR_MPS_CONNECTION_FAILED once it is set.
-  DataPlane(ipc::SharedSegment segment, ipc::UniqueFd doorbell, const std::atomic<bool>& lost);
+  // `doorbells`: one per command ring, in ring order.
+  DataPlane(ipc::SharedSegment segment, std::vector<ipc::UniqueFd> doorbells,
+            const std::atomic<bool>& lost);
   ~DataPlane();
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
@@ -65,14 +71,15 @@ public:
       {
         std::lock_guard lock(submitMutex_);
         if (broken_.load(std::memory_order_relaxed)) return CUDA_ERROR_MPS_CONNECTION_FAILED;
-        ipc::RingWriter::Reservation reservation = writer_->reserve(maxBytes);
+        CommandRing& ring = commandRingLocked(context);
+        ipc::RingWriter::Reservation reservation = ring.writer->reserve(maxBytes);
         if (reservation.status == ipc::RingStatus::kOk) {
           const std::size_t used = encode(nextSequence_, reservation.bytes);
           // Nothing was published; the next reserve replaces this one.
           if (used == 0 || used > maxBytes) return CUDA_ERROR_INVALID_VALUE;
-          writer_->commit(used);
+          ring.writer->commit(used);
           ++nextSequence_;
-          ringer_->ring();
+          ring.ringer->ring();
           return CUDA_SUCCESS;
         }
         if (reservation.status != ipc::RingStatus::kFull) {
@@ -96,7 +103,14 @@ public:
                   });
   }
 
-  // Whether a record of `bytes` can ever fit in the command ring.
+  // `context` is on the process's device `ordinal`: its records go into that device's ring.
+  // Before any record of it; a context the plane does not know writes into ring 0 (the daemon
+  // answers its records as those of an unknown context).
+  void noteContext(std::uint64_t context, std::uint32_t ordinal);
+  // The context itself is destroyed.
+  void forgetContextRing(std::uint64_t context);
+
+  // Whether a record of `bytes` can ever fit in the command rings.
   bool fits(std::size_t bytes) const { return bytes <= maxRecordBytes_; }
 
   // A fresh completion token (never 0).
@@ -133,7 +147,8 @@ public:
     }
     return stickyErrorSlow(context);
   }
-  // Forgets what was latched for a context that is gone.
+  // Forgets what was latched for a context whose resources are gone (destroyed, or a primary
+  // context reset).
   void forgetContext(std::uint64_t context);
   // `event` was recorded on `stream` (0: the legacy NULL stream): synchronising with the event
   // reports that stream's errors. forgetEvent when the event is destroyed.
@@ -164,12 +179,23 @@ public:
   std::uint64_t ringFullWaits() const { return ringFullWaits_.load(std::memory_order_relaxed); }
 
 private:
+  struct CommandRing {
+    std::unique_ptr<ipc::RingWriter> writer;
+    std::unique_ptr<ipc::DoorbellRinger> ringer;
+  };
+  // Under submitMutex_: the ring `context`'s records go into.
+  CommandRing& commandRingLocked(std::uint64_t context) {
+    auto found = contextRings_.find(context);
+    return commandRings_[found != contextRings_.end() ? found->second : 0];
+  }
   // Drains completions and pauses, longer the more `attempt`s have found the ring full (the
   // daemon leaves commands in the ring while the client has too much work queued, which lasts as
   // long as that work runs); false when the connection is gone.
   bool waitForRingSpace(std::uint32_t attempt);
-  // Under completionMutex_: reads every completion record published so far.
+  // Under completionMutex_: reads every completion record published so far, in every ring.
   void drainLocked();
+  // One ring of it; false once the ring is broken.
+  bool drainLocked(ipc::RingReader& reader);
   // Blocks until the completion word moves past `seen` or a bounded time passes. False when the
   // connection is gone.
   bool waitForProgress(std::uint32_t seen, std::chrono::milliseconds slice);
@@ -183,7 +209,7 @@ private:
   void markBroken(const char* why);
 
   ipc::SharedSegment segment_;
-  ipc::UniqueFd doorbell_;
+  std::vector<ipc::UniqueFd> doorbells_;
   const std::atomic<bool>& lost_;
   protocol::ring::SegmentLimits limits_;
   std::size_t maxRecordBytes_ = 0;
@@ -193,15 +219,15 @@ private:
   std::atomic<bool> broken_{false};
 
   std::mutex submitMutex_;
-  std::unique_ptr<ipc::RingWriter> writer_;
-  std::unique_ptr<ipc::DoorbellRinger> ringer_;
+  std::vector<CommandRing> commandRings_;                          // by device ordinal
+  std::unordered_map<std::uint64_t, std::uint32_t> contextRings_;  // context -> its ring
   std::uint64_t nextSequence_ = 1;
   std::atomic<std::uint64_t> ringFullWaits_{0};
 
   std::atomic<std::uint64_t> nextToken_{1};
 
   std::mutex completionMutex_;
-  std::unique_ptr<ipc::RingReader> reader_;
+  std::vector<std::unique_ptr<ipc::RingReader>> completionRings_;  // as commandRings_
   std::vector<std::byte> record_;
   std::unordered_map<std::uint64_t, CUresult> results_;  // token -> result
   AsyncErrors asyncErrors_;

@@ -351,12 +351,15 @@ void Runtime::openDataPlane(kj::WaitScope& waitScope, protocol::Session::Client&
       throw std::runtime_error(std::string("the ") + what + " arrived without a descriptor");
     };
     ipc::UniqueFd segmentFd = takeFd(response.getSegment(), "segment");
-    ipc::UniqueFd doorbellFd = takeFd(response.getDoorbell(), "doorbell");
+    std::vector<ipc::UniqueFd> doorbells;
+    for (protocol::SharedFile::Client doorbell : response.getDoorbells()) {
+      doorbells.push_back(takeFd(doorbell, "doorbell"));
+    }
     ipc::SharedSegment segment =
         reservation ? ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes(),
                                               *reservation)
                     : ipc::SharedSegment::map(std::move(segmentFd), response.getSegmentBytes());
-    dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbellFd), lost_);
+    dataPlane_ = std::make_unique<DataPlane>(std::move(segment), std::move(doorbells), lost_);
     ringSink_ = std::make_unique<RingSink>(*dataPlane_, *rpcSink_);
     transport_ = ringSink_.get();
     GPUPROXY_STUB_LOG(kDebug, "asynchronous calls go through the shared-memory ring");
@@ -402,6 +405,8 @@ CUresult Runtime::failed(const char* entryPoint, const kj::Exception& exception)
 // ---- handle tables -------------------------------------------------------------------------
 
 void Runtime::addContext(std::uint64_t context, ContextRecord record) {
+  // Before anyone can name it: its records go into its device's command ring.
+  if (dataPlane_) dataPlane_->noteContext(context, record.device);
   std::lock_guard lock(tablesMutex_);
   contexts_[context] = record;
 }
@@ -446,6 +451,7 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
   }
   if (destroyed) {
     contexts_.erase(context);
+    if (dataPlane_) dataPlane_->forgetContextRing(context);
   } else if (auto found = contexts_.find(context); found != contexts_.end()) {
     found->second.generation = newGeneration();
     found->second.limits.clear();

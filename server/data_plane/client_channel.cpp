@@ -16,56 +16,23 @@ namespace {
 // its completion ring again.
 constexpr std::size_t kMaxParkedAnswers = 4096;
 
-std::span<std::byte> regionOf(const ipc::SharedSegment& segment, const ring::wire::Region& region) {
-  return {segment.data() + region.offset, region.bytes};
-}
-
 std::size_t ringCapacity(std::size_t regionBytes) {
   return regionBytes - sizeof(ipc::RingHeader);
 }
 
-ring::wire::SegmentHeader planFor(const ChannelSizes& sizes) {
-  ring::SegmentPlan plan;
-  plan.commandRingCount = 1;
-  plan.commandRingBytes = ipc::ringRegionBytes(sizes.commandRingCapacity);
-  plan.completionRingBytes = ipc::ringRegionBytes(sizes.completionRingCapacity);
-  plan.controlBytes = sizeof(ring::wire::ControlBlock);
-  plan.stagingBytes = sizes.stagingBytes;
-  plan.pinnedHeapBytes = sizes.pinnedHeapBytes;
-  auto header = ring::planSegment(plan);
-  if (!header) throw std::invalid_argument("data-plane segment sizes do not form a valid layout");
-  return *header;
-}
-
 }  // namespace
 
-std::uint64_t ClientChannel::segmentBytesFor(const ChannelSizes& sizes) {
-  return planFor(sizes).segmentBytes;
-}
-
-ClientChannel::ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes,
-                             ipc::AddressReservation* placeInto)
-    : executor_(&executor) {
-  header_ = planFor(sizes);
-  limits_ = ring::limitsOf(header_);
-  segment_ = std::make_shared<ipc::SharedSegment>(
-      ipc::SharedSegment::create(name, header_.segmentBytes, placeInto));
-  std::memcpy(segment_->data(), &header_, sizeof(header_));
-  auto commandRegion = regionOf(*segment_, header_.commandRings);
-  auto completionRegion = regionOf(*segment_, header_.completionRing);
-  ipc::initializeRing(commandRegion, ringCapacity(commandRegion.size()));
-  ipc::initializeRing(completionRegion, ringCapacity(completionRegion.size()));
+ClientChannel::ClientChannel(CommandExecutor& executor, std::shared_ptr<ClientSegment> segment,
+                             std::uint32_t ring)
+    : executor_(&executor), segment_(std::move(segment)), ring_(ring) {
+  if (ring_ >= segment_->ringPairs()) throw std::out_of_range("no such ring pair in the segment");
+  const std::span<std::byte> commandRegion = segment_->commandRing(ring_);
+  const std::span<std::byte> completionRegion = segment_->completionRing(ring_);
   commands_.emplace(commandRegion, ringCapacity(commandRegion.size()));
   completions_.emplace(completionRegion, ringCapacity(completionRegion.size()));
   doorbell_ = ipc::makeEventFd();
   waiter_.emplace(commands_->consumerSleeping(), doorbell_.get());
-  auto* control = reinterpret_cast<ipc::CompletionWord*>(segment_->data() + header_.control.offset);
-  static_assert(sizeof(ipc::CompletionWord) <= sizeof(ring::wire::ControlBlock));
-  static_assert(offsetof(ipc::CompletionWord, value) ==
-                offsetof(ring::wire::ControlBlock, completionsPublished));
-  static_assert(offsetof(ipc::CompletionWord, waiters) ==
-                offsetof(ring::wire::ControlBlock, completionWaiters));
-  publisher_.emplace(*control);
+  publisher_.emplace(segment_->completionWord());
   record_.reserve(ring::kMaxCommandRecordBytes);
 }
 
@@ -84,7 +51,7 @@ std::size_t ClientChannel::pump(std::size_t budget) {
     }
     ++executed;
     ++commandsExecuted_;
-    executor_->execute(ring::decodeCommand(record_, limits_), *this);
+    executor_->execute(ring::decodeCommand(record_, segment_->limits()), *this);
   }
   return executed;
 }
@@ -123,17 +90,7 @@ void ClientChannel::postDeviceOutput(std::uint64_t bytes) {
 
 std::span<std::byte> ClientChannel::hostBytes(const ring::HostLocation& location,
                                               std::uint64_t bytes) {
-  // The decoder has checked offset + bytes against the region's size (limits_).
-  if (location.region != ring::HostRegion::kStaging &&
-      location.region != ring::HostRegion::kPinnedHeap) {
-    throw std::logic_error("a record naming no region of the segment reached the executor");
-  }
-  const ring::wire::Region& region =
-      location.region == ring::HostRegion::kStaging ? header_.staging : header_.pinnedHeap;
-  if (location.offset > region.bytes || bytes > region.bytes - location.offset) {
-    throw std::logic_error("host range outside its region reached the executor");
-  }
-  return {segment_->data() + region.offset + location.offset, bytes};
+  return segment_->hostBytes(location, bytes);
 }
 
 void ClientChannel::markBroken(std::string reason) {
@@ -167,10 +124,7 @@ void ClientChannel::flushAnswers() {
     parked_.pop_front();
     ++written;
   }
-  if (written > 0) {
-    published_ += static_cast<std::uint32_t>(written);
-    publisher_->publish(published_);
-  }
+  if (written > 0) publisher_->publishMore(static_cast<std::uint32_t>(written));
 }
 
 }  // namespace gpuproxy::server

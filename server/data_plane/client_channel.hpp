@@ -1,20 +1,23 @@
 #pragma once
-// One client's data plane (protocol/RING_FORMAT.md): the sealed memfd segment the daemon made for
-// it, the command ring it writes, the completion ring the daemon writes, the control words and the
-// staging area, plus the eventfd the client rings when the daemon sleeps.
+// One ring pair of a client's data plane (protocol/RING_FORMAT.md): the command ring of one of
+// its GPUs, which the client writes, the completion ring that answers it, which the daemon
+// writes, and the eventfd the client rings when the daemon sleeps. The segment that holds them
+// (ClientSegment) is shared with the client's other ring pairs.
 //
 // The channel moves bytes and knows nothing of CUDA: it copies each command out of the ring,
-// decodes and validates it, and hands the decoded command to its CommandExecutor (the session),
+// decodes and validates it, and hands the decoded command to its CommandExecutor (the GPU's),
 // which checks handles and pointers against the client's own tables and acts. What the executor
 // answers goes back through post*(). Nothing here blocks on anything the client controls: a full
 // completion ring parks answers in the daemon's own queue, and while that queue is long the
 // channel stops taking commands, so a client that never reads its answers throttles itself only.
+// One thread serves a channel (the one that runs its data-plane loop); channels of one segment
+// may be served by different threads.
 
 #include "ipc/doorbell.hpp"
-#include "ipc/shared_segment.hpp"
 #include "ipc/spsc_ring.hpp"
 #include "ipc/unique_fd.hpp"
 #include "protocol/ring_format.hpp"
+#include "server/data_plane/client_segment.hpp"
 #include "server/data_plane/command_port.hpp"
 
 #include <cstddef>
@@ -30,38 +33,20 @@
 
 namespace gpuproxy::server {
 
-struct ChannelSizes {
-  std::size_t commandRingCapacity = std::size_t{1} << 20;
-  std::size_t completionRingCapacity = std::size_t{1} << 16;
-  std::size_t stagingBytes = std::size_t{16} << 20;
-  std::size_t pinnedHeapBytes = 0;  // rounded up to a page
-};
-
 class ClientChannel final : public CommandPort {
 public:
-  // Creates the segment (named `name` in /proc/PID/maps), lays it out and initialises both rings.
-  // With `placeInto` (exactly segmentBytesFor(sizes) long) the segment is mapped there, at the
-  // address the client reserved for it too, so that pointers into its pinned heap are the same
-  // in both processes. Throws std::system_error when the kernel refuses the memfd or eventfd.
-  ClientChannel(CommandExecutor& executor, const std::string& name, ChannelSizes sizes = {},
-                ipc::AddressReservation* placeInto = nullptr);
-  // The size of the segment a channel with these sizes has; throws std::invalid_argument when
-  // they form no valid layout.
-  static std::uint64_t segmentBytesFor(const ChannelSizes& sizes);
+  // Serves ring pair `ring` of `segment` (< segment->ringPairs()). Throws std::system_error when
+  // the kernel refuses the eventfd.
+  ClientChannel(CommandExecutor& executor, std::shared_ptr<ClientSegment> segment,
+                std::uint32_t ring);
   ~ClientChannel() override;
   ClientChannel(const ClientChannel&) = delete;
   ClientChannel& operator=(const ClientChannel&) = delete;
 
-  // What the client is handed (borrowed; the channel keeps owning them).
-  int segmentFd() const { return segment_->fd(); }
+  // What the client is handed (borrowed; the channel keeps owning it).
   int doorbellFd() const { return doorbell_.get(); }
-  std::uint64_t segmentBytes() const { return segment_->size(); }
-  // The pinned heap region in the daemon's mapping (empty when there is none).
-  std::span<std::byte> pinnedHeap() const {
-    return {segment_->data() + header_.pinnedHeap.offset, header_.pinnedHeap.bytes};
-  }
-  // The limits the records of this channel's ring are decoded with.
-  const protocol::ring::SegmentLimits& limits() const { return limits_; }
+  std::uint32_t ring() const { return ring_; }
+  const ClientSegment& segment() const { return *segment_; }
 
   // Executes up to `budget` commands that the client has published; returns how many. Stops early
   // when the channel is broken or too many answers wait for room in the completion ring.
@@ -86,8 +71,9 @@ public:
   void prepareToSleep() { waiter_->prepareToSleep(); }
   void finishSleep() { waiter_->finishSleep(); }
 
-  // CommandPort: answers go into the completion ring; host bytes are the staging area and the
-  // pinned heap, kept mapped by keepAlive() (the segment) even after the channel is gone.
+  // CommandPort: answers go into this pair's completion ring; host bytes are the segment's
+  // staging area and pinned heap, kept mapped by keepAlive() (the segment) even after the channel
+  // is gone.
   void postCompletion(std::uint64_t token, CUresult result) override;
   void postAsyncError(const protocol::ring::AsyncError& error) override;
   void postStagingRelease(std::uint64_t offset, std::uint64_t bytes) override;
@@ -115,15 +101,13 @@ private:
   void flushAnswers();
 
   CommandExecutor* executor_;  // null once detached
-  std::shared_ptr<ipc::SharedSegment> segment_;
+  std::shared_ptr<ClientSegment> segment_;
+  std::uint32_t ring_;
   ipc::UniqueFd doorbell_;
-  protocol::ring::wire::SegmentHeader header_{};
-  protocol::ring::SegmentLimits limits_;
   std::optional<ipc::RingReader> commands_;
   std::optional<ipc::RingWriter> completions_;
   std::optional<ipc::DoorbellWaiter> waiter_;
   std::optional<ipc::CompletionPublisher> publisher_;
-  std::uint32_t published_ = 0;
   std::deque<Answer> parked_;
   std::function<void()> answersWaiting_;
   std::vector<std::byte> record_;

@@ -40,9 +40,9 @@ ClientSession::~ClientSession() noexcept {
   *alive_ = false;
   // The ring first: nothing may execute a command of this client once teardown has begun, and
   // what answers still come (from executors not yet destroyed on their GPUs) reach no session.
-  if (channel_) {
-    if (services_.dataPlane != nullptr) services_.dataPlane->remove(*channel_);
-    channel_->detachExecutor();
+  for (const std::shared_ptr<ClientChannel>& channel : channels_) {
+    if (services_.dataPlane != nullptr) services_.dataPlane->remove(*channel);
+    channel->detachExecutor();
   }
   kj::Vector<kj::Promise<void>> drains;
   services_.sessions.erase(this);
@@ -85,7 +85,7 @@ ClientSession::~ClientSession() noexcept {
   // Pinned memory stays registered (and the segment mapped) until the work that may use it is
   // over.
   releasePinnedAtTeardown(kj::joinPromises(drains.releaseAsArray()));
-  channel_.reset();
+  channels_.clear();
 }
 
 std::optional<std::uint32_t> ClientSession::ordinalOf(std::uint32_t device) const {

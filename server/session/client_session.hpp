@@ -102,6 +102,21 @@ protected:
 private:
   class MessagePort;
   struct SubmitBatch;
+  // The executor of one ring pair: the records the client wrote into the ring of one device.
+  class RingOfDevice final : public CommandExecutor {
+  public:
+    RingOfDevice(ClientSession& session, std::optional<std::uint32_t> device)
+        : session_(session), device_(device) {}
+    void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override {
+      session_.executeOnDevice(device_, command, port);
+    }
+    bool readyForCommands() const override { return session_.readyForCommands(); }
+    void channelBroken(const std::string& reason) override { session_.channelBroken(reason); }
+
+  private:
+    ClientSession& session_;
+    std::optional<std::uint32_t> device_;
+  };
   // A module image arriving in pieces, charged to the tenant until it is loaded or dropped.
   struct ModuleUpload {
     std::uint64_t context = 0;
@@ -148,6 +163,12 @@ private:
   // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
   // or from submit(), is routed here to the executor of the GPU it is for.
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
+  // A record read from the ring of daemon device `device` (nullopt: a visible device the daemon
+  // does not have): to that GPU's executor, which answers handles of any other GPU as unknown.
+  void executeOnDevice(std::optional<std::uint32_t> device,
+                       const protocol::ring::DecodedCommand& command, CommandPort& port);
+  // Executes what the client has published in every ring; whether a ring is left throttled.
+  bool pumpRings();
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
   // CommandsBeyondOneGpu. evict ends this client's connection: it broke the ring format
@@ -220,8 +241,14 @@ private:
   // per GPU it must go back to its GPU by a message.
   std::map<std::uint32_t, kj::ForkedPromise<void>> opening_;
   std::vector<std::uint32_t> devicesUsed_;
-  // The data plane, once the client asked for it.
-  std::shared_ptr<ClientChannel> channel_;
+  // The data plane, once the client asked for it: its segment, and a ring pair per visible
+  // device, by the client's device ordinal (the stub writes each record into the ring of its
+  // context's device), each executed by that GPU's executor (RingOfDevice).
+  std::shared_ptr<ClientSegment> segment_;
+  std::vector<std::unique_ptr<RingOfDevice>> ringExecutors_;
+  std::vector<std::shared_ptr<ClientChannel>> channels_;
+  // Whether a ring's framing broke (the connection is being ended; said once).
+  bool ringBroken_ = false;
   // Module images being uploaded in pieces (server/session/module_upload.cpp), by upload id.
   static constexpr std::size_t kMaxModuleUploads = 4;
   std::map<std::uint64_t, std::unique_ptr<ModuleUpload>> uploads_;

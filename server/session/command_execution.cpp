@@ -58,13 +58,10 @@ private:
 ClientSession::DispatchCallResult ClientSession::dispatchCall(
     std::uint64_t interfaceId, std::uint16_t methodId,
     capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
-  if (channel_) {
-    channel_->pumpAll();
-    if (channel_->throttled() && services_.dataPlane != nullptr) {
-      // The client may go away while the call waits; its session must not outlive it for that.
-      context.allowCancellation();
-      return {dispatchAfterRing(interfaceId, methodId, context), false};
-    }
+  if (pumpRings() && services_.dataPlane != nullptr) {
+    // The client may go away while the call waits; its session must not outlive it for that.
+    context.allowCancellation();
+    return {dispatchAfterRing(interfaceId, methodId, context), false};
   }
   return protocol::Session::Server::dispatchCall(interfaceId, methodId, context);
 }
@@ -78,18 +75,24 @@ kj::Promise<void> ClientSession::dispatchAfterRing(
         if (alive.expired() || !*alive.lock()) {
           return KJ_EXCEPTION(DISCONNECTED, "the session ended");
         }
-        if (channel_) {
-          channel_->pumpAll();
-          if (channel_->throttled()) return dispatchAfterRing(interfaceId, methodId, context);
-        }
+        if (pumpRings()) return dispatchAfterRing(interfaceId, methodId, context);
         return protocol::Session::Server::dispatchCall(interfaceId, methodId, context).promise;
       });
+}
+
+bool ClientSession::pumpRings() {
+  bool throttled = false;
+  for (const std::shared_ptr<ClientChannel>& channel : channels_) {
+    channel->pumpAll();
+    throttled = throttled || channel->throttled();
+  }
+  return throttled;
 }
 
 kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
   auto params = context.getParams();
   auto results = context.getResults();
-  if (channel_) {
+  if (segment_) {
     results.setResult(CUDA_ERROR_ALREADY_MAPPED);
     return kj::READY_NOW;
   }
@@ -98,6 +101,9 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     return kj::READY_NOW;
   }
   ChannelSizes sizes;
+  // A ring pair per device the client can see, so that each GPU reads only its own records; at
+  // least one, for a client that sees none (its records name no GPU and are refused).
+  sizes.ringPairs = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(visibleDevices_.size()));
   std::optional<ipc::AddressReservation> reservation;
   try {
     if (params.getAddress() != 0) {
@@ -105,7 +111,7 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
       sizes.pinnedHeapBytes =
           (std::min(params.getPinnedHeapBytes(), protocol::kMaxPinnedHeapBytes) + page - 1) / page *
           page;
-      const std::uint64_t needed = ClientChannel::segmentBytesFor(sizes);
+      const std::uint64_t needed = ClientSegment::bytesFor(sizes);
       results.setSegmentBytes(needed);
       if (params.getAddress() % page != 0 || needed > params.getReservedBytes()) {
         results.setResult(CUDA_ERROR_INVALID_VALUE);
@@ -122,16 +128,26 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
         return kj::READY_NOW;
       }
     }
-    auto channel =
-        std::make_shared<ClientChannel>(static_cast<CommandExecutor&>(*this),
-                                        "gpuproxy-client-" + std::to_string(stats_->identity.pid),
+    auto segment =
+        std::make_shared<ClientSegment>("gpuproxy-client-" + std::to_string(stats_->identity.pid),
                                         sizes, reservation ? &*reservation : nullptr);
-    results.setSegment(sharedFileOf(channel->segmentFd()));
-    results.setDoorbell(sharedFileOf(channel->doorbellFd()));
-    results.setSegmentBytes(channel->segmentBytes());
-    results.setPinnedHeapBytes(channel->pinnedHeap().size());
-    services_.dataPlane->add(*channel);
-    channel_ = std::move(channel);
+    std::vector<std::unique_ptr<RingOfDevice>> executors;
+    std::vector<std::shared_ptr<ClientChannel>> channels;
+    auto doorbells = results.initDoorbells(segment->ringPairs());
+    for (std::uint32_t ring = 0; ring < segment->ringPairs(); ++ring) {
+      executors.push_back(std::make_unique<RingOfDevice>(*this, deviceForOrdinal(ring)));
+      channels.push_back(std::make_shared<ClientChannel>(*executors.back(), segment, ring));
+      doorbells.set(ring, sharedFileOf(channels.back()->doorbellFd()));
+    }
+    results.setSegment(sharedFileOf(segment->fd()));
+    results.setSegmentBytes(segment->bytes());
+    results.setPinnedHeapBytes(segment->pinnedHeap().size());
+    for (const std::shared_ptr<ClientChannel>& channel : channels) {
+      services_.dataPlane->add(*channel);
+    }
+    segment_ = std::move(segment);
+    ringExecutors_ = std::move(executors);
+    channels_ = std::move(channels);
     results.setResult(CUDA_SUCCESS);
   } catch (const std::exception& error) {
     spdlog::warn("pid {}: cannot set up its data plane: {}", stats_->identity.pid, error.what());
@@ -145,16 +161,15 @@ bool ClientSession::readyForCommands() const {
 }
 
 void ClientSession::evict(const std::string& reason) {
-  // A ring's channel stops reading first and then calls channelBroken; a record that came by
-  // Session.submit has no ring to stop.
-  if (channel_) {
-    channel_->markBroken(reason);
-  } else {
-    channelBroken(reason);
-  }
+  // Every ring's channel stops reading first (each then calls channelBroken); a record that came
+  // by Session.submit has no ring to stop.
+  for (const std::shared_ptr<ClientChannel>& channel : channels_) channel->markBroken(reason);
+  channelBroken(reason);
 }
 
 void ClientSession::channelBroken(const std::string& reason) {
+  if (ringBroken_) return;
+  ringBroken_ = true;
   spdlog::warn("pid {} ({}) broke the data-plane format ({}): disconnecting it",
                stats_->identity.pid, stats_->identity.command, reason);
   services_.connections.endConnection(connectionId_);
@@ -164,11 +179,13 @@ void ClientSession::channelBroken(const std::string& reason) {
 // payload buffer (the staging area and pinned heap, when a record names them, are the session's
 // segment's), and answers are collected for the call's result until every completion token in
 // the call has been answered. What comes after that (the failure of a copy nobody waits for, a
-// staging range to give back) goes to the session's completion ring, or nowhere without one.
+// staging range to give back) goes to the completion ring of the session's first ring pair (the
+// stub reads every one), or nowhere without a data plane.
 class ClientSession::MessagePort final : public CommandPort {
 public:
-  MessagePort(std::vector<std::byte> payload, std::shared_ptr<ClientChannel> channel)
-      : payload_(std::move(payload)), channel_(std::move(channel)) {}
+  MessagePort(std::vector<std::byte> payload, std::shared_ptr<const ClientSegment> segment,
+              std::shared_ptr<ClientChannel> channel)
+      : payload_(std::move(payload)), segment_(std::move(segment)), channel_(std::move(channel)) {}
   // kj::Own is declared noexcept(false); dropping an unfulfilled fulfiller only rejects the call.
   ~MessagePort() noexcept override {}
   MessagePort(const MessagePort&) = delete;
@@ -182,8 +199,8 @@ public:
       return {payload_.data() + location.offset, static_cast<std::size_t>(bytes)};
     }
     // Without a segment the decoder gave both regions no bytes.
-    if (!channel_) return {};
-    return channel_->hostBytes(location, bytes);
+    if (!segment_) return {};
+    return segment_->hostBytes(location, bytes);
   }
 
   std::shared_ptr<const void> keepAlive() override { return shared_from_this(); }
@@ -259,6 +276,7 @@ private:
   }
 
   std::vector<std::byte> payload_;
+  std::shared_ptr<const ClientSegment> segment_;
   std::shared_ptr<ClientChannel> channel_;
   std::vector<std::byte> completions_;
   std::uint64_t pendingTokens_ = 0;
@@ -292,8 +310,9 @@ kj::Promise<void> ClientSession::submit(SubmitContext context) {
   // meanwhile must not keep its session, and so its work, alive.
   context.allowCancellation();
   auto batch = std::make_shared<SubmitBatch>();
-  batch->port = std::make_shared<MessagePort>(std::move(buffer), channel_);
-  batch->limits = channel_ ? channel_->limits() : ring::SegmentLimits{};
+  batch->port = std::make_shared<MessagePort>(std::move(buffer), segment_,
+                                              channels_.empty() ? nullptr : channels_.front());
+  batch->limits = segment_ ? segment_->limits() : ring::SegmentLimits{};
   batch->limits.messageBytes = payloadBytes;
   const capnp::Data::Reader commands = params.getCommands();
   batch->rest = std::span<const std::byte>(reinterpret_cast<const std::byte*>(commands.begin()),
@@ -367,6 +386,17 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
     batch.port->expect(completionTokenOf(decoded));
     failCommand(*batch.port, result, decoded);
   }
+}
+
+void ClientSession::executeOnDevice(std::optional<std::uint32_t> device,
+                                    const ring::DecodedCommand& command, CommandPort& port) {
+  GpuCommandExecutor* executor = &noGpu_;
+  if (device) {
+    if (auto found = commands_.find(*device); found != commands_.end()) {
+      executor = found->second.get();
+    }
+  }
+  executor->execute(command, port);
 }
 
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {

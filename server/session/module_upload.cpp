@@ -75,18 +75,18 @@ kj::Promise<void> ClientSession::appendModuleImage(AppendModuleImageContext cont
   const capnp::Data::Reader inMessage = params.getPiece();
   if (inMessage.size() > 0) {
     piece = {reinterpret_cast<const std::byte*>(inMessage.begin()), inMessage.size()};
-  } else if (channel_) {
+  } else if (segment_) {
     // The staging region of the client's segment: checked against its bounds here, since no
     // decoder has looked at these numbers.
     const std::uint64_t offset = params.getStagingOffset();
     const std::uint64_t bytes = params.getStagingBytes();
-    const std::uint64_t region = channel_->limits().stagingBytes;
+    const std::uint64_t region = segment_->limits().stagingBytes;
     if (offset > region || bytes > region - offset) {
       uploads_.erase(found);
       results.setResult(CUDA_ERROR_INVALID_VALUE);
       return kj::READY_NOW;
     }
-    piece = channel_->hostBytes({protocol::ring::HostRegion::kStaging, offset}, bytes);
+    piece = segment_->hostBytes({protocol::ring::HostRegion::kStaging, offset}, bytes);
   }
   if (piece.size() > protocol::MAX_TRANSFER_CHUNK ||
       piece.size() > upload.announced - upload.image.size()) {

@@ -61,8 +61,8 @@ bool ClientSession::chargePinned(std::uint64_t bytes) {
 
 kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
                                                          std::uint64_t bytes) {
-  if (!channel_ || channel_->pinnedHeap().empty()) return CUDA_ERROR_NOT_SUPPORTED;
-  const std::span<std::byte> heap = channel_->pinnedHeap();
+  if (!segment_ || segment_->pinnedHeap().empty()) return CUDA_ERROR_NOT_SUPPORTED;
+  const std::span<std::byte> heap = segment_->pinnedHeap();
   const std::uint64_t page = ipc::pageSize();
   if (bytes == 0 || offset % page != 0 || bytes % page != 0) return CUDA_ERROR_INVALID_VALUE;
   if (offset > heap.size() || bytes > heap.size() - offset) return CUDA_ERROR_INVALID_VALUE;
@@ -73,7 +73,7 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
   if (!chargePinned(bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   void* host = heap.data() + offset;
   registering_.emplace(offset, bytes);
-  return pinForEveryGpu(host, bytes, channel_->keepAlive(), [this, offset, bytes](bool registered) {
+  return pinForEveryGpu(host, bytes, segment_, [this, offset, bytes](bool registered) {
     registering_.erase(offset);
     if (registered) pinned_->add(offset, bytes);
   });
@@ -171,8 +171,7 @@ kj::Promise<void> ClientSession::unregisterPinned(UnregisterPinnedContext contex
         // From here on the range is this call's to release, not the teardown's, and the release
         // is the reaper's task, so that it completes even if the client goes away meanwhile.
         retiring_.erase(offset);
-        return unpinFromEveryGpu(channel_->pinnedHeap().data() + offset, bytes,
-                                 channel_->keepAlive())
+        return unpinFromEveryGpu(segment_->pinnedHeap().data() + offset, bytes, segment_)
             .then([context]() mutable { context.getResults().setResult(CUDA_SUCCESS); });
       });
 }
@@ -288,10 +287,10 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
   };
   std::vector<Held> held;
   LivePinnedAllocations::Ranges live = pinned_->removeAll();
-  if (channel_) {
+  if (segment_) {
     for (const auto* table : {&live, &retiring_}) {
       for (const auto& [offset, bytes] : *table) {
-        held.push_back(Held{channel_->pinnedHeap().data() + offset, bytes, channel_->keepAlive()});
+        held.push_back(Held{segment_->pinnedHeap().data() + offset, bytes, segment_});
       }
     }
   }

@@ -64,10 +64,20 @@ void checkSegmentHeader(std::span<const std::byte> input) {
   const auto* header = std::get_if<ring::wire::SegmentHeader>(&read);
   if (header == nullptr) return;
   // An accepted header describes regions the client can map and index without overflow.
-  const ring::wire::Region regions[] = {header->commandRings, header->completionRing,
-                                        header->control, header->staging, header->pinnedHeap};
-  for (const ring::wire::Region& region : regions) {
+  auto requireInside = [&](const ring::wire::Region& region) {
     if (region.offset > input.size() || region.bytes > input.size() - region.offset) std::abort();
+  };
+  for (const ring::wire::Region& region : {header->commandRings, header->completionRings,
+                                           header->control, header->staging, header->pinnedHeap}) {
+    requireInside(region);
+  }
+  // And every ring pair in them, each big enough to hold a ring.
+  for (std::uint32_t i = 0; i < header->commandRingCount; ++i) {
+    for (const ring::wire::Region& pair :
+         {ring::commandRing(*header, i), ring::completionRing(*header, i)}) {
+      requireInside(pair);
+      if (pair.bytes == 0) std::abort();
+    }
   }
 }
 

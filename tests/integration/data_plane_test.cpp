@@ -69,7 +69,8 @@ public:
     EXPECT_EQ(open.getResult(), CUDA_SUCCESS);
     EXPECT_EQ(open.getPinnedHeapBytes(), pinnedHeapBytes);
     auto segmentFd = open.getSegment().getFd().wait(io_.waitScope);
-    auto doorbellFd = open.getDoorbell().getFd().wait(io_.waitScope);
+    // Device 0's ring pair: the context is on it.
+    auto doorbellFd = open.getDoorbells()[0].getFd().wait(io_.waitScope);
     KJ_IF_MAYBE (fd, segmentFd) {
       segment_ = ipc::SharedSegment::map(ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0)),
                                          open.getSegmentBytes());
@@ -82,10 +83,10 @@ public:
     auto region = [&](const ring::wire::Region& r) {
       return std::span<std::byte>(segment_.data() + r.offset, r.bytes);
     };
-    commands_.emplace(region(header_.commandRings),
-                      header_.commandRings.bytes - sizeof(ipc::RingHeader));
-    completions_.emplace(region(header_.completionRing),
-                         header_.completionRing.bytes - sizeof(ipc::RingHeader));
+    const ring::wire::Region commandRing = ring::commandRing(header_, 0);
+    const ring::wire::Region completionRing = ring::completionRing(header_, 0);
+    commands_.emplace(region(commandRing), commandRing.bytes - sizeof(ipc::RingHeader));
+    completions_.emplace(region(completionRing), completionRing.bytes - sizeof(ipc::RingHeader));
   }
 
   std::uint64_t context() const { return context_; }

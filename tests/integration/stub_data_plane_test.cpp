@@ -36,13 +36,14 @@ ipc::UniqueFd duplicate(int fd) {
   return ipc::UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
 }
 
-// Lays out a segment as the daemon does and plays the daemon's side of both rings.
+// Lays out a segment as the daemon does, with a ring pair per device, and plays the daemon's
+// side of every ring.
 class FakeDaemon {
 public:
   explicit FakeDaemon(std::size_t commandCapacity = std::size_t{1} << 16,
-                      std::uint64_t stagingBytes = 64 << 10) {
+                      std::uint64_t stagingBytes = 64 << 10, std::uint32_t ringPairs = 2) {
     ring::SegmentPlan plan;
-    plan.commandRingCount = 1;
+    plan.commandRingCount = ringPairs;
     plan.commandRingBytes = ipc::ringRegionBytes(commandCapacity);
     plan.completionRingBytes = ipc::ringRegionBytes(std::size_t{1} << 14);
     plan.controlBytes = sizeof(ring::wire::ControlBlock);
@@ -50,28 +51,34 @@ public:
     header_ = ring::planSegment(plan).value();
     segment_ = ipc::SharedSegment::create("stub-data-plane-test", header_.segmentBytes);
     std::memcpy(segment_.data(), &header_, sizeof(header_));
-    auto commands = region(header_.commandRings);
-    auto completions = region(header_.completionRing);
-    ipc::initializeRing(commands, commands.size() - sizeof(ipc::RingHeader));
-    ipc::initializeRing(completions, completions.size() - sizeof(ipc::RingHeader));
-    commands_.emplace(commands, commands.size() - sizeof(ipc::RingHeader));
-    completions_.emplace(completions, completions.size() - sizeof(ipc::RingHeader));
+    for (std::uint32_t i = 0; i < ringPairs; ++i) {
+      auto commands = region(ring::commandRing(header_, i));
+      auto completions = region(ring::completionRing(header_, i));
+      ipc::initializeRing(commands, commands.size() - sizeof(ipc::RingHeader));
+      ipc::initializeRing(completions, completions.size() - sizeof(ipc::RingHeader));
+      Pair& pair = pairs_.emplace_back();
+      pair.commands.emplace(commands, commands.size() - sizeof(ipc::RingHeader));
+      pair.completions.emplace(completions, completions.size() - sizeof(ipc::RingHeader));
+      pair.doorbell = ipc::makeEventFd();
+    }
     publisher_.emplace(
         *reinterpret_cast<ipc::CompletionWord*>(segment_.data() + header_.control.offset));
-    doorbell_ = ipc::makeEventFd();
   }
 
   std::unique_ptr<DataPlane> connect(const std::atomic<bool>& lost) {
+    std::vector<ipc::UniqueFd> doorbells;
+    for (const Pair& pair : pairs_) doorbells.push_back(duplicate(pair.doorbell.get()));
     return std::make_unique<DataPlane>(
-        ipc::SharedSegment::map(duplicate(segment_.fd()), segment_.size()),
-        duplicate(doorbell_.get()), lost);
+        ipc::SharedSegment::map(duplicate(segment_.fd()), segment_.size()), std::move(doorbells),
+        lost);
   }
 
-  // The next command the client published, waiting up to `timeout` for one.
-  std::optional<ring::DecodedCommand> next(std::chrono::milliseconds timeout = 5s) {
+  // The next command the client published in command ring `ring`, waiting up to `timeout`.
+  std::optional<ring::DecodedCommand> next(std::chrono::milliseconds timeout = 5s,
+                                           std::uint32_t ring = 0) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      const ipc::RingStatus status = commands_->read(record_);
+      const ipc::RingStatus status = pairs_[ring].commands->read(record_);
       if (status == ipc::RingStatus::kOk)
         return ring::decodeCommand(record_, ring::limitsOf(header_));
       if (status != ipc::RingStatus::kEmpty) throw std::runtime_error("command ring corrupt");
@@ -81,26 +88,27 @@ public:
   }
 
   template <typename T>
-  T nextAs() {
-    auto command = next();
+  T nextAs(std::uint32_t ring = 0) {
+    auto command = next(5s, ring);
     if (!command) throw std::runtime_error("no command arrived");
     if (!std::holds_alternative<T>(*command)) throw std::runtime_error("unexpected command");
     return std::get<T>(*command);
   }
 
+  // Writes `answer` into completion ring `ring` and adds it to the shared count.
   template <typename Answer>
-  void post(const Answer& answer) {
-    auto reservation = completions_->reserve(ring::encodedSize(answer));
+  void post(const Answer& answer, std::uint32_t ring = 0) {
+    auto reservation = pairs_[ring].completions->reserve(ring::encodedSize(answer));
     ASSERT_EQ(reservation.status, ipc::RingStatus::kOk);
-    completions_->commit(ring::encode(answer, reservation.bytes));
-    publisher_->publish(++published_);
+    pairs_[ring].completions->commit(ring::encode(answer, reservation.bytes));
+    publisher_->publishMore(1);
   }
 
   // A record the ring carries but no completion decoder accepts.
   void postGarbage() {
     std::vector<std::byte> junk(24, std::byte{0x5a});
-    ASSERT_EQ(completions_->tryWrite(junk), ipc::RingStatus::kOk);
-    publisher_->publish(++published_);
+    ASSERT_EQ(pairs_[0].completions->tryWrite(junk), ipc::RingStatus::kOk);
+    publisher_->publishMore(1);
   }
 
   std::uint32_t waiters() const {
@@ -109,20 +117,22 @@ public:
   }
   std::span<std::byte> staging() { return region(header_.staging); }
   ipc::SharedSegment& segment() { return segment_; }
-  int doorbell() const { return doorbell_.get(); }
 
 private:
+  struct Pair {
+    std::optional<ipc::RingReader> commands;
+    std::optional<ipc::RingWriter> completions;
+    ipc::UniqueFd doorbell;
+  };
+
   std::span<std::byte> region(const ring::wire::Region& r) {
     return {segment_.data() + r.offset, static_cast<std::size_t>(r.bytes)};
   }
 
   ring::wire::SegmentHeader header_{};
   ipc::SharedSegment segment_;
-  std::optional<ipc::RingReader> commands_;
-  std::optional<ipc::RingWriter> completions_;
+  std::vector<Pair> pairs_;
   std::optional<ipc::CompletionPublisher> publisher_;
-  ipc::UniqueFd doorbell_;
-  std::uint32_t published_ = 0;
   std::vector<std::byte> record_;
 };
 
@@ -346,6 +356,58 @@ TEST(StubDataPlane, AGarbledCompletionRingEndsTheDataPlane) {
   ASSERT_EQ(result.wait_for(2s), std::future_status::ready);
   EXPECT_EQ(result.get(), CUDA_ERROR_MPS_CONNECTION_FAILED);
   EXPECT_EQ(submitMemset(*plane, 1, 0), CUDA_ERROR_MPS_CONNECTION_FAILED);
+}
+
+TEST(StubDataPlane, EachContextsRecordsGoIntoItsDevicesRing) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  plane->noteContext(7, 1);
+  plane->noteContext(8, 0);
+  ASSERT_EQ(submitMemset(*plane, 7, 0x50), CUDA_SUCCESS);
+  ASSERT_EQ(submitMemset(*plane, 8, 0x60), CUDA_SUCCESS);
+  // A context the plane was never told of (a stale handle): ring 0, where the daemon refuses it.
+  ASSERT_EQ(submitMemset(*plane, 9, 0x70), CUDA_SUCCESS);
+  EXPECT_EQ(daemon.nextAs<ring::Memset>(1).stream, 0x50u);
+  EXPECT_EQ(daemon.nextAs<ring::Memset>(0).stream, 0x60u);
+  EXPECT_EQ(daemon.nextAs<ring::Memset>(0).stream, 0x70u);
+  EXPECT_FALSE(daemon.next(20ms, 1).has_value());
+  // A destroyed context's handle no longer names device 1.
+  plane->forgetContextRing(7);
+  ASSERT_EQ(submitMemset(*plane, 7, 0x80), CUDA_SUCCESS);
+  EXPECT_EQ(daemon.nextAs<ring::Memset>(0).stream, 0x80u);
+}
+
+TEST(StubDataPlane, ASynchronisationSeesAnErrorAnotherRingReportedBeforeItsAnswer) {
+  // A stream of device 0 waited for device 1's event, and the let-go failed there: device 1's
+  // ring reports the waiting stream's error, then device 0's answers the synchronisation. Both
+  // count on the one word, and the waiter drains every ring before it reports.
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  auto plane = daemon.connect(lost);
+  plane->noteContext(7, 0);
+  auto result = std::async(std::launch::async, [&] {
+    return plane->synchronize(7, ring::SynchronizeKind::kStream, 0x50, false);
+  });
+  auto sync = daemon.nextAs<ring::Synchronize>(0);
+  ASSERT_EQ(result.wait_for(50ms), std::future_status::timeout);
+  daemon.post(ring::AsyncError{3, 7, 0x50, CUDA_ERROR_INVALID_HANDLE,
+                               static_cast<std::uint16_t>(ring::Opcode::kLetGoAfterEvent)},
+              1);
+  daemon.post(ring::Completion{sync.completionToken, CUDA_SUCCESS}, 0);
+  ASSERT_EQ(result.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(result.get(), CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST(StubDataPlane, ASegmentWithoutADoorbellPerRingIsRefused) {
+  FakeDaemon daemon;
+  std::atomic<bool> lost{false};
+  std::vector<ipc::UniqueFd> one;
+  one.push_back(ipc::makeEventFd());
+  EXPECT_THROW(
+      DataPlane(ipc::SharedSegment::map(duplicate(daemon.segment().fd()), daemon.segment().size()),
+                std::move(one), lost),
+      std::runtime_error);
 }
 
 TEST(StubDataPlane, ASegmentThatIsNotOneIsRefused) {

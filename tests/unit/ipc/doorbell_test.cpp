@@ -145,7 +145,7 @@ TEST(Doorbell, NoLostWakeupsUnderStress) {
         << "lost wake-up at round " << i;
     ASSERT_EQ(reader.read(out), RingStatus::kOk);
     ASSERT_EQ(valueOf(out), i);
-    publisher.publish(i);
+    publisher.publishMore(1);
   }
   EXPECT_EQ(client.wait(), 0);
   EXPECT_GT(waiter.sleeps(), 0u);
@@ -177,7 +177,7 @@ TEST(CompletionWord, BlockedWaiterInAnotherProcessIsWoken) {
   }
   std::this_thread::sleep_for(20ms);
   CompletionPublisher publisher(channel.completion());
-  publisher.publish(7);
+  publisher.publishMore(7);
   EXPECT_EQ(client.wait(), 0);
   EXPECT_EQ(publisher.wakesSent(), 1u);
 }
@@ -187,7 +187,7 @@ TEST(CompletionWord, PublisherSkipsTheSyscallWhenNobodyWaits) {
   CompletionPublisher publisher(channel.completion());
   CompletionWaiter waiter(channel.completion());
   for (std::uint32_t i = 1; i <= 1000; ++i) {
-    publisher.publish(i);
+    publisher.publishMore(1);
     EXPECT_EQ(waiter.wait([i](std::uint32_t v) { return v == i; }, 1, 1s), i);
   }
   EXPECT_EQ(publisher.wakesSent(), 0u);
@@ -200,6 +200,23 @@ TEST(CompletionWord, WaitTimesOut) {
   EXPECT_FALSE(waiter.wait([](std::uint32_t v) { return v == 1; }, 10, 20ms).has_value());
   EXPECT_GE(std::chrono::steady_clock::now() - start, 20ms);
   EXPECT_EQ(channel.completion().waiters, 0u);
+}
+
+TEST(CompletionWord, PublishersSharingTheWordEachAddWhatTheyPublished) {
+  // One word, a publisher per completion ring, each on its own thread: the value ends at the
+  // sum, so a waiter that saw any change looks at every ring.
+  Channel channel;
+  constexpr std::uint32_t kEach = 10000;
+  auto publishAll = [&] {
+    CompletionPublisher publisher(channel.completion());
+    for (std::uint32_t i = 0; i < kEach; ++i) publisher.publishMore(1);
+  };
+  std::thread first(publishAll);
+  std::thread second(publishAll);
+  first.join();
+  second.join();
+  CompletionWaiter waiter(channel.completion());
+  EXPECT_EQ(waiter.load(), 2 * kEach);
 }
 
 }  // namespace

@@ -851,12 +851,22 @@ TEST(RingSegment, PlannedLayoutIsValidAndAligned) {
   ASSERT_TRUE(header);
   EXPECT_EQ(header->commandRings.offset, kRegionAlignment);
   EXPECT_EQ(header->commandRings.bytes, 4u * 64 * 1024);
-  for (const wire::Region* region : {&header->commandRings, &header->completionRing,
+  for (const wire::Region* region : {&header->commandRings, &header->completionRings,
                                      &header->control, &header->staging, &header->pinnedHeap}) {
     EXPECT_EQ(region->offset % kRegionAlignment, 0u);
   }
+  EXPECT_EQ(header->completionRings.bytes, 4u * 16 * 1024);
   EXPECT_EQ(header->control.bytes, 256u);
   EXPECT_EQ(header->pinnedHeap.offset + header->pinnedHeap.bytes, header->segmentBytes);
+  // Ring pair i: the i-th command ring and the i-th completion ring, back to back in their
+  // regions.
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(commandRing(*header, i).offset, header->commandRings.offset + i * 64 * 1024);
+    EXPECT_EQ(commandRing(*header, i).bytes, 64u * 1024);
+    EXPECT_EQ(completionRing(*header, i).offset, header->completionRings.offset + i * 16 * 1024);
+    EXPECT_EQ(completionRing(*header, i).bytes, 16u * 1024);
+  }
 
   const Bytes segment = mappedSegment(*header);
   const auto read = readSegmentHeader(segment);
@@ -913,8 +923,12 @@ TEST(RingSegment, EveryHeaderRuleRejectsItsViolation) {
          h.commandRings.bytes = 1024 * 32;  // whole cache lines in all, 32 B per ring
        },
        SegmentHeaderError::kMisaligned},
-      {"empty completion ring", [](auto& h) { h.completionRing.bytes = 0; },
+      {"empty completion rings", [](auto& h) { h.completionRings.bytes = 0; },
        SegmentHeaderError::kEmptyRing},
+      {"completion rings not divisible", [](auto& h) { h.completionRings.bytes -= 64; },
+       SegmentHeaderError::kMisaligned},
+      {"completion ring not whole cache lines", [](auto& h) { h.completionRings.bytes -= 128; },
+       SegmentHeaderError::kMisaligned},
       {"misaligned staging", [](auto& h) { h.staging.offset += 64; },
        SegmentHeaderError::kMisaligned},
       {"staging not whole pages", [](auto& h) { h.staging.bytes -= 64; },
@@ -925,8 +939,8 @@ TEST(RingSegment, EveryHeaderRuleRejectsItsViolation) {
        SegmentHeaderError::kRegionOutOfBounds},
       {"heap bytes near 2^64", [](auto& h) { h.pinnedHeap.bytes = kU64Max - 4095; },
        SegmentHeaderError::kRegionOutOfBounds},
-      {"staging over the completion ring",
-       [](auto& h) { h.staging.offset = h.completionRing.offset; },
+      {"staging over the completion rings",
+       [](auto& h) { h.staging.offset = h.completionRings.offset; },
        SegmentHeaderError::kRegionsOverlap},
       {"rings over the header", [](auto& h) { h.commandRings.offset = 0; },
        SegmentHeaderError::kRegionsOverlap},
