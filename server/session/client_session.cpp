@@ -116,10 +116,11 @@ kj::Promise<GpuClient*> ClientSession::openClientOnDevice(std::uint32_t ordinal)
     auto opened =
         onGpu(*services_.gpus[*device],
               [stats = stats_, pinned = pinned_, alive = std::weak_ptr<const bool>(alive_),
-               session = static_cast<CommandsBeyondOneGpu*>(this)](GpuShard& gpu) {
+               session = static_cast<CommandsBeyondOneGpu*>(this),
+               sessionThread = kj::getCurrentThreadExecutor().addRef()](GpuShard& gpu) mutable {
                 std::unique_ptr<GpuClient> client = gpu.openClient(stats);
-                auto commands = std::make_unique<GpuCommandExecutor>(client.get(), *session, alive,
-                                                                     stats, pinned);
+                auto commands = std::make_unique<GpuCommandExecutor>(
+                    client.get(), *session, kj::mv(sessionThread), alive, stats, pinned);
                 return std::pair{std::move(client), std::move(commands)};
               })
             .then([this, device = *device](
@@ -127,6 +128,7 @@ kj::Promise<GpuClient*> ClientSession::openClientOnDevice(std::uint32_t ordinal)
                           opened) {
               commands_.emplace(device, std::move(opened.second));
               clients_.emplace(device, std::move(opened.first));
+              bindRing(device);
             });
     opening = opening_.emplace(*device, opened.fork()).first;
   }

@@ -102,21 +102,26 @@ protected:
 private:
   class MessagePort;
   struct SubmitBatch;
-  // The executor of one ring pair: the records the client wrote into the ring of one device.
+  // The executor of one ring pair: what the client wrote into the ring of one device goes to
+  // that GPU's executor, bound once the client's state there is made (until then the client has
+  // no handle there, and the executor without a GPU answers its records), so a ring's records
+  // never look at the session's tables.
   class RingOfDevice final : public CommandExecutor {
   public:
-    RingOfDevice(ClientSession& session, std::optional<std::uint32_t> device)
-        : session_(session), device_(device) {}
+    explicit RingOfDevice(ClientSession& session) : session_(session) {}
+    void bind(GpuCommandExecutor& executor) { executor_ = &executor; }
     void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override {
-      session_.executeOnDevice(device_, command, port);
+      (executor_ != nullptr ? *executor_ : session_.noGpu_).execute(command, port);
     }
     bool readyForCommands() const override { return session_.readyForCommands(); }
     void channelBroken(const std::string& reason) override { session_.channelBroken(reason); }
 
   private:
     ClientSession& session_;
-    std::optional<std::uint32_t> device_;
+    GpuCommandExecutor* executor_ = nullptr;
   };
+  // Binds the ring of daemon device `device`, if the client has one, to the device's executor.
+  void bindRing(std::uint32_t device);
   // A module image arriving in pieces, charged to the tenant until it is loaded or dropped.
   struct ModuleUpload {
     std::uint64_t context = 0;
@@ -163,10 +168,6 @@ private:
   // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
   // or from submit(), is routed here to the executor of the GPU it is for.
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
-  // A record read from the ring of daemon device `device` (nullopt: a visible device the daemon
-  // does not have): to that GPU's executor, which answers handles of any other GPU as unknown.
-  void executeOnDevice(std::optional<std::uint32_t> device,
-                       const protocol::ring::DecodedCommand& command, CommandPort& port);
   // Executes what the client has published in every ring; whether a ring is left throttled.
   bool pumpRings();
   bool readyForCommands() const override;
@@ -277,7 +278,8 @@ private:
   // made with its GpuClient on that GPU, destroyed there before it. noGpu_ answers the records
   // that name no GPU of the client's.
   std::map<std::uint32_t, std::unique_ptr<GpuCommandExecutor>> commands_;
-  GpuCommandExecutor noGpu_{nullptr, *this, alive_, stats_, pinned_};
+  GpuCommandExecutor noGpu_{nullptr, *this,  kj::getCurrentThreadExecutor().addRef(),
+                            alive_,  stats_, pinned_};
 };
 
 template <typename Test>

@@ -135,7 +135,7 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     std::vector<std::shared_ptr<ClientChannel>> channels;
     auto doorbells = results.initDoorbells(segment->ringPairs());
     for (std::uint32_t ring = 0; ring < segment->ringPairs(); ++ring) {
-      executors.push_back(std::make_unique<RingOfDevice>(*this, deviceForOrdinal(ring)));
+      executors.push_back(std::make_unique<RingOfDevice>(*this));
       channels.push_back(std::make_shared<ClientChannel>(*executors.back(), segment, ring));
       doorbells.set(ring, sharedFileOf(channels.back()->doorbellFd()));
     }
@@ -148,12 +148,20 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     segment_ = std::move(segment);
     ringExecutors_ = std::move(executors);
     channels_ = std::move(channels);
+    for (const auto& [device, executor] : commands_) bindRing(device);
     results.setResult(CUDA_SUCCESS);
   } catch (const std::exception& error) {
     spdlog::warn("pid {}: cannot set up its data plane: {}", stats_->identity.pid, error.what());
     results.setResult(CUDA_ERROR_OUT_OF_MEMORY);
   }
   return kj::READY_NOW;
+}
+
+void ClientSession::bindRing(std::uint32_t device) {
+  const std::optional<std::uint32_t> ordinal = ordinalOf(device);
+  auto executor = commands_.find(device);
+  if (!ordinal || *ordinal >= ringExecutors_.size() || executor == commands_.end()) return;
+  ringExecutors_[*ordinal]->bind(*executor->second);
 }
 
 bool ClientSession::readyForCommands() const {
@@ -388,17 +396,6 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
   }
 }
 
-void ClientSession::executeOnDevice(std::optional<std::uint32_t> device,
-                                    const ring::DecodedCommand& command, CommandPort& port) {
-  GpuCommandExecutor* executor = &noGpu_;
-  if (device) {
-    if (auto found = commands_.find(*device); found != commands_.end()) {
-      executor = found->second.get();
-    }
-  }
-  executor->execute(command, port);
-}
-
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
   // To the executor of the GPU its handle names; one naming no GPU the client uses (a decode error
   // too) to the executor without one, which answers as the driver answers a bad handle.
@@ -416,8 +413,6 @@ void ClientSession::letGoElsewhere(Handle waiterContext, std::uint64_t token) {
   if (!device) return;
   auto waiting = commands_.find(*device);
   if (waiting == commands_.end()) return;
-  // On the event's GPU's thread today as on the session's; with a thread per GPU this becomes a
-  // message to the session's thread first, whose state (commands_, clients_) this reads.
   tellGpu(*clients_.at(*device),
           [executor = waiting->second.get(), token](GpuClient&) { executor->letGoOfHold(token); });
 }

@@ -61,11 +61,13 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> pinnedHeapRangeOf(
 }  // namespace
 
 GpuCommandExecutor::GpuCommandExecutor(GpuClient* client, CommandsBeyondOneGpu& session,
+                                       kj::Own<const kj::Executor> sessionThread,
                                        std::weak_ptr<const bool> sessionAlive,
                                        std::shared_ptr<ClientStats> stats,
                                        std::shared_ptr<const LivePinnedAllocations> pinned)
     : client_(client),
       session_(session),
+      sessionThread_(kj::mv(sessionThread)),
       sessionAlive_(std::move(sessionAlive)),
       stats_(std::move(stats)),
       pinned_(std::move(pinned)),
@@ -406,17 +408,24 @@ CUresult GpuCommandExecutor::afterLatestRecord(Handle event, kj::Function<void()
 
 void GpuCommandExecutor::executeLetGoAfterEvent(const ring::LetGoAfterEvent& letGo,
                                                 CommandPort& port) {
-  auto tell = [&session = session_, alive = sessionAlive_, waiter = letGo.waiterContext,
-               token = letGo.token]() {
-    // A task may outlive the session (this executor goes later, on its GPU).
-    const std::shared_ptr<const bool> live = alive.lock();
-    if (live && *live) session.letGoElsewhere(waiter, token);
-  };
-  // A copy: kj::Function keeps a reference to an lvalue it is made from.
-  const CUresult result = afterLatestRecord(letGo.event, decltype(tell)(tell));
+  // By a message to the session's thread, whose tables say where the waiting stream is; the
+  // session may be gone by then (this executor's tasks go later, on its GPU).
+  auto tell = std::make_shared<kj::Function<void()>>(
+      [sessionThread = sessionThread_->addRef(), &session = session_, alive = sessionAlive_,
+       waiter = letGo.waiterContext, token = letGo.token]() {
+        sessionThread
+            ->executeAsync([&session, alive, waiter, token] {
+              const std::shared_ptr<const bool> live = alive.lock();
+              if (live && *live) session.letGoElsewhere(waiter, token);
+            })
+            .detach([](kj::Exception&& exception) {
+              KJ_LOG(ERROR, "a let-go for another GPU did not reach its session", exception);
+            });
+      });
+  const CUresult result = afterLatestRecord(letGo.event, [tell] { (*tell)(); });
   if (result == CUDA_SUCCESS) return;
   // Nothing to wait for: the stream goes on, and hears why at its next synchronisation.
-  tell();
+  (*tell)();
   port.postAsyncError(ring::AsyncError{letGo.sequence, letGo.waiterContext, letGo.waiterStream,
                                        result,
                                        static_cast<std::uint16_t>(ring::LetGoAfterEvent::kOpcode)});

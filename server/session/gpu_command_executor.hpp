@@ -42,6 +42,8 @@ public:
   virtual void evict(const std::string& reason) = 0;
   // A LetGoAfterEvent's event record is done (or there is none): the stream held under `token`
   // on the device of `waiterContext` goes on (GpuCommandExecutor::letGoOfHold, by a message).
+  // Called on the session's thread (the executor sends it there), whose tables say where that
+  // device's executor is.
   virtual void letGoElsewhere(Handle waiterContext, std::uint64_t token) = 0;
 };
 
@@ -50,8 +52,10 @@ public:
   // `client` is the client's state on this executor's GPU, borrowed, or null for the executor of
   // records that name no GPU the client uses (each is answered as the driver answers a handle it
   // does not know). `session` outlives every call of execute(); the executor's tasks, which may
-  // outlive it, use it only while `sessionAlive` holds true.
+  // outlive it, reach it only by a message to `sessionThread`, the thread it lives on, where it is
+  // used only while `sessionAlive` holds true.
   GpuCommandExecutor(GpuClient* client, CommandsBeyondOneGpu& session,
+                     kj::Own<const kj::Executor> sessionThread,
                      std::weak_ptr<const bool> sessionAlive, std::shared_ptr<ClientStats> stats,
                      std::shared_ptr<const LivePinnedAllocations> pinned);
   ~GpuCommandExecutor() noexcept;
@@ -129,6 +133,7 @@ private:
 
   GpuClient* client_;
   CommandsBeyondOneGpu& session_;
+  kj::Own<const kj::Executor> sessionThread_;
   std::weak_ptr<const bool> sessionAlive_;
   std::shared_ptr<ClientStats> stats_;
   std::shared_ptr<const LivePinnedAllocations> pinned_;

@@ -15,7 +15,6 @@
 #include <kj/async-io.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -43,25 +42,15 @@ public:
     std::lock_guard lock(mutex_);
     completions_[token] = result;
     postedOn_.push_back(std::this_thread::get_id());
-    changed_.notify_all();
   }
   void postAsyncError(const ring::AsyncError& error) override {
     std::lock_guard lock(mutex_);
     asyncErrors_.push_back(error);
     postedOn_.push_back(std::this_thread::get_id());
-    changed_.notify_all();
   }
   void postStagingRelease(std::uint64_t, std::uint64_t) override {}
   void postDeviceOutput(std::uint64_t) override {}
 
-  // The answer to `token`, once it has come (up to 10 s); nullopt if it has not.
-  std::optional<CUresult> answerTo(std::uint64_t token) {
-    std::unique_lock lock(mutex_);
-    changed_.wait_for(lock, std::chrono::seconds(10),
-                      [&] { return completions_.count(token) != 0; });
-    auto found = completions_.find(token);
-    return found == completions_.end() ? std::nullopt : std::optional(found->second);
-  }
   // The answer to `token` if it has come already.
   std::optional<CUresult> answeredYet(std::uint64_t token) {
     std::lock_guard lock(mutex_);
@@ -81,23 +70,25 @@ public:
 private:
   std::vector<std::byte> staging_ = std::vector<std::byte>(1 << 16);
   std::mutex mutex_;
-  std::condition_variable changed_;
   std::map<std::uint64_t, CUresult> completions_;
   std::vector<ring::AsyncError> asyncErrors_;
   std::vector<std::thread::id> postedOn_;
 };
 
 // The session as an executor sees it: a client that broke the format, and the let-go of a stream
-// held on another GPU, which the test routes (from the event's GPU's thread).
+// held on another GPU, which the test routes (from the session's thread, the test's, where the
+// event's GPU sends it).
 class StandInSession final : public CommandsBeyondOneGpu {
 public:
   void evict(const std::string& reason) override { evicted_ = reason; }
   void letGoElsewhere(Handle waiterContext, std::uint64_t token) override {
+    if (std::this_thread::get_id() != thread_) ADD_FAILURE() << "a let-go off the session thread";
     letGo_(waiterContext, token);
   }
   std::optional<std::string> evicted_;
   std::function<void(Handle, std::uint64_t)> letGo_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::thread::id thread_ = std::this_thread::get_id();
 };
 
 // The client's state on one GPU, on that GPU's thread: its GpuClient, a context and 64 KiB of
@@ -116,9 +107,10 @@ struct ClientOnGpu {
         onGpu(*client, [this](GpuClient& client) { return client.allocate(context, 1 << 16); })
             .wait(scope)
             .value();
-    executor = onGpu(*client, [&](GpuClient& client) {
-                 return std::make_unique<GpuCommandExecutor>(&client, session, session.alive_,
-                                                             stats, pinned);
+    executor = onGpu(*client, [&, sessionThread = kj::getCurrentThreadExecutor().addRef()](
+                                  GpuClient& client) mutable {
+                 return std::make_unique<GpuCommandExecutor>(
+                     &client, session, kj::mv(sessionThread), session.alive_, stats, pinned);
                }).wait(scope);
   }
 
@@ -177,6 +169,16 @@ protected:
 
   ClientOnGpu& gpu(std::uint32_t index) { return *gpus_[index]; }
 
+  // The answer to `token`, once it has come (up to 10 s), turning this thread's loop meanwhile:
+  // it is the session's, where a let-go from another GPU goes first.
+  std::optional<CUresult> answerTo(std::uint64_t token) {
+    for (int turn = 0; turn < 10000; ++turn) {
+      if (auto answer = port_->answeredYet(token)) return answer;
+      io_->provider->getTimer().afterDelay(kj::MILLISECONDS).wait(io_->waitScope);
+    }
+    return std::nullopt;
+  }
+
   // The client was told of exactly one failed record, the one of `sequence`, with `result`.
   void expectOneAsyncError(std::uint64_t sequence, CUresult result) {
     const auto errors = port_->asyncErrors();
@@ -218,7 +220,7 @@ TEST_F(GpuCommandExecutorTest, RecordsActAndAnswerOnTheGpusOwnThread) {
   copy.completionToken = 7;
   execute(copy);
 
-  EXPECT_EQ(port_->answerTo(7), CUDA_SUCCESS);
+  EXPECT_EQ(answerTo(7), CUDA_SUCCESS);
   for (std::size_t i = 0; i < 1024; ++i) {
     ASSERT_EQ(port_->staging()[i], std::byte{0x5a}) << "byte " << i;
   }
@@ -242,12 +244,13 @@ TEST_F(GpuCommandExecutorTest, AHandleOfAnotherGpuIsAnUnknownHandleHere) {
   sync.completionToken = 8;
   execute(sync, 0);
 
-  EXPECT_EQ(port_->answerTo(8), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(answerTo(8), CUDA_ERROR_INVALID_CONTEXT);
   expectOneAsyncError(3, CUDA_ERROR_INVALID_CONTEXT);
 }
 
 TEST_F(GpuCommandExecutorTest, TheExecutorOfNoGpuAnswersEveryRecordAsABadHandle) {
-  GpuCommandExecutor noGpu(nullptr, session_, session_.alive_, stats_, pinned_);
+  GpuCommandExecutor noGpu(nullptr, session_, kj::getCurrentThreadExecutor().addRef(),
+                           session_.alive_, stats_, pinned_);
   ring::Synchronize sync;
   sync.context = gpu(0).context;
   sync.kind = ring::SynchronizeKind::kEvent;
@@ -273,7 +276,7 @@ TEST_F(GpuCommandExecutorTest, AStreamWaitsForTheOtherGpusEventByMessagesOnly) {
                          return client.createEvent(context, CU_EVENT_DISABLE_TIMING);
                        })).value();
   execute(ring::HostFunction{.context = gpu(1).context, .completionToken = 20}, 1);
-  EXPECT_EQ(port_->answerTo(20), CUDA_SUCCESS);
+  EXPECT_EQ(answerTo(20), CUDA_SUCCESS);
   execute(ring::EventRecord{.context = gpu(1).context, .event = event}, 1);
 
   // The wait's two records, each to its GPU's executor: the let-go, on GPU 1's thread once the
@@ -287,12 +290,12 @@ TEST_F(GpuCommandExecutorTest, AStreamWaitsForTheOtherGpusEventByMessagesOnly) {
 
   // Every message sent before this one has run on GPU 0: its stream is held.
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 12, .query = true});
-  EXPECT_EQ(port_->answerTo(12), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(answerTo(12), CUDA_ERROR_NOT_READY);
   EXPECT_EQ(port_->answeredYet(11), std::nullopt);
 
   // The host function returns: GPU 1's record is done, and GPU 0's stream goes on.
   execute(ring::HostFunctionReturned{.context = gpu(1).context, .token = 20}, 1);
-  EXPECT_EQ(port_->answerTo(11), CUDA_SUCCESS);
+  EXPECT_EQ(answerTo(11), CUDA_SUCCESS);
   EXPECT_TRUE(port_->asyncErrors().empty());
 }
 
@@ -307,14 +310,14 @@ TEST_F(GpuCommandExecutorTest, TheRecordsOfAWaitMayComeInEitherOrder) {
           1);
   execute(ring::HoldForEvent{.context = gpu(0).context, .token = 5}, 0);
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 13});
-  EXPECT_EQ(port_->answerTo(13), CUDA_SUCCESS);
+  EXPECT_EQ(answerTo(13), CUDA_SUCCESS);
   expectOneAsyncError(6, CUDA_ERROR_INVALID_HANDLE);
 
   // A wait record for another GPU's event reaching a GPU whole is refused there.
   execute(ring::StreamWaitEvent{
       .sequence = 7, .context = gpu(0).context, .event = makeHandle(HandleKind::kEvent, 1, 1)});
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 14});
-  EXPECT_EQ(port_->answerTo(14), CUDA_SUCCESS);
+  EXPECT_EQ(answerTo(14), CUDA_SUCCESS);
   EXPECT_EQ(port_->asyncErrors().size(), 2u);
 }
 
@@ -340,10 +343,10 @@ TEST_F(GpuCommandExecutorTest, OnlySoManyLetGosAreRememberedAheadOfTheirHolds) {
   // The oldest was forgotten: its hold holds; the newest was not: its hold holds nothing.
   execute(ring::HoldForEvent{.context = gpu(0).context, .token = bound + 1}, 0);
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 16, .query = true});
-  EXPECT_EQ(port_->answerTo(16), CUDA_SUCCESS);
+  EXPECT_EQ(answerTo(16), CUDA_SUCCESS);
   execute(ring::HoldForEvent{.context = gpu(0).context, .token = 1}, 0);
   execute(ring::Synchronize{.context = gpu(0).context, .completionToken = 17, .query = true});
-  EXPECT_EQ(port_->answerTo(17), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(answerTo(17), CUDA_ERROR_NOT_READY);
 }
 
 }  // namespace
