@@ -51,7 +51,13 @@ std::size_t ClientChannel::pump(std::size_t budget) {
     }
     ++executed;
     ++commandsExecuted_;
-    executor_->execute(ring::decodeCommand(record_, segment_->limits()), *this);
+    const ring::DecodedCommand command = ring::decodeCommand(record_, segment_->limits());
+    if (const auto* error = std::get_if<ring::DecodeError>(&command); error && error->disconnect) {
+      // A record that cannot be framed: nothing after it in this ring can be trusted either.
+      markBroken(std::string(ring::describe(error->failure)));
+      break;
+    }
+    executor_->execute(command, *this);
   }
   return executed;
 }

@@ -47,15 +47,17 @@ public:
 class CommandExecutor {
 public:
   virtual ~CommandExecutor() = default;
-  // Acts on one validated command (a DecodeError included: the executor reports it to the client
-  // or ends the session) and answers through `port`.
+  // Acts on one validated command and answers through `port`. A DecodeError of a value (one that
+  // does not disconnect) is answered as the command's failure; one of framing never comes from a
+  // ring (the channel stops and calls channelBroken instead).
   virtual void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) = 0;
   // False while the client has so much work queued that a ring should leave its further commands
   // where they are (backpressure: the client's ring fills and its writes wait).
   virtual bool readyForCommands() const { return true; }
   // The client broke a ring's framing (a corrupt index or length, a record that cannot be framed):
   // nothing more can be read from it. Called once, on the thread that reads the ring; the executor
-  // ends the client's session so that what it held is reclaimed and its stub learns it is cut off.
+  // has the client's session ended so that what it held is reclaimed and its stub learns it is cut
+  // off.
   virtual void channelBroken(const std::string& reason) = 0;
 };
 

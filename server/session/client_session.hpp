@@ -172,9 +172,9 @@ private:
   bool pumpRings();
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
-  // CommandsBeyondOneGpu. evict ends this client's connection: it broke the ring format
-  // (channelBroken follows).
-  void evict(const std::string& reason) override;
+  // Ends this client's connection: it broke the record format. Every ring stops reading first.
+  void evict(const std::string& reason);
+  // CommandsBeyondOneGpu.
   void letGoElsewhere(Handle waiterContext, std::uint64_t token) override;
 
   // Pinned host memory (server/session/pinned_memory.cpp).

@@ -169,8 +169,7 @@ bool ClientSession::readyForCommands() const {
 }
 
 void ClientSession::evict(const std::string& reason) {
-  // Every ring's channel stops reading first (each then calls channelBroken); a record that came
-  // by Session.submit has no ring to stop.
+  // Every ring's channel stops reading first (each then calls channelBroken, which says it once).
   for (const std::shared_ptr<ClientChannel>& channel : channels_) channel->markBroken(reason);
   channelBroken(reason);
 }
@@ -397,6 +396,12 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
 }
 
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
+  // A record of a Session.submit batch that cannot be framed: the batch is framed here, so the
+  // connection ends here (a ring's channel does the same for its records).
+  if (const auto* error = std::get_if<ring::DecodeError>(&command); error && error->disconnect) {
+    evict(std::string(ring::describe(error->failure)));
+    return;
+  }
   // To the executor of the GPU its handle names; one naming no GPU the client uses (a decode error
   // too) to the executor without one, which answers as the driver answers a bad handle.
   GpuCommandExecutor* executor = &noGpu_;

@@ -34,12 +34,12 @@
 
 namespace gpuproxy::server {
 
-// What a GPU's executor asks of the session it belongs to.
+// What a GPU's executor asks of the session it belongs to. (A record that breaks the format never
+// reaches a GPU's executor: whoever frames the records, a ring's channel or Session.submit, ends
+// the client's connection.)
 class CommandsBeyondOneGpu {
 public:
   virtual ~CommandsBeyondOneGpu() = default;
-  // The client broke the record format (a DecodeError that disconnects): its connection ends.
-  virtual void evict(const std::string& reason) = 0;
   // A LetGoAfterEvent's event record is done (or there is none): the stream held under `token`
   // on the device of `waiterContext` goes on (GpuCommandExecutor::letGoOfHold, by a message).
   // Called on the session's thread (the executor sends it there), whose tables say where that

@@ -30,8 +30,9 @@ public:
       port.postCompletion(sync->completionToken, CUDA_SUCCESS);
     }
   }
-  void channelBroken(const std::string&) override {}
+  void channelBroken(const std::string& reason) override { broken.push_back(reason); }
   std::vector<ring::DecodedCommand> executed;
+  std::vector<std::string> broken;
 };
 
 class DataPlaneTest : public ::testing::Test {
@@ -89,7 +90,11 @@ protected:
     sync.completionToken = token;
     std::array<std::byte, 64> record{};
     const std::size_t bytes = ring::encode(sync, record);
-    ASSERT_EQ(commands_[index]->tryWrite(std::span(record).first(bytes)), ipc::RingStatus::kOk);
+    submitRaw(index, std::span(record).first(bytes));
+  }
+
+  void submitRaw(std::uint32_t index, std::span<const std::byte> record) {
+    ASSERT_EQ(commands_[index]->tryWrite(record), ipc::RingStatus::kOk);
     ipc::DoorbellRinger(commands_[index]->consumerSleeping(), channels_[index]->doorbellFd())
         .ring();
   }
@@ -157,6 +162,26 @@ TEST_F(DataPlaneTest, EachRingPairsRecordsReachItsOwnExecutorAndAnswerInItsOwnRi
   EXPECT_EQ(readCompletion(0), (ring::Completion{8, CUDA_SUCCESS}));
   // One word counts the answers of both rings: the client's waiter sleeps on it alone.
   EXPECT_EQ(published(), 2u);
+}
+
+TEST_F(DataPlaneTest, ARecordThatCannotBeFramedStopsItsRingAndReachesNoExecutor) {
+  // A record of an opcode no version has, then a good one behind it.
+  ring::wire::CommandHeader header{};
+  header.opcode = 0x7fff;
+  header.length = sizeof(header);
+  header.sequence = 1;
+  std::array<std::byte, sizeof(header)> record{};
+  std::memcpy(record.data(), &header, sizeof(header));
+  submitRaw(0, record);
+  submitSynchronize(0, 9);
+  for (int turn = 0; turn < 2000 && executors_[0].broken.empty(); ++turn) turnFor(1);
+  ASSERT_EQ(executors_[0].broken.size(), 1u);
+  turnFor(20);
+  EXPECT_TRUE(executors_[0].executed.empty());
+  EXPECT_TRUE(channels_[0]->broken());
+  EXPECT_EQ(readCompletion(0), std::nullopt);
+  // The client's other ring is not this one's business: the session ends the connection.
+  EXPECT_FALSE(channels_[1]->broken());
 }
 
 }  // namespace
