@@ -165,8 +165,9 @@ private:
   static constexpr unsigned kMaxSubmitsWaiting = 16;
   std::shared_ptr<unsigned> submitsWaiting_ = std::make_shared<unsigned>(0);
 
-  // CommandExecutor (server/session/command_execution.cpp): every command record, from the ring
-  // or from submit(), is routed here to the executor of the GPU it is for.
+  // CommandExecutor (server/session/command_execution.cpp): a record of a Session.submit batch,
+  // routed to the executor of the GPU its handle names (a ring's records go to their ring's GPU,
+  // RingOfDevice).
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
   // Executes what the client has published in every ring; whether a ring is left throttled.
   bool pumpRings();
@@ -278,8 +279,8 @@ private:
   // made with its GpuClient on that GPU, destroyed there before it. noGpu_ answers the records
   // that name no GPU of the client's.
   std::map<std::uint32_t, std::unique_ptr<GpuCommandExecutor>> commands_;
-  GpuCommandExecutor noGpu_{nullptr, *this,  kj::getCurrentThreadExecutor().addRef(),
-                            alive_,  stats_, pinned_};
+  GpuCommandExecutor noGpu_ = GpuCommandExecutor(
+      nullptr, *this, kj::getCurrentThreadExecutor().addRef(), alive_, stats_, pinned_);
 };
 
 template <typename Test>

@@ -1,9 +1,10 @@
 // Command records (protocol/RING_FORMAT.md) of one session, however they come: from the client's
-// command ring (its data plane, handed out here) or carried by a Session.submit call. One decoder
-// (protocol::ring::decodeCommand) and one executor serve both: ClientSession::execute hands each
-// record to the executor of the GPU it is for (gpu_command_executor.hpp), which acts and answers
-// (record_answers.hpp). Only the CommandPort differs, which says where host bytes are and where
-// answers go.
+// command rings (its data plane, a ring pair per device, handed out here) or carried by a
+// Session.submit call. One decoder (protocol::ring::decodeCommand) and one executor per GPU
+// (gpu_command_executor.hpp, which acts and answers, record_answers.hpp) serve both: a ring's
+// records go to its device's executor (RingOfDevice), a batch's each to the executor of the GPU
+// its handle names (ClientSession::execute). Only the CommandPort differs, which says where host
+// bytes are and where answers go.
 
 #include "ipc/shared_file.hpp"
 #include "protocol/limits.hpp"
