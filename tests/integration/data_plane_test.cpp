@@ -38,12 +38,13 @@ int connectTo(const std::string& path) {
   return ipc::connectUnixSocket(path).release();
 }
 
-// A client that attaches, takes the primary context of device 0 and opens its data plane (with a
-// pinned heap of `pinnedHeapBytes`, which it maps wherever it likes: it writes no pointers).
+// A client that attaches, takes the primary context of `device` and opens its data plane (with a
+// pinned heap of `pinnedHeapBytes`, which it maps wherever it likes: it writes no pointers). It
+// writes into the ring pair of its context's device, as the stub does, unless told otherwise.
 class RawClient {
 public:
   RawClient(kj::AsyncIoContext& io, const std::string& socketPath,
-            std::uint64_t pinnedHeapBytes = 0)
+            std::uint64_t pinnedHeapBytes = 0, std::uint32_t device = 0)
       : io_(io),
         stream_(io_.lowLevelProvider->wrapUnixSocketFd(
             connectTo(socketPath), kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP)),
@@ -54,7 +55,7 @@ public:
     attach.setProtocolVersion(protocol::PROTOCOL_VERSION);
     session_ = attach.send().wait(io_.waitScope).getSession();
     auto retain = session_.retainPrimaryContextRequest();
-    retain.setDevice(0);
+    retain.setDevice(device);
     context_ = retain.send().wait(io_.waitScope).getContext();
 
     auto request = session_.openDataPlaneRequest();
@@ -69,25 +70,34 @@ public:
     EXPECT_EQ(open.getResult(), CUDA_SUCCESS);
     EXPECT_EQ(open.getPinnedHeapBytes(), pinnedHeapBytes);
     auto segmentFd = open.getSegment().getFd().wait(io_.waitScope);
-    // Device 0's ring pair: the context is on it.
-    auto doorbellFd = open.getDoorbells()[0].getFd().wait(io_.waitScope);
     KJ_IF_MAYBE (fd, segmentFd) {
       segment_ = ipc::SharedSegment::map(ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0)),
                                          open.getSegmentBytes());
-    }
-    KJ_IF_MAYBE (fd, doorbellFd) {
-      doorbell_ = ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0));
     }
     auto header = ring::readSegmentHeader(segment_.bytes());
     header_ = std::get<ring::wire::SegmentHeader>(header);
     auto region = [&](const ring::wire::Region& r) {
       return std::span<std::byte>(segment_.data() + r.offset, r.bytes);
     };
-    const ring::wire::Region commandRing = ring::commandRing(header_, 0);
-    const ring::wire::Region completionRing = ring::completionRing(header_, 0);
-    commands_.emplace(region(commandRing), commandRing.bytes - sizeof(ipc::RingHeader));
-    completions_.emplace(region(completionRing), completionRing.bytes - sizeof(ipc::RingHeader));
+    EXPECT_EQ(open.getDoorbells().size(), header_.commandRingCount);
+    for (std::uint32_t i = 0; i < header_.commandRingCount; ++i) {
+      RingPair& pair = rings_.emplace_back();
+      auto doorbellFd = open.getDoorbells()[i].getFd().wait(io_.waitScope);
+      KJ_IF_MAYBE (fd, doorbellFd) {
+        pair.doorbell = ipc::UniqueFd(::fcntl(*fd, F_DUPFD_CLOEXEC, 0));
+      }
+      const ring::wire::Region commandRing = ring::commandRing(header_, i);
+      const ring::wire::Region completionRing = ring::completionRing(header_, i);
+      pair.commands.emplace(region(commandRing), commandRing.bytes - sizeof(ipc::RingHeader));
+      pair.completions.emplace(region(completionRing),
+                               completionRing.bytes - sizeof(ipc::RingHeader));
+    }
+    ring_ = device;
   }
+
+  // The ring pair send() and next() use from now on (at first the context's device's).
+  void useRing(std::uint32_t ring) { ring_ = ring; }
+  std::size_t ringCount() const { return rings_.size(); }
 
   std::uint64_t context() const { return context_; }
   protocol::Session::Client& session() { return session_; }
@@ -113,8 +123,9 @@ public:
   }
 
   void sendRaw(std::span<const std::byte> record) {
-    ASSERT_EQ(commands_->tryWrite(record), ipc::RingStatus::kOk);
-    ipc::DoorbellRinger(commands_->consumerSleeping(), doorbell_.get()).ring();
+    RingPair& pair = rings_.at(ring_);
+    ASSERT_EQ(pair.commands->tryWrite(record), ipc::RingStatus::kOk);
+    ipc::DoorbellRinger(pair.commands->consumerSleeping(), pair.doorbell.get()).ring();
   }
 
   // Sends `records` in one Session.submit call and returns the answer's completion records and
@@ -149,7 +160,7 @@ public:
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     std::vector<std::byte> record;
     while (std::chrono::steady_clock::now() < deadline) {
-      if (completions_->read(record) == ipc::RingStatus::kOk) {
+      if (rings_.at(ring_).completions->read(record) == ipc::RingStatus::kOk) {
         return ring::decodeCompletion(record, ring::limitsOf(header_));
       }
       std::this_thread::sleep_for(50us);
@@ -194,11 +205,16 @@ private:
   protocol::Session::Client session_;
   std::uint64_t context_ = 0;
   ipc::AddressReservation heapAddress_;
+  struct RingPair {
+    std::optional<ipc::RingWriter> commands;
+    std::optional<ipc::RingReader> completions;
+    ipc::UniqueFd doorbell;
+  };
+
   ipc::SharedSegment segment_;
-  ipc::UniqueFd doorbell_;
   ring::wire::SegmentHeader header_{};
-  std::optional<ipc::RingWriter> commands_;
-  std::optional<ipc::RingReader> completions_;
+  std::vector<RingPair> rings_;
+  std::uint32_t ring_ = 0;
   std::uint64_t sequence_ = 0;
   std::uint64_t token_ = 0;
 };
@@ -445,6 +461,39 @@ TEST(DataPlane, AClientThatBreaksTheFormatIsCutOffAndOthersGoOn) {
   EXPECT_NE(daemon.log().find("broke the data-plane format"), std::string::npos) << daemon.log();
   bystander.send(fill(bystander.context(), kept, 9, 1024));
   EXPECT_EQ(bystander.readBack(kept, 1024)[0], 9u);
+}
+
+TEST(DataPlane, EachDevicesRecordsGoInItsOwnRingAndNoOther) {
+  Daemon::Options options;
+  options.simDevices = 2;
+  Daemon daemon(options);
+  auto io = kj::setupAsyncIo();
+  RawClient client(io, daemon.socketPath(), 0, /*device=*/1);
+  ASSERT_EQ(client.ringCount(), 2u);
+  const std::uint64_t buffer = client.alloc(4096);
+  auto synchronize = [&](std::uint64_t context) {
+    ring::Synchronize sync;
+    sync.context = context;
+    sync.kind = ring::SynchronizeKind::kContext;
+    sync.completionToken = client.newToken();
+    client.send(sync);
+    return client.await(sync.completionToken);
+  };
+  // Device 0's ring, before the client has anything on device 0: device 1's context is unknown
+  // there, and only that command fails.
+  client.useRing(0);
+  EXPECT_EQ(synchronize(client.context()), CUDA_ERROR_INVALID_CONTEXT);
+  // Nor once it has a context of its own there.
+  auto retain = client.session().retainPrimaryContextRequest();
+  retain.setDevice(0);
+  const std::uint64_t onDevice0 = retain.send().wait(client.waitScope()).getContext();
+  EXPECT_EQ(synchronize(client.context()), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(synchronize(onDevice0), CUDA_SUCCESS);
+  // In its own device's ring, the context's records run.
+  client.useRing(1);
+  client.send(fill(client.context(), buffer, 7, 1024));
+  EXPECT_EQ(client.readBack(buffer, 1024)[1023], 7u);
+  EXPECT_EQ(synchronize(onDevice0), CUDA_ERROR_INVALID_CONTEXT);
 }
 
 }  // namespace
