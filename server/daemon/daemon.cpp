@@ -39,9 +39,9 @@ constexpr auto kShutdownGrace = 5 * kj::SECONDS;
 // Descriptors the daemon keeps for itself (GPUs, the admin socket, logs, metrics) before it
 // counts what is left for clients.
 constexpr rlim_t kReservedDescriptors = 64;
-// What one client connection can hold at most: its socket, the pidfd that watches its process,
-// its data plane's segment and doorbell.
-constexpr rlim_t kDescriptorsPerConnection = 4;
+// What one client connection can hold at most: its socket, the pidfd that watches its process and
+// its data plane's segment, plus a doorbell per GPU (defaultConnectionsPerTenant).
+constexpr rlim_t kDescriptorsPerConnectionBesidesDoorbells = 3;
 // The default per-tenant connection limit lets one tenant take at most this fraction of the
 // descriptors left for clients, so that a tenant that floods the daemon with connections cannot
 // take them all.
@@ -79,10 +79,12 @@ rlim_t raiseDescriptorLimit() {
   return limit.rlim_cur;
 }
 
-std::uint32_t defaultConnectionsPerTenant(rlim_t descriptors) {
+std::uint32_t defaultConnectionsPerTenant(rlim_t descriptors, std::size_t gpus) {
   const rlim_t forClients =
       descriptors > 2 * kReservedDescriptors ? descriptors - kReservedDescriptors : descriptors / 2;
-  const rlim_t share = forClients / kDescriptorsPerConnection / kTenantShareOfDescriptors;
+  const rlim_t perConnection =
+      kDescriptorsPerConnectionBesidesDoorbells + std::max<rlim_t>(1, static_cast<rlim_t>(gpus));
+  const rlim_t share = forClients / perConnection / kTenantShareOfDescriptors;
   return static_cast<std::uint32_t>(std::clamp<rlim_t>(share, 1, kMaxDefaultConnectionsPerTenant));
 }
 
@@ -136,13 +138,6 @@ int runDaemon(const DaemonOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);
 
   const rlim_t descriptors = raiseDescriptorLimit();
-  ConnectionPolicy connectionPolicy;
-  connectionPolicy.maxConnectionsPerTenant = options.maxConnectionsPerTenant != 0
-                                                 ? options.maxConnectionsPerTenant
-                                                 : defaultConnectionsPerTenant(descriptors);
-  connectionPolicy.reservedPaths = {options.adminSocketPath};
-  spdlog::info("descriptor limit {}: at most {} connections per tenant unless its own limit says",
-               descriptors, connectionPolicy.maxConnectionsPerTenant);
 
   // Tells a gpuproxy stub that the loader might hand us in place of the driver that it is inside
   // the daemon (see client/stub/runtime.cpp).
@@ -212,6 +207,15 @@ int runDaemon(const DaemonOptions& options) {
                  properties.totalMemory,
                  backend::computeCapabilityName(properties.computeCapability()));
   }
+
+  // A client's data plane holds a doorbell per GPU, so the default share depends on how many.
+  ConnectionPolicy connectionPolicy;
+  connectionPolicy.maxConnectionsPerTenant =
+      options.maxConnectionsPerTenant != 0 ? options.maxConnectionsPerTenant
+                                           : defaultConnectionsPerTenant(descriptors, gpus.size());
+  connectionPolicy.reservedPaths = {options.adminSocketPath};
+  spdlog::info("descriptor limit {}: at most {} connections per tenant unless its own limit says",
+               descriptors, connectionPolicy.maxConnectionsPerTenant);
 
   TenantConfig config;
   try {
