@@ -176,7 +176,7 @@ private:
   // Ends this client's connection: it broke the record format. Every ring stops reading first.
   void evict(const std::string& reason);
   // CommandsBeyondOneGpu.
-  void letGoElsewhere(Handle waiterContext, std::uint64_t token) override;
+  void letGoElsewhere(const protocol::ring::LetGoAfterEvent& letGo) override;
 
   // Pinned host memory (server/session/pinned_memory.cpp).
   kj::Promise<CUresult> registerPinnedRange(std::uint64_t offset, std::uint64_t bytes);

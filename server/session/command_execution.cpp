@@ -414,13 +414,19 @@ void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& po
   executor->execute(command, port);
 }
 
-void ClientSession::letGoElsewhere(Handle waiterContext, std::uint64_t token) {
-  const std::optional<std::uint32_t> device = deviceOf(waiterContext, HandleKind::kContext);
+void ClientSession::letGoElsewhere(const ring::LetGoAfterEvent& letGo) {
+  // To the GPU its HoldForEvent went to, found by the rule that routed the hold (its stream's
+  // device, its context's for the NULL stream), whatever the let-go's waiter context says.
+  ring::HoldForEvent hold;
+  hold.context = letGo.waiterContext;
+  hold.stream = letGo.waiterStream;
+  hold.token = letGo.token;
+  const std::optional<std::uint32_t> device = GpuCommandExecutor::deviceOf(hold);
   if (!device) return;
   auto waiting = commands_.find(*device);
   if (waiting == commands_.end()) return;
-  tellGpu(*clients_.at(*device),
-          [executor = waiting->second.get(), token](GpuClient&) { executor->letGoOfHold(token); });
+  tellGpu(*clients_.at(*device), [executor = waiting->second.get(), token = letGo.token](
+                                     GpuClient&) { executor->letGoOfHold(token); });
 }
 
 kj::Promise<void> ClientSession::takeDeviceOutput(TakeDeviceOutputContext context) {

@@ -413,13 +413,13 @@ void GpuCommandExecutor::executeLetGoAfterEvent(const ring::LetGoAfterEvent& let
                                                 CommandPort& port) {
   // By a message to the session's thread, whose tables say where the waiting stream is; the
   // session may be gone by then (this executor's tasks go later, on its GPU).
-  auto tell = std::make_shared<kj::Function<void()>>(
-      [sessionThread = sessionThread_->addRef(), &session = session_, alive = sessionAlive_,
-       waiter = letGo.waiterContext, token = letGo.token]() {
+  auto tell =
+      std::make_shared<kj::Function<void()>>([sessionThread = sessionThread_->addRef(),
+                                              &session = session_, alive = sessionAlive_, letGo]() {
         sessionThread
-            ->executeAsync([&session, alive, waiter, token] {
+            ->executeAsync([&session, alive, letGo] {
               const std::shared_ptr<const bool> live = alive.lock();
-              if (live && *live) session.letGoElsewhere(waiter, token);
+              if (live && *live) session.letGoElsewhere(letGo);
             })
             .detach([](kj::Exception&& exception) {
               KJ_LOG(ERROR, "a let-go for another GPU did not reach its session", exception);

@@ -40,11 +40,11 @@ namespace gpuproxy::server {
 class CommandsBeyondOneGpu {
 public:
   virtual ~CommandsBeyondOneGpu() = default;
-  // A LetGoAfterEvent's event record is done (or there is none): the stream held under `token`
-  // on the device of `waiterContext` goes on (GpuCommandExecutor::letGoOfHold, by a message).
-  // Called on the session's thread (the executor sends it there), whose tables say where that
-  // device's executor is.
-  virtual void letGoElsewhere(Handle waiterContext, std::uint64_t token) = 0;
+  // `letGo`'s event record is done (or there is none): the stream it names as the waiter, held
+  // under its token, goes on (GpuCommandExecutor::letGoOfHold, by a message to the GPU its
+  // HoldForEvent went to). Called on the session's thread (the executor sends it there), whose
+  // tables say where that GPU's executor is.
+  virtual void letGoElsewhere(const protocol::ring::LetGoAfterEvent& letGo) = 0;
 };
 
 class GpuCommandExecutor final : private kj::TaskSet::ErrorHandler {

@@ -79,9 +79,9 @@ private:
 // routes (from the session's thread, the test's, where the event's GPU sends it).
 class StandInSession final : public CommandsBeyondOneGpu {
 public:
-  void letGoElsewhere(Handle waiterContext, std::uint64_t token) override {
+  void letGoElsewhere(const ring::LetGoAfterEvent& letGo) override {
     if (std::this_thread::get_id() != thread_) ADD_FAILURE() << "a let-go off the session thread";
-    letGo_(waiterContext, token);
+    letGo_(letGo.waiterContext, letGo.token);
   }
   std::function<void(Handle, std::uint64_t)> letGo_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
