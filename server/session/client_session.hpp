@@ -102,22 +102,31 @@ protected:
 private:
   class MessagePort;
   struct SubmitBatch;
-  // The executor of one ring pair: what the client wrote into the ring of one device goes to
-  // that GPU's executor, bound once the client's state there is made (until then the client has
-  // no handle there, and the executor without a GPU answers its records), so a ring's records
-  // never look at the session's tables.
+  // The executor of one ring pair, on the thread that reads the ring: what the client wrote into
+  // the ring of one device goes to that GPU's executor, bound once the client's state there is
+  // made (until then the client has no handle there, and the ring's own executor without a GPU
+  // answers), so a ring's records never look at the session's tables, and what the ring tells the
+  // session (its framing broke) goes to the session's thread by a message.
   class RingOfDevice final : public CommandExecutor {
   public:
-    explicit RingOfDevice(ClientSession& session) : session_(session) {}
+    explicit RingOfDevice(ClientSession& session);
+    // kj::Own's destructor is declared noexcept(false); dropping a reference does not throw.
+    ~RingOfDevice() noexcept override {}
+    RingOfDevice(const RingOfDevice&) = delete;
+    RingOfDevice& operator=(const RingOfDevice&) = delete;
     void bind(GpuCommandExecutor& executor) { executor_ = &executor; }
     void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override {
-      (executor_ != nullptr ? *executor_ : session_.noGpu_).execute(command, port);
+      (executor_ != nullptr ? *executor_ : noGpu_).execute(command, port);
     }
-    bool readyForCommands() const override { return session_.readyForCommands(); }
-    void channelBroken(const std::string& reason) override { session_.channelBroken(reason); }
+    bool readyForCommands() const override { return !stats_->queueFull(); }
+    void channelBroken(const std::string& reason) override;
 
   private:
     ClientSession& session_;
+    kj::Own<const kj::Executor> sessionThread_;
+    std::weak_ptr<const bool> sessionAlive_;
+    std::shared_ptr<ClientStats> stats_;
+    GpuCommandExecutor noGpu_;
     GpuCommandExecutor* executor_ = nullptr;
   };
   // Binds the ring of daemon device `device`, if the client has one, to the device's executor.
@@ -277,7 +286,7 @@ private:
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   // The executor of the client's command records on each GPU it uses, by daemon device index:
   // made with its GpuClient on that GPU, destroyed there before it. noGpu_ answers the records
-  // that name no GPU of the client's.
+  // of Session.submit that name no GPU of the client's (each ring has one of its own).
   std::map<std::uint32_t, std::unique_ptr<GpuCommandExecutor>> commands_;
   GpuCommandExecutor noGpu_ = GpuCommandExecutor(
       nullptr, *this, kj::getCurrentThreadExecutor().addRef(), alive_, stats_, pinned_);

@@ -158,6 +158,25 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
   return kj::READY_NOW;
 }
 
+ClientSession::RingOfDevice::RingOfDevice(ClientSession& session)
+    : session_(session),
+      sessionThread_(kj::getCurrentThreadExecutor().addRef()),
+      sessionAlive_(session.alive_),
+      stats_(session.stats_),
+      noGpu_(nullptr, session, sessionThread_->addRef(), session.alive_, session.stats_,
+             session.pinned_) {}
+
+void ClientSession::RingOfDevice::channelBroken(const std::string& reason) {
+  sessionThread_
+      ->executeAsync([&session = session_, alive = sessionAlive_, reason] {
+        const std::shared_ptr<const bool> live = alive.lock();
+        if (live && *live) session.channelBroken(reason);
+      })
+      .detach([](kj::Exception&& exception) {
+        KJ_LOG(ERROR, "a broken ring could not tell its session", exception);
+      });
+}
+
 void ClientSession::bindRing(std::uint32_t device) {
   const std::optional<std::uint32_t> ordinal = ordinalOf(device);
   auto executor = commands_.find(device);
