@@ -427,6 +427,8 @@ std::optional<std::uint64_t> Runtime::primaryContext(std::uint32_t device) const
 }
 
 void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
+  // Before tablesMutex_ is taken: the data plane's lock is never taken inside it.
+  if (destroyed && dataPlane_) dataPlane_->forgetContextRing(context);
   tablesEpoch_.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard lock(tablesMutex_);
   auto dropOwnedBy = [context](auto& table, auto ownerOf) {
@@ -451,7 +453,6 @@ void Runtime::forgetContextResources(std::uint64_t context, bool destroyed) {
   }
   if (destroyed) {
     contexts_.erase(context);
-    if (dataPlane_) dataPlane_->forgetContextRing(context);
   } else if (auto found = contexts_.find(context); found != contexts_.end()) {
     found->second.generation = newGeneration();
     found->second.limits.clear();
