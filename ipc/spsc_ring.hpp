@@ -90,6 +90,12 @@ constexpr std::size_t ringRegionBytes(std::size_t capacity) {
   return sizeof(RingHeader) + capacity;
 }
 
+// The capacity of the ring a region of `regionBytes` holds (the inverse of ringRegionBytes; the
+// region must be larger than a ring header).
+constexpr std::size_t ringCapacityOf(std::size_t regionBytes) {
+  return regionBytes - sizeof(RingHeader);
+}
+
 // Largest payload one record may carry in a ring of `capacity`.
 constexpr std::size_t ringMaxRecordBytes(std::size_t capacity) {
   return capacity / 2 - sizeof(RecordHeader);

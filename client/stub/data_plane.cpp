@@ -54,7 +54,7 @@ std::size_t ringCapacity(const char* what, std::uint64_t regionBytes) {
     throw std::runtime_error(std::string(what) + " region of " + std::to_string(regionBytes) +
                              " bytes holds no ring");
   }
-  return static_cast<std::size_t>(regionBytes - sizeof(ipc::RingHeader));
+  return ipc::ringCapacityOf(static_cast<std::size_t>(regionBytes));
 }
 
 }  // namespace

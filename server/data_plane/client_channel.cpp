@@ -16,20 +16,16 @@ namespace {
 // its completion ring again.
 constexpr std::size_t kMaxParkedAnswers = 4096;
 
-std::size_t ringCapacity(std::size_t regionBytes) {
-  return regionBytes - sizeof(ipc::RingHeader);
-}
-
 }  // namespace
 
 ClientChannel::ClientChannel(CommandExecutor& executor, std::shared_ptr<ClientSegment> segment,
                              std::uint32_t ring)
-    : executor_(&executor), segment_(std::move(segment)), ring_(ring) {
-  if (ring_ >= segment_->ringPairs()) throw std::out_of_range("no such ring pair in the segment");
-  const std::span<std::byte> commandRegion = segment_->commandRing(ring_);
-  const std::span<std::byte> completionRegion = segment_->completionRing(ring_);
-  commands_.emplace(commandRegion, ringCapacity(commandRegion.size()));
-  completions_.emplace(completionRegion, ringCapacity(completionRegion.size()));
+    : executor_(&executor), segment_(std::move(segment)) {
+  if (ring >= segment_->ringPairs()) throw std::out_of_range("no such ring pair in the segment");
+  const std::span<std::byte> commandRegion = segment_->commandRing(ring);
+  const std::span<std::byte> completionRegion = segment_->completionRing(ring);
+  commands_.emplace(commandRegion, ipc::ringCapacityOf(commandRegion.size()));
+  completions_.emplace(completionRegion, ipc::ringCapacityOf(completionRegion.size()));
   doorbell_ = ipc::makeEventFd();
   waiter_.emplace(commands_->consumerSleeping(), doorbell_.get());
   publisher_.emplace(segment_->completionWord());

@@ -45,8 +45,6 @@ public:
 
   // What the client is handed (borrowed; the channel keeps owning it).
   int doorbellFd() const { return doorbell_.get(); }
-  std::uint32_t ring() const { return ring_; }
-  const ClientSegment& segment() const { return *segment_; }
 
   // Executes up to `budget` commands that the client has published; returns how many. Stops early
   // when the channel is broken or too many answers wait for room in the completion ring.
@@ -102,7 +100,6 @@ private:
 
   CommandExecutor* executor_;  // null once detached
   std::shared_ptr<ClientSegment> segment_;
-  std::uint32_t ring_;
   ipc::UniqueFd doorbell_;
   std::optional<ipc::RingReader> commands_;
   std::optional<ipc::RingWriter> completions_;

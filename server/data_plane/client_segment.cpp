@@ -11,10 +11,6 @@ namespace ring = protocol::ring;
 
 namespace {
 
-std::size_t ringCapacity(std::size_t regionBytes) {
-  return regionBytes - sizeof(ipc::RingHeader);
-}
-
 ring::wire::SegmentHeader planFor(const ChannelSizes& sizes) {
   ring::SegmentPlan plan;
   plan.commandRingCount = sizes.ringPairs;
@@ -42,7 +38,7 @@ ClientSegment::ClientSegment(const std::string& name, ChannelSizes sizes,
   std::memcpy(segment_.data(), &header_, sizeof(header_));
   for (std::uint32_t i = 0; i < ringPairs(); ++i) {
     for (std::span<std::byte> region : {commandRing(i), completionRing(i)}) {
-      ipc::initializeRing(region, ringCapacity(region.size()));
+      ipc::initializeRing(region, ipc::ringCapacityOf(region.size()));
     }
   }
   static_assert(sizeof(ipc::CompletionWord) <= sizeof(ring::wire::ControlBlock));
