@@ -11,6 +11,7 @@
 #include "server/data_plane/data_plane.hpp"
 #include "server/session/client_session.hpp"
 #include "server/session/record_answers.hpp"
+#include "server/session/tell_session.hpp"
 
 #include <fcntl.h>
 #include <kj/debug.h>
@@ -167,14 +168,10 @@ ClientSession::RingOfDevice::RingOfDevice(ClientSession& session)
              session.pinned_) {}
 
 void ClientSession::RingOfDevice::channelBroken(const std::string& reason) {
-  sessionThread_
-      ->executeAsync([&session = session_, alive = sessionAlive_, reason] {
-        const std::shared_ptr<const bool> live = alive.lock();
-        if (live && *live) session.channelBroken(reason);
-      })
-      .detach([](kj::Exception&& exception) {
-        KJ_LOG(ERROR, "a broken ring could not tell its session", exception);
-      });
+  tellSession(
+      *sessionThread_, sessionAlive_,
+      [&session = session_, reason] { session.channelBroken(reason); },
+      "a broken ring could not tell its session");
 }
 
 void ClientSession::bindRing(std::uint32_t device) {

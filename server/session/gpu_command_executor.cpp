@@ -3,8 +3,8 @@
 #include "protocol/limits.hpp"
 #include "protocol/overloaded.hpp"
 #include "server/session/record_answers.hpp"
+#include "server/session/tell_session.hpp"
 
-#include <kj/debug.h>
 #include <spdlog/spdlog.h>
 
 #include <span>
@@ -416,14 +416,9 @@ void GpuCommandExecutor::executeLetGoAfterEvent(const ring::LetGoAfterEvent& let
   auto tell =
       std::make_shared<kj::Function<void()>>([sessionThread = sessionThread_->addRef(),
                                               &session = session_, alive = sessionAlive_, letGo]() {
-        sessionThread
-            ->executeAsync([&session, alive, letGo] {
-              const std::shared_ptr<const bool> live = alive.lock();
-              if (live && *live) session.letGoElsewhere(letGo);
-            })
-            .detach([](kj::Exception&& exception) {
-              KJ_LOG(ERROR, "a let-go for another GPU did not reach its session", exception);
-            });
+        tellSession(
+            *sessionThread, alive, [&session, letGo] { session.letGoElsewhere(letGo); },
+            "a let-go for another GPU did not reach its session");
       });
   const CUresult result = afterLatestRecord(letGo.event, [tell] { (*tell)(); });
   if (result == CUDA_SUCCESS) return;
