@@ -179,6 +179,10 @@ bool RingReader::pending() {
   return head_ != cachedTail_ || loadAcquire(header_->producerIndex) != head_;
 }
 
+std::uint64_t RingReader::publishedIndex() const {
+  return loadAcquire(header_->producerIndex);
+}
+
 RingStatus RingReader::read(std::vector<std::byte>& out) {
   if (corrupt_) return RingStatus::kCorrupt;
   // At most two passes: a padding record moves us to offset 0, where padding is invalid.

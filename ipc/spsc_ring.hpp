@@ -167,6 +167,13 @@ public:
   // read() will then report). For the doorbell's re-check before sleeping.
   bool pending();
 
+  // Where this reader has read up to (the consumer's thread only), and what the producer has
+  // published, read from the shared header (safe from any thread; a producer that breaks the
+  // format may publish anything, so use it only to decide whether to look at the ring). Both count
+  // bytes since the ring was made: equal when everything published has been read.
+  std::uint64_t readIndex() const { return head_; }
+  std::uint64_t publishedIndex() const;
+
   std::size_t capacity() const { return capacity_; }
   std::uint32_t& consumerSleeping() const { return header_->consumerSleeping; }
 

@@ -4,6 +4,7 @@
 #include "protocol/limits.hpp"
 #include "server/admin/admin_service.hpp"
 #include "server/daemon/backend_select.hpp"
+#include "server/daemon/gpu_thread.hpp"
 #include "server/daemon/rpc_connection.hpp"
 #include "server/daemon/runtime_tenant_state.hpp"
 #include "server/daemon/tenant_sockets.hpp"
@@ -189,19 +190,37 @@ int runDaemon(const DaemonOptions& options) {
         facts.backendName);
     return 1;
   }
+  DataPlaneOptions dataPlaneOptions;
+  dataPlaneOptions.poller = options.poller == "io_uring" ? ipc::PollerBackend::kIoUring
+                            : options.poller == "epoll"  ? ipc::PollerBackend::kEpoll
+                                                         : ipc::PollerBackend::kAuto;
+  // Each GPU is opened and served by a thread of its own (GpuThread), which owns its state and
+  // reads its ring of every client; everything else reaches it by message.
+  GpuThread::Options gpuOptions;
+  gpuOptions.device = deviceOptions;
+  gpuOptions.dispatch = dispatchOptions;
+  gpuOptions.dataPlane = dataPlaneOptions;
+  std::vector<std::unique_ptr<GpuThread>> gpuThreads;
+  std::vector<DataPlane*> gpuDataPlanes;
   for (int i = 0; i < choice.backend->deviceCount(); ++i) {
-    auto device = choice.backend->openDevice(i, deviceOptions);
-    if (!device.ok()) {
+    backend::Result<std::unique_ptr<GpuThread>> started = CUDA_ERROR_UNKNOWN;
+    try {
+      started = GpuThread::start(*choice.backend, static_cast<std::uint32_t>(i), gpuOptions);
+    } catch (const std::exception& error) {
+      spdlog::critical("cannot serve device {} ({} poller): {}", i, options.poller, error.what());
+      return 1;
+    }
+    if (!started.ok()) {
       spdlog::critical("cannot open device {}: {}{}", i,
-                       protocol::cudaResultNameOr(device.code(), "unknown error"),
+                       protocol::cudaResultNameOr(started.code(), "unknown error"),
                        deviceOptions.wantsSmPartition()
                            ? " (with --best-effort-sms: the log above says why)"
                            : "");
       return 1;
     }
-    gpus.push_back(std::make_unique<GpuShard>(static_cast<std::uint32_t>(i),
-                                              std::move(device).value(), io.provider->getTimer(),
-                                              dispatchOptions));
+    gpuThreads.push_back(std::move(started).value());
+    gpus.push_back(&gpuThreads.back()->shard());
+    gpuDataPlanes.push_back(&gpuThreads.back()->dataPlane());
     const auto& properties = gpus.back()->properties();
     spdlog::info("device {}: {}, {} bytes, compute capability {}", i, properties.name,
                  properties.totalMemory,
@@ -226,10 +245,6 @@ int runDaemon(const DaemonOptions& options) {
   }
 
   kj::TaskSet reaper(reaperErrors);
-  DataPlaneOptions dataPlaneOptions;
-  dataPlaneOptions.poller = options.poller == "io_uring" ? ipc::PollerBackend::kIoUring
-                            : options.poller == "epoll"  ? ipc::PollerBackend::kEpoll
-                                                         : ipc::PollerBackend::kAuto;
   std::optional<DataPlane> dataPlaneStorage;
   try {
     dataPlaneStorage.emplace(io.unixEventPort, io.provider->getTimer(), dataPlaneOptions);
@@ -238,11 +253,11 @@ int runDaemon(const DaemonOptions& options) {
     return 1;
   }
   DataPlane& dataPlane = *dataPlaneStorage;
-  const SessionServices sessionServices{facts,  gpus,      sessions, connectionRegistry,
-                                        reaper, &dataPlane};
+  const SessionServices sessionServices{facts,  gpus,       sessions,     connectionRegistry,
+                                        reaper, &dataPlane, gpuDataPlanes};
   const AdminView adminView{facts, gpus, sessions, tenants, connectionRegistry};
-  // The data plane keeps the event queue non-empty while it spins; look at sockets and signals
-  // every few turns anyway, so control calls are not starved by a busy client.
+  // The data plane keeps the event queue non-empty while it spins (a client that sees no GPU);
+  // look at sockets and signals every few turns anyway.
   io.waitScope.setBusyPollInterval(4);
   auto dataPlaneLoop = dataPlane.run().eagerlyEvaluate([](kj::Exception&& e) {
     spdlog::critical("data-plane loop failed: {}", e.getDescription().cStr());

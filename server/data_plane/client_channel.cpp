@@ -55,6 +55,7 @@ std::size_t ClientChannel::pump(std::size_t budget) {
     }
     executor_->execute(command, *this);
   }
+  executedThrough_.store(commands_->readIndex(), std::memory_order_release);
   return executed;
 }
 

@@ -20,6 +20,7 @@
 #include "server/data_plane/client_segment.hpp"
 #include "server/data_plane/command_port.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -49,9 +50,16 @@ public:
   // Executes up to `budget` commands that the client has published; returns how many. Stops early
   // when the channel is broken or too many answers wait for room in the completion ring.
   std::size_t pump(std::size_t budget);
-  // Executes every command published so far (the session calls this before each control call, so
-  // a client's calls keep their order across the two paths).
+  // Executes every command published so far (the session has this done before each control call
+  // that finds drained() false, so a client's calls keep their order across the two paths).
   void pumpAll();
+  // Whether every command the client had published when this was called has been executed, as
+  // far as the thread serving the channel has said. Safe from any thread: a control call that
+  // finds it true needs no message to that thread first (what the records did happened there
+  // before it said so, and so before any later message is run there).
+  bool drained() const {
+    return commands_->publishedIndex() == executedThrough_.load(std::memory_order_acquire);
+  }
   // Whether a command waits in the ring that may be executed now: the loop must not sleep. Moves
   // answers that waited for room into the completion ring first, if there is room now.
   bool hasWork();
@@ -110,6 +118,8 @@ private:
   std::vector<std::byte> record_;
   std::optional<std::string> broken_;
   std::uint64_t commandsExecuted_ = 0;
+  // The command ring's read index once the commands read so far have been executed (drained()).
+  std::atomic<std::uint64_t> executedThrough_{0};
 };
 
 }  // namespace gpuproxy::server

@@ -15,8 +15,8 @@
 // its own), which TSan sees because its builds link a kj compiled with TSan
 // (cmake/GpuproxyThreadSanitizedCapnp.cmake).
 //
-// Today every GPU is owned by the event-loop thread, so a message is a later turn of that same
-// loop; the shape is what a thread per GPU needs (docs/architecture.md §2).
+// In the daemon each GPU has a thread of its own (GpuThread); where a test makes a GpuShard on its
+// own thread, a message is a later turn of that thread's loop.
 
 #include "server/gpu/gpu_client.hpp"
 #include "server/gpu/gpu_shard.hpp"
@@ -24,6 +24,7 @@
 #include <kj/async.h>
 #include <kj/debug.h>
 
+#include <memory>
 #include <utility>
 
 namespace gpuproxy::server {
@@ -60,6 +61,40 @@ void tellGpu(GpuClient& client, Work work) {
     KJ_LOG(ERROR, "a message to a GPU failed", index, exception);
   });
 }
+
+// State a GPU made for whoever sent it a message (a client's state there), as the message's
+// answer. The answer is destroyed on the sender's thread, and is dropped unopened when the sender
+// stops waiting (its session went meanwhile): what it still holds then goes back to its GPU by a
+// message, to be destroyed there as GPU state must be.
+template <typename T>
+class MadeOnGpu {
+public:
+  // Made on the GPU's thread, whose executor `gpu` is.
+  MadeOnGpu(std::unique_ptr<T> made, const kj::Executor& gpu)
+      : made_(std::move(made)), gpu_(gpu.addRef()) {}
+  MadeOnGpu(MadeOnGpu&&) noexcept = default;
+  MadeOnGpu& operator=(MadeOnGpu&&) = delete;
+  MadeOnGpu(const MadeOnGpu&) = delete;
+  MadeOnGpu& operator=(const MadeOnGpu&) = delete;
+  ~MadeOnGpu() noexcept {
+    if (!made_) return;
+    if (&kj::getCurrentThreadExecutor() == gpu_.get()) {
+      made_.reset();
+      return;
+    }
+    gpu_->executeAsync([made = made_.release()] { delete made; })
+        .detach([](kj::Exception&& exception) {
+          KJ_LOG(ERROR, "state made on a GPU could not go back to it", exception);
+        });
+  }
+
+  // What was made, for the sender to keep (and to destroy on its GPU in time).
+  std::unique_ptr<T> take() { return std::move(made_); }
+
+private:
+  std::unique_ptr<T> made_;
+  kj::Own<const kj::Executor> gpu_;
+};
 
 // A tenant's weight or class changed: every GPU's scheduler learns it (GpuShard::refreshTenants).
 // `gpus` holds pointers to GpuShards (the daemon's Gpus).

@@ -38,11 +38,17 @@ ClientSession::ClientSession(SessionServices services, std::shared_ptr<ClientSta
 
 ClientSession::~ClientSession() noexcept {
   *alive_ = false;
-  // The ring first: nothing may execute a command of this client once teardown has begun, and
-  // what answers still come (from executors not yet destroyed on their GPUs) reach no session.
-  for (const std::shared_ptr<ClientChannel>& channel : channels_) {
-    if (services_.dataPlane != nullptr) services_.dataPlane->remove(*channel);
-    channel->detachExecutor();
+  // The rings first, each on its thread: nothing may execute a command of this client once
+  // teardown has begun, and what answers still come (from executors not yet destroyed on their
+  // GPUs) reach no session. Each ring's executor goes there too. These messages go before those
+  // below, so each GPU stops reading the ring before the executor it feeds goes.
+  for (std::uint32_t ring = 0; ring < channels_.size(); ++ring) {
+    tellRingThread(ring, [channel = channels_[ring],
+                          executor = std::move(ringExecutors_[ring])](DataPlane& loop) mutable {
+      loop.remove(*channel);
+      channel->detachExecutor();
+      executor.reset();
+    });
   }
   kj::Vector<kj::Promise<void>> drains;
   services_.sessions.erase(this);
@@ -114,22 +120,22 @@ kj::Promise<GpuClient*> ClientSession::openClientOnDevice(std::uint32_t ordinal)
     // Made on the GPU, by a message; a second call for the same device meanwhile waits for it.
     // Its record executor is made with it, there.
     auto opened =
-        onGpu(*services_.gpus[*device],
-              [stats = stats_, pinned = pinned_, alive = std::weak_ptr<const bool>(alive_),
-               session = static_cast<CommandsBeyondOneGpu*>(this),
-               sessionThread = kj::getCurrentThreadExecutor().addRef()](GpuShard& gpu) mutable {
-                std::unique_ptr<GpuClient> client = gpu.openClient(stats);
-                auto commands = std::make_unique<GpuCommandExecutor>(
-                    client.get(), *session, kj::mv(sessionThread), alive, stats, pinned);
-                return std::pair{std::move(client), std::move(commands)};
-              })
-            .then([this, device = *device](
-                      std::pair<std::unique_ptr<GpuClient>, std::unique_ptr<GpuCommandExecutor>>
-                          opened) {
-              commands_.emplace(device, std::move(opened.second));
-              clients_.emplace(device, std::move(opened.first));
-              bindRing(device);
-            });
+        onGpu(*services_.gpus[*device], [stats = stats_, pinned = pinned_,
+                                         alive = std::weak_ptr<const bool>(alive_),
+                                         session = static_cast<CommandsBeyondOneGpu*>(this),
+                                         sessionThread = kj::getCurrentThreadExecutor().addRef()](
+                                            GpuShard& gpu) mutable {
+          auto opened = std::make_unique<OpenedClient>();
+          opened->client = gpu.openClient(stats);
+          opened->commands = std::make_unique<GpuCommandExecutor>(
+              opened->client.get(), *session, kj::mv(sessionThread), alive, stats, pinned);
+          return MadeOnGpu<OpenedClient>(std::move(opened), gpu.executor());
+        }).then([this, device = *device](MadeOnGpu<OpenedClient> made) {
+          std::unique_ptr<OpenedClient> opened = made.take();
+          commands_.emplace(device, std::move(opened->commands));
+          clients_.emplace(device, std::move(opened->client));
+          bindRing(device);
+        });
     opening = opening_.emplace(*device, opened.fork()).first;
   }
   return opening->second.addBranch().then(

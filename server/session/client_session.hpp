@@ -19,6 +19,7 @@
 #include "server/session/pod_identity.hpp"
 #include "server/session/session_services.hpp"
 
+#include <kj/debug.h>
 #include <kj/vector.h>
 
 #include <map>
@@ -27,6 +28,8 @@
 #include <vector>
 
 namespace gpuproxy::server {
+
+class DataPlane;
 
 class ClientSession final : public protocol::Session::Server,
                             private CommandExecutor,
@@ -100,13 +103,15 @@ protected:
   kj::Promise<void> memImport(MemImportContext context) override;
 
 private:
-  class MessagePort;
+  class SubmitAnswers;
+  class SubmitPort;
   struct SubmitBatch;
-  // The executor of one ring pair, on the thread that reads the ring: what the client wrote into
-  // the ring of one device goes to that GPU's executor, bound once the client's state there is
-  // made (until then the client has no handle there, and the ring's own executor without a GPU
-  // answers), so a ring's records never look at the session's tables, and what the ring tells the
-  // session (its framing broke) goes to the session's thread by a message.
+  // The executor of one ring pair, on the thread that reads the ring (its GPU's): what the client
+  // wrote into the ring of one device goes to that GPU's executor, bound on that thread once the
+  // client's state there is made (until then the client has no handle there, and the ring's own
+  // executor without a GPU answers), so a ring's records never look at the session's tables, and
+  // what the ring tells the session (its framing broke) goes to the session's thread by a message.
+  // Made on the session's thread; used and destroyed on the ring's.
   class RingOfDevice final : public CommandExecutor {
   public:
     explicit RingOfDevice(ClientSession& session);
@@ -129,8 +134,25 @@ private:
     GpuCommandExecutor noGpu_;
     GpuCommandExecutor* executor_ = nullptr;
   };
-  // Binds the ring of daemon device `device`, if the client has one, to the device's executor.
+  // Where ring pair `ring` is served: the data-plane loop on its GPU's thread, and that thread; the
+  // session's own loop and thread for a ring of no GPU (a client that sees none).
+  struct RingHome {
+    DataPlane* loop;
+    const kj::Executor* thread;
+  };
+  RingHome ringHome(std::uint32_t ring) const;
+  // Runs `work(loop)` on the thread that serves ring `ring`, with that ring's loop, by a message
+  // nobody waits for (a failure is logged). Messages to one ring run in the order sent.
+  template <typename Work>
+  void tellRingThread(std::uint32_t ring, Work work);
+  // Binds the ring of daemon device `device`, if the client has one, to the device's executor
+  // (on the ring's thread).
   void bindRing(std::uint32_t device);
+  // The client's state on one GPU, made there together with its record executor.
+  struct OpenedClient {
+    std::unique_ptr<GpuClient> client;
+    std::unique_ptr<GpuCommandExecutor> commands;  // destroyed first: it borrows the client
+  };
   // A module image arriving in pieces, charged to the tenant until it is loaded or dropped.
   struct ModuleUpload {
     std::uint64_t context = 0;
@@ -167,19 +189,30 @@ private:
       capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context);
 
   // Session.submit's records, executed in order while the client is below its bound on queued
-  // work; the rest waits (afterThrottledRecheck) or, past kMaxSubmitsWaiting, fails.
+  // work; the rest waits (afterThrottledRecheck) or, past kMaxSubmitsWaiting, fails. Records for
+  // one GPU that follow each other go to it in one message and run there; the batch goes on once
+  // it has answered, so records of two GPUs keep the order the client gave them.
   kj::Promise<void> executeSubmitted(std::shared_ptr<SubmitBatch> batch);
+  // Decodes the batch's records ahead (up to a run's worth), counting the tokens they carry.
+  void decodeAhead(SubmitBatch& batch);
   protocol::ring::DecodedCommand nextSubmitted(SubmitBatch& batch);
   void refuseSubmitted(SubmitBatch& batch, CUresult result);
+  // The daemon device whose executor takes `command` (GpuCommandExecutor::deviceOf) when the
+  // client has state there; nullopt for the executor without a GPU.
+  std::optional<std::uint32_t> executingDevice(const protocol::ring::DecodedCommand& command) const;
   static constexpr unsigned kMaxSubmitsWaiting = 16;
   std::shared_ptr<unsigned> submitsWaiting_ = std::make_shared<unsigned>(0);
 
-  // CommandExecutor (server/session/command_execution.cpp): a record of a Session.submit batch,
-  // routed to the executor of the GPU its handle names (a ring's records go to their ring's GPU,
-  // RingOfDevice).
+  // CommandExecutor (server/session/command_execution.cpp): a record of a Session.submit batch that
+  // the session's thread executes: one that cannot be framed ends the connection; one that names
+  // no GPU of the client's is answered by the executor without one. (A record for a GPU goes to
+  // that GPU's thread, executeSubmitted; a ring's records go to their ring's GPU, RingOfDevice.)
   void execute(const protocol::ring::DecodedCommand& command, CommandPort& port) override;
-  // Executes what the client has published in every ring; whether a ring is left throttled.
-  bool pumpRings();
+  // Whether every ring's thread has executed all that the client published there so far.
+  bool ringsDrained() const;
+  // Has each ring that is not drained executed what the client published, on its thread;
+  // resolves to whether a ring is left throttled.
+  kj::Promise<bool> drainRings();
   bool readyForCommands() const override;
   void channelBroken(const std::string& reason) override;
   // Ends this client's connection: it broke the record format. Every ring stops reading first.
@@ -246,15 +279,16 @@ private:
   std::map<std::uint32_t, std::unique_ptr<GpuClient>> clients_;
   // GpuClients being made, by daemon device index: resolved once in clients_. A call that makes
   // one holds the session until it is answered, unless it may be cancelled: a control call that
-  // waited for a throttled ring (dispatchAfterRing) is cancelled when its client goes, and then
+  // waited for its rings (dispatchAfterRing) is cancelled when its client goes, and then
   // a GpuClient (and its executor) that arrives after the session is destroyed with the
-  // message's answer, on this thread. Right while every GPU is the event loop's; with a thread
-  // per GPU it must go back to its GPU by a message.
+  // message's answer, which sends it back to its GPU to be destroyed there (MadeOnGpu).
   std::map<std::uint32_t, kj::ForkedPromise<void>> opening_;
   std::vector<std::uint32_t> devicesUsed_;
   // The data plane, once the client asked for it: its segment, and a ring pair per visible
   // device, by the client's device ordinal (the stub writes each record into the ring of its
-  // context's device), each executed by that GPU's executor (RingOfDevice).
+  // context's device), each served by that GPU's thread and executed by that GPU's executor
+  // (RingOfDevice). The session touches a channel only by messages to its ring's thread, except
+  // for ClientChannel::drained(), which any thread may ask.
   std::shared_ptr<ClientSegment> segment_;
   std::vector<std::unique_ptr<RingOfDevice>> ringExecutors_;
   std::vector<std::shared_ptr<ClientChannel>> channels_;
@@ -291,6 +325,15 @@ private:
   GpuCommandExecutor noGpu_ = GpuCommandExecutor(
       nullptr, *this, kj::getCurrentThreadExecutor().addRef(), alive_, stats_, pinned_);
 };
+
+template <typename Work>
+void ClientSession::tellRingThread(std::uint32_t ring, Work work) {
+  const RingHome home = ringHome(ring);
+  home.thread->executeAsync([loop = home.loop, work = std::move(work)]() mutable { work(*loop); })
+      .detach([ring](kj::Exception&& exception) {
+        KJ_LOG(ERROR, "a message to a ring's thread failed", ring, exception);
+      });
+}
 
 template <typename Test>
 kj::Promise<GpuClient*> ClientSession::firstClientWhere(Test test) {

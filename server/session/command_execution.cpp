@@ -23,6 +23,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <system_error>
 #include <type_traits>
@@ -60,35 +63,65 @@ private:
 ClientSession::DispatchCallResult ClientSession::dispatchCall(
     std::uint64_t interfaceId, std::uint16_t methodId,
     capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
-  if (pumpRings() && services_.dataPlane != nullptr) {
-    // The client may go away while the call waits; its session must not outlive it for that.
-    context.allowCancellation();
-    return {dispatchAfterRing(interfaceId, methodId, context), false};
-  }
-  return protocol::Session::Server::dispatchCall(interfaceId, methodId, context);
+  // Nearly always so: each GPU's thread reads its rings within microseconds of a record, and a
+  // control call takes longer than that to arrive.
+  if (ringsDrained())
+    return protocol::Session::Server::dispatchCall(interfaceId, methodId, context);
+  // The client may go away while the call waits; its session must not outlive it for that.
+  context.allowCancellation();
+  return {dispatchAfterRing(interfaceId, methodId, context), false};
 }
 
 kj::Promise<void> ClientSession::dispatchAfterRing(
     std::uint64_t interfaceId, std::uint16_t methodId,
     capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) {
   std::weak_ptr<bool> alive = alive_;
-  return services_.dataPlane->afterThrottledRecheck().then(
-      [this, alive, interfaceId, methodId, context]() mutable -> kj::Promise<void> {
+  return drainRings().then(
+      [this, alive, interfaceId, methodId, context](bool throttled) mutable -> kj::Promise<void> {
         if (alive.expired() || !*alive.lock()) {
           return KJ_EXCEPTION(DISCONNECTED, "the session ended");
         }
-        if (pumpRings()) return dispatchAfterRing(interfaceId, methodId, context);
-        return protocol::Session::Server::dispatchCall(interfaceId, methodId, context).promise;
+        if (!throttled) {
+          return protocol::Session::Server::dispatchCall(interfaceId, methodId, context).promise;
+        }
+        // The client is at its bound on queued work and records still wait in a ring: look again
+        // shortly.
+        return services_.dataPlane->afterThrottledRecheck().then(
+            [this, alive, interfaceId, methodId, context]() mutable -> kj::Promise<void> {
+              if (alive.expired() || !*alive.lock()) {
+                return KJ_EXCEPTION(DISCONNECTED, "the session ended");
+              }
+              return dispatchAfterRing(interfaceId, methodId, context);
+            });
       });
 }
 
-bool ClientSession::pumpRings() {
-  bool throttled = false;
-  for (const std::shared_ptr<ClientChannel>& channel : channels_) {
-    channel->pumpAll();
-    throttled = throttled || channel->throttled();
+bool ClientSession::ringsDrained() const {
+  return std::all_of(
+      channels_.begin(), channels_.end(),
+      [](const std::shared_ptr<ClientChannel>& channel) { return channel->drained(); });
+}
+
+kj::Promise<bool> ClientSession::drainRings() {
+  kj::Vector<kj::Promise<bool>> throttled;
+  for (std::uint32_t ring = 0; ring < channels_.size(); ++ring) {
+    if (channels_[ring]->drained()) continue;
+    throttled.add(ringHome(ring).thread->executeAsync([channel = channels_[ring]] {
+      channel->pumpAll();
+      return channel->throttled();
+    }));
   }
-  return throttled;
+  return kj::joinPromises(throttled.releaseAsArray()).then([](kj::Array<bool> throttled) {
+    return std::find(throttled.begin(), throttled.end(), true) != throttled.end();
+  });
+}
+
+ClientSession::RingHome ClientSession::ringHome(std::uint32_t ring) const {
+  if (const std::optional<std::uint32_t> device = deviceForOrdinal(ring);
+      device && *device < services_.gpuDataPlanes.size()) {
+    return {services_.gpuDataPlanes[*device], &services_.gpus[*device]->executor()};
+  }
+  return {services_.dataPlane, &kj::getCurrentThreadExecutor()};
 }
 
 kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
@@ -98,7 +131,7 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setResult(CUDA_ERROR_ALREADY_MAPPED);
     return kj::READY_NOW;
   }
-  if (services_.dataPlane == nullptr) {
+  if (services_.dataPlane == nullptr || services_.gpuDataPlanes.size() != services_.gpus.size()) {
     results.setResult(CUDA_ERROR_NOT_SUPPORTED);
     return kj::READY_NOW;
   }
@@ -144,12 +177,22 @@ kj::Promise<void> ClientSession::openDataPlane(OpenDataPlaneContext context) {
     results.setSegment(sharedFileOf(segment->fd()));
     results.setSegmentBytes(segment->bytes());
     results.setPinnedHeapBytes(segment->pinnedHeap().size());
-    for (const std::shared_ptr<ClientChannel>& channel : channels) {
-      services_.dataPlane->add(*channel);
-    }
     segment_ = std::move(segment);
     ringExecutors_ = std::move(executors);
     channels_ = std::move(channels);
+    // Each ring is served from here on by its GPU's loop, on that GPU's thread. Whatever the client
+    // does next reaches that thread after this (a control call's drain, the teardown): messages
+    // from one thread to another run in the order sent.
+    for (std::uint32_t ring = 0; ring < channels_.size(); ++ring) {
+      tellRingThread(ring, [channel = channels_[ring],
+                            executor = ringExecutors_[ring].get()](DataPlane& loop) {
+        try {
+          loop.add(*channel);
+        } catch (const std::exception& error) {
+          executor->channelBroken(std::string("its ring cannot be served: ") + error.what());
+        }
+      });
+    }
     for (const auto& [device, executor] : commands_) bindRing(device);
     results.setResult(CUDA_SUCCESS);
   } catch (const std::exception& error) {
@@ -178,7 +221,10 @@ void ClientSession::bindRing(std::uint32_t device) {
   const std::optional<std::uint32_t> ordinal = ordinalOf(device);
   auto executor = commands_.find(device);
   if (!ordinal || *ordinal >= ringExecutors_.size() || executor == commands_.end()) return;
-  ringExecutors_[*ordinal]->bind(*executor->second);
+  // Both live until the teardown's messages, which follow this one to the same thread.
+  tellRingThread(*ordinal,
+                 [ring = ringExecutors_[*ordinal].get(),
+                  commands = executor->second.get()](DataPlane&) { ring->bind(*commands); });
 }
 
 bool ClientSession::readyForCommands() const {
@@ -186,8 +232,12 @@ bool ClientSession::readyForCommands() const {
 }
 
 void ClientSession::evict(const std::string& reason) {
-  // Every ring's channel stops reading first (each then calls channelBroken, which says it once).
-  for (const std::shared_ptr<ClientChannel>& channel : channels_) channel->markBroken(reason);
+  // Every ring's channel stops reading, on its thread (each then tells channelBroken, which says it
+  // once).
+  for (std::uint32_t ring = 0; ring < channels_.size(); ++ring) {
+    tellRingThread(
+        ring, [channel = channels_[ring], reason](DataPlane&) { channel->markBroken(reason); });
+  }
   channelBroken(reason);
 }
 
@@ -199,28 +249,108 @@ void ClientSession::channelBroken(const std::string& reason) {
   services_.connections.endConnection(connectionId_);
 }
 
-// The CommandPort of one Session.submit call: host bytes of HostRegion::kMessage are the call's
-// payload buffer (the staging area and pinned heap, when a record names them, are the session's
-// segment's), and answers are collected for the call's result until every completion token in
-// the call has been answered. What comes after that (the failure of a copy nobody waits for, a
-// staging range to give back) goes to the completion ring of the session's first ring pair (the
-// stub reads every one), or nowhere without a data plane.
-class ClientSession::MessagePort final : public CommandPort {
+// The answers of one Session.submit call, collected for the call's result until every completion
+// token in it has been answered, and its host buffer: HostRegion::kMessage is the call's payload
+// (the staging area and pinned heap, when a record names them, are the session's segment's).
+// Its records run on the threads of their GPUs, whose answers may come at once or later from
+// their work: hence the lock, and a cross-thread fulfiller to tell the session's thread. What
+// comes after the call is answered goes to the completion ring of the answering GPU's ring pair
+// (SubmitPort), or nowhere without a data plane.
+class ClientSession::SubmitAnswers {
 public:
-  MessagePort(std::vector<std::byte> payload, std::shared_ptr<const ClientSegment> segment,
-              std::shared_ptr<ClientChannel> channel)
-      : payload_(std::move(payload)), segment_(std::move(segment)), channel_(std::move(channel)) {}
-  // kj::Own is declared noexcept(false); dropping an unfulfilled fulfiller only rejects the call.
-  ~MessagePort() noexcept override {}
-  MessagePort(const MessagePort&) = delete;
-  MessagePort& operator=(const MessagePort&) = delete;
+  explicit SubmitAnswers(std::vector<std::byte> payload)
+      : payload_(std::move(payload)),
+        whenAnswered_(kj::newPromiseAndCrossThreadFulfiller<void>()) {}
+
+  // The payload never changes size, so its bytes need no lock (the GPU work that writes them
+  // keeps them alive through its port's keepAlive()).
+  std::span<std::byte> payloadBytes() { return {payload_.data(), payload_.size()}; }
+  kj::ArrayPtr<const capnp::byte> payload() const {
+    return kj::arrayPtr(reinterpret_cast<const capnp::byte*>(payload_.data()), payload_.size());
+  }
+
+  // A record about to be executed carries `token` (0: none). On the session's thread, before the
+  // record goes to its executor.
+  void expect(std::uint64_t token) {
+    if (token == 0) return;
+    const std::lock_guard lock(mutex_);
+    ++pendingTokens_;
+  }
+
+  // Appends `answer` to the call's result and says true, or says false once the call has been
+  // answered (the answer goes elsewhere then).
+  template <typename Answer>
+  bool append(const Answer& answer, bool completesToken) {
+    const std::lock_guard lock(mutex_);
+    if (answered_) return false;
+    std::array<std::byte, ring::kMaxCompletionRecordBytes> record{};
+    const std::size_t bytes = ring::encode(answer, record);
+    completions_.insert(completions_.end(), record.begin(), record.begin() + bytes);
+    if (completesToken && pendingTokens_ > 0) --pendingTokens_;
+    answerIfDone();
+    return true;
+  }
+
+  // Resolves once every expected token has been answered. On the session's thread, once every
+  // record of the batch has been executed.
+  kj::Promise<void> whenAnswered() {
+    {
+      const std::lock_guard lock(mutex_);
+      executed_ = true;
+      answerIfDone();
+    }
+    return kj::mv(whenAnswered_.promise);
+  }
+
+  // Once the call is answered, the answers it holds.
+  kj::ArrayPtr<const capnp::byte> completions() const {
+    return kj::arrayPtr(reinterpret_cast<const capnp::byte*>(completions_.data()),
+                        completions_.size());
+  }
+
+private:
+  void answerIfDone() {
+    if (!executed_ || pendingTokens_ > 0 || answered_) return;
+    answered_ = true;
+    whenAnswered_.fulfiller->fulfill();
+  }
+
+  std::vector<std::byte> payload_;
+  std::mutex mutex_;
+  std::vector<std::byte> completions_;
+  std::uint64_t pendingTokens_ = 0;
+  bool executed_ = false;
+  bool answered_ = false;
+  kj::PromiseCrossThreadFulfillerPair<void> whenAnswered_;
+};
+
+// The CommandPort of one Session.submit call on one thread: that of a GPU its records run on, or
+// the session's, for records that name no GPU. Host bytes are the call's and the segment's; what
+// comes after the call has been answered (the failure of a copy nobody waits for), and every
+// staging range to give back, goes to `channel`: the completion ring of that GPU's ring pair,
+// served on that same thread, or (on the session's thread, with `channelThread`) ring 0's, by a
+// message to its thread.
+class ClientSession::SubmitPort final : public CommandPort {
+public:
+  SubmitPort(std::shared_ptr<SubmitAnswers> answers, std::shared_ptr<const ClientSegment> segment,
+             std::shared_ptr<ClientChannel> channel, const kj::Executor* channelThread)
+      : answers_(std::move(answers)),
+        segment_(std::move(segment)),
+        channel_(std::move(channel)),
+        channelThread_(channelThread != nullptr ? channelThread->addRef()
+                                                : kj::Own<const kj::Executor>()) {}
+  // kj::Own is declared noexcept(false); dropping a reference does not throw.
+  ~SubmitPort() noexcept override {}
+  SubmitPort(const SubmitPort&) = delete;
+  SubmitPort& operator=(const SubmitPort&) = delete;
 
   std::span<std::byte> hostBytes(const ring::HostLocation& location, std::uint64_t bytes) override {
     if (location.region == ring::HostRegion::kMessage) {
-      if (location.offset > payload_.size() || bytes > payload_.size() - location.offset) {
+      const std::span<std::byte> payload = answers_->payloadBytes();
+      if (location.offset > payload.size() || bytes > payload.size() - location.offset) {
         throw std::logic_error("host range outside the call's payload reached the executor");
       }
-      return {payload_.data() + location.offset, static_cast<std::size_t>(bytes)};
+      return payload.subspan(location.offset, static_cast<std::size_t>(bytes));
     }
     // Without a segment the decoder gave both regions no bytes.
     if (!segment_) return {};
@@ -230,93 +360,68 @@ public:
   std::shared_ptr<const void> keepAlive() override { return shared_from_this(); }
 
   void postCompletion(std::uint64_t token, CUresult result) override {
-    if (answered_) {
-      if (channel_) channel_->postCompletion(token, result);
-      return;
+    if (!answers_->append(ring::Completion{token, result}, true)) {
+      toChannel([token, result](ClientChannel& channel) { channel.postCompletion(token, result); });
     }
-    append(ring::Completion{token, result});
-    if (pendingTokens_ > 0) --pendingTokens_;
-    answerIfDone();
   }
-
   void postAsyncError(const ring::AsyncError& error) override {
-    if (!answered_) {
-      append(error);
-    } else if (channel_) {
-      channel_->postAsyncError(error);
+    if (!answers_->append(error, false)) {
+      toChannel([error](ClientChannel& channel) { channel.postAsyncError(error); });
     }
   }
-
   void postStagingRelease(std::uint64_t offset, std::uint64_t bytes) override {
-    if (channel_) channel_->postStagingRelease(offset, bytes);
+    toChannel(
+        [offset, bytes](ClientChannel& channel) { channel.postStagingRelease(offset, bytes); });
   }
-
   void postDeviceOutput(std::uint64_t bytes) override {
-    if (!answered_) {
-      append(ring::DeviceOutput{bytes});
-    } else if (channel_) {
-      channel_->postDeviceOutput(bytes);
+    if (!answers_->append(ring::DeviceOutput{bytes}, false)) {
+      toChannel([bytes](ClientChannel& channel) { channel.postDeviceOutput(bytes); });
     }
-  }
-
-  // A command about to be executed carries `token` (0: none).
-  void expect(std::uint64_t token) {
-    if (token != 0) ++pendingTokens_;
-  }
-
-  // Resolves once every expected token has been answered. Call after the whole batch was
-  // executed.
-  kj::Promise<void> whenAnswered() {
-    executed_ = true;
-    if (pendingTokens_ == 0) {
-      answered_ = true;
-      return kj::READY_NOW;
-    }
-    auto paf = kj::newPromiseAndFulfiller<void>();
-    fulfiller_ = kj::mv(paf.fulfiller);
-    return kj::mv(paf.promise);
-  }
-
-  kj::ArrayPtr<const capnp::byte> completions() const {
-    return kj::arrayPtr(reinterpret_cast<const capnp::byte*>(completions_.data()),
-                        completions_.size());
-  }
-  kj::ArrayPtr<const capnp::byte> payload() const {
-    return kj::arrayPtr(reinterpret_cast<const capnp::byte*>(payload_.data()), payload_.size());
   }
 
 private:
-  template <typename Answer>
-  void append(const Answer& answer) {
-    std::array<std::byte, ring::kMaxCompletionRecordBytes> record{};
-    const std::size_t bytes = ring::encode(answer, record);
-    completions_.insert(completions_.end(), record.begin(), record.begin() + bytes);
+  template <typename Post>
+  void toChannel(Post post) {
+    if (!channel_) return;
+    if (channelThread_.get() == nullptr) {
+      post(*channel_);
+      return;
+    }
+    channelThread_->executeAsync([channel = channel_, post]() { post(*channel); })
+        .detach([](kj::Exception&& exception) {
+          KJ_LOG(ERROR, "an answer could not reach its ring", exception);
+        });
   }
 
-  void answerIfDone() {
-    if (!executed_ || pendingTokens_ > 0 || answered_) return;
-    answered_ = true;
-    if (fulfiller_) fulfiller_->fulfill();
-  }
-
-  std::vector<std::byte> payload_;
+  std::shared_ptr<SubmitAnswers> answers_;
   std::shared_ptr<const ClientSegment> segment_;
   std::shared_ptr<ClientChannel> channel_;
-  std::vector<std::byte> completions_;
-  std::uint64_t pendingTokens_ = 0;
-  bool executed_ = false;
-  bool answered_ = false;
-  kj::Own<kj::PromiseFulfiller<void>> fulfiller_;
+  kj::Own<const kj::Executor> channelThread_;  // null: channel_ is served on this port's thread
 };
 
-// What one Session.submit call still has to execute. `rest` points into the call's message,
-// which lives as long as the call.
+// What one Session.submit call still has to execute: records decoded ahead (their tokens
+// expected), then the rest of the call's message, which lives as long as the call.
 struct ClientSession::SubmitBatch {
-  std::shared_ptr<MessagePort> port;
+  std::shared_ptr<SubmitAnswers> answers;
+  std::shared_ptr<SubmitPort> sessionPort;                     // records of no GPU
+  std::map<std::uint32_t, std::shared_ptr<SubmitPort>> ports;  // by daemon device
   ring::SegmentLimits limits;
+  std::deque<ring::DecodedCommand> ahead;
   std::span<const std::byte> rest;
   bool payloadWritten = false;
 };
+
+namespace {
+
+// Records decoded ahead of their execution, and so sent to a GPU in one message at most.
+constexpr std::size_t kSubmitRunRecords = 256;
+
+bool breaksFraming(const ring::DecodedCommand& command) {
+  const auto* error = std::get_if<ring::DecodeError>(&command);
+  return error != nullptr && error->disconnect;
+}
+
+}  // namespace
 
 kj::Promise<void> ClientSession::submit(SubmitContext context) {
   auto params = context.getParams();
@@ -334,24 +439,33 @@ kj::Promise<void> ClientSession::submit(SubmitContext context) {
   // meanwhile must not keep its session, and so its work, alive.
   context.allowCancellation();
   auto batch = std::make_shared<SubmitBatch>();
-  batch->port = std::make_shared<MessagePort>(std::move(buffer), segment_,
-                                              channels_.empty() ? nullptr : channels_.front());
+  batch->answers = std::make_shared<SubmitAnswers>(std::move(buffer));
+  batch->sessionPort = std::make_shared<SubmitPort>(
+      batch->answers, segment_, channels_.empty() ? nullptr : channels_.front(),
+      channels_.empty() ? nullptr : ringHome(0).thread);
   batch->limits = segment_ ? segment_->limits() : ring::SegmentLimits{};
   batch->limits.messageBytes = payloadBytes;
   const capnp::Data::Reader commands = params.getCommands();
   batch->rest = std::span<const std::byte>(reinterpret_cast<const std::byte*>(commands.begin()),
                                            commands.size());
   return executeSubmitted(batch)
-      .then([batch]() { return batch->port->whenAnswered(); })
+      .then([batch]() { return batch->answers->whenAnswered(); })
       .then([context, batch]() mutable {
         auto results = context.getResults();
-        results.setCompletions(batch->port->completions());
-        if (batch->payloadWritten) results.setPayload(batch->port->payload());
+        results.setCompletions(batch->answers->completions());
+        if (batch->payloadWritten) results.setPayload(batch->answers->payload());
       });
 }
 
 kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> batch) {
-  while (!batch->rest.empty()) {
+  std::weak_ptr<bool> alive = alive_;
+  auto goOn = [this, alive, batch]() mutable -> kj::Promise<void> {
+    if (alive.expired() || !*alive.lock()) {
+      return KJ_EXCEPTION(DISCONNECTED, "the session ended");
+    }
+    return executeSubmitted(batch);
+  };
+  while (!batch->ahead.empty() || !batch->rest.empty()) {
     if (!readyForCommands() && services_.dataPlane != nullptr) {
       // The client is at its bound on queued work: the call waits, as a ring's writer does when
       // its ring is full. Calls waiting that way hold their messages in the daemon, so only a
@@ -362,28 +476,75 @@ kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> b
       }
       // Counted until the call goes on or is cancelled (its client went away meanwhile).
       auto waiting = std::make_shared<WaitingCall>(submitsWaiting_);
-      std::weak_ptr<bool> alive = alive_;
       return services_.dataPlane->afterThrottledRecheck().then(
-          [this, alive, batch, waiting]() mutable -> kj::Promise<void> {
+          [goOn = kj::mv(goOn), waiting]() mutable {
             waiting.reset();
-            if (alive.expired() || !*alive.lock()) {
-              return KJ_EXCEPTION(DISCONNECTED, "the session ended");
-            }
-            return executeSubmitted(batch);
+            return goOn();
           });
     }
-    const ring::DecodedCommand decoded = nextSubmitted(*batch);
-    if (const auto* copy = std::get_if<ring::CopyDeviceToHost>(&decoded)) {
-      batch->payloadWritten =
-          batch->payloadWritten || copy->destination.region == ring::HostRegion::kMessage;
+    decodeAhead(*batch);
+    const std::optional<std::uint32_t> device = executingDevice(batch->ahead.front());
+    if (!device) {
+      // A framing error (which ends the connection) or a record of no GPU: here.
+      const bool framing = breaksFraming(batch->ahead.front());
+      execute(batch->ahead.front(), *batch->sessionPort);
+      batch->ahead.pop_front();
+      if (framing) return kj::READY_NOW;
+      continue;
     }
-    batch->port->expect(completionTokenOf(decoded));
-    execute(decoded, *batch->port);
-    if (const auto* error = std::get_if<ring::DecodeError>(&decoded); error && error->disconnect) {
-      break;
+    // The records ahead for this GPU, in one message; it executes them while the client stays
+    // below its bound, and gives back the rest.
+    std::vector<ring::DecodedCommand> run;
+    while (!batch->ahead.empty() && executingDevice(batch->ahead.front()) == device) {
+      run.push_back(std::move(batch->ahead.front()));
+      batch->ahead.pop_front();
     }
+    auto& port = batch->ports[*device];
+    if (!port) {
+      const std::optional<std::uint32_t> ordinal = ordinalOf(*device);
+      port = std::make_shared<SubmitPort>(
+          batch->answers, segment_,
+          ordinal && *ordinal < channels_.size() ? channels_[*ordinal] : nullptr, nullptr);
+    }
+    return onGpu(*clients_.at(*device),
+                 [executor = commands_.at(*device).get(), port, stats = stats_,
+                  run = std::move(run)](GpuClient&) mutable {
+                   std::size_t executed = 0;
+                   while (executed < run.size() && (executed == 0 || !stats->queueFull())) {
+                     executor->execute(run[executed], *port);
+                     ++executed;
+                   }
+                   run.erase(run.begin(), run.begin() + static_cast<std::ptrdiff_t>(executed));
+                   return std::move(run);
+                 })
+        .then([batch, goOn = kj::mv(goOn)](std::vector<ring::DecodedCommand> left) mutable {
+          batch->ahead.insert(batch->ahead.begin(), std::make_move_iterator(left.begin()),
+                              std::make_move_iterator(left.end()));
+          return goOn();
+        });
   }
   return kj::READY_NOW;
+}
+
+void ClientSession::decodeAhead(SubmitBatch& batch) {
+  while (batch.ahead.size() < kSubmitRunRecords && !batch.rest.empty() &&
+         (batch.ahead.empty() || !breaksFraming(batch.ahead.back()))) {
+    ring::DecodedCommand decoded = nextSubmitted(batch);
+    if (const auto* copy = std::get_if<ring::CopyDeviceToHost>(&decoded)) {
+      batch.payloadWritten =
+          batch.payloadWritten || copy->destination.region == ring::HostRegion::kMessage;
+    }
+    batch.answers->expect(completionTokenOf(decoded));
+    batch.ahead.push_back(std::move(decoded));
+  }
+}
+
+std::optional<std::uint32_t> ClientSession::executingDevice(
+    const ring::DecodedCommand& command) const {
+  if (breaksFraming(command)) return std::nullopt;
+  const std::optional<std::uint32_t> device = GpuCommandExecutor::deviceOf(command);
+  if (!device || commands_.count(*device) == 0) return std::nullopt;
+  return device;
 }
 
 ring::DecodedCommand ClientSession::nextSubmitted(SubmitBatch& batch) {
@@ -401,33 +562,36 @@ ring::DecodedCommand ClientSession::nextSubmitted(SubmitBatch& batch) {
 }
 
 void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
+  // Those decoded ahead have had their tokens counted already.
+  for (; !batch.ahead.empty(); batch.ahead.pop_front()) {
+    if (std::holds_alternative<ring::DecodeError>(batch.ahead.front())) {
+      // Answered by the decoder's rules; one of framing ends the session as ever.
+      execute(batch.ahead.front(), *batch.sessionPort);
+      continue;
+    }
+    failCommand(*batch.sessionPort, result, batch.ahead.front());
+  }
   while (!batch.rest.empty()) {
     const ring::DecodedCommand decoded = nextSubmitted(batch);
     if (std::holds_alternative<ring::DecodeError>(decoded)) {
-      execute(decoded, *batch.port);  // framing errors end the session as ever
+      execute(decoded, *batch.sessionPort);  // framing errors end the session as ever
       continue;
     }
-    batch.port->expect(completionTokenOf(decoded));
-    failCommand(*batch.port, result, decoded);
+    batch.answers->expect(completionTokenOf(decoded));
+    failCommand(*batch.sessionPort, result, decoded);
   }
 }
 
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
   // A record of a Session.submit batch that cannot be framed: the batch is framed here, so the
   // connection ends here (a ring's channel does the same for its records).
-  if (const auto* error = std::get_if<ring::DecodeError>(&command); error && error->disconnect) {
-    evict(std::string(ring::describe(error->failure)));
+  if (breaksFraming(command)) {
+    evict(std::string(ring::describe(std::get<ring::DecodeError>(command).failure)));
     return;
   }
-  // To the executor of the GPU its handle names; one naming no GPU the client uses (a decode error
-  // too) to the executor without one, which answers as the driver answers a bad handle.
-  GpuCommandExecutor* executor = &noGpu_;
-  if (const std::optional<std::uint32_t> device = GpuCommandExecutor::deviceOf(command)) {
-    if (auto found = commands_.find(*device); found != commands_.end()) {
-      executor = found->second.get();
-    }
-  }
-  executor->execute(command, port);
+  // One naming no GPU the client uses (a decode error too): the executor without one answers it
+  // as the driver answers a bad handle.
+  noGpu_.execute(command, port);
 }
 
 void ClientSession::letGoElsewhere(const ring::LetGoAfterEvent& letGo) {

@@ -42,12 +42,6 @@ kj::Promise<void> unregisterFromAll(const std::vector<GpuShard*>& gpus, void* ho
   return kj::joinPromises(unregistered.releaseAsArray());
 }
 
-std::vector<GpuShard*> allGpus(const Gpus& all) {
-  std::vector<GpuShard*> gpus;
-  for (const auto& gpu : all) gpus.push_back(gpu.get());
-  return gpus;
-}
-
 }  // namespace
 
 bool ClientSession::chargePinned(std::uint64_t bytes) {
@@ -82,7 +76,7 @@ kj::Promise<CUresult> ClientSession::registerPinnedRange(std::uint64_t offset,
 kj::Promise<CUresult> ClientSession::pinForEveryGpu(void* host, std::uint64_t bytes,
                                                     std::shared_ptr<const void> keepAlive,
                                                     kj::Function<void(bool)> settled) {
-  std::vector<GpuShard*> gpus = allGpus(services_.gpus);
+  std::vector<GpuShard*> gpus = services_.gpus;
   kj::Vector<kj::Promise<CUresult>> registrations;
   for (GpuShard* gpu : gpus) {
     registrations.add(onGpu(*gpu, [host, bytes, owner = stats_->addressSpace](GpuShard& gpu) {
@@ -126,7 +120,7 @@ kj::Promise<CUresult> ClientSession::pinForEveryGpu(void* host, std::uint64_t by
 kj::Promise<void> ClientSession::unpinFromEveryGpu(void* host, std::uint64_t bytes,
                                                    std::shared_ptr<const void> keepAlive) {
   auto released = kj::newPromiseAndFulfiller<void>();
-  services_.reaper.add(unregisterFromAll(allGpus(services_.gpus), host)
+  services_.reaper.add(unregisterFromAll(services_.gpus, host)
                            .then([bytes, stats = stats_, keepAlive = std::move(keepAlive),
                                   fulfiller = kj::mv(released.fulfiller)]() mutable {
                              stats->tenant->creditPinned(bytes);
@@ -305,7 +299,7 @@ void ClientSession::releasePinnedAtTeardown(kj::Promise<void> drained) {
   std::uint64_t total = 0;
   for (const Held& range : held) total += range.bytes;
   services_.reaper.add(drained.then(
-      [gpus = allGpus(services_.gpus), held = std::move(held), total, stats = stats_]() mutable {
+      [gpus = services_.gpus, held = std::move(held), total, stats = stats_]() mutable {
         kj::Vector<kj::Promise<void>> unregistered;
         for (const Held& range : held) unregistered.add(unregisterFromAll(gpus, range.host));
         return kj::joinPromises(unregistered.releaseAsArray())

@@ -27,8 +27,10 @@ struct DaemonFacts {
   std::chrono::steady_clock::time_point startedAt = std::chrono::steady_clock::now();
 };
 
-// The GPUs, by daemon device index. Each session opens its per-GPU state on them.
-using Gpus = std::vector<std::unique_ptr<GpuShard>>;
+// The GPUs, by daemon device index, borrowed: each shard is owned by the thread that serves it
+// (GpuThread, in the daemon), and reached only by messages (server/gpu/gpu_messages.hpp). Each
+// session opens its per-GPU state on them.
+using Gpus = std::vector<GpuShard*>;
 
 struct SessionServices {
   const DaemonFacts& facts;
@@ -41,8 +43,14 @@ struct SessionServices {
   // Finishes what must outlive a session or a request: a session's drain-then-free, pinned
   // ranges released after their client went away.
   kj::TaskSet& reaper;
-  // Serves every session's command ring; null where sessions run without rings (tests).
+  // The loop of the sessions' own thread: watches client processes (DataPlane::whenReadable),
+  // times the rechecks of a client at its bound on queued work, and serves the ring of a client
+  // that sees no GPU. Null where sessions run without rings (tests).
   DataPlane* dataPlane = nullptr;
+  // By daemon device index, the data-plane loop on each GPU's thread (GpuThread), which serves
+  // that GPU's ring of every client; each is touched only by a message to its GPU. Empty where
+  // sessions run without rings.
+  std::vector<DataPlane*> gpuDataPlanes = {};
 };
 
 }  // namespace gpuproxy::server

@@ -511,8 +511,9 @@ struct Daemon {
     for (std::uint32_t index = 0; index < kGpus; ++index) {
       auto device = backend->openDevice(static_cast<int>(index));
       require(device.ok(), "cannot open a sim device");
-      gpus.push_back(
+      shards.push_back(
           std::make_unique<GpuShard>(index, std::move(device).value(), io.provider->getTimer()));
+      gpus.push_back(shards.back().get());
     }
     // The daemon's tenants without a tenants file: the unlimited default tenant.
     // (The socket is never opened: sessions are attached here, not through it.)
@@ -561,6 +562,9 @@ struct Daemon {
   ReaperErrors reaperErrors;
   kj::TaskSet reaper{reaperErrors};
   DaemonFacts facts;
+  // Every GPU on this thread (a message to one is a later turn of this loop), so that an input
+  // runs the same way every time.
+  std::vector<std::unique_ptr<GpuShard>> shards;
   Gpus gpus;
   std::set<ClientSession*> sessions;
   TenantRegistry tenants;

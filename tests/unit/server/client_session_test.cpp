@@ -4,8 +4,8 @@
 // owner-thread check throws if it does, and TSan would see the race). Sessions are attached here
 // as TenantSockets attaches them, without a data plane.
 #include "server/session/client_session.hpp"
+#include "server/daemon/gpu_thread.hpp"
 
-#include "gpu_on_its_own_thread.hpp"
 #include "protocol/limits.hpp"
 #include "server/backend/sim/sim_backend.hpp"
 #include "server/gpu/gpu_messages.hpp"
@@ -37,14 +37,11 @@ protected:
   ClientSessionTest() {
     facts_.backendName = "sim";
     facts_.schedulerName = "fair";
-    for (auto& gpu : threads_) gpus_.emplace_back(&gpu->shard());
+    for (auto& gpu : threads_) gpus_.push_back(&gpu->shard());
   }
 
   // kj's Own and Promise destructors may throw; gtest's fixture destructor may not.
-  ~ClientSessionTest() noexcept override {
-    // The shards are their threads' to destroy.
-    for (auto& gpu : gpus_) static_cast<void>(gpu.release());
-  }
+  ~ClientSessionTest() noexcept override {}
 
   protocol::Session::Client attach() {
     const ipc::PeerCredentials peer{::getpid(), ::getuid(), ::getgid()};
@@ -80,10 +77,10 @@ protected:
       std::make_unique<kj::AsyncIoContext>(kj::setupAsyncIo());
   std::unique_ptr<backend::Backend> backend_ =
       sim::newSimBackend(sim::SimOptions{2, kDeviceMemory});
-  std::vector<std::unique_ptr<GpuOnItsOwnThread>> threads_ = [this] {
-    std::vector<std::unique_ptr<GpuOnItsOwnThread>> threads;
-    threads.push_back(std::make_unique<GpuOnItsOwnThread>(*backend_, 0));
-    threads.push_back(std::make_unique<GpuOnItsOwnThread>(*backend_, 1));
+  std::vector<std::unique_ptr<GpuThread>> threads_ = [this] {
+    std::vector<std::unique_ptr<GpuThread>> threads;
+    threads.push_back(GpuThread::start(*backend_, 0).value());
+    threads.push_back(GpuThread::start(*backend_, 1).value());
     return threads;
   }();
   Gpus gpus_;

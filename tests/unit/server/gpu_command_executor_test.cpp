@@ -1,11 +1,11 @@
 // The executor of a client's command records on one GPU, with each of two GPUs served by a thread
-// of its own (GpuOnItsOwnThread), as each GPU will be: records are handed to an executor by message
-// and it acts, and answers later, on its GPU's thread only (the GPU's owner-thread checks throw
-// otherwise). A stream's wait for the other GPU's event is its two halves, one on each GPU's
+// of its own (GpuThread), as each GPU is in the daemon: records are handed to an executor by
+// message and it acts, and answers later, on its GPU's thread only (the GPU's owner-thread checks
+// throw otherwise). A stream's wait for the other GPU's event is its two halves, one on each GPU's
 // thread, joined by a message, as ClientSession joins them.
 #include "server/session/gpu_command_executor.hpp"
+#include "server/daemon/gpu_thread.hpp"
 
-#include "gpu_on_its_own_thread.hpp"
 #include "protocol/limits.hpp"
 #include "server/backend/sim/sim_backend.hpp"
 #include "server/gpu/gpu_messages.hpp"
@@ -94,9 +94,9 @@ struct ClientOnGpu {
   ClientOnGpu(backend::Backend& backend, std::uint32_t index, std::shared_ptr<ClientStats> stats,
               StandInSession& session, std::shared_ptr<const LivePinnedAllocations> pinned,
               kj::WaitScope& scope)
-      : gpu(backend, index) {
+      : gpu(GpuThread::start(backend, index).value()) {
     client =
-        onGpu(gpu.shard(), [stats](GpuShard& gpu) { return gpu.openClient(stats); }).wait(scope);
+        onGpu(gpu->shard(), [stats](GpuShard& gpu) { return gpu.openClient(stats); }).wait(scope);
     context = onGpu(*client, [](GpuClient& client) { return client.createContext(0); })
                   .wait(scope)
                   .value();
@@ -128,7 +128,7 @@ struct ClientOnGpu {
     }).wait(scope);
   }
 
-  GpuOnItsOwnThread gpu;
+  std::unique_ptr<GpuThread> gpu;
   std::unique_ptr<GpuClient> client;
   Handle context = 0;
   CUdeviceptr pointer = 0;
@@ -222,7 +222,7 @@ TEST_F(GpuCommandExecutorTest, RecordsActAndAnswerOnTheGpusOwnThread) {
     ASSERT_EQ(port_->staging()[i], std::byte{0x5a}) << "byte " << i;
   }
   EXPECT_TRUE(port_->asyncErrors().empty());
-  for (std::thread::id thread : port_->postedOn()) EXPECT_EQ(thread, gpu(0).gpu.threadId());
+  for (std::thread::id thread : port_->postedOn()) EXPECT_EQ(thread, gpu(0).gpu->threadId());
 }
 
 TEST_F(GpuCommandExecutorTest, AHandleOfAnotherGpuIsAnUnknownHandleHere) {

@@ -1,11 +1,11 @@
 // A GPU reached only by message (server/gpu/gpu_messages.hpp), as a session reaches it: here the
-// GpuShard lives on a thread of its own, with its own event loop, as every GPU will once each has
-// a shard thread, so that a call that touched the GPU's state from the caller's thread would trip
+// GpuShard lives on a thread of its own (GpuThread), with its own event loop, as every GPU does in
+// the daemon, so that a call that touched the GPU's state from the caller's thread would trip
 // the owner-thread check (or, under TSan, race).
 #include "server/gpu/gpu_messages.hpp"
 
-#include "gpu_on_its_own_thread.hpp"
 #include "server/backend/sim/sim_backend.hpp"
+#include "server/daemon/gpu_thread.hpp"
 #include "server/gpu/gpu_client.hpp"
 #include "server/gpu/gpu_shard.hpp"
 #include "server/tenant/tenant.hpp"
@@ -44,24 +44,24 @@ protected:
   std::shared_ptr<Tenant> tenant_ =
       std::make_shared<Tenant>(1, TenantDefinition{"messages", "/unused", TenantLimits{}});
   std::unique_ptr<backend::Backend> backend_ = sim::newSimBackend(sim::SimOptions{1, 1ull << 30});
-  GpuOnItsOwnThread gpu_{*backend_, 0};
+  std::unique_ptr<GpuThread> gpu_ = GpuThread::start(*backend_, 0).value();
 };
 
 TEST_F(GpuMessagesTest, WorkRunsOnTheGpusThreadAndItsAnswerComesBackHere) {
   const std::thread::id caller = std::this_thread::get_id();
-  auto ran = wait(onGpu(gpu_.shard(), [](GpuShard& gpu) {
+  auto ran = wait(onGpu(gpu_->shard(), [](GpuShard& gpu) {
     return std::make_pair(std::this_thread::get_id(), gpu.owner().isCurrent());
   }));
-  EXPECT_EQ(ran.first, gpu_.threadId());
+  EXPECT_EQ(ran.first, gpu_->threadId());
   EXPECT_NE(ran.first, caller);
   EXPECT_TRUE(ran.second);
   // The caller's thread is not the GPU's: touching its state from here is our bug, and caught.
-  EXPECT_FALSE(gpu_.shard().owner().isCurrent());
+  EXPECT_FALSE(gpu_->shard().owner().isCurrent());
 }
 
 TEST_F(GpuMessagesTest, AClientMadeUsedAndDestroyedByMessageLeavesNothingBehind) {
   std::unique_ptr<GpuClient> client = wait(
-      onGpu(gpu_.shard(), [stats = newStats()](GpuShard& gpu) { return gpu.openClient(stats); }));
+      onGpu(gpu_->shard(), [stats = newStats()](GpuShard& gpu) { return gpu.openClient(stats); }));
   ASSERT_NE(client, nullptr);
 
   const backend::Result<Handle> context =
@@ -75,7 +75,7 @@ TEST_F(GpuMessagesTest, AClientMadeUsedAndDestroyedByMessageLeavesNothingBehind)
       }));
   ASSERT_TRUE(pointer.ok());
 
-  const GpuStatus busy = wait(onGpu(gpu_.shard(), [](GpuShard& gpu) { return gpu.status(); }));
+  const GpuStatus busy = wait(onGpu(gpu_->shard(), [](GpuShard& gpu) { return gpu.status(); }));
   EXPECT_EQ(busy.clients, 1u);
   EXPECT_GE(busy.memoryUsed, 1u << 20);
   EXPECT_GE(tenant_->memoryUsed(0), 1u << 20);
@@ -86,7 +86,7 @@ TEST_F(GpuMessagesTest, AClientMadeUsedAndDestroyedByMessageLeavesNothingBehind)
     client->abandon();
     return client->drain().then([client = std::move(client)]() mutable { client.reset(); });
   }));
-  const GpuStatus idle = wait(onGpu(gpu_.shard(), [](GpuShard& gpu) { return gpu.status(); }));
+  const GpuStatus idle = wait(onGpu(gpu_->shard(), [](GpuShard& gpu) { return gpu.status(); }));
   EXPECT_EQ(idle.clients, 0u);
   EXPECT_EQ(idle.memoryUsed, 0u);
   EXPECT_EQ(tenant_->memoryUsed(0), 0u);
@@ -96,7 +96,7 @@ TEST_F(GpuMessagesTest, MessagesFromOneThreadRunInTheOrderSent) {
   auto order = std::make_shared<std::vector<int>>();
   kj::Vector<kj::Promise<void>> sent;
   for (int i = 0; i < 100; ++i) {
-    sent.add(onGpu(gpu_.shard(), [order, i](GpuShard&) { order->push_back(i); }));
+    sent.add(onGpu(gpu_->shard(), [order, i](GpuShard&) { order->push_back(i); }));
   }
   wait(kj::joinPromises(sent.releaseAsArray()));
   ASSERT_EQ(order->size(), 100u);
