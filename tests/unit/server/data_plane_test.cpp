@@ -164,6 +164,20 @@ TEST_F(DataPlaneTest, EachRingPairsRecordsReachItsOwnExecutorAndAnswerInItsOwnRi
   EXPECT_EQ(published(), 2u);
 }
 
+TEST_F(DataPlaneTest, ARingIsDrainedOnlyOnceEveryRecordPublishedInItHasBeenExecuted) {
+  // What a control call asks before it runs: a ring that is not drained must first be pumped on
+  // its GPU's thread (a message), one that is needs nothing.
+  EXPECT_TRUE(channels_[0]->drained());
+  // Published but not read yet: the loop runs only while this thread waits.
+  submitSynchronize(0, 9);
+  submitSynchronize(0, 10);
+  EXPECT_FALSE(channels_[0]->drained());
+  EXPECT_TRUE(channels_[1]->drained());
+  for (int turn = 0; turn < 2000 && executors_[0].executed.size() < 2; ++turn) turnFor(1);
+  ASSERT_EQ(executors_[0].executed.size(), 2u);
+  EXPECT_TRUE(channels_[0]->drained());
+}
+
 TEST_F(DataPlaneTest, ARecordThatCannotBeFramedStopsItsRingAndReachesNoExecutor) {
   // A record of an opcode no version has, then a good one behind it.
   ring::wire::CommandHeader header{};

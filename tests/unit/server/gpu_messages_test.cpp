@@ -14,6 +14,8 @@
 #include <kj/async-io.h>
 #include <kj/vector.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -101,6 +103,46 @@ TEST_F(GpuMessagesTest, MessagesFromOneThreadRunInTheOrderSent) {
   wait(kj::joinPromises(sent.releaseAsArray()));
   ASSERT_EQ(order->size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ((*order)[static_cast<std::size_t>(i)], i);
+}
+
+// Says on which thread it was destroyed.
+class DestroyedOn {
+public:
+  explicit DestroyedOn(std::shared_ptr<std::promise<std::thread::id>> told)
+      : told_(std::move(told)) {}
+  ~DestroyedOn() { told_->set_value(std::this_thread::get_id()); }
+  DestroyedOn(const DestroyedOn&) = delete;
+  DestroyedOn& operator=(const DestroyedOn&) = delete;
+
+private:
+  std::shared_ptr<std::promise<std::thread::id>> told_;
+};
+
+TEST_F(GpuMessagesTest, StateMadeOnAGpuWhoseAnswerNobodyTakesIsDestroyedOnThatGpu) {
+  // As when a session goes while its GpuClient is being opened: the answer is dropped unopened on
+  // the session's thread, and what it holds must still go on its GPU's thread.
+  auto told = std::make_shared<std::promise<std::thread::id>>();
+  std::future<std::thread::id> destroyed = told->get_future();
+  {
+    MadeOnGpu<DestroyedOn> made = wait(onGpu(gpu_->shard(), [told](GpuShard& gpu) {
+      return MadeOnGpu<DestroyedOn>(std::make_unique<DestroyedOn>(told), gpu.executor());
+    }));
+  }
+  ASSERT_EQ(destroyed.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(destroyed.get(), gpu_->threadId());
+}
+
+TEST_F(GpuMessagesTest, StateMadeOnAGpuAndTakenIsTheTakers) {
+  auto told = std::make_shared<std::promise<std::thread::id>>();
+  std::future<std::thread::id> destroyed = told->get_future();
+  std::unique_ptr<DestroyedOn> kept =
+      wait(onGpu(gpu_->shard(), [told](GpuShard& gpu) {
+        return MadeOnGpu<DestroyedOn>(std::make_unique<DestroyedOn>(told), gpu.executor());
+      })).take();
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ(destroyed.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  kept.reset();
+  EXPECT_EQ(destroyed.get(), std::this_thread::get_id());
 }
 
 }  // namespace
