@@ -1,6 +1,8 @@
 #pragma once
-// The daemon's data-plane loop: it serves every client's command ring from the daemon's event
-// loop thread, the thread that owns all GPU state, so commands need no locks and no hand-off.
+// A data-plane loop: it serves the command rings it is given from the thread that runs it. In
+// the daemon each GPU's thread (GpuThread) runs one over every client's ring for that GPU, so a
+// ring's commands are executed on the thread that owns the GPU's state, with no locks and no
+// hand-off; the main thread runs one for what is not a GPU's ring (pidfds, below).
 //
 // While any ring has had work within the spin window the loop polls all rings on every turn of
 // the event loop (yielding to control-plane events in between), so a busy client's commands are
@@ -40,7 +42,7 @@ struct DataPlaneOptions {
 
 class DataPlane {
 public:
-  // `timer` is the event loop's.
+  // `port` and `timer` are those of the thread that runs the loop.
   DataPlane(kj::UnixEventPort& port, kj::Timer& timer, DataPlaneOptions options = {});
   ~DataPlane();
   DataPlane(const DataPlane&) = delete;

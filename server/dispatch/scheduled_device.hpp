@@ -14,7 +14,7 @@
 // has; if a later record of the same event got there first, the wait waits for that later record,
 // which only delays the waiting stream.
 //
-// Threading: everything here runs on the daemon's event-loop thread, including the scheduler,
+// Threading: everything here runs on the thread that owns the GPU, including the scheduler,
 // which is not thread-safe. Kernel completions arrive on backend threads; the client's own
 // callback runs there as before, and the completion is brought back to the loop with a
 // cross-thread fulfiller, where the scheduler is told and the next items are submitted. Time for

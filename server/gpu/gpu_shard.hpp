@@ -49,7 +49,7 @@ struct GpuStatus {
   backend::SmPartition smPartition;
 };
 
-// Threading: a shard is owned by the thread that made it (the daemon's event loop), which alone
+// Threading: a shard is owned by the thread that made it (its GPU's, GpuThread), which alone
 // touches its state and that of its clients (OwnerThread checks it). Whoever is not part of the
 // GPU (a client's session, status, a tenant's change) reaches it by a message to that thread
 // (executor(), server/gpu/gpu_messages.hpp). Backend calls that may block for long run on the
@@ -57,7 +57,7 @@ struct GpuStatus {
 // client's commands, on this GPU or any other, nor the admin socket.
 class GpuShard final : private kj::TaskSet::ErrorHandler {
 public:
-  // `timer` is the event loop's; the dispatcher wakes the scheduler with it. Throws
+  // `timer` is the owner thread's; the dispatcher wakes the scheduler with it. Throws
   // std::invalid_argument when `dispatch` names no scheduler.
   GpuShard(std::uint32_t index, std::unique_ptr<backend::Device> device, kj::Timer& timer,
            const dispatch::DispatchOptions& dispatch = {});

@@ -42,13 +42,16 @@ ClientSession::~ClientSession() noexcept {
   // teardown has begun, and what answers still come (from executors not yet destroyed on their
   // GPUs) reach no session. Each ring's executor goes there too. These messages go before those
   // below, so each GPU stops reading the ring before the executor it feeds goes.
+  // Reaper tasks, so that the daemon stops no GPU's thread before the ring has left its loop.
   for (std::uint32_t ring = 0; ring < channels_.size(); ++ring) {
-    tellRingThread(ring, [channel = channels_[ring],
-                          executor = std::move(ringExecutors_[ring])](DataPlane& loop) mutable {
-      loop.remove(*channel);
-      channel->detachExecutor();
-      executor.reset();
-    });
+    const RingHome home = ringHome(ring);
+    services_.reaper.add(home.thread->executeAsync(
+        [loop = home.loop, channel = channels_[ring],
+         executor = std::move(ringExecutors_[ring])]() mutable {
+          loop->remove(*channel);
+          channel->detachExecutor();
+          executor.reset();
+        }));
   }
   kj::Vector<kj::Promise<void>> drains;
   services_.sessions.erase(this);

@@ -8,7 +8,7 @@
 // safe from any thread, so that each GPU's owner may charge and credit a tenant that has clients
 // on other GPUs too: one lock, held only for the arithmetic. The kernel counters are atomics
 // updated from backend threads. The rest (its pod, its socket, the counts of clients and
-// connections) belongs to the daemon's event-loop thread. Shared (std::shared_ptr) between the
+// connections) belongs to the daemon's main thread. Shared (std::shared_ptr) between the
 // registry and every client session of the tenant, because a tenant removed by a config reload
 // lives on until its last client has gone.
 //

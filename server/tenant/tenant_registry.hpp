@@ -5,7 +5,7 @@
 // keeps tenants apart (the dispatchers, status, metrics).
 //
 // It only keeps the tenants: opening and closing their sockets is the daemon's (TenantControl).
-// Used on the daemon's event-loop thread only.
+// Used on the daemon's main thread only.
 
 #include "server/tenant/tenant.hpp"
 
