@@ -322,7 +322,7 @@ public:
   FuzzPort(const FuzzPort&) = delete;
   FuzzPort& operator=(const FuzzPort&) = delete;
 
-  // Bounds as ClientChannel and MessagePort check them: the decoder has checked the range, so one
+  // Bounds as ClientChannel and SubmitPort check them: the decoder has checked the range, so one
   // outside its region here is an internal error (thrown, as they throw).
   std::span<std::byte> hostBytes(const ring::HostLocation& location, std::uint64_t bytes) override {
     std::vector<std::byte>* region = nullptr;
