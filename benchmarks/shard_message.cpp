@@ -10,6 +10,9 @@
 //   spinning  the shard threads' loops keep turning, as the data-plane loop does while a client
 //             is active (kj::evalLater, the port polled every 4 turns); only with fewer spinning
 //             threads than CPUs, else it measures the OS scheduler
+//   polling   the shard thread sleeps, and the caller polls its own loop for the answer instead
+//             of sleeping until it comes: what a caller that spun while it waits would pay
+//             (benchmarks/RESULTS.md §21 tried that in gpuproxyd's main thread)
 //
 // The baseline, in the same run: a turn of the caller's own loop (kj::evalLater and wait), the
 // least any message can cost. A row beside it sends the message to the caller's own executor
@@ -133,6 +136,8 @@ struct Row {
   // With no shards: a message to the caller's own executor instead of a turn of its loop (what
   // a control call pays today, while every GPU is the event loop's: server/gpu/gpu_messages.hpp).
   bool ownExecutor = false;
+  // The caller polls its loop for the answers instead of sleeping in epoll until they come.
+  bool callerPolls = false;
 };
 
 void measure(Row& row, long iterations, long warmup, kj::WaitScope& waitScope) {
@@ -151,7 +156,12 @@ void measure(Row& row, long iterations, long warmup, kj::WaitScope& waitScope) {
     }
     kj::Vector<kj::Promise<void>> answers(shards.size());
     for (const auto& shard : shards) answers.add(shard->message());
-    kj::joinPromises(answers.releaseAsArray()).wait(waitScope);
+    auto joined = kj::joinPromises(answers.releaseAsArray());
+    if (row.callerPolls) {
+      while (!joined.poll(waitScope)) {
+      }
+    }
+    joined.wait(waitScope);
   };
   for (long i = 0; i < warmup; ++i) roundTrip();
   for (long i = 0; i < iterations; ++i) {
@@ -178,6 +188,7 @@ int main(int argc, char** argv) {
          false,
          {}});
   }
+  rows.push_back({"to 1 idle shard thread, the caller polling", 1, false, {}, false, true});
   for (unsigned shards : {1u, 2u, 4u}) {
     if (shards >= cpus) continue;  // more spinners than CPUs measures the OS scheduler
     rows.push_back({"to " + std::to_string(shards) + " spinning shard thread" +
