@@ -1,7 +1,7 @@
 #pragma once
 // Bridges backend completion callbacks (which run on a backend thread) to kj promises on the
-// event loop of the thread that owns the GPU. A callback that fires after its promise was dropped (the client went away)
-// is harmless: the cross-thread fulfiller simply finds nobody waiting.
+// event loop of the thread that owns the GPU. A callback that fires after its promise was dropped
+// (the client went away) is harmless: the cross-thread fulfiller simply finds nobody waiting.
 
 #include "server/backend/backend.hpp"
 

@@ -45,9 +45,9 @@ ClientSession::~ClientSession() noexcept {
   // Reaper tasks, so that the daemon stops no GPU's thread before the ring has left its loop.
   for (std::uint32_t ring = 0; ring < channels_.size(); ++ring) {
     const RingHome home = ringHome(ring);
-    services_.reaper.add(home.thread->executeAsync(
-        [loop = home.loop, channel = channels_[ring],
-         executor = std::move(ringExecutors_[ring])]() mutable {
+    services_.reaper.add(
+        home.thread->executeAsync([loop = home.loop, channel = channels_[ring],
+                                   executor = std::move(ringExecutors_[ring])]() mutable {
           loop->remove(*channel);
           channel->detachExecutor();
           executor.reset();

@@ -6,8 +6,8 @@
 // engine thread. The lock is only held for bookkeeping, never across the engine's work: memory
 // freed while an Access is alive is set aside (not reused, its pages kept) until the Access ends,
 // so the engine never sees memory it translated change under it, and the owner thread (the
-// GPU's thread in the daemon) never waits for a copy or a kernel to finish to allocate or free. Nor does
-// it give the freed pages back itself (tens of milliseconds for a few hundred MiB): a helper
+// GPU's thread in the daemon) never waits for a copy or a kernel to finish to allocate or free. Nor
+// does it give the freed pages back itself (tens of milliseconds for a few hundred MiB): a helper
 // thread of the arena does, and only then is the range handed out again.
 
 #include <cuda.h>
