@@ -1,10 +1,11 @@
-// shard_message: what a message to a thread of its own per GPU would add to a control call
-// (docs/architecture.md §2, "Ordering between the two planes costs a message per GPU"). With a
-// thread per GPU, every control call first asks each GPU the client uses to drain that client's
-// ring and waits for all of them to answer. This measures that round trip on its own, in one
+// shard_message: what a message to a GPU's thread of its own adds to a control call
+// (docs/architecture.md §2, "How sessions and GPUs talk"): each control call that reaches a GPU,
+// and each ring drain a control call needs, is a round trip from gpuproxyd's main thread to that
+// GPU's thread (GpuThread). This measures that round trip on its own, in one
 // process, with no daemon, no CUDA and no protocol: the calling thread sends an empty function
 // to N shard threads with kj::Executor::executeAsync and waits for every answer. Each thread runs
-// a kj event loop set up as the daemon's (setupAsyncIo, the port polled every 4 busy turns):
+// a kj event loop set up as the daemon's (setupAsyncIo, the port polled every 4 busy turns, as
+// kDataPlaneBusyPollInterval in server/data_plane/data_plane.hpp says):
 //
 //   idle      the shard threads sleep in epoll until the message wakes them (no client active)
 //   spinning  the shard threads' loops keep turning, as the data-plane loop does while a client
@@ -17,7 +18,7 @@
 // The baseline, in the same run: a turn of the caller's own loop (kj::evalLater and wait), the
 // least any message can cost. A row beside it sends the message to the caller's own executor
 // (kj::Executor::executeAsync on its own thread): what each control call's message to its GPU
-// costs while every GPU is the event loop's (server/gpu/gpu_messages.hpp).
+// cost while every GPU was the event loop's (server/gpu/gpu_messages.hpp).
 //
 //   shard_message [--iterations N] [--warmup N] [--rounds N] [--smoke]
 //
@@ -43,7 +44,7 @@ namespace {
 using namespace gpuproxy::bench;
 
 constexpr const char* kProgram = "shard_message";
-// As gpuproxyd's loop (server/daemon/daemon.cpp): a busy loop still looks at its port.
+// As gpuproxyd's loops (kDataPlaneBusyPollInterval): a busy loop still looks at its port.
 constexpr unsigned kBusyPollInterval = 4;
 
 struct Options {
@@ -134,7 +135,7 @@ struct Row {
   bool spinning = false;
   std::vector<double> samples;
   // With no shards: a message to the caller's own executor instead of a turn of its loop (what
-  // a control call pays today, while every GPU is the event loop's: server/gpu/gpu_messages.hpp).
+  // a control call paid while every GPU was the event loop's: server/gpu/gpu_messages.hpp).
   bool ownExecutor = false;
   // The caller polls its loop for the answers instead of sleeping in epoll until they come.
   bool callerPolls = false;
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   rows.push_back({"turn of the caller's own loop (baseline)", 0, false, {}});
   rows.push_back(
-      {"to the caller's own executor (a control call's message today)", 0, false, {}, true});
+      {"to the caller's own executor (one loop for every GPU, as before)", 0, false, {}, true});
   for (unsigned shards : {1u, 2u, 4u}) {
     rows.push_back(
         {"to " + std::to_string(shards) + " idle shard thread" + (shards > 1 ? "s, joined" : ""),

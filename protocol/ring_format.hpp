@@ -614,6 +614,14 @@ std::optional<wire::CommandHeader> peekCommandHeader(std::span<const std::byte> 
 // ring). LaunchKernel::inlineParameters points into `record`.
 DecodedCommand decodeCommand(std::span<const std::byte> record, const SegmentLimits& limits);
 
+// Whether `command` is a DecodeError that breaks the framing: nothing after it can be trusted, and
+// whoever framed the records (a ring's channel, the session for a Session.submit batch) ends the
+// client's connection instead of executing anything.
+inline bool breaksFraming(const DecodedCommand& command) {
+  const auto* error = std::get_if<DecodeError>(&command);
+  return error != nullptr && error->disconnect;
+}
+
 // The stub's side of the completion ring. The daemon is trusted, but a mismatched daemon is not
 // something to act on silently.
 DecodedCompletion decodeCompletion(std::span<const std::byte> record, const SegmentLimits& limits);

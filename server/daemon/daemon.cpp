@@ -256,9 +256,7 @@ int runDaemon(const DaemonOptions& options) {
   const SessionServices sessionServices{facts,  gpus,       sessions,     connectionRegistry,
                                         reaper, &dataPlane, gpuDataPlanes};
   const AdminView adminView{facts, gpus, sessions, tenants, connectionRegistry};
-  // The data plane keeps the event queue non-empty while it spins (a client that sees no GPU);
-  // look at sockets and signals every few turns anyway.
-  io.waitScope.setBusyPollInterval(4);
+  io.waitScope.setBusyPollInterval(kDataPlaneBusyPollInterval);
   auto dataPlaneLoop = dataPlane.run().eagerlyEvaluate([](kj::Exception&& e) {
     spdlog::critical("data-plane loop failed: {}", e.getDescription().cStr());
   });

@@ -68,9 +68,7 @@ void GpuThread::serve(backend::Backend& backend, std::uint32_t index, const Opti
   bool told = false;
   try {
     auto io = kj::setupAsyncIo();
-    // The data plane keeps the event queue non-empty while it spins; look at messages from other
-    // threads every few turns anyway, so control calls are not starved by a busy client.
-    io.waitScope.setBusyPollInterval(4);
+    io.waitScope.setBusyPollInterval(kDataPlaneBusyPollInterval);
     auto device = backend.openDevice(static_cast<int>(index), options.device);
     if (!device.ok()) {
       told = true;

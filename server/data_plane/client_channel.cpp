@@ -48,9 +48,9 @@ std::size_t ClientChannel::pump(std::size_t budget) {
     ++executed;
     ++commandsExecuted_;
     const ring::DecodedCommand command = ring::decodeCommand(record_, segment_->limits());
-    if (const auto* error = std::get_if<ring::DecodeError>(&command); error && error->disconnect) {
+    if (ring::breaksFraming(command)) {
       // A record that cannot be framed: nothing after it in this ring can be trusted either.
-      markBroken(std::string(ring::describe(error->failure)));
+      markBroken(std::string(ring::describe(std::get<ring::DecodeError>(command).failure)));
       break;
     }
     executor_->execute(command, *this);

@@ -30,6 +30,12 @@
 
 namespace gpuproxy::server {
 
+// The busy-poll interval (kj::WaitScope::setBusyPollInterval) of a thread whose loop runs a
+// DataPlane: the loop keeps the event queue non-empty while it spins, so the thread looks at its
+// port (sockets, signals, messages from other threads) every this many turns anyway, and control
+// calls are not starved by a busy client.
+inline constexpr unsigned kDataPlaneBusyPollInterval = 4;
+
 struct DataPlaneOptions {
   ipc::PollerBackend poller = ipc::PollerBackend::kAuto;
   // How long the loop keeps polling after the last command before it sleeps.

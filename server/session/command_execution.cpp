@@ -416,11 +416,6 @@ namespace {
 // Records decoded ahead of their execution, and so sent to a GPU in one message at most.
 constexpr std::size_t kSubmitRunRecords = 256;
 
-bool breaksFraming(const ring::DecodedCommand& command) {
-  const auto* error = std::get_if<ring::DecodeError>(&command);
-  return error != nullptr && error->disconnect;
-}
-
 }  // namespace
 
 kj::Promise<void> ClientSession::submit(SubmitContext context) {
@@ -486,7 +481,7 @@ kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> b
     const std::optional<std::uint32_t> device = executingDevice(batch->ahead.front());
     if (!device) {
       // A framing error (which ends the connection) or a record of no GPU: here.
-      const bool framing = breaksFraming(batch->ahead.front());
+      const bool framing = ring::breaksFraming(batch->ahead.front());
       execute(batch->ahead.front(), *batch->sessionPort);
       batch->ahead.pop_front();
       if (framing) return kj::READY_NOW;
@@ -528,7 +523,7 @@ kj::Promise<void> ClientSession::executeSubmitted(std::shared_ptr<SubmitBatch> b
 
 void ClientSession::decodeAhead(SubmitBatch& batch) {
   while (batch.ahead.size() < kSubmitRunRecords && !batch.rest.empty() &&
-         (batch.ahead.empty() || !breaksFraming(batch.ahead.back()))) {
+         (batch.ahead.empty() || !ring::breaksFraming(batch.ahead.back()))) {
     ring::DecodedCommand decoded = nextSubmitted(batch);
     if (const auto* copy = std::get_if<ring::CopyDeviceToHost>(&decoded)) {
       batch.payloadWritten =
@@ -541,7 +536,7 @@ void ClientSession::decodeAhead(SubmitBatch& batch) {
 
 std::optional<std::uint32_t> ClientSession::executingDevice(
     const ring::DecodedCommand& command) const {
-  if (breaksFraming(command)) return std::nullopt;
+  if (ring::breaksFraming(command)) return std::nullopt;
   const std::optional<std::uint32_t> device = GpuCommandExecutor::deviceOf(command);
   if (!device || commands_.count(*device) == 0) return std::nullopt;
   return device;
@@ -585,7 +580,7 @@ void ClientSession::refuseSubmitted(SubmitBatch& batch, CUresult result) {
 void ClientSession::execute(const ring::DecodedCommand& command, CommandPort& port) {
   // A record of a Session.submit batch that cannot be framed: the batch is framed here, so the
   // connection ends here (a ring's channel does the same for its records).
-  if (breaksFraming(command)) {
+  if (ring::breaksFraming(command)) {
     evict(std::string(ring::describe(std::get<ring::DecodeError>(command).failure)));
     return;
   }

@@ -946,8 +946,7 @@ RunResult runOne(std::span<const std::byte> input) {
       if (kVerbose) describe(command);
       port->expect(command);
       executor.execute(command, *port);
-      if (const auto* error = std::get_if<ring::DecodeError>(&command);
-          error && error->disconnect) {
+      if (ring::breaksFraming(command)) {
         // The channel stops reading (nothing more of this client executes) and the connection
         // is asked to end.
         require(registration.endRequested.poll(waitScope),
